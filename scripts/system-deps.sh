@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the local stack and the tests need, when missing.
+#   slurm-wlm, munge   local single-node Slurm (scripts/local-slurm.sh)
+#   openssh-server     real sshd on loopback for the SSH transport tests
+#   chromium           headless browser for the chat UI and dashboard tests
+set -euo pipefail
+packages=(slurm-wlm munge openssh-server chromium)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+echo "system-deps: installing ${missing[*]}"
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
