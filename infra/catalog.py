@@ -1,0 +1,124 @@
+"""Nebius compute platforms and presets as data.
+
+A preset name encodes its shape (``2gpu-64vcpu-384gb``: 2 GPUs, 64 vCPUs, 384 GiB RAM), so the
+catalog lists names per platform and derives the numbers from them. Prices live in
+``infra/pricing.py``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping
+
+DISK_TYPES = ("NETWORK_SSD", "NETWORK_SSD_NON_REPLICATED", "NETWORK_SSD_IO_M3", "NETWORK_HDD")
+FILESYSTEM_TYPES = ("NETWORK_SSD", "NETWORK_HDD")
+
+_PRESET_RE = re.compile(r"^(?:(?P<gpus>\d+)gpu-)?(?P<vcpus>\d+)vcpu-(?P<ram>\d+)gb$")
+
+
+class CatalogError(ValueError):
+    """An unknown platform or preset."""
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One machine shape on a platform."""
+
+    name: str
+    gpus: int
+    vcpus: int
+    ram_gib: int
+    gpu_cluster_compatible: bool
+
+
+@dataclass(frozen=True)
+class Platform:
+    """A Nebius compute platform: one CPU family, optionally one GPU model."""
+
+    name: str
+    cpu: str
+    gpu_model: str | None
+    gpu_memory_gib: int
+    presets: Mapping[str, Preset]
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.gpu_model is not None
+
+
+def parse_preset(name: str, *, gpu_cluster_gpus: int = 0) -> Preset:
+    """Build a preset from its name; ``gpu_cluster_gpus`` is the GPU count that InfiniBand needs."""
+    match = _PRESET_RE.match(name)
+    if match is None:
+        raise ValueError(f"preset name {name!r} is not of the form [Ngpu-]Nvcpu-Ngb")
+    gpus = int(match["gpus"] or 0)
+    return Preset(
+        name=name,
+        gpus=gpus,
+        vcpus=int(match["vcpus"]),
+        ram_gib=int(match["ram"]),
+        gpu_cluster_compatible=gpu_cluster_gpus > 0 and gpus == gpu_cluster_gpus,
+    )
+
+
+def _platform(
+    name: str, cpu: str, presets: tuple[str, ...], gpu_model: str | None = None,
+    gpu_memory_gib: int = 0, gpu_cluster_gpus: int = 0,
+) -> Platform:
+    table = {p: parse_preset(p, gpu_cluster_gpus=gpu_cluster_gpus) for p in presets}
+    return Platform(name, cpu, gpu_model, gpu_memory_gib, MappingProxyType(table))
+
+
+_CPU_PRESETS = (
+    "2vcpu-8gb", "4vcpu-16gb", "8vcpu-32gb", "16vcpu-64gb", "32vcpu-128gb", "48vcpu-192gb",
+    "64vcpu-256gb", "96vcpu-384gb", "128vcpu-512gb", "160vcpu-640gb", "192vcpu-768gb",
+    "224vcpu-896gb", "256vcpu-1024gb",
+)
+_HOPPER_PRESETS = ("1gpu-16vcpu-200gb", "8gpu-128vcpu-1600gb")
+
+PLATFORMS: Mapping[str, Platform] = MappingProxyType({
+    p.name: p
+    for p in (
+        _platform("cpu-d3", "AMD EPYC Genoa", _CPU_PRESETS),
+        _platform("cpu-e2", "Intel Ice Lake", _CPU_PRESETS[:8]),
+        _platform(
+            "gpu-l40s-a", "Intel Ice Lake",
+            ("1gpu-8vcpu-32gb", "1gpu-16vcpu-64gb", "1gpu-24vcpu-96gb", "1gpu-32vcpu-128gb",
+             "1gpu-40vcpu-160gb"),
+            gpu_model="NVIDIA L40S", gpu_memory_gib=48,
+        ),
+        _platform(
+            "gpu-l40s-d", "AMD EPYC Genoa",
+            ("1gpu-16vcpu-96gb", "1gpu-32vcpu-192gb", "1gpu-48vcpu-288gb", "2gpu-64vcpu-384gb",
+             "2gpu-96vcpu-576gb", "4gpu-128vcpu-768gb", "4gpu-192vcpu-1152gb"),
+            gpu_model="NVIDIA L40S", gpu_memory_gib=48,
+        ),
+        _platform(
+            "gpu-h100-sxm", "Intel Sapphire Rapids", _HOPPER_PRESETS,
+            gpu_model="NVIDIA H100 SXM", gpu_memory_gib=80, gpu_cluster_gpus=8,
+        ),
+        _platform(
+            "gpu-h200-sxm", "Intel Sapphire Rapids", _HOPPER_PRESETS,
+            gpu_model="NVIDIA H200 SXM", gpu_memory_gib=141, gpu_cluster_gpus=8,
+        ),
+    )
+})
+
+
+def get_platform(name: str) -> Platform:
+    try:
+        return PLATFORMS[name]
+    except KeyError:
+        raise CatalogError(f"unknown platform {name!r}; known: {', '.join(PLATFORMS)}") from None
+
+
+def get_preset(platform: str, preset: str) -> Preset:
+    plat = get_platform(platform)
+    try:
+        return plat.presets[preset]
+    except KeyError:
+        raise CatalogError(
+            f"preset {preset!r} is not offered on {platform}; known: {', '.join(plat.presets)}"
+        ) from None

@@ -1,0 +1,346 @@
+"""StackConfig: the one typed description of a stack, read from its Pulumi config.
+
+Keys live in the ``soperator-finetune:`` namespace of ``stacks/Pulumi.<stack>.yaml`` and are
+camelCase there (``clusterName``, ``nodes.workers[0].bootDisk.sizeGib``); the Python attributes
+are snake_case. Secrets (``secure:`` values) are never part of StackConfig: the program reads
+them as Pulumi secrets (see ``SECRET_KEYS``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from infra import catalog
+
+PROJECT = "soperator-finetune"
+SECRET_KEYS = ("pipelineSshPrivateKey",)
+DiskType = Literal["NETWORK_SSD", "NETWORK_SSD_NON_REPLICATED", "NETWORK_SSD_IO_M3", "NETWORK_HDD"]
+FilesystemType = Literal["NETWORK_SSD", "NETWORK_HDD"]
+_RESERVED_MOUNTS = {"/", "/proc", "/sys", "/dev", "/run", "/tmp", "/mnt/jail"}
+
+
+class StackConfigError(ValueError):
+    """A stack file that does not validate; the message names the file and every bad key."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", alias_generator=to_camel, populate_by_name=True, frozen=True
+    )
+
+
+class NebiusConfig(_Model):
+    parent_id: str = Field(min_length=1, description="Nebius project id that owns every resource.")
+    region: str = Field("eu-north1", description="Nebius region of the project.")
+    subnet_id: str | None = Field(None, description="Existing VPC subnet; None creates one.")
+    network_id: str | None = Field(None, description="VPC network for a new subnet.")
+    k8s_version: str = Field("1.31", alias="k8sVersion", description="Managed Kubernetes control-plane version.")
+    public_endpoint: bool = Field(True, description="Give the k8s API a public address.")
+
+    @model_validator(mode="after")
+    def _subnet_or_network(self) -> NebiusConfig:
+        if self.subnet_id is None and self.network_id is None:
+            raise ValueError("set subnetId (existing subnet) or networkId (create a subnet in it)")
+        return self
+
+
+class BootDisk(_Model):
+    type: DiskType = "NETWORK_SSD"
+    size_gib: int = Field(gt=0)
+
+
+class _Machine(_Model):
+    platform: str
+    preset: str
+    boot_disk: BootDisk
+
+    @field_validator("platform")
+    @classmethod
+    def _known_platform(cls, value: str) -> str:
+        catalog.get_platform(value)
+        return value
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, value: str, info: ValidationInfo) -> str:
+        platform = info.data.get("platform")
+        if platform is not None:
+            catalog.get_preset(platform, value)
+        return value
+
+    @property
+    def shape(self) -> catalog.Preset:
+        return catalog.get_preset(self.platform, self.preset)
+
+
+class NodeSet(_Machine):
+    size: int = Field(gt=0)
+
+
+class AutoscaledNodeSet(_Machine):
+    min_size: int = Field(gt=0)
+    max_size: int = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> AutoscaledNodeSet:
+        if self.max_size < self.min_size:
+            raise ValueError(f"maxSize {self.max_size} is below minSize {self.min_size}")
+        return self
+
+
+class WorkerSet(NodeSet):
+    name: str = Field(pattern=r"^[a-z][a-z0-9-]{0,30}$")
+    fabric: str | None = Field(None, description="InfiniBand fabric, e.g. fabric-6; None for none.")
+    preemptible: bool = False
+
+    @field_validator("fabric")
+    @classmethod
+    def _fabric_fits(cls, value: str | None, info: ValidationInfo) -> str | None:
+        platform, preset = info.data.get("platform"), info.data.get("preset")
+        if value is not None and platform and preset:
+            if not catalog.get_preset(platform, preset).gpu_cluster_compatible:
+                raise ValueError(f"{platform}/{preset} cannot join an InfiniBand GPU cluster")
+        return value
+
+
+class NodeSets(_Model):
+    system: AutoscaledNodeSet
+    controller: NodeSet
+    login: NodeSet
+    accounting: NodeSet | None = None
+    workers: list[WorkerSet]
+
+    @field_validator("workers")
+    @classmethod
+    def _workers(cls, value: list[WorkerSet]) -> list[WorkerSet]:
+        if not value:
+            raise ValueError("at least one worker set is required")
+        names = [w.name for w in value]
+        if dupes := sorted({n for n in names if names.count(n) > 1}):
+            raise ValueError(f"duplicate worker set names: {', '.join(dupes)}")
+        if any(not w.shape.gpus for w in value) and any(w.shape.gpus for w in value):
+            raise ValueError("mixing CPU-only and GPU worker sets is not supported")
+        return value
+
+
+class Filesystem(_Model):
+    size_gib: int | None = Field(None, gt=0)
+    existing_id: str | None = Field(None, description="Use this filesystem instead of creating one.")
+    type: FilesystemType = "NETWORK_SSD"
+    protect: bool = Field(True, description="Deletion guard: Pulumi protect and forbid_deletion.")
+
+    @model_validator(mode="after")
+    def _size_or_existing(self) -> Filesystem:
+        if self.size_gib is None and self.existing_id is None:
+            raise ValueError("set sizeGib (create) or existingId (reuse)")
+        return self
+
+
+class Submount(Filesystem):
+    name: str = Field(pattern=r"^[a-z][a-z0-9-]{0,30}$")
+    mount_path: str
+
+    @field_validator("mount_path")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        path = PurePosixPath(value)
+        if not path.is_absolute():
+            raise ValueError(f"mount path {value!r} must be absolute")
+        if str(path) in _RESERVED_MOUNTS:
+            raise ValueError(f"mount path {value!r} is reserved")
+        return str(path)
+
+
+class Filesystems(_Model):
+    jail: Filesystem
+    submounts: list[Submount] = []
+    controller_spool: Filesystem
+    accounting: Filesystem | None = None
+
+    @field_validator("submounts")
+    @classmethod
+    def _unique(cls, value: list[Submount]) -> list[Submount]:
+        for attr, label in (("name", "names"), ("mount_path", "mount paths")):
+            seen = [getattr(s, attr) for s in value]
+            if dupes := sorted({v for v in seen if seen.count(v) > 1}):
+                raise ValueError(f"duplicate submount {label}: {', '.join(dupes)}")
+        return value
+
+
+class BackupBucket(_Model):
+    enabled: bool = True
+    retention_days: int = Field(7, gt=0)
+    copy_size_gib: int | None = Field(None, gt=0, description="Size of one backup; default jail size.")
+
+
+class ArtifactsBucket(_Model):
+    enabled: bool = True
+    versioning: bool = True
+
+
+class Buckets(_Model):
+    backups: BackupBucket = BackupBucket()
+    artifacts: ArtifactsBucket = ArtifactsBucket()
+
+
+class SoperatorConfig(_Model):
+    version: str = Field("4.1.7", description="Soperator chart version (a released tag).")
+    slurm_version: str = Field("25.11.3", description="Slurm version in that release's images.")
+    cert_manager_version: str = "v1.17.2"
+    kruise_version: str = "1.8.0"
+    registry: str = "cr.eu-north1.nebius.cloud/soperator"
+    namespace: str | None = Field(None, description="Slurm cluster namespace; default clusterName.")
+    partition: str = "main"
+
+
+class PipelineConfig(_Model):
+    run_config: str = Field(description="Run config JSON, e.g. workloads/configs/local.json.")
+    wait: bool = True
+    serve: bool = False
+
+
+class StackConfig(_Model):
+    stack: str
+    target: Literal["nebius", "local"]
+    nebius: NebiusConfig | None = None
+    cluster_name: str = Field("slurm", pattern=r"^[a-z][a-z0-9-]{0,40}$")
+    nodes: NodeSets | None = None
+    filesystems: Filesystems | None = None
+    buckets: Buckets | None = None
+    soperator: SoperatorConfig | None = None
+    ssh_public_keys: list[str] = []
+    pipeline: PipelineConfig
+
+    @field_validator("ssh_public_keys")
+    @classmethod
+    def _keys_look_like_keys(cls, value: list[str]) -> list[str]:
+        for i, key in enumerate(value):
+            if not key.startswith(("ssh-", "ecdsa-", "sk-")) or len(key.split()) < 2:
+                raise ValueError(f"entry {i} is not an OpenSSH public key")
+        return value
+
+    @model_validator(mode="after")
+    def _target_sections(self) -> StackConfig:
+        cloud = ("nebius", "nodes", "filesystems", "soperator")
+        if self.target == "nebius":
+            for key in cloud:
+                if getattr(self, key) is None:
+                    raise ValueError(f"{key}: required on a nebius stack")
+            if not self.ssh_public_keys:
+                raise ValueError("sshPublicKeys: a nebius stack needs at least one SSH public key for login")
+        else:
+            for key in (*cloud, "buckets"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"{key}: a local stack creates no cloud resources; remove this key")
+        if self.nodes and self.filesystems and self.filesystems.accounting and not self.nodes.accounting:
+            raise ValueError("filesystems.accounting: set but nodes.accounting is not")
+        return self
+
+    @property
+    def slurm_namespace(self) -> str:
+        return (self.soperator and self.soperator.namespace) or self.cluster_name
+
+
+def _decode(field: str, raw: Any) -> Any:
+    """Pulumi hands every config value over as a string; objects, lists and bools are JSON."""
+    if not isinstance(raw, str) or field in ("target", "clusterName"):
+        return raw
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+
+
+def _format_errors(error: ValidationError, source: str) -> str:
+    lines = []
+    for item in error.errors():
+        key = ".".join(str(p) for p in item["loc"])
+        message = item["msg"].removeprefix("Value error, ")
+        lines.append(f"  {PROJECT}:{key}: {message}" if key else f"  {PROJECT}:{message}")
+    return f"{source}: invalid stack config\n" + "\n".join(lines)
+
+
+def parse_stack_config(stack: str, values: dict[str, Any], source: str) -> StackConfig:
+    """Validate namespace-stripped config values; errors name ``source`` and each bad key."""
+    data = {key: _decode(key, raw) for key, raw in values.items()}
+    try:
+        return StackConfig.model_validate({"stack": stack, **data})
+    except ValidationError as exc:
+        raise StackConfigError(_format_errors(exc, source)) from None
+
+
+def split_namespace(config: dict[str, Any], source: str) -> tuple[dict[str, Any], set[str]]:
+    """Project keys (namespace stripped) and the names of the ``secure:`` ones among them."""
+    values: dict[str, Any] = {}
+    secrets: set[str] = set()
+    for full_key, value in config.items():
+        namespace, _, key = full_key.partition(":")
+        if namespace != PROJECT:
+            continue
+        if isinstance(value, dict) and set(value) == {"secure"}:
+            secrets.add(key)
+            continue
+        values[key] = value
+    unknown_secrets = secrets - set(SECRET_KEYS)
+    if unknown_secrets:
+        raise StackConfigError(f"{source}: unknown secret keys: {', '.join(sorted(unknown_secrets))}")
+    plain_secrets = set(SECRET_KEYS) & set(values)
+    if plain_secrets:
+        raise StackConfigError(
+            f"{source}: {', '.join(sorted(plain_secrets))} must be a secure value (pulumi config set --secret)"
+        )
+    return values, secrets
+
+
+def stack_file(stack: str, config_dir: str | Path = "stacks") -> Path:
+    return Path(config_dir) / f"Pulumi.{stack}.yaml"
+
+
+def read_stack_file(stack: str, config_dir: str | Path = "stacks") -> tuple[StackConfig, set[str]]:
+    """StackConfig of a stack file plus the names of its secure keys (their values stay encrypted)."""
+    path = stack_file(stack, config_dir)
+    if not path.is_file():
+        raise StackConfigError(f"{path}: no such stack file")
+    try:
+        document = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise StackConfigError(f"{path}: not valid YAML: {exc}") from None
+    config = document.get("config") or {}
+    if not isinstance(config, dict):
+        raise StackConfigError(f"{path}: 'config' must be a mapping")
+    values, secrets = split_namespace(config, str(path))
+    return parse_stack_config(stack, values, str(path)), secrets
+
+
+def load_stack_config(stack: str, config_dir: str | Path = "stacks") -> StackConfig:
+    """Offline read of ``<config_dir>/Pulumi.<stack>.yaml`` (no Pulumi CLI needed)."""
+    return read_stack_file(stack, config_dir)[0]
+
+
+def from_pulumi_config() -> StackConfig:
+    """StackConfig of the running Pulumi program (its config and stack name)."""
+    import pulumi
+    from pulumi.runtime import config as runtime_config
+
+    everything = {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
+    prefix = f"{PROJECT}:"
+    values = {
+        key.removeprefix(prefix): value
+        for key, value in everything.items()
+        if key.startswith(prefix) and key.removeprefix(prefix) not in SECRET_KEYS
+    }
+    return parse_stack_config(pulumi.get_stack(), values, f"stack {pulumi.get_stack()!r}")
