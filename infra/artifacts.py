@@ -1,0 +1,433 @@
+"""Run artifacts: a run's config, manifest, metrics, evaluator JSON and charts under `runs/<stack>/<run-id>/`.
+
+Two stores share one layout: `S3Store` (Nebius Object Storage through boto3) for cloud stacks and
+`LocalStore` (a directory, `.local/artifacts` by default) for the local stack. Each run also gets a
+small `run.json` index with its key figures, which `ftstack runs` lists.
+"""
+
+from __future__ import annotations
+
+import json
+import mimetypes
+import os
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+RUNS_PREFIX = "runs"
+INDEX_NAME = "run.json"
+LOCAL_ARTIFACTS_DIR = Path(".local/artifacts")
+
+
+class ArtifactError(RuntimeError):
+    """An artifact could not be stored or read; the message names the file, key and store."""
+
+
+class ArtifactUploadError(ArtifactError):
+    """Some files of a run were not uploaded after every retry; local copies are untouched."""
+
+    def __init__(self, run_prefix: str, failures: Mapping[str, str], uploaded: list[str]) -> None:
+        self.failures = dict(failures)
+        self.uploaded = list(uploaded)
+        lines = "\n".join(f"  {name}: {error}" for name, error in failures.items())
+        super().__init__(
+            f"{len(failures)} artifact(s) of {run_prefix} were not uploaded (local copies kept; "
+            f"re-running the upload is safe):\n{lines}"
+        )
+
+
+class ArtifactStore(Protocol):
+    def put_file(self, key: str, path: Path) -> None: ...
+    def put_bytes(self, key: str, data: bytes) -> None: ...
+    def get_bytes(self, key: str) -> bytes: ...
+    def list_keys(self, prefix: str) -> list[str]: ...
+    def describe(self, key: str = "") -> str: ...
+
+
+class LocalStore:
+    """A directory with the bucket's layout; writes are atomic (temp file + rename)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root).resolve()
+
+    def _path(self, key: str) -> Path:
+        path = (self.root / key).resolve()
+        if self.root not in path.parents:
+            raise ArtifactError(f"key {key!r} escapes the store {self.root}")
+        return path
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        target = self._path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def put_file(self, key: str, path: Path) -> None:
+        self.put_bytes(key, Path(path).read_bytes())
+
+    def get_bytes(self, key: str) -> bytes:
+        path = self._path(key)
+        if not path.is_file():
+            raise ArtifactError(f"{self.describe(key)}: no such artifact")
+        return path.read_bytes()
+
+    def list_keys(self, prefix: str) -> list[str]:
+        base = self._path(prefix) if prefix else self.root
+        if not base.is_dir():
+            return []
+        return sorted(
+            p.relative_to(self.root).as_posix()
+            for p in base.rglob("*")
+            if p.is_file() and not p.name.startswith(".")
+        )
+
+    def describe(self, key: str = "") -> str:
+        return str(self.root / key) if key else str(self.root)
+
+
+def make_s3_client(
+    endpoint: str,
+    region: str,
+    access_key_id: str | None = None,
+    secret_access_key: str | None = None,
+    max_attempts: int = 5,
+    connect_timeout: float = 5.0,
+    read_timeout: float = 30.0,
+) -> Any:
+    """A boto3 S3 client for an S3-compatible endpoint (path-style, SDK retries in standard mode).
+
+    Credentials: the given pair (e.g. read from a Pulumi secret), else boto3's usual chain
+    (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, profile).
+    """
+    import boto3
+    from botocore.config import Config
+
+    config = Config(
+        region_name=region,
+        retries={"max_attempts": max_attempts, "mode": "standard"},
+        connect_timeout=connect_timeout,
+        read_timeout=read_timeout,
+        s3={"addressing_style": "path"},
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_required",
+    )
+    session = boto3.session.Session(
+        aws_access_key_id=access_key_id, aws_secret_access_key=secret_access_key, region_name=region
+    )
+    return session.client("s3", endpoint_url=endpoint, config=config)
+
+
+class S3Store:
+    """A bucket on an S3-compatible endpoint, with a bounded retry (exponential backoff) per object."""
+
+    def __init__(
+        self,
+        client: Any,
+        bucket: str,
+        attempts: int = 3,
+        backoff_s: float = 0.5,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if attempts < 1:
+            raise ValueError("attempts must be >= 1")
+        self.client = client
+        self.bucket = bucket
+        self.attempts = attempts
+        self.backoff_s = backoff_s
+        self._sleep = sleep
+        self.retries = 0
+
+    def _retrying(self, what: str, call: Callable[[], Any]) -> Any:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        last: Exception | None = None
+        for attempt in range(self.attempts):
+            try:
+                return call()
+            except ClientError as exc:
+                status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+                if status and status < 500 and status not in (408, 429):
+                    raise ArtifactError(f"{what}: {exc}") from exc
+                last = exc
+            except BotoCoreError as exc:
+                last = exc
+            if attempt + 1 < self.attempts:
+                self.retries += 1
+                self._sleep(self.backoff_s * 2**attempt)
+        raise ArtifactError(f"{what}: failed after {self.attempts} attempts: {last}") from last
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        content_type = mimetypes.guess_type(key)[0] or "application/octet-stream"
+        self._retrying(
+            f"upload to {self.describe(key)}",
+            lambda: self.client.put_object(Bucket=self.bucket, Key=key, Body=data, ContentType=content_type),
+        )
+
+    def put_file(self, key: str, path: Path) -> None:
+        self.put_bytes(key, Path(path).read_bytes())
+
+    def get_bytes(self, key: str) -> bytes:
+        response = self._retrying(
+            f"download {self.describe(key)}", lambda: self.client.get_object(Bucket=self.bucket, Key=key)
+        )
+        return response["Body"].read()
+
+    def list_keys(self, prefix: str) -> list[str]:
+        def collect() -> list[str]:
+            paginator = self.client.get_paginator("list_objects_v2")
+            return [
+                obj["Key"]
+                for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix)
+                for obj in page.get("Contents", [])
+            ]
+
+        return sorted(self._retrying(f"list {self.describe(prefix)}", collect))
+
+    def describe(self, key: str = "") -> str:
+        return f"s3://{self.bucket}/{key}"
+
+
+class RunIndex(BaseModel):
+    """`run.json`: what `ftstack runs` shows without reading the other files."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stack: str
+    run_id: str
+    run_name: str | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    uploaded_at: str
+    job_ids: dict[str, str] = {}
+    job_states: dict[str, str] = {}
+    perplexity_base: float | None = None
+    perplexity_finetuned: float | None = None
+    perplexity_improvement_pct: float | None = None
+    tokens_per_s: float | None = None
+    train_loss_final: float | None = None
+    cost_usd: float | None = None
+    files: list[str] = []
+
+
+@dataclass
+class UploadResult:
+    prefix: str
+    store: str
+    uploaded: list[str] = field(default_factory=list)
+    index: RunIndex | None = None
+
+
+def run_prefix(stack: str, run_id: str) -> str:
+    for label, value in (("stack", stack), ("run id", run_id)):
+        if not value or "/" in value or value in (".", ".."):
+            raise ArtifactError(f"{label} {value!r}: must be a non-empty name without '/'")
+    return f"{RUNS_PREFIX}/{stack}/{run_id}"
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ArtifactError(f"{path}: not readable JSON: {exc}") from exc
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _first_number(mapping: Mapping[str, Any] | None, *keys: str) -> float | None:
+    for key in keys:
+        node: Any = mapping
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, Mapping) else None
+        if (number := _number(node)) is not None:
+            return number
+    return None
+
+
+def collect_run_files(
+    run_config_path: Path,
+    train_run_dir: Path | None,
+    results_dir: Path | None,
+    eval_job_id: str | None = None,
+) -> dict[str, Path]:
+    """Artifact name -> local file, for the files of one run that exist on disk."""
+    files: dict[str, Path] = {"config/" + Path(run_config_path).name: Path(run_config_path)}
+    if train_run_dir is not None and train_run_dir.is_dir():
+        for name in ("run_manifest.json", "metrics.jsonl"):
+            if (train_run_dir / name).is_file():
+                files[f"train/{name}"] = train_run_dir / name
+        for chart in sorted(train_run_dir.glob("*.png")) + sorted(train_run_dir.glob("*.svg")):
+            files[f"train/{chart.name}"] = chart
+    if results_dir is not None and results_dir.is_dir():
+        pattern = f"evaluator_{eval_job_id}*" if eval_job_id else "evaluator_*"
+        candidates = sorted(results_dir.glob(pattern), key=lambda p: p.stat().st_mtime)
+        if not eval_job_id:
+            newest_json = [p for p in candidates if p.suffix == ".json"][-1:]
+            stem = newest_json[0].stem if newest_json else None
+            candidates = [p for p in candidates if stem and p.name.startswith(stem)]
+        for path in candidates:
+            if path.is_file() and path.suffix in (".json", ".png", ".svg"):
+                files[f"eval/{path.name}"] = path
+    return files
+
+
+def build_index(
+    stack: str,
+    run_id: str,
+    files: Mapping[str, Path],
+    job_ids: Mapping[str, str] | None = None,
+    job_states: Mapping[str, str] | None = None,
+    cost_usd: float | None = None,
+    started_at: str | None = None,
+    finished_at: str | None = None,
+    run_name: str | None = None,
+) -> RunIndex:
+    """Key figures read from the run's evaluator JSON, run manifest and metrics."""
+    evaluator = next((_read_json(p) for n, p in files.items() if n.startswith("eval/") and n.endswith(".json")), None)
+    manifest = _read_json(files["train/run_manifest.json"]) if "train/run_manifest.json" in files else None
+    base = _first_number(evaluator, "base_model.perplexity")
+    tuned = _first_number(evaluator, "finetuned_model.perplexity")
+    improvement = _first_number(evaluator, "comparison.perplexity")
+    if improvement is None and base and tuned is not None:
+        improvement = (base - tuned) / base * 100.0
+    tokens_per_s = _first_number(
+        manifest, "tokens_per_s", "train_tokens_per_s", "throughput.tokens_per_s", "metrics.tokens_per_s",
+        "summary.tokens_per_s",
+    )
+    final_loss = _first_number(manifest, "final_loss", "train_loss", "metrics.train_loss", "summary.final_loss")
+    if (tokens_per_s is None or final_loss is None) and "train/metrics.jsonl" in files:
+        records = read_metrics(files["train/metrics.jsonl"])
+        if tokens_per_s is None:
+            tokens_per_s = next((_number(r.get("tokens_per_s")) for r in reversed(records) if _number(r.get("tokens_per_s")) is not None), None)
+        if final_loss is None:
+            final_loss = next((_number(r.get("loss")) for r in reversed(records) if _number(r.get("loss")) is not None), None)
+    return RunIndex(
+        stack=stack,
+        run_id=run_id,
+        run_name=run_name,
+        started_at=started_at,
+        finished_at=finished_at,
+        uploaded_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        job_ids=dict(job_ids or {}),
+        job_states=dict(job_states or {}),
+        perplexity_base=base,
+        perplexity_finetuned=tuned,
+        perplexity_improvement_pct=improvement,
+        tokens_per_s=tokens_per_s,
+        train_loss_final=final_loss,
+        cost_usd=cost_usd,
+        files=sorted(files),
+    )
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """metrics.jsonl records (one JSON object a line); a bad line is an error naming the line."""
+    records: list[dict[str, Any]] = []
+    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ArtifactError(f"{path}:{number}: not a JSON object: {exc}") from exc
+        if not isinstance(record, dict):
+            raise ArtifactError(f"{path}:{number}: expected a JSON object")
+        records.append(record)
+    return records
+
+
+def upload_files(store: ArtifactStore, prefix: str, files: Mapping[str, Path]) -> tuple[list[str], dict[str, str]]:
+    """Upload every file (each with the store's own retries); collect failures instead of stopping."""
+    uploaded: list[str] = []
+    failures: dict[str, str] = {}
+    for name, path in sorted(files.items()):
+        try:
+            store.put_file(f"{prefix}/{name}", path)
+            uploaded.append(name)
+        except (ArtifactError, OSError) as exc:
+            failures[name] = f"{path}: {exc}"
+    return uploaded, failures
+
+
+def upload_run(
+    store: ArtifactStore,
+    stack: str,
+    run_id: str,
+    run_config_path: Path,
+    train_run_dir: Path | None = None,
+    results_dir: Path | None = None,
+    job_ids: Mapping[str, str] | None = None,
+    job_states: Mapping[str, str] | None = None,
+    cost_usd: float | None = None,
+    started_at: str | None = None,
+    finished_at: str | None = None,
+    outputs: Mapping[str, Any] | None = None,
+) -> UploadResult:
+    """Copy one run's artifacts to `runs/<stack>/<run-id>/` and write its `run.json` index last.
+
+    `train_run_dir`/`results_dir` default to the run config's own locations. Raises
+    ArtifactUploadError naming every file that failed after retries; local files are never removed.
+    """
+    prefix = run_prefix(stack, run_id)
+    run_name: str | None = None
+    if train_run_dir is None or results_dir is None:
+        from workloads.config import load_run_config
+
+        config = load_run_config(run_config_path)
+        run_name = config.name
+        train_run_dir = train_run_dir or config.train_run_dir
+        results_dir = results_dir or config.results_dir
+    eval_job = (job_ids or {}).get("eval")
+    files = collect_run_files(Path(run_config_path), train_run_dir, results_dir, eval_job)
+    index = build_index(
+        stack, run_id, files, job_ids, job_states, cost_usd, started_at, finished_at, run_name
+    )
+    uploaded, failures = upload_files(store, prefix, files)
+    if outputs is not None:
+        try:
+            store.put_bytes(f"{prefix}/outputs.json", json.dumps(outputs, indent=2, default=str).encode())
+            uploaded.append("outputs.json")
+        except ArtifactError as exc:
+            failures["outputs.json"] = str(exc)
+    if failures:
+        raise ArtifactUploadError(store.describe(prefix), failures, uploaded)
+    index = index.model_copy(update={"files": sorted(uploaded)})
+    try:
+        store.put_bytes(f"{prefix}/{INDEX_NAME}", index.model_dump_json(indent=2).encode())
+    except ArtifactError as exc:
+        raise ArtifactUploadError(store.describe(prefix), {INDEX_NAME: str(exc)}, uploaded) from exc
+    return UploadResult(prefix=prefix, store=store.describe(prefix), uploaded=sorted(uploaded), index=index)
+
+
+def list_runs(store: ArtifactStore, stack: str) -> list[RunIndex]:
+    """Every run of `stack` that has a `run.json`, oldest first."""
+    prefix = f"{RUNS_PREFIX}/{stack}/"
+    runs: list[RunIndex] = []
+    for key in store.list_keys(prefix):
+        if key.count("/") == 3 and key.endswith("/" + INDEX_NAME):
+            try:
+                runs.append(RunIndex.model_validate_json(store.get_bytes(key)))
+            except ValueError as exc:
+                raise ArtifactError(f"{store.describe(key)}: not a valid run index: {exc}") from exc
+    return sorted(runs, key=lambda r: (r.started_at or r.uploaded_at, r.run_id))
+
+
+def read_run_file(store: ArtifactStore, stack: str, run_id: str, name: str) -> bytes:
+    return store.get_bytes(f"{run_prefix(stack, run_id)}/{name}")
+
+
+def local_store(repo_root: Path) -> LocalStore:
+    return LocalStore(Path(repo_root) / LOCAL_ARTIFACTS_DIR)

@@ -1,0 +1,149 @@
+"""Run artifacts: same layout in the local directory store and in a real S3-compatible server."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from artifacts_fixtures import REGION, S3Server, s3_server, start_server  # noqa: F401
+from moto.server import ThreadedMotoServer
+
+from infra.artifacts import (
+    ArtifactError,
+    ArtifactUploadError,
+    LocalStore,
+    S3Store,
+    list_runs,
+    read_run_file,
+    upload_run,
+)
+
+
+def make_run(tmp_path: Path, base_ppl: float = 7.03, tuned_ppl: float = 4.70, eval_job: str = "41") -> dict:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    config = tmp_path / "run.json"
+    config.write_text(json.dumps({"name": "demo", "paths": {"root": str(tmp_path)}}))
+    train = tmp_path / "out" / "demo"
+    train.mkdir(parents=True)
+    (train / "metrics.jsonl").write_text(
+        "\n".join(json.dumps({"step": s, "loss": 3.0 - 0.4 * s, "tokens_per_s": 100.0 + s}) for s in range(1, 5))
+    )
+    (train / "run_manifest.json").write_text(json.dumps({"name": "demo", "steps": 4}))
+    (train / "loss.png").write_bytes(b"\x89PNG\r\n\x1a\nfake")
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / f"evaluator_{eval_job}.json").write_text(
+        json.dumps({"base_model": {"perplexity": base_ppl}, "finetuned_model": {"perplexity": tuned_ppl}})
+    )
+    (results / f"evaluator_{eval_job}.png").write_bytes(b"\x89PNG\r\n\x1a\nchart")
+    (results / "evaluator_7.json").write_text(json.dumps({"base_model": {"perplexity": 99.0}}))
+    return {"run_config_path": config, "train_run_dir": train, "results_dir": results,
+            "job_ids": {"prepare": "39", "train": "40", "eval": eval_job}}
+
+
+def test_local_store_layout_index_and_listing(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "artifacts")
+    run = make_run(tmp_path / "r1")
+    result = upload_run(store, "local", "20260101-000001", cost_usd=1.25, **run)
+    root = tmp_path / "artifacts" / "runs" / "local" / "20260101-000001"
+    expected = {"config/run.json", "train/metrics.jsonl", "train/run_manifest.json", "train/loss.png",
+                "eval/evaluator_41.json", "eval/evaluator_41.png", "run.json"}
+    assert {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()} == expected
+    assert "eval/evaluator_7.json" not in result.uploaded
+    index = json.loads((root / "run.json").read_text())
+    assert index["perplexity_base"] == pytest.approx(7.03)
+    assert index["perplexity_finetuned"] == pytest.approx(4.70)
+    assert index["perplexity_improvement_pct"] == pytest.approx((7.03 - 4.70) / 7.03 * 100)
+    assert index["tokens_per_s"] == pytest.approx(104.0)
+    assert index["train_loss_final"] == pytest.approx(3.0 - 1.6)
+    assert index["cost_usd"] == 1.25 and index["job_ids"]["eval"] == "41"
+    assert (run["train_run_dir"] / "metrics.jsonl").is_file()
+
+    upload_run(store, "local", "20260101-000002", **make_run(tmp_path / "r2", tuned_ppl=5.5, eval_job="50"))
+    upload_run(store, "other", "x", **make_run(tmp_path / "r3", eval_job="60"))
+    runs = list_runs(store, "local")
+    assert [r.run_id for r in runs] == ["20260101-000001", "20260101-000002"]
+    assert runs[1].perplexity_finetuned == pytest.approx(5.5)
+    assert list_runs(store, "nothing-here") == []
+
+
+def test_bad_metrics_line_is_named(tmp_path: Path) -> None:
+    run = make_run(tmp_path)
+    (run["train_run_dir"] / "run_manifest.json").write_text("{}")
+    (run["train_run_dir"] / "metrics.jsonl").write_text('{"loss": 1}\nnot json\n')
+    with pytest.raises(ArtifactError, match=r"metrics.jsonl:2"):
+        upload_run(LocalStore(tmp_path / "a"), "local", "r", **run)
+
+
+def test_s3_upload_lands_in_versioned_bucket(s3_server: S3Server, tmp_path: Path) -> None:
+    bucket = s3_server.new_bucket()
+    store = S3Store(s3_server.client(), bucket, backoff_s=0.01)
+    run = make_run(tmp_path)
+    result = upload_run(store, "dev", "run-1", outputs={"clusterName": "slurm"}, **run)
+    client = s3_server.client()
+    keys = {o["Key"] for o in client.list_objects_v2(Bucket=bucket)["Contents"]}
+    assert keys == {f"runs/dev/run-1/{name}" for name in result.uploaded} | {"runs/dev/run-1/run.json"}
+    assert "outputs.json" in result.uploaded
+    assert json.loads(read_run_file(store, "dev", "run-1", "outputs.json")) == {"clusterName": "slurm"}
+
+    upload_run(store, "dev", "run-1", **run)
+    versions = client.list_object_versions(Bucket=bucket, Prefix="runs/dev/run-1/run.json")["Versions"]
+    assert len(versions) == 2
+    [listed] = list_runs(store, "dev")
+    assert listed.perplexity_base == pytest.approx(7.03) and listed.job_ids["train"] == "40"
+
+
+def test_s3_client_error_is_not_retried_and_names_the_key(s3_server: S3Server, tmp_path: Path) -> None:
+    store = S3Store(s3_server.client(), "no-such-bucket-here", backoff_s=0.01)
+    with pytest.raises(ArtifactUploadError) as info:
+        upload_run(store, "dev", "r", **make_run(tmp_path))
+    assert store.retries == 0
+    assert "s3://no-such-bucket-here/runs/dev/r" in str(info.value)
+    assert "config/run.json" in info.value.failures
+
+
+def test_upload_to_stopped_server_is_retried_reported_and_keeps_local_copy(tmp_path: Path) -> None:
+    server = start_server()
+    bucket = server.new_bucket()
+    server.server.stop()
+    store = S3Store(server.client(max_attempts=1, connect_timeout=1), bucket, attempts=3, backoff_s=0.01)
+    run = make_run(tmp_path)
+    with pytest.raises(ArtifactUploadError) as info:
+        upload_run(store, "dev", "r", **run)
+    error = info.value
+    assert set(error.failures) >= {"config/run.json", "train/metrics.jsonl", "eval/evaluator_41.json"}
+    assert error.uploaded == []
+    assert "failed after 3 attempts" in str(error) and "local copies kept" in str(error)
+    assert store.retries == 2 * len(error.failures)
+    for path in (run["run_config_path"], run["train_run_dir"] / "metrics.jsonl", run["results_dir"] / "evaluator_41.json"):
+        assert path.is_file()
+
+
+def test_upload_succeeds_when_server_comes_back_during_retries(tmp_path: Path) -> None:
+    server = start_server()
+    bucket = server.new_bucket()
+    port = int(server.endpoint.rsplit(":", 1)[1])
+    server.server.stop()
+    restarted: list[ThreadedMotoServer] = []
+
+    def restart() -> None:
+        time.sleep(0.6)
+        again = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        again.start()
+        restarted.append(again)
+
+    thread = threading.Thread(target=restart)
+    thread.start()
+    try:
+        store = S3Store(server.client(max_attempts=1, connect_timeout=1), bucket, attempts=6, backoff_s=0.1)
+        result = upload_run(store, "dev", "r", **make_run(tmp_path))
+        assert store.retries >= 1
+        assert "run.json" not in result.uploaded and result.index is not None
+        assert list_runs(store, "dev")[0].run_id == "r"
+    finally:
+        thread.join()
+        for s in restarted:
+            s.stop()
