@@ -25,6 +25,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from infra import catalog
+from infra.pricing import PricingConfig
 
 PROJECT = "soperator-finetune"
 SECRET_KEYS = ("pipelineSshPrivateKey",)
@@ -224,6 +225,7 @@ class StackConfig(_Model):
     soperator: SoperatorConfig | None = None
     ssh_public_keys: list[str] = []
     pipeline: PipelineConfig
+    pricing: PricingConfig = PricingConfig()
 
     @field_validator("ssh_public_keys")
     @classmethod

@@ -1,0 +1,324 @@
+"""The cost model: pure functions from a StackConfig and a PriceBook to monthly TCO, training-run cost
+and cost per chat. No cloud calls; every figure is reproducible from the stack file and infra/pricing.py.
+
+- A node costs its hourly price x 730 h; an autoscaled group is priced at min_size (low) and
+  max_size (high). Separately billed platforms: GPUs x GPU-hour + vCPUs x vCPU-hour + GiB x GiB-hour;
+  bundled platforms (H100/H200): GPUs x bundled GPU-hour.
+- Boot disks, filesystems and buckets cost GiB x GiB-month. Backups hold ``retention_days`` daily
+  copies of ``copy_size_gib`` (default: the jail size).
+- Cost per chat: tokens/s x 86,400 = tokens/day; / output tokens per chat = conversations/day;
+  daily cluster cost = monthly high / days_per_month (30, as in seed 000: the cluster runs all month,
+  workers busy with continuous post-training); cost per chat = daily cost / conversations.
+- Training run: tokens x epochs / (tokens/s per GPU) = GPU-seconds; wall time assumes linear DDP
+  scaling over every GPU of the stack's worker sets; cost = wall hours x the worker nodes' hourly price.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from pydantic import BaseModel, ConfigDict
+
+from infra import catalog
+from infra.config import BootDisk, Filesystem, StackConfig
+from infra.pricing import HOURS_PER_MONTH, ChatAssumptions, PriceBook, PricingConfig
+
+SECONDS_PER_DAY = 86_400
+CATEGORIES = ("compute", "boot_disks", "shared_fs", "object_storage", "networking")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class CostLine(_Frozen):
+    """One priced resource. ``usd_low``/``usd_high`` differ only for autoscaled groups."""
+
+    key: str
+    category: str
+    label: str
+    quantity: str
+    unit_price: str
+    usd_low: float
+    usd_high: float
+    price_keys: tuple[str, ...]
+    note: str = ""
+
+
+class MonthlyCost(_Frozen):
+    lines: tuple[CostLine, ...]
+    usd_low: float
+    usd_high: float
+    categories: dict[str, tuple[float, float]]
+    pricing_date: str
+    hours_per_month: int = HOURS_PER_MONTH
+
+
+class NodePrice(_Frozen):
+    usd_per_hour: float
+    price_keys: tuple[str, ...]
+    note: str = ""
+
+
+class ChatScenario(_Frozen):
+    name: str
+    tokens_per_second: float
+    tokens_per_day: float
+    conversations_per_day: float
+    daily_cost_usd: float
+    usd_per_chat: float
+
+
+class TrainingRun(_Frozen):
+    tokens: float
+    epochs: float
+    tokens_per_second_per_gpu: float | None
+    throughput_source: str
+    gpus: int
+    gpu_hours: float | None
+    wall_hours: float | None
+    usd: float | None
+
+
+def node_price(platform: str, preset: str, book: PriceBook, *, preemptible: bool = False) -> NodePrice:
+    """Hourly price of one node; preemptible uses the preemptible figure where every part has one."""
+    shape = catalog.get_preset(platform, preset)
+    bundled = f"compute.{platform}.bundled"
+    if book.has(bundled):
+        parts = [(book.get(bundled), shape.gpus, bundled)]
+    else:
+        parts = [
+            (book.get(f"compute.{platform}.vcpu"), shape.vcpus, f"compute.{platform}.vcpu"),
+            (book.get(f"compute.{platform}.ram"), shape.ram_gib, f"compute.{platform}.ram"),
+        ]
+        if shape.gpus:
+            parts.insert(0, (book.get(f"compute.{platform}.gpu"), shape.gpus, f"compute.{platform}.gpu"))
+    note = ""
+    use_preemptible = preemptible and all(p.preemptible_usd is not None for p, _, _ in parts)
+    if preemptible and not use_preemptible:
+        note = "no preemptible price known: priced on demand"
+    usd = sum((p.preemptible_usd if use_preemptible else p.usd) * n for p, n, _ in parts)
+    return NodePrice(usd_per_hour=usd, price_keys=tuple(k for _, _, k in parts), note=note)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
+
+
+def _node_line(key: str, label: str, platform: str, preset: str, low: int, high: int,
+               book: PriceBook, preemptible: bool = False) -> CostLine:
+    price = node_price(platform, preset, book, preemptible=preemptible)
+    monthly = price.usd_per_hour * HOURS_PER_MONTH
+    count = f"{low} nodes" if low == high else f"{low} to {high} nodes"
+    return CostLine(
+        key=f"compute_{_slug(key)}", category="compute", label=f"{label} ({platform}, {preset})",
+        quantity=count, unit_price=f"${price.usd_per_hour:.2f}/node/hour",
+        usd_low=monthly * low, usd_high=monthly * high, price_keys=price.price_keys, note=price.note,
+    )
+
+
+def _disk_line(key: str, label: str, disk: BootDisk, low: int, high: int, book: PriceBook) -> CostLine:
+    price_key = f"disk.{disk.type}"
+    per_gib = book.get(price_key).usd
+    count = f"{low}" if low == high else f"{low} to {high}"
+    return CostLine(
+        key=f"boot_disk_{_slug(key)}", category="boot_disks", label=f"{label} ({disk.size_gib} GiB {disk.type})",
+        quantity=f"{count} x {disk.size_gib} GiB", unit_price=f"${per_gib}/GiB/month",
+        usd_low=per_gib * disk.size_gib * low, usd_high=per_gib * disk.size_gib * high, price_keys=(price_key,),
+    )
+
+
+def _fs_line(key: str, label: str, fs: Filesystem, book: PriceBook) -> CostLine:
+    if fs.size_gib is None:
+        raise ValueError(f"filesystems.{key}: an existing filesystem needs sizeGib for the cost estimate")
+    price_key = f"filesystem.{fs.type}"
+    per_gib = book.get(price_key).usd
+    usd = per_gib * fs.size_gib
+    return CostLine(
+        key=f"shared_fs_{_slug(key)}", category="shared_fs", label=label, quantity=f"{fs.size_gib} GiB",
+        unit_price=f"${per_gib}/GiB/month", usd_low=usd, usd_high=usd, price_keys=(price_key,),
+        note="existing filesystem" if fs.existing_id else "",
+    )
+
+
+def _bucket_line(key: str, label: str, copies: int, gib: float, book: PriceBook) -> CostLine:
+    per_gib = book.get("object_storage.standard").usd
+    usd = per_gib * gib * copies
+    quantity = f"{copies} x {gib:g} GiB" if copies > 1 else f"{gib:g} GiB"
+    return CostLine(
+        key=f"object_storage_{key}", category="object_storage", label=label, quantity=quantity,
+        unit_price=f"${per_gib}/GiB/month", usd_low=usd, usd_high=usd, price_keys=("object_storage.standard",),
+    )
+
+
+def compute_lines(cfg: StackConfig, book: PriceBook) -> list[CostLine]:
+    n = cfg.nodes
+    if n is None:
+        return []
+    lines = [
+        _node_line(f"worker_{w.name}", f"Worker nodes {w.name}", w.platform, w.preset, w.size, w.size, book,
+                   preemptible=w.preemptible)
+        for w in n.workers
+    ]
+    lines.append(_node_line("system", "System nodes", n.system.platform, n.system.preset,
+                            n.system.min_size, n.system.max_size, book))
+    for role, ns in (("controller", n.controller), ("login", n.login), ("accounting", n.accounting)):
+        if ns is not None:
+            lines.append(_node_line(role, f"{role.capitalize()} nodes", ns.platform, ns.preset, ns.size, ns.size, book))
+    return lines
+
+
+def boot_disk_lines(cfg: StackConfig, book: PriceBook) -> list[CostLine]:
+    n = cfg.nodes
+    if n is None:
+        return []
+    lines = [_disk_line(f"worker_{w.name}", f"Worker nodes {w.name}", w.boot_disk, w.size, w.size, book)
+             for w in n.workers]
+    lines.append(_disk_line("system", "System nodes", n.system.boot_disk, n.system.min_size, n.system.max_size, book))
+    for role, ns in (("controller", n.controller), ("login", n.login), ("accounting", n.accounting)):
+        if ns is not None:
+            lines.append(_disk_line(role, f"{role.capitalize()} nodes", ns.boot_disk, ns.size, ns.size, book))
+    return lines
+
+
+def filesystem_lines(cfg: StackConfig, book: PriceBook) -> list[CostLine]:
+    fs = cfg.filesystems
+    if fs is None:
+        return []
+    lines = [_fs_line("jail", "slurm-jail filesystem", fs.jail, book)]
+    lines += [_fs_line(s.name, f"{s.name} submount ({s.mount_path})", s, book) for s in fs.submounts]
+    lines.append(_fs_line("controller_spool", "controller_spool filesystem", fs.controller_spool, book))
+    if fs.accounting is not None:
+        lines.append(_fs_line("accounting", "accounting filesystem", fs.accounting, book))
+    return lines
+
+
+def backup_copy_gib(cfg: StackConfig) -> int:
+    """Size of one jail backup: ``copy_size_gib`` or the jail's size."""
+    backups = cfg.buckets.backups if cfg.buckets else None
+    if backups and backups.copy_size_gib:
+        return backups.copy_size_gib
+    if cfg.filesystems and cfg.filesystems.jail.size_gib:
+        return cfg.filesystems.jail.size_gib
+    raise ValueError("buckets.backups.copySizeGib: required when the jail is an existing filesystem without sizeGib")
+
+
+def bucket_lines(cfg: StackConfig, pricing: PricingConfig, book: PriceBook) -> list[CostLine]:
+    if cfg.target != "nebius" or cfg.buckets is None:
+        return []
+    lines = []
+    backups = cfg.buckets.backups
+    if backups.enabled:
+        lines.append(_bucket_line("backups", "Daily jail backups", backups.retention_days, backup_copy_gib(cfg), book))
+    if cfg.buckets.artifacts.enabled:
+        label = "Artifacts bucket (run configs, adapters; versioned)"
+        lines.append(_bucket_line("artifacts", label, 1, pricing.artifacts_gib, book))
+    return lines
+
+
+def network_lines(cfg: StackConfig, book: PriceBook) -> list[CostLine]:
+    if cfg.target != "nebius":
+        return []
+    price = book.get("network.public_ip")
+    usd = price.usd * HOURS_PER_MONTH
+    unit = "free" if price.usd == 0 else f"${price.usd}/hour"
+    return [CostLine(key="networking_login_public_ip", category="networking", label="Public IP address (login)",
+                     quantity="1", unit_price=unit, usd_low=usd, usd_high=usd, price_keys=("network.public_ip",))]
+
+
+def monthly_cost(cfg: StackConfig, pricing: PricingConfig | None = None, book: PriceBook | None = None) -> MonthlyCost:
+    """Every priced line of the stack, per-category and overall totals (low: autoscaling min, high: max)."""
+    pricing = pricing or PricingConfig()
+    book = book or PriceBook(pricing.overrides)
+    lines = (compute_lines(cfg, book) + boot_disk_lines(cfg, book) + filesystem_lines(cfg, book)
+             + bucket_lines(cfg, pricing, book) + network_lines(cfg, book))
+    categories = {
+        c: (sum(l.usd_low for l in lines if l.category == c), sum(l.usd_high for l in lines if l.category == c))
+        for c in CATEGORIES
+    }
+    keys = {k for line in lines for k in line.price_keys}
+    return MonthlyCost(
+        lines=tuple(lines), usd_low=sum(l.usd_low for l in lines), usd_high=sum(l.usd_high for l in lines),
+        categories=categories, pricing_date=book.newest_date(keys),
+    )
+
+
+def chat_scenario(name: str, tokens_per_second: float, daily_cost_usd: float, output_tokens_per_chat: int) -> ChatScenario:
+    if tokens_per_second <= 0:
+        raise ValueError(f"scenario {name!r}: tokens per second must be > 0, got {tokens_per_second}")
+    tokens_per_day = tokens_per_second * SECONDS_PER_DAY
+    conversations = tokens_per_day / output_tokens_per_chat
+    return ChatScenario(
+        name=name, tokens_per_second=tokens_per_second, tokens_per_day=tokens_per_day,
+        conversations_per_day=conversations, daily_cost_usd=daily_cost_usd,
+        usd_per_chat=daily_cost_usd / conversations,
+    )
+
+
+def chat_scenarios(monthly: MonthlyCost, chat: ChatAssumptions, measured_tps: float | None = None) -> list[ChatScenario]:
+    """Seed 000's scenarios for the given throughputs, plus the measured one when evaluation ran."""
+    daily = monthly.usd_high / chat.days_per_month
+    rates: list[tuple[str, float]] = [(f"tps_{_slug(f'{t:g}')}", t) for t in chat.tokens_per_second]
+    if measured_tps:
+        rates.append(("measured", measured_tps))
+    return [chat_scenario(name, tps, daily, chat.output_tokens_per_chat) for name, tps in rates]
+
+
+def worker_gpus(cfg: StackConfig) -> int:
+    if cfg.nodes is None:
+        return 0
+    return sum(w.size * w.shape.gpus for w in cfg.nodes.workers)
+
+
+def workers_hourly_usd(cfg: StackConfig, book: PriceBook) -> float:
+    if cfg.nodes is None:
+        return 0.0
+    return sum(node_price(w.platform, w.preset, book, preemptible=w.preemptible).usd_per_hour * w.size
+               for w in cfg.nodes.workers)
+
+
+def training_run(tokens: float, epochs: float, tokens_per_second_per_gpu: float | None, throughput_source: str,
+                 gpus: int, workers_usd_per_hour: float) -> TrainingRun:
+    """GPU-hours, wall time and cost of one training run; None where the throughput or GPUs are unknown."""
+    if tokens_per_second_per_gpu is None or gpus == 0:
+        return TrainingRun(tokens=tokens, epochs=epochs, tokens_per_second_per_gpu=tokens_per_second_per_gpu,
+                           throughput_source=throughput_source, gpus=gpus, gpu_hours=None, wall_hours=None, usd=None)
+    gpu_hours = tokens * epochs / tokens_per_second_per_gpu / 3600
+    wall = gpu_hours / gpus
+    return TrainingRun(tokens=tokens, epochs=epochs, tokens_per_second_per_gpu=tokens_per_second_per_gpu,
+                       throughput_source=throughput_source, gpus=gpus, gpu_hours=gpu_hours, wall_hours=wall,
+                       usd=wall * workers_usd_per_hour)
+
+
+def _round(value: float) -> float:
+    return round(value, 4)
+
+
+def flat_outputs(monthly: MonthlyCost, training: TrainingRun | None,
+                 chats: Iterable[ChatScenario]) -> dict[str, float | str]:
+    """Stack outputs for dashboards: flat keys, numeric values (the pricing date is the one string)."""
+    out: dict[str, float | str] = {
+        "cost_monthly_usd_low": _round(monthly.usd_low),
+        "cost_monthly_usd_high": _round(monthly.usd_high),
+        "cost_hours_per_month": monthly.hours_per_month,
+        "cost_pricing_date": monthly.pricing_date,
+    }
+    for category, (low, high) in monthly.categories.items():
+        out[f"cost_category_{category}_usd_low"] = _round(low)
+        out[f"cost_category_{category}_usd_high"] = _round(high)
+    for line in monthly.lines:
+        out[f"cost_line_{line.key}_usd_low"] = _round(line.usd_low)
+        out[f"cost_line_{line.key}_usd_high"] = _round(line.usd_high)
+    if training is not None:
+        out["training_run_tokens"] = _round(training.tokens * training.epochs)
+        out["training_run_gpus"] = training.gpus
+        for name in ("tokens_per_second_per_gpu", "gpu_hours", "wall_hours", "usd"):
+            value = getattr(training, name)
+            if value is not None:
+                out[f"training_run_{name}"] = _round(value)
+    for s in chats:
+        out[f"cost_per_chat_{s.name}_tokens_per_second"] = _round(s.tokens_per_second)
+        out[f"cost_per_chat_{s.name}_conversations_per_day"] = _round(s.conversations_per_day)
+        out[f"cost_per_chat_{s.name}_usd"] = _round(s.usd_per_chat)
+    return out
