@@ -431,3 +431,33 @@ def read_run_file(store: ArtifactStore, stack: str, run_id: str, name: str) -> b
 
 def local_store(repo_root: Path) -> LocalStore:
     return LocalStore(Path(repo_root) / LOCAL_ARTIFACTS_DIR)
+
+
+ARTIFACTS_BUCKET_ENV = "FTSTACK_ARTIFACTS_BUCKET"
+
+
+def store_for_stack(
+    stack_config: Any,
+    repo_root: Path,
+    bucket: str | None = None,
+    access_key_id: str | None = None,
+    secret_access_key: str | None = None,
+) -> ArtifactStore:
+    """The local directory store for a local stack; the stack's artifacts bucket otherwise.
+
+    The bucket name comes from `bucket` (e.g. the stack output), else FTSTACK_ARTIFACTS_BUCKET.
+    Credentials: the given pair (e.g. a Pulumi secret), else AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY.
+    """
+    if stack_config.target == "local":
+        return local_store(repo_root)
+    from infra.state import nebius_s3_endpoint
+
+    bucket = bucket or os.environ.get(ARTIFACTS_BUCKET_ENV)
+    if not bucket:
+        raise ArtifactError(
+            f"stack {stack_config.stack!r}: no artifacts bucket known; pass the stack output "
+            f"(ftstack ... --outputs FILE) or set {ARTIFACTS_BUCKET_ENV}"
+        )
+    region = stack_config.nebius.region
+    client = make_s3_client(nebius_s3_endpoint(region), region, access_key_id, secret_access_key)
+    return S3Store(client, bucket)

@@ -224,3 +224,12 @@ def bootstrap_state_bucket(s3: Any, bucket: str, region: str) -> BootstrapResult
     if status != "Enabled":
         raise StateError(f"bucket {bucket!r}: versioning is {status!r} after enabling it; state would not be versioned")
     return BootstrapResult(bucket=bucket, created=created, versioning=status)
+
+
+def find_repo_root(start: Path | None = None) -> Path:
+    """The nearest directory holding Pulumi.yaml (or .git), from `start` (default: cwd) upwards."""
+    here = (start or Path.cwd()).resolve()
+    for candidate in (here, *here.parents):
+        if (candidate / "Pulumi.yaml").is_file() or (candidate / ".git").exists():
+            return candidate
+    return here

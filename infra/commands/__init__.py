@@ -1,0 +1,1 @@
+"""ftstack subcommands, one module each: register(subparsers) adds the parser and its handler."""

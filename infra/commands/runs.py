@@ -1,0 +1,73 @@
+"""`ftstack runs --stack NAME`: past pipeline runs of a stack with their key figures, from the artifacts store."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from infra.artifacts import ArtifactError, RunIndex, list_runs, store_for_stack
+from infra.config import StackConfigError, load_stack_config
+from infra.state import find_repo_root
+
+COLUMNS = ("run", "started", "finished", "ppl base", "ppl tuned", "ppl gain %", "tokens/s", "cost $", "jobs")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "runs",
+        help="list past pipeline runs of a stack (perplexity base/fine-tuned, tokens/s, cost)",
+        description="Reads runs/<stack>/*/run.json from the stack's artifacts store (.local/artifacts for the "
+        "local stack, the artifacts bucket for cloud stacks).",
+    )
+    parser.add_argument("--stack", required=True, help="stack name (stacks/Pulumi.<stack>.yaml)")
+    parser.add_argument("--config-dir", default="stacks", help="directory of the stack files (default: stacks)")
+    parser.add_argument("--bucket", help="artifacts bucket of a cloud stack (default: $FTSTACK_ARTIFACTS_BUCKET)")
+    parser.add_argument("--json", action="store_true", help="print the run indexes as a JSON list")
+    parser.set_defaults(func=run)
+
+
+def _fmt(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def table_rows(runs: list[RunIndex]) -> list[tuple[str, ...]]:
+    return [
+        (
+            r.run_id,
+            r.started_at or "-",
+            r.finished_at or "-",
+            _fmt(r.perplexity_base, 3),
+            _fmt(r.perplexity_finetuned, 3),
+            _fmt(r.perplexity_improvement_pct, 1),
+            _fmt(r.tokens_per_s, 1),
+            _fmt(r.cost_usd, 2),
+            " ".join(f"{stage}={job}" for stage, job in r.job_ids.items()) or "-",
+        )
+        for r in runs
+    ]
+
+
+def format_table(runs: list[RunIndex]) -> str:
+    rows = [COLUMNS, *table_rows(runs)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        stack = load_stack_config(args.stack, args.config_dir)
+        store = store_for_stack(stack, find_repo_root(), bucket=args.bucket)
+        runs = list_runs(store, args.stack)
+    except (StackConfigError, ArtifactError, BotoCoreError, ClientError) as exc:
+        print(f"ftstack runs: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps([r.model_dump() for r in runs], indent=2))
+    elif not runs:
+        print(f"no runs of stack {args.stack!r} in {store.describe(f'runs/{args.stack}/')}")
+    else:
+        print(format_table(runs))
+    return 0
