@@ -10,6 +10,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from workloads.eval.config import EvalConfig
+from workloads.serve.config import ServeConfig
+
 ROOT_ENV = "FT_ROOT"
 
 MODEL_SOURCE = re.compile(r"^(gguf|hub|dir):(.+)$")
@@ -87,6 +90,8 @@ class RunConfig(_Section):
     paths: PathsConfig = PathsConfig()
     model: ModelConfig
     data: DataConfig
+    eval: EvalConfig | None = None
+    serve: ServeConfig | None = None
 
     @property
     def root(self) -> Path:

@@ -1,0 +1,1 @@
+"""Evaluation: base against fine-tuned model on the test split (perplexity, speed, length, text scores)."""

@@ -1,0 +1,28 @@
+"""The `eval` section of the run config."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class EvalConfig(BaseModel):
+    """How the evaluator compares the base and the fine-tuned model on the test split."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    finetuned: Literal["auto", "merged", "adapter"] = Field(
+        "auto", description="fine-tuned side: merged folder, adapter on the base, or auto (merged if present)"
+    )
+    perplexity_rows: int | None = Field(None, gt=0, description="test rows for perplexity (None: all)")
+    batch_size: int = Field(8, gt=0, description="rows per forward pass for perplexity")
+    num_prompts: int = Field(20, gt=0, description="test prompts used for generation metrics")
+    num_samples: int = Field(3, ge=0, description="sample_generations kept in the report")
+    max_new_tokens: int = Field(128, gt=0, description="generation limit per prompt (greedy)")
+    seed: int = Field(0, ge=0, description="torch seed before each model's generation")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when available")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="auto: bfloat16 on GPU, float32 on CPU"
+    )
+    chart: bool = Field(True, description="write the comparison chart PNG beside the JSON")

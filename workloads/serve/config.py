@@ -1,0 +1,39 @@
+"""The `serve` section of the run config."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class ServeConfig(BaseModel):
+    """The OpenAI-compatible endpoint: engine, models, address and access."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    engine: Literal["auto", "transformers", "vllm"] = Field(
+        "auto", description="auto: vLLM when installed and a GPU is present, else transformers serve"
+    )
+    host: str = Field("127.0.0.1", description="gateway listen address; beyond loopback an API key is required")
+    port: int = Field(8000, ge=1, le=65535, description="gateway port")
+    backend_port: int = Field(8100, ge=1024, le=65000, description="first loopback port for engine processes")
+    serve_base: bool = Field(True, description="also serve the base model (name `base_name`)")
+    base_name: str = Field("base", description="model id of the base model in /v1/models")
+    finetuned_name: str = Field("finetuned", description="model id of the fine-tuned model in /v1/models")
+    api_key_env: str = Field("FT_API_KEY", description="environment variable holding the API key (never the key)")
+    continuous_batching: bool = Field(True, description="transformers engine: continuous batching")
+    device: str = Field("auto", description="transformers engine: device (auto, cpu, cuda:0)")
+    dtype: str = Field("auto", description="transformers engine: dtype (auto, float32, bfloat16, float16)")
+    vllm_args: list[str] = Field(default_factory=list, description="extra arguments for `vllm serve`")
+    startup_timeout_s: float = Field(600.0, gt=0, description="how long to wait for the engines to be healthy")
+
+    @field_validator("base_name", "finetuned_name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not MODEL_NAME.match(value):
+            raise ValueError(f"must match {MODEL_NAME.pattern}, got {value!r}")
+        return value
