@@ -212,6 +212,7 @@ class RunIndex(BaseModel):
     uploaded_at: str
     job_ids: dict[str, str] = {}
     job_states: dict[str, str] = {}
+    job_durations_s: dict[str, float] = {}
     perplexity_base: float | None = None
     perplexity_finetuned: float | None = None
     perplexity_improvement_pct: float | None = None
@@ -294,6 +295,7 @@ def build_index(
     started_at: str | None = None,
     finished_at: str | None = None,
     run_name: str | None = None,
+    job_durations_s: Mapping[str, float] | None = None,
 ) -> RunIndex:
     """Key figures read from the run's evaluator JSON, run manifest and metrics."""
     evaluator = next((_read_json(p) for n, p in files.items() if n.startswith("eval/") and n.endswith(".json")), None)
@@ -323,6 +325,7 @@ def build_index(
         uploaded_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         job_ids=dict(job_ids or {}),
         job_states=dict(job_states or {}),
+        job_durations_s=dict(job_durations_s or {}),
         perplexity_base=base,
         perplexity_finetuned=tuned,
         perplexity_improvement_pct=improvement,
@@ -335,8 +338,12 @@ def build_index(
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """metrics.jsonl records (one JSON object a line); a bad line is an error naming the line."""
+    return parse_metrics(Path(path).read_text(), str(path))
+
+
+def parse_metrics(text: str, path: str) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = []
-    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -371,6 +378,7 @@ def upload_run(
     results_dir: Path | None = None,
     job_ids: Mapping[str, str] | None = None,
     job_states: Mapping[str, str] | None = None,
+    job_durations_s: Mapping[str, float] | None = None,
     cost_usd: float | None = None,
     started_at: str | None = None,
     finished_at: str | None = None,
@@ -393,7 +401,7 @@ def upload_run(
     eval_job = (job_ids or {}).get("eval")
     files = collect_run_files(Path(run_config_path), train_run_dir, results_dir, eval_job)
     index = build_index(
-        stack, run_id, files, job_ids, job_states, cost_usd, started_at, finished_at, run_name
+        stack, run_id, files, job_ids, job_states, cost_usd, started_at, finished_at, run_name, job_durations_s
     )
     uploaded, failures = upload_files(store, prefix, files)
     if outputs is not None:

@@ -1,0 +1,105 @@
+"""`ftstack report --stack NAME [--outputs FILE] --out DIR`: a static HTML dashboard of a stack."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from infra import cost
+from infra.artifacts import ArtifactError, ArtifactStore, list_runs, parse_metrics, run_prefix, store_for_stack
+from infra.config import StackConfig, StackConfigError, load_stack_config
+from infra.dashboard import build, write_dashboard
+from infra.dashboard.model import unwrap_outputs
+from infra.state import find_repo_root
+
+ARTIFACTS_BUCKET_OUTPUT = "artifacts_bucket_name"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "report",
+        help="render a static HTML dashboard (cost, node sets, jobs, loss curve, comparison) from stack outputs",
+        description="Reads stack outputs (`pulumi stack output --json`, `ftstack plan --json` or `ftstack run` "
+        "output) or, without --outputs, the stack's mock run; adds the latest run from the artifacts store. "
+        "Writes DIR/index.html (self-contained, works offline).",
+    )
+    parser.add_argument("--stack", required=True, help="stack name (stacks/Pulumi.<stack>.yaml)")
+    parser.add_argument("--outputs", type=Path, help="stack outputs JSON file")
+    parser.add_argument("--out", type=Path, required=True, help="output directory for index.html")
+    parser.add_argument("--run", help="run id to show (default: the latest run in the artifacts store)")
+    parser.add_argument("--config-dir", default="stacks", help="directory of the stack files (default: stacks)")
+    parser.add_argument("--bucket", help="artifacts bucket of a cloud stack (default: stack output or env)")
+    parser.set_defaults(func=run)
+
+
+def read_outputs(path: Path) -> dict[str, Any]:
+    try:
+        document = json.loads(path.read_text())
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read stack outputs: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON: {exc}") from exc
+    return unwrap_outputs(document, str(path))
+
+
+def mock_outputs(stack: StackConfig) -> dict[str, Any]:
+    """The outputs the Pulumi program exports for this stack, from its run under mocks."""
+    from infra.mocks import run_under_mocks
+
+    return dict(run_under_mocks(stack))
+
+
+def line_details(stack: StackConfig) -> dict[str, dict[str, str]]:
+    """Labels, quantities and unit prices of the cost lines (pure: from the stack file and price data)."""
+    if stack.target == "local":
+        return {}
+    monthly = cost.monthly_cost(stack, stack.pricing)
+    return {l.key: {"label": l.label, "quantity": l.quantity, "unit_price": l.unit_price} for l in monthly.lines}
+
+
+def latest_run(store: ArtifactStore, stack: str, run_id: str | None) -> dict[str, Any] | None:
+    """run.json, metrics and evaluator JSON of one stored run (the latest unless `run_id`)."""
+    runs = list_runs(store, stack)
+    if run_id is not None:
+        runs = [r for r in runs if r.run_id == run_id]
+        if not runs:
+            raise ArtifactError(f"run {run_id!r} of stack {stack!r} not found in {store.describe(f'runs/{stack}/')}")
+    if not runs:
+        return None
+    index = runs[-1]
+    prefix = run_prefix(stack, index.run_id)
+    metrics = evaluator = None
+    if "train/metrics.jsonl" in index.files:
+        key = f"{prefix}/train/metrics.jsonl"
+        metrics = parse_metrics(store.get_bytes(key).decode(), store.describe(key))
+    eval_json = next((f for f in index.files if f.startswith("eval/") and f.endswith(".json")), None)
+    if eval_json:
+        evaluator = json.loads(store.get_bytes(f"{prefix}/{eval_json}"))
+    return {"index": index.model_dump(), "metrics": metrics, "evaluator": evaluator}
+
+
+def run(args: argparse.Namespace) -> int:
+    root = find_repo_root()
+    try:
+        stack = load_stack_config(args.stack, args.config_dir)
+        if args.outputs is not None:
+            outputs, source = read_outputs(args.outputs), str(args.outputs)
+        else:
+            outputs, source = mock_outputs(stack), f"the mock run of stacks/Pulumi.{args.stack}.yaml"
+        bucket = args.bucket or outputs.get(ARTIFACTS_BUCKET_OUTPUT)
+        run_data = None
+        if stack.target == "local" or bucket:
+            store = store_for_stack(stack, root, bucket=bucket if isinstance(bucket, str) else None)
+            run_data = latest_run(store, args.stack, args.run)
+        data = build(args.stack, outputs, stack, line_details(stack), run_data)
+        page = write_dashboard(data, args.out, source)
+    except (StackConfigError, ArtifactError, ValueError, BotoCoreError, ClientError) as exc:
+        print(f"ftstack report: {exc}", file=sys.stderr)
+        return 2
+    print(page.resolve())
+    return 0

@@ -1,0 +1,107 @@
+"""Dashboard charts as inline SVG (matplotlib, Agg; text kept as text, no external fonts)."""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from infra.dashboard.model import ChatRow, Comparison, CostRow  # noqa: E402
+
+BLUE, ORANGE, GREY = "#2f6db3", "#e07b39", "#9aa5b1"
+_STYLE = {
+    "svg.fonttype": "none",
+    "text.parse_math": False,
+    "font.family": "sans-serif",
+    "font.size": 9,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+}
+
+
+def _svg(fig: plt.Figure, salt: str) -> str:
+    buffer = io.StringIO()
+    with plt.rc_context({"svg.hashsalt": salt}):
+        fig.savefig(buffer, format="svg", bbox_inches="tight")
+    plt.close(fig)
+    text = buffer.getvalue()
+    text = text[text.index("<svg"):]
+    return re.sub(r'<svg ([^>]*?)width="[^"]*" height="[^"]*"', r'<svg \1class="chart"', text, count=1)
+
+
+def _money(value: float) -> str:
+    return f"${value:,.0f}" if value >= 100 else f"${value:,.2f}"
+
+
+def cost_ranges(rows: Sequence[CostRow], title: str, salt: str) -> str:
+    """Horizontal bars at the low figure, a lighter extension up to the high figure, labelled low-high."""
+    with plt.rc_context(_STYLE):
+        height = 0.9 + 0.32 * len(rows)
+        fig, ax = plt.subplots(figsize=(7.2, height))
+        labels = [r.label for r in rows][::-1]
+        lows = [r.usd_low for r in rows][::-1]
+        highs = [r.usd_high for r in rows][::-1]
+        ax.barh(labels, lows, color=BLUE, label="low (autoscaling min)")
+        ax.barh(labels, [h - l for l, h in zip(lows, highs)], left=lows, color=BLUE, alpha=0.35,
+                label="up to high (autoscaling max)")
+        top = max(highs) if highs else 1.0
+        for y, (low, high) in enumerate(zip(lows, highs)):
+            text = _money(low) if abs(high - low) < 0.005 else f"{_money(low)} - {_money(high)}"
+            ax.text(high + top * 0.01, y, text, va="center", fontsize=8)
+        ax.set_xlim(0, top * 1.3 or 1)
+        ax.set_xlabel("USD per month")
+        ax.set_title(title, loc="left", fontsize=10)
+        if any(abs(h - l) >= 0.005 for l, h in zip(lows, highs)):
+            ax.legend(loc="lower right", fontsize=7, frameon=False)
+        return _svg(fig, salt)
+
+
+def chat_costs(rows: Sequence[ChatRow], salt: str) -> str:
+    shown = [r for r in rows if r.usd_per_chat is not None]
+    with plt.rc_context(_STYLE):
+        fig, ax = plt.subplots(figsize=(7.2, 0.9 + 0.35 * len(shown)))
+        labels = [r.label for r in shown][::-1]
+        values = [r.usd_per_chat for r in shown][::-1]
+        colors = [ORANGE if r.name == "measured" else BLUE for r in shown][::-1]
+        ax.barh(labels, values, color=colors)
+        top = max(values) if values else 1.0
+        for y, value in enumerate(values):
+            ax.text(value + top * 0.01, y, f"${value:,.4f}" if value < 0.01 else f"${value:,.2f}", va="center", fontsize=8)
+        ax.set_xlim(0, top * 1.25 or 1)
+        ax.set_xlabel("USD per chat")
+        ax.set_title("Cost per chat by serving throughput", loc="left", fontsize=10)
+        return _svg(fig, salt)
+
+
+def loss_curve(train: Sequence[tuple[float, float]], evaluation: Sequence[tuple[float, float]], salt: str) -> str:
+    with plt.rc_context(_STYLE):
+        fig, ax = plt.subplots(figsize=(7.2, 3.2))
+        ax.plot([s for s, _ in train], [l for _, l in train], color=BLUE, marker="o" if len(train) < 30 else None,
+                markersize=3, label="train loss")
+        if evaluation:
+            ax.plot([s for s, _ in evaluation], [l for _, l in evaluation], color=ORANGE, marker="s", markersize=3,
+                    label="eval loss")
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss")
+        ax.set_title("Training loss", loc="left", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(frameon=False)
+        return _svg(fig, salt)
+
+
+def comparison_bars(result: Comparison, salt: str) -> str:
+    rows = [(m, b, t) for m, b, t, _ in result.metrics if b is not None and t is not None]
+    with plt.rc_context(_STYLE):
+        fig, axes = plt.subplots(1, max(len(rows), 1), figsize=(2.4 * max(len(rows), 1) + 0.6, 2.8), squeeze=False)
+        for ax, (metric, base, tuned) in zip(axes[0], rows):
+            bars = ax.bar(["base", "fine-tuned"], [base, tuned], color=[GREY, BLUE])
+            ax.bar_label(bars, labels=[f"{base:,.3g}", f"{tuned:,.3g}"], fontsize=8)
+            ax.set_title(metric, fontsize=9)
+            ax.set_ylim(0, max(base, tuned) * 1.2 or 1)
+        fig.tight_layout()
+        return _svg(fig, salt)

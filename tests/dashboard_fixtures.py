@@ -1,0 +1,54 @@
+"""Sample stack outputs and a stored run for dashboard tests, built from the real cost model and artifact store."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from infra import cost
+from infra.artifacts import LocalStore, upload_run
+from infra.config import load_stack_config
+
+REPO = Path(__file__).resolve().parents[1]
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+EVALUATOR = {
+    "base_model": {"perplexity": 7.033111572265625, "message_length_avg": 671.0, "tokens_per_second": 41.5},
+    "finetuned_model": {
+        "perplexity": 4.704128742218018, "message_length_avg": 125.1, "tokens_per_second": 38.2,
+        "sample_generations": [{"input": "Question:\nWhat does a <b>bond</b> coupon mean?",
+                                "reference": "The periodic interest payment.", "generated": "It is the interest."}],
+    },
+}
+
+
+def cost_outputs(stack: str) -> dict[str, Any]:
+    cfg = load_stack_config(stack, REPO / "stacks")
+    monthly = cost.monthly_cost(cfg, cfg.pricing)
+    return cost.flat_outputs(monthly, None, cost.chat_scenarios(monthly, cfg.pricing.chat))
+
+
+def store_run(store: LocalStore, stack: str, work: Path, run_id: str = "20260301-120000") -> dict[str, Any]:
+    """A finished run as the pipeline leaves it (config, manifest, metrics, evaluator JSON), uploaded."""
+    work.mkdir(parents=True, exist_ok=True)
+    config = work / "local.json"
+    config.write_text(json.dumps({"name": "local"}))
+    train = work / "outputs" / "local"
+    train.mkdir(parents=True)
+    metrics = [{"step": s, "loss": round(2.9 * 0.9**s, 4), "tokens_per_s": 512.0} for s in range(1, 21)]
+    metrics.append({"step": 20, "eval_loss": 1.234})
+    (train / "metrics.jsonl").write_text("\n".join(json.dumps(m) for m in metrics) + "\n")
+    (train / "run_manifest.json").write_text(json.dumps({"name": "local", "steps": 20}))
+    results = work / "results"
+    results.mkdir()
+    (results / "evaluator_104.json").write_text(json.dumps(EVALUATOR))
+    upload_run(store, stack, run_id, config, train, results,
+               job_ids={"prepare": "101", "readiness": "102", "train": "103", "eval": "104"},
+               job_states={"prepare": "COMPLETED", "readiness": "COMPLETED", "train": "COMPLETED", "eval": "COMPLETED"},
+               job_durations_s={"prepare": 42.0, "readiness": 3.0, "train": 3725.0, "eval": 95.0},
+               cost_usd=0.0, started_at="2026-03-01T12:00:00+00:00")
+    return {"metrics": metrics, "final_loss": metrics[-2]["loss"]}

@@ -1,0 +1,110 @@
+"""`ftstack report` end to end: the page renders in real headless Chromium, offline, with the key numbers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from dashboard_fixtures import CHROMIUM, CHROMIUM_ARGS, EVALUATOR, REPO, cost_outputs, store_run
+from playwright.sync_api import sync_playwright
+
+from infra.artifacts import local_store
+from infra.commands import report
+
+SCREENSHOTS = REPO / ".local" / "screenshots"
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium not installed (make system-deps)")
+
+
+def cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="ftstack")
+    report.register(parser.add_subparsers(required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+@pytest.fixture
+def repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "repo"
+    shutil.copytree(REPO / "stacks", root / "stacks")
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    monkeypatch.chdir(root)
+    monkeypatch.delenv("FTSTACK_ARTIFACTS_BUCKET", raising=False)
+    return root
+
+
+def open_page(page_file: Path, screenshot: Path) -> tuple[str, list[str], int]:
+    """Visible text, every non-file request the page made, and the number of rendered charts."""
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            requests: list[str] = []
+            page.on("request", lambda r: requests.append(r.url))
+            page.goto(page_file.as_uri(), wait_until="load")
+            text = page.inner_text("body")
+            charts = page.locator("svg.chart").count()
+            visible = page.evaluate("[...document.querySelectorAll('svg.chart')].every(s => s.getBoundingClientRect().width > 200)")
+            assert visible, "a chart rendered narrower than 200 px"
+            screenshot.parent.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(screenshot), full_page=True)
+        finally:
+            browser.close()
+    return text, [u for u in requests if not u.startswith("file:")], charts
+
+
+def test_demo_stack_report_in_chromium(repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    outputs = cost_outputs("demo")
+    outputs["clusterName"] = "ft-demo"
+    outputs_file = tmp_path / "outputs.json"
+    outputs_file.write_text(json.dumps(outputs))
+    store_run(local_store(repo), "demo", tmp_path / "work")
+    out_dir = tmp_path / "dash"
+    assert cli(["report", "--stack", "demo", "--outputs", str(outputs_file), "--out", str(out_dir)]) == 0
+    page_file = Path(capsys.readouterr().out.strip())
+    assert page_file == (out_dir / "index.html").resolve()
+    text, requests, charts = open_page(page_file, SCREENSHOTS / "dashboard-demo.png")
+    assert requests == []
+    low, high = outputs["cost_monthly_usd_low"], outputs["cost_monthly_usd_high"]
+    assert f"${low:,.0f} – ${high:,.0f}" in text
+    assert f"${high:,.2f}" in text
+    for key, value in outputs.items():
+        if key.startswith("cost_per_chat_") and key.endswith("_usd"):
+            assert (f"${value:,.4f}" if value < 0.01 else f"${value:,.2f}") in text
+    assert "Pipeline not run yet" in text and "Training not run yet" in text
+    assert "ft-demo" in text
+    assert charts == 3
+
+
+def test_local_stack_report_with_stored_run(repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out_dir = tmp_path / "dash"
+    outputs_file = tmp_path / "outputs.json"
+    outputs_file.write_text(json.dumps({"outputs": {"clusterName": "local"}}))
+    assert cli(["report", "--stack", "local", "--outputs", str(outputs_file), "--out", str(out_dir)]) == 0
+    text, _, charts = open_page(Path(capsys.readouterr().out.strip()), SCREENSHOTS / "dashboard-local-empty.png")
+    assert "Pipeline not run yet" in text and "Evaluation not run yet" in text and charts == 0
+
+    run = store_run(local_store(repo), "local", tmp_path / "work")
+    assert cli(["report", "--stack", "local", "--outputs", str(outputs_file), "--out", str(out_dir)]) == 0
+    text, requests, charts = open_page(out_dir / "index.html", SCREENSHOTS / "dashboard-local.png")
+    assert requests == []
+    assert "7.033 → 4.704" in text
+    assert f"{(4.704128742218018 - 7.033111572265625) / 7.033111572265625 * 100:+.1f} %" in text
+    assert text.count("COMPLETED") >= 4 and "1h 02m 05s" in text and "103" in text
+    assert f"final train loss {run['final_loss']:.4g}" in text
+    assert str(EVALUATOR["finetuned_model"]["tokens_per_second"]) in text
+    assert "local single-node Slurm" in text or "single-node Slurm" in text
+    assert charts == 2
+    assert not list(out_dir.glob(".index.html.*"))
+
+
+def test_bad_outputs_file_is_named(repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "outputs.json"
+    bad.write_text("{not json")
+    assert cli(["report", "--stack", "local", "--outputs", str(bad), "--out", str(tmp_path / "d")]) == 2
+    assert f"{bad}: not valid JSON" in capsys.readouterr().err
+    assert not (tmp_path / "d" / "index.html").exists()
