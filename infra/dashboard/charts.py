@@ -95,13 +95,19 @@ def loss_curve(train: Sequence[tuple[float, float]], evaluation: Sequence[tuple[
 
 
 def comparison_bars(result: Comparison, salt: str) -> str:
+    """One small panel per metric (four to a row), base in grey and fine-tuned in blue."""
     rows = [(m, b, t) for m, b, t, _ in result.metrics if b is not None and t is not None]
+    ncols = min(len(rows), 4) or 1
+    nrows = -(-len(rows) // ncols) or 1
     with plt.rc_context(_STYLE):
-        fig, axes = plt.subplots(1, max(len(rows), 1), figsize=(2.4 * max(len(rows), 1) + 0.6, 2.8), squeeze=False)
-        for ax, (metric, base, tuned) in zip(axes[0], rows):
+        fig, axes = plt.subplots(nrows, ncols, figsize=(2.3 * ncols + 0.4, 2.5 * nrows), squeeze=False)
+        flat = list(axes.flat)
+        for ax, (metric, base, tuned) in zip(flat, rows):
             bars = ax.bar(["base", "fine-tuned"], [base, tuned], color=[GREY, BLUE])
             ax.bar_label(bars, labels=[f"{base:,.3g}", f"{tuned:,.3g}"], fontsize=8)
             ax.set_title(metric, fontsize=9)
             ax.set_ylim(0, max(base, tuned) * 1.2 or 1)
+        for ax in flat[len(rows):]:
+            ax.axis("off")
         fig.tight_layout()
         return _svg(fig, salt)

@@ -252,10 +252,11 @@ def loss_curves(records: Sequence[Mapping[str, Any]]) -> tuple[list[tuple[float,
 _COMPARED = (
     ("perplexity", "Perplexity (lower is better)"),
     ("tokens_per_second", "Generation speed (tokens/s)"),
+    ("time_to_first_token", "Time to first token (s)"),
     ("message_length_avg", "Average reply length (chars)"),
     ("rouge_l", "ROUGE-L"),
-    ("rougeL", "ROUGE-L"),
     ("bleu", "BLEU"),
+    ("chrf", "chrF"),
 )
 
 
@@ -266,12 +267,10 @@ def comparison(evaluator: Mapping[str, Any] | None) -> Comparison | None:
     base = evaluator.get("base_model") or {}
     tuned = evaluator.get("finetuned_model") or {}
     rows: list[tuple[str, float | None, float | None, float | None]] = []
-    seen: set[str] = set()
     for key, label in _COMPARED:
         b, t = _num(base.get(key)), _num(tuned.get(key))
-        if (b is None and t is None) or label in seen:
+        if b is None and t is None:
             continue
-        seen.add(label)
         delta = (t - b) / b * 100.0 if b not in (None, 0) and t is not None else None
         rows.append((label, b, t, delta))
     samples = []
