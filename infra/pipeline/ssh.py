@@ -1,0 +1,339 @@
+"""SshTransport: the Transport protocol over SSH (paramiko), for the Slurm login node of a cloud stack.
+
+Security rules:
+- the private key arrives as text (a Pulumi secret upstream) and is kept only as a parsed key object;
+  it is never logged, never in repr, and the transport refuses to be pickled;
+- the server's host key is checked before authenticating: against a pinned key when one is given,
+  otherwise against a known_hosts file, where an unknown host is recorded on first use (trust on
+  first use) and enforced from then on; a different key is refused.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import logging
+import os
+import select
+import shlex
+import socket
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import paramiko
+
+from infra.pipeline.transport import (
+    CommandResult,
+    CommandTimeout,
+    TransportError,
+    check_env,
+    shell_command,
+)
+
+log = logging.getLogger(__name__)
+
+_KEY_CLASSES: tuple[type[paramiko.PKey], ...] = (paramiko.Ed25519Key, paramiko.ECDSAKey, paramiko.RSAKey)
+_TIMEOUT_EXIT = 124
+
+
+class SshConnectError(TransportError):
+    """The SSH server could not be reached (after the retries)."""
+
+
+class SshAuthError(TransportError):
+    """The SSH server refused the key."""
+
+
+class HostKeyMismatch(TransportError):
+    """The server's host key differs from the pinned or recorded one."""
+
+
+class UnknownHostKey(TransportError):
+    """The host is not known and trust on first use is off."""
+
+
+def load_private_key(text: str, passphrase: str | None = None) -> paramiko.PKey:
+    """Parse an OpenSSH or PEM private key given as text (Ed25519, ECDSA or RSA)."""
+    errors = []
+    for cls in _KEY_CLASSES:
+        try:
+            return cls.from_private_key(io.StringIO(text), password=passphrase)
+        except paramiko.PasswordRequiredException:
+            raise TransportError("the SSH private key is encrypted and no passphrase was given") from None
+        except (paramiko.SSHException, ValueError) as e:
+            errors.append(f"{cls.__name__}: {type(e).__name__}")
+    raise TransportError(f"the SSH private key could not be parsed ({'; '.join(errors)})")
+
+
+def parse_public_key(line: str) -> paramiko.PKey:
+    """A public key from 'TYPE BASE64 [comment]' or a known_hosts line 'HOST TYPE BASE64'."""
+    parts = line.split()
+    if parts and not _looks_like_key_type(parts[0]):
+        parts = parts[1:]
+    if len(parts) < 2:
+        raise ValueError(f"not an SSH public key: {line[:40]!r}")
+    try:
+        return paramiko.PKey.from_type_string(parts[0], base64.b64decode(parts[1]))
+    except Exception as e:
+        raise ValueError(f"not an SSH public key ({parts[0]}): {e}") from None
+
+
+def _looks_like_key_type(token: str) -> bool:
+    return token.startswith(("ssh-", "ecdsa-", "sk-"))
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    """The OpenSSH-style fingerprint 'SHA256:...' of a public key."""
+    return key.fingerprint
+
+
+def host_entry(host: str, port: int) -> str:
+    """The known_hosts name of a host: 'host' on port 22, '[host]:port' otherwise."""
+    return host if port == 22 else f"[{host}]:{port}"
+
+
+class SshTransport:
+    """Transport over one SSH connection, opened on first use and reused; close() or use `with`."""
+
+    def __init__(
+        self,
+        host: str,
+        *,
+        private_key: str,
+        user: str = "root",
+        port: int = 22,
+        passphrase: str | None = None,
+        host_key: str | None = None,
+        known_hosts: str | Path | None = None,
+        trust_on_first_use: bool = True,
+        connect_timeout: float = 10.0,
+        attempts: int = 5,
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 8.0,
+    ) -> None:
+        if attempts < 1:
+            raise ValueError("attempts must be at least 1")
+        self.host = host
+        self.port = port
+        self.user = user
+        self._pkey = load_private_key(private_key, passphrase)
+        self._pinned = parse_public_key(host_key) if host_key else None
+        self.known_hosts = Path(known_hosts).expanduser() if known_hosts else Path.home() / ".ssh" / "known_hosts"
+        self.trust_on_first_use = trust_on_first_use
+        self.connect_timeout = connect_timeout
+        self.attempts = attempts
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self._conn: paramiko.Transport | None = None
+
+    def __repr__(self) -> str:
+        return f"SshTransport({self.user}@{host_entry(self.host, self.port)})"
+
+    def __getstate__(self) -> dict:
+        raise TypeError("SshTransport holds a private key and a live connection and is not picklable; build it where it is used")
+
+    def __enter__(self) -> SshTransport:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    @property
+    def target(self) -> str:
+        return f"{self.user}@{host_entry(self.host, self.port)}"
+
+    def _connection(self) -> paramiko.Transport:
+        if self._conn is None or not self._conn.is_active():
+            self._conn = self._connect()
+        return self._conn
+
+    def _connect(self) -> paramiko.Transport:
+        last: Exception | None = None
+        start = time.monotonic()
+        for attempt in range(1, self.attempts + 1):
+            if attempt > 1:
+                delay = min(self.backoff_s * 2 ** (attempt - 2), self.max_backoff_s)
+                log.warning("SSH to %s failed (%s); retry %d/%d in %.1fs", self.target, last, attempt, self.attempts, delay)
+                time.sleep(delay)
+            try:
+                sock = socket.create_connection((self.host, self.port), timeout=self.connect_timeout)
+            except socket.gaierror as e:
+                raise SshConnectError(f"cannot resolve SSH host {self.host!r}: {e.strerror or e}") from None
+            except OSError as e:
+                last = e
+                continue
+            conn = paramiko.Transport(sock)
+            try:
+                conn.start_client(timeout=self.connect_timeout)
+            except (paramiko.SSHException, EOFError, OSError) as e:
+                conn.close()
+                last = e
+                continue
+            try:
+                self._verify_host_key(conn.get_remote_server_key())
+                self._authenticate(conn)
+            except BaseException:
+                conn.close()
+                raise
+            conn.set_keepalive(30)
+            return conn
+        raise SshConnectError(
+            f"could not connect to {self.target} after {self.attempts} attempts in {time.monotonic() - start:.1f}s: {last}"
+        )
+
+    def _authenticate(self, conn: paramiko.Transport) -> None:
+        try:
+            conn.auth_publickey(self.user, self._pkey)
+        except paramiko.AuthenticationException:
+            raise SshAuthError(
+                f"SSH authentication as {self.target} failed: the server refused the key {fingerprint(self._pkey)}"
+                " (is its public key in the login node's authorized_keys / the stack's sshPublicKeys?)"
+            ) from None
+        if not conn.is_authenticated():
+            raise SshAuthError(f"SSH authentication as {self.target} did not complete")
+
+    def _verify_host_key(self, key: paramiko.PKey) -> None:
+        entry = host_entry(self.host, self.port)
+        if self._pinned is not None:
+            if key != self._pinned:
+                raise HostKeyMismatch(
+                    f"host key of {entry} is {key.get_name()} {fingerprint(key)}, but the pinned key is "
+                    f"{self._pinned.get_name()} {fingerprint(self._pinned)}; refusing to connect"
+                )
+            return
+        known = paramiko.HostKeys()
+        if self.known_hosts.exists():
+            known.load(str(self.known_hosts))
+        recorded = known.lookup(entry)
+        if recorded:
+            if recorded.get(key.get_name()) == key:
+                return
+            have = ", ".join(f"{k.get_name()} {fingerprint(k)}" for k in recorded.values())
+            raise HostKeyMismatch(
+                f"host key of {entry} is {key.get_name()} {fingerprint(key)}, but {self.known_hosts} records {have}; "
+                "refusing to connect (if the host was rebuilt, remove its line from that file)"
+            )
+        if not self.trust_on_first_use:
+            raise UnknownHostKey(
+                f"host {entry} is not in {self.known_hosts} and no host key is pinned; "
+                f"its key is {key.get_name()} {fingerprint(key)}"
+            )
+        known.add(entry, key.get_name(), key)
+        self._write_known_hosts(known)
+        log.info("recorded host key of %s (%s) in %s", entry, fingerprint(key), self.known_hosts)
+
+    def _write_known_hosts(self, known: paramiko.HostKeys) -> None:
+        self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
+        staging = self.known_hosts.with_name(f".{self.known_hosts.name}.tmp-{uuid.uuid4().hex[:8]}")
+        known.save(str(staging))
+        os.replace(staging, self.known_hosts)
+
+    def run(
+        self,
+        command: str | Sequence[str],
+        *,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> CommandResult:
+        line = shell_command(command)
+        prefix = "".join(f"export {k}={shlex.quote(v)}; " for k, v in check_env(env).items())
+        if cwd:
+            prefix += f"cd {shlex.quote(cwd)} && "
+        remote = prefix + line
+        if timeout is not None:
+            remote = f"timeout --kill-after=5 {timeout:g} sh -c {shlex.quote(remote)}"
+        chan = self._connection().open_session(timeout=self.connect_timeout)
+        started = time.monotonic()
+        deadline = None if timeout is None else started + timeout + 15
+        out, err = bytearray(), bytearray()
+        try:
+            chan.exec_command(remote)
+            chan.shutdown_write()
+            while True:
+                while chan.recv_ready():
+                    out += chan.recv(65536)
+                while chan.recv_stderr_ready():
+                    err += chan.recv_stderr(65536)
+                if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                    break
+                if deadline is not None and time.monotonic() > deadline:
+                    raise CommandTimeout(f"command {line!r} on {self.target} did not finish within {timeout:g}s")
+                select.select([chan], [], [], 0.2)
+            code = chan.recv_exit_status()
+        finally:
+            chan.close()
+        if timeout is not None and code in (_TIMEOUT_EXIT, 128 + 9) and time.monotonic() - started >= timeout * 0.99:
+            raise CommandTimeout(f"command {line!r} on {self.target} did not finish within {timeout:g}s and was killed")
+        return CommandResult(line, code, out.decode(errors="replace"), err.decode(errors="replace"))
+
+    def read_file(self, path: str) -> str:
+        with paramiko.SFTPClient.from_transport(self._connection()) as sftp:
+            try:
+                with sftp.open(path, "rb") as fh:
+                    return fh.read().decode(errors="replace")
+            except FileNotFoundError:
+                raise FileNotFoundError(f"{path} does not exist on {self.target}") from None
+
+    def put_directory(self, local_dir: str | Path, remote_dir: str, *, replace: bool = False) -> None:
+        source = Path(local_dir)
+        if not source.is_dir():
+            raise TransportError(f"local directory {source} does not exist")
+        remote_dir = remote_dir.rstrip("/")
+        parent, name = os.path.split(remote_dir)
+        parent = parent or "."
+        staging = f"{parent}/.{name}.tmp-{uuid.uuid4().hex[:12]}"
+        self.run(["mkdir", "-p", parent], timeout=60).check()
+        with paramiko.SFTPClient.from_transport(self._connection()) as sftp:
+            try:
+                if _exists(sftp, remote_dir) and not replace:
+                    raise TransportError(f"{self.target}:{remote_dir} already exists (pass replace=True to swap it)")
+                _upload_tree(sftp, source, staging)
+                if _exists(sftp, remote_dir):
+                    old = f"{parent}/.{name}.old-{uuid.uuid4().hex[:12]}"
+                    sftp.posix_rename(remote_dir, old)
+                    sftp.posix_rename(staging, remote_dir)
+                    self.run(["rm", "-rf", old], timeout=600)
+                else:
+                    sftp.posix_rename(staging, remote_dir)
+            except BaseException:
+                self.run(["rm", "-rf", staging], timeout=600)
+                raise
+
+
+def _exists(sftp: paramiko.SFTPClient, path: str) -> bool:
+    try:
+        sftp.lstat(path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _upload_tree(sftp: paramiko.SFTPClient, source: Path, dest: str) -> None:
+    sftp.mkdir(dest, mode=0o755)
+    for root, dirs, files in os.walk(source):
+        rel = Path(root).relative_to(source)
+        base = dest if rel == Path(".") else f"{dest}/{rel.as_posix()}"
+        for d in list(dirs):
+            local = Path(root) / d
+            if local.is_symlink():
+                sftp.symlink(os.readlink(local), f"{base}/{d}")
+                dirs.remove(d)
+            else:
+                sftp.mkdir(f"{base}/{d}", mode=local.stat().st_mode & 0o7777)
+        for f in files:
+            local = Path(root) / f
+            if local.is_symlink():
+                sftp.symlink(os.readlink(local), f"{base}/{f}")
+                continue
+            if not local.is_file():
+                raise TransportError(f"{local} is not a regular file; only files, folders and links are uploaded")
+            sftp.put(str(local), f"{base}/{f}", confirm=True)
+            sftp.chmod(f"{base}/{f}", local.stat().st_mode & 0o7777)
