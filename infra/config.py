@@ -31,6 +31,7 @@ PROJECT = "soperator-finetune"
 SECRET_KEYS = ("pipelineSshPrivateKey",)
 DiskType = Literal["NETWORK_SSD", "NETWORK_SSD_NON_REPLICATED", "NETWORK_SSD_IO_M3", "NETWORK_HDD"]
 FilesystemType = Literal["NETWORK_SSD", "NETWORK_HDD"]
+_RESERVED_NODESETS = {"system", "controller", "login", "accounting"}
 _RESERVED_MOUNTS = {"/", "/proc", "/sys", "/dev", "/run", "/tmp", "/mnt/jail"}
 
 
@@ -108,6 +109,13 @@ class WorkerSet(NodeSet):
     fabric: str | None = Field(None, description="InfiniBand fabric, e.g. fabric-6; None for none.")
     preemptible: bool = False
 
+    @field_validator("name")
+    @classmethod
+    def _not_a_role(cls, value: str) -> str:
+        if value in _RESERVED_NODESETS:
+            raise ValueError(f"worker set name {value!r} is reserved for a Slurm role")
+        return value
+
     @field_validator("fabric")
     @classmethod
     def _fabric_fits(cls, value: str | None, info: ValidationInfo) -> str | None:
@@ -184,12 +192,14 @@ class Filesystems(_Model):
 
 class BackupBucket(_Model):
     enabled: bool = True
+    protect: bool = True
     retention_days: int = Field(7, gt=0)
     copy_size_gib: int | None = Field(None, gt=0, description="Size of one backup; default jail size.")
 
 
 class ArtifactsBucket(_Model):
     enabled: bool = True
+    protect: bool = True
     versioning: bool = True
 
 
@@ -201,8 +211,9 @@ class Buckets(_Model):
 class SoperatorConfig(_Model):
     version: str = Field("4.1.7", description="Soperator chart version (a released tag).")
     slurm_version: str = Field("25.11.3", description="Slurm version in that release's images.")
-    cert_manager_version: str = "v1.17.2"
+    cert_manager_version: str = "v1.19.1"
     kruise_version: str = "1.8.0"
+    mariadb_operator_version: str = "25.10.2"
     registry: str = "cr.eu-north1.nebius.cloud/soperator"
     namespace: str | None = Field(None, description="Slurm cluster namespace; default clusterName.")
     partition: str = "main"

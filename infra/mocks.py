@@ -1,0 +1,165 @@
+"""Run the Pulumi program offline: Nebius and Kubernetes answered by mocks, everything recorded.
+
+Used by the tests and by ``ftstack plan``. Each run gets a fresh context (its own root stack,
+config and settings), so runs do not leak into one another.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pulumi
+from google.protobuf import json_format
+from pulumi.runtime import config as runtime_config
+from pulumi.runtime import rpc
+from pulumi.runtime.mocks import MockMonitor
+from pulumi.runtime.stack import run_pulumi_func, wait_for_rpcs
+from pulumi.runtime.sync_await import _sync_await
+
+from infra.config import PROJECT, StackConfig
+
+SECRET = "[secret]"
+MOCK_ENDPOINT = "https://mk8s-endpoint.mock.invalid:443"
+MOCK_CA = "-----BEGIN CERTIFICATE-----\nbW9jaw==\n-----END CERTIFICATE-----\n"
+MOCK_LOGIN_CIDR = "203.0.113.10/32"
+GIB = 1024**3
+
+
+@dataclass
+class MockResource:
+    """One registered resource as the engine would see it."""
+
+    type: str
+    name: str
+    urn: str
+    parent: str | None
+    custom: bool
+    protect: bool
+    dependencies: list[str]
+    inputs: dict[str, Any]
+    """Inputs with every secret replaced by ``[secret]``."""
+
+
+@dataclass
+class MockRun:
+    resources: list[MockResource] = field(default_factory=list)
+    outputs: dict[str, Any] = field(default_factory=dict)
+    """Stack outputs; secret ones are ``[secret]``."""
+    secret_outputs: set[str] = field(default_factory=set)
+
+    def of_type(self, type_: str) -> list[MockResource]:
+        return [r for r in self.resources if r.type == type_]
+
+    def by_name(self, name: str) -> MockResource:
+        return next(r for r in self.resources if r.name == name)
+
+    def by_urn(self, urn: str) -> MockResource:
+        return next(r for r in self.resources if r.urn == urn)
+
+
+def redact(value: Any) -> Any:
+    """A wire-format value with every secret replaced by ``[secret]``."""
+    if isinstance(value, dict):
+        if value.get(rpc._special_sig_key) == rpc._special_secret_sig:
+            return SECRET
+        return {k: redact(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(v) for v in value]
+    return value
+
+
+class NebiusMocks(pulumi.runtime.Mocks):
+    """Answers like the Nebius API would: ids, plus the status fields the program reads."""
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict]:
+        state = dict(args.inputs)
+        kind = args.typ.rsplit(":", 1)[-1]
+        if kind == "Mk8sV1Cluster":
+            state["status"] = {"controlPlane": {
+                "endpoints": {"publicEndpoint": MOCK_ENDPOINT},
+                "auth": {"clusterCaCertificate": MOCK_CA},
+                "version": args.inputs.get("controlPlane", {}).get("version"),
+            }}
+        elif kind == "VpcV1Allocation":
+            state["status"] = {"details": {"allocatedCidr": MOCK_LOGIN_CIDR}}
+        elif kind == "ComputeV1Filesystem":
+            state["status"] = {"sizeBytes": float(args.inputs.get("sizeGibibytes", 0)) * GIB}
+        elif kind == "Release":
+            state["status"] = {"status": "deployed", "version": args.inputs.get("version")}
+        return f"{args.name}-id", state
+
+    def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict, list]:
+        kind = args.token.rsplit(":", 1)[-1]
+        result = {"id": args.args.get("id")}
+        if kind == "getComputeV1Filesystem":
+            result["status"] = {"sizeBytes": 1024.0 * GIB}
+        return result, []
+
+
+class RecordingMonitor(MockMonitor):
+    """The mock engine, also keeping parent, protect and dependencies of each registration."""
+
+    def __init__(self, mocks: pulumi.runtime.Mocks):
+        super().__init__(mocks)
+        self.recorded: list[MockResource] = []
+
+    def RegisterResource(self, request):  # noqa: N802 (gRPC method name)
+        response = super().RegisterResource(request)
+        if request.type != "pulumi:pulumi:Stack":
+            self.recorded.append(MockResource(
+                type=request.type,
+                name=request.name,
+                urn=response.urn,
+                parent=request.parent or None,
+                custom=request.custom,
+                protect=bool(request.protect),
+                dependencies=list(request.dependencies),
+                inputs=redact(json_format.MessageToDict(request.object)),
+            ))
+        return response
+
+
+def _config_values(cfg: StackConfig) -> dict[str, str]:
+    dumped = cfg.model_dump(by_alias=True, exclude={"stack"}, exclude_none=True)
+    return {
+        f"{PROJECT}:{key}": value if isinstance(value, str) else json.dumps(value)
+        for key, value in dumped.items()
+    }
+
+
+def _resolve(value: Any) -> tuple[Any, bool]:
+    output = pulumi.Output.from_input(value)
+    return _sync_await(output.future()), _sync_await(output.is_secret())
+
+
+def _run(cfg: StackConfig, secrets: dict[str, str]) -> MockRun:
+    from infra.program import build_stack
+
+    monitor = RecordingMonitor(NebiusMocks())
+    config = _config_values(cfg) | {f"{PROJECT}:{k}": v for k, v in secrets.items()}
+    runtime_config.set_all_config(config, [f"{PROJECT}:{k}" for k in secrets])
+    pulumi.runtime.set_mocks(monitor.mocks, project=PROJECT, stack=cfg.stack, preview=False, monitor=monitor)
+    run = MockRun()
+
+    def program() -> None:
+        for key, value in build_stack(cfg).items():
+            resolved, secret = _resolve(value)
+            run.outputs[key] = SECRET if secret else resolved
+            if secret:
+                run.secret_outputs.add(key)
+
+    _sync_await(run_pulumi_func(program))
+    _sync_await(wait_for_rpcs())
+    run.resources = monitor.recorded
+    return run
+
+
+def run_under_mocks(cfg: StackConfig, secrets: dict[str, str] | None = None) -> MockRun:
+    """Run ``build_stack(cfg)`` against the mocks (not a preview: outputs are known) and record it.
+
+    ``secrets`` are set as secret config values of the project namespace, as ``secure:`` values are.
+    """
+    return contextvars.Context().run(_run, cfg, dict(secrets or {}))

@@ -1,0 +1,1 @@
+"""Pulumi components over pulumi-nebius resources."""

@@ -1,0 +1,159 @@
+"""The Pulumi program: StackConfig in, components built in order, flat stack outputs out.
+
+Output names are stable and flat (dashboards read them): snake_case, numbers as numbers, units in
+the key (``_gib``, ``_nodes``), one key per node group, filesystem and bucket.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+
+from infra.config import StackConfig
+from infra.kubeconfig import kubeconfig
+from infra.nebius.buckets import Buckets, BucketsArgs
+from infra.nebius.cluster import Mk8sCluster, Mk8sClusterArgs
+from infra.nebius.filesystems import SharedFilesystems, SharedFilesystemsArgs
+from infra.nebius.layout import filesystem_specs, node_group_specs
+from infra.nebius.network import Network, NetworkArgs
+from infra.soperator import Soperator, SoperatorArgs
+from infra.soperator_values import release_plan
+
+
+@dataclass
+class Platform:
+    """The cloud components of a nebius stack."""
+
+    network: Network
+    filesystems: SharedFilesystems
+    cluster: Mk8sCluster
+    buckets: Buckets | None
+    soperator: Soperator
+    kubeconfig: pulumi.Output[str]
+
+
+def _key(name: str) -> str:
+    return name.replace("-", "_")
+
+
+def build_network(cfg: StackConfig) -> Network:
+    assert cfg.nebius is not None
+    return Network(f"{cfg.cluster_name}-net", NetworkArgs(
+        parent_id=cfg.nebius.parent_id, name=cfg.cluster_name,
+        subnet_id=cfg.nebius.subnet_id, network_id=cfg.nebius.network_id,
+    ))
+
+
+def build_filesystems(cfg: StackConfig) -> SharedFilesystems:
+    assert cfg.nebius is not None
+    return SharedFilesystems(f"{cfg.cluster_name}-fs", SharedFilesystemsArgs(
+        parent_id=cfg.nebius.parent_id, specs=filesystem_specs(cfg),
+    ))
+
+
+def build_cluster(cfg: StackConfig, network: Network, filesystems: SharedFilesystems) -> Mk8sCluster:
+    assert cfg.nebius is not None
+    return Mk8sCluster(cfg.cluster_name, Mk8sClusterArgs(
+        parent_id=cfg.nebius.parent_id, name=cfg.cluster_name, subnet_id=network.subnet_id,
+        k8s_version=cfg.nebius.k8s_version, public_endpoint=cfg.nebius.public_endpoint,
+        node_groups=node_group_specs(cfg), filesystem_ids=dict(filesystems.ids),
+    ))
+
+
+def build_buckets(cfg: StackConfig) -> Buckets | None:
+    if cfg.buckets is None or cfg.nebius is None:
+        return None
+    return Buckets(f"{cfg.cluster_name}-buckets", BucketsArgs(
+        parent_id=cfg.nebius.parent_id, name=cfg.cluster_name, config=cfg.buckets,
+    ))
+
+
+def cluster_kubeconfig(cfg: StackConfig, cluster: Mk8sCluster) -> pulumi.Output[str]:
+    return pulumi.Output.secret(pulumi.Output.all(cluster.endpoint, cluster.ca_certificate).apply(
+        lambda parts: kubeconfig(cfg.cluster_name, parts[0], parts[1])
+    ))
+
+
+def build_soperator(
+    cfg: StackConfig, network: Network, filesystems: SharedFilesystems, cluster: Mk8sCluster,
+    config: pulumi.Output[str],
+) -> Soperator:
+    releases = release_plan(cfg, network.login_allocation_id, dict(filesystems.size_gib))
+    return Soperator(f"{cfg.cluster_name}-soperator", SoperatorArgs(
+        kubeconfig=config, releases=releases, depends_on=list(cluster.node_groups.values()),
+    ))
+
+
+def build_platform(cfg: StackConfig) -> Platform | None:
+    """Every cloud component of a nebius stack; None for the local stack."""
+    if cfg.target != "nebius":
+        return None
+    network = build_network(cfg)
+    filesystems = build_filesystems(cfg)
+    cluster = build_cluster(cfg, network, filesystems)
+    buckets = build_buckets(cfg)
+    config = cluster_kubeconfig(cfg, cluster)
+    soperator = build_soperator(cfg, network, filesystems, cluster, config)
+    return Platform(network, filesystems, cluster, buckets, soperator, config)
+
+
+def stack_outputs(cfg: StackConfig) -> dict[str, Any]:
+    """Outputs every stack has, local included."""
+    return {
+        "stack": cfg.stack,
+        "target": cfg.target,
+        "cluster_name": cfg.cluster_name,
+        "slurm_target": "local" if cfg.target == "local" else "soperator",
+        "run_config": cfg.pipeline.run_config,
+    }
+
+
+def platform_outputs(cfg: StackConfig, platform: Platform) -> dict[str, Any]:
+    """Cluster, node groups, filesystems, buckets, login and Slurm facts of a nebius stack."""
+    assert cfg.nebius is not None and cfg.soperator is not None
+    out: dict[str, Any] = {
+        "region": cfg.nebius.region,
+        "k8s_version": cfg.nebius.k8s_version,
+        "cluster_id": platform.cluster.cluster_id,
+        "cluster_endpoint": platform.cluster.endpoint,
+        "subnet_id": platform.network.subnet_id,
+        "login_address": platform.network.login_address,
+        "login_port": 22,
+        "login_allocation_id": platform.network.login_allocation_id,
+        "soperator_version": cfg.soperator.version,
+        "slurm_version": cfg.soperator.slurm_version,
+        "slurm_namespace": cfg.slurm_namespace,
+        "kubeconfig": platform.kubeconfig,
+    }
+    specs = node_group_specs(cfg)
+    for spec in specs:
+        key = f"node_group_{_key(spec.name)}"
+        out[f"{key}_id"] = platform.cluster.node_group_ids[spec.name]
+        out[f"{key}_platform"] = spec.platform
+        out[f"{key}_preset"] = spec.preset
+        out[f"{key}_nodes"] = spec.fixed_size if spec.fixed_size is not None else spec.min_size
+        out[f"{key}_max_nodes"] = spec.fixed_size if spec.fixed_size is not None else spec.max_size
+        out[f"{key}_gpus_per_node"] = spec.gpus
+        out[f"{key}_boot_disk_gib"] = spec.boot_disk.size_gib
+    workers = [s for s in specs if s.role == "worker"]
+    out["worker_nodes"] = sum(s.fixed_size or 0 for s in workers)
+    out["gpus_total"] = sum((s.fixed_size or 0) * s.gpus for s in workers)
+    for fs in filesystem_specs(cfg):
+        key = f"filesystem_{_key(fs.mount_tag)}"
+        out[f"{key}_id"] = platform.filesystems.ids[fs.mount_tag]
+        out[f"{key}_size_gib"] = platform.filesystems.size_gib[fs.mount_tag]
+    if platform.buckets is not None:
+        for kind, name in platform.buckets.names.items():
+            out[f"bucket_{kind}_name"] = name
+    return out
+
+
+def build_stack(cfg: StackConfig) -> dict[str, Any]:
+    """Build every resource of the stack and return its flat outputs."""
+    outputs = stack_outputs(cfg)
+    platform = build_platform(cfg)
+    if platform is not None:
+        outputs.update(platform_outputs(cfg, platform))
+    return outputs

@@ -1,0 +1,67 @@
+"""Soperator: a Kubernetes provider for the mk8s cluster, then the Helm releases of a Slurm cluster."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from infra.soperator_values import STORAGE_CLASS, ReleaseSpec
+
+
+@dataclass
+class SoperatorArgs:
+    kubeconfig: pulumi.Input[str]
+    """Kubeconfig of the target cluster (a secret)."""
+    releases: list[ReleaseSpec]
+    """Releases in install order (see ``soperator_values.release_plan``)."""
+    depends_on: list[pulumi.Resource]
+    """Resources that must exist before anything is installed (the node groups)."""
+
+
+class Soperator(pulumi.ComponentResource):
+    """Storage class and Helm releases, each release waiting for the ones its spec names."""
+
+    releases: dict[str, k8s.helm.v3.Release]
+    statuses: dict[str, pulumi.Output[str]]
+
+    def __init__(self, name: str, args: SoperatorArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("soperator-finetune:k8s:Soperator", name, None, opts)
+        provider = k8s.Provider(
+            f"{name}-k8s", kubeconfig=args.kubeconfig, opts=pulumi.ResourceOptions(parent=self)
+        )
+        storage_class = k8s.storage.v1.StorageClass(
+            f"{name}-{STORAGE_CLASS}",
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=STORAGE_CLASS),
+            provisioner="compute.csi.nebius.com",
+            volume_binding_mode="WaitForFirstConsumer",
+            parameters={"type": "NETWORK_SSD", "csi.storage.k8s.io/fstype": "ext4"},
+            opts=pulumi.ResourceOptions(parent=self, provider=provider, depends_on=args.depends_on),
+        )
+        self.releases = {}
+        for spec in args.releases:
+            after = [self.releases[key] for key in spec.depends_on] or [storage_class]
+            self.releases[spec.key] = self._release(name, spec, provider, after)
+        self.statuses = {key: r.status.apply(lambda s: s.status) for key, r in self.releases.items()}
+        self.register_outputs({"statuses": self.statuses})
+
+    def _release(
+        self, name: str, spec: ReleaseSpec, provider: k8s.Provider, after: list[pulumi.Resource]
+    ) -> k8s.helm.v3.Release:
+        return k8s.helm.v3.Release(
+            f"{name}-{spec.key}",
+            k8s.helm.v3.ReleaseArgs(
+                name=spec.key,
+                chart=spec.chart,
+                version=spec.version,
+                repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=spec.repo) if spec.repo else None,
+                namespace=spec.namespace,
+                create_namespace=True,
+                values=spec.values,
+                skip_crds=spec.skip_crds,
+                wait_for_jobs=True,
+                timeout=1200,
+            ),
+            opts=pulumi.ResourceOptions(parent=self, provider=provider, depends_on=after),
+        )
