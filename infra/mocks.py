@@ -61,13 +61,15 @@ class MockRun:
 
 
 def redact(value: Any) -> Any:
-    """A wire-format value with every secret replaced by ``[secret]``."""
+    """A wire-format value with every secret replaced by ``[secret]`` (and whole floats as ints)."""
     if isinstance(value, dict):
         if value.get(rpc._special_sig_key) == rpc._special_secret_sig:
             return SECRET
         return {k: redact(v) for k, v in value.items()}
     if isinstance(value, list):
         return [redact(v) for v in value]
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
     return value
 
 

@@ -146,7 +146,7 @@ def platform_outputs(cfg: StackConfig, platform: Platform) -> dict[str, Any]:
         out[f"{key}_size_gib"] = platform.filesystems.size_gib[fs.mount_tag]
     if platform.buckets is not None:
         for kind, name in platform.buckets.names.items():
-            out[f"bucket_{kind}_name"] = name
+            out[f"{kind}_bucket_name"] = name
     return out
 
 

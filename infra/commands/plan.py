@@ -1,0 +1,105 @@
+"""`ftstack plan --stack NAME [--json]`: the stack's resource tree from an offline run under mocks.
+
+No Pulumi CLI, cloud credentials or network are needed: the program runs against mocks of the
+Nebius and Kubernetes APIs. Ids and addresses in the output are therefore placeholders; use
+`pulumi preview --stack NAME` for a plan against the real cloud.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from infra.config import StackConfigError, load_stack_config
+from infra.mocks import MockResource, MockRun, run_under_mocks
+
+_KEY_PROPERTIES = (
+    "name", "platform", "preset", "fixedNodeCount", "autoscaling", "type", "sizeGibibytes",
+    "forbidDeletion", "infinibandFabric", "chart", "version", "namespace", "versioningPolicy",
+)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "plan",
+        help="offline plan: the stack's resources and outputs from a run under mocks (no cloud access)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--stack", required=True, help="stack name (stacks/Pulumi.<stack>.yaml)")
+    parser.add_argument("--config-dir", default="stacks", help="directory of the stack files (default: stacks)")
+    parser.add_argument("--json", action="store_true", help="print resources and outputs as JSON")
+    parser.set_defaults(func=run)
+
+
+def key_properties(resource: MockResource) -> dict[str, Any]:
+    """The few inputs that say what a resource is (secrets stay redacted)."""
+    inputs = resource.inputs
+    props: dict[str, Any] = {}
+    template = inputs.get("template", {})
+    for source in (inputs, template.get("resources", {}), inputs.get("controlPlane", {})):
+        props.update({k: v for k, v in source.items() if k in _KEY_PROPERTIES and k not in props})
+    if "bootDisk" in template:
+        disk = template["bootDisk"]
+        props["bootDisk"] = f"{disk.get('sizeGibibytes')} GiB {disk.get('type')}"
+    if template.get("filesystems"):
+        props["mountTags"] = [f["mountTag"] for f in template["filesystems"]]
+    if resource.protect:
+        props["protect"] = True
+    return props
+
+
+def plan_document(run: MockRun) -> dict[str, Any]:
+    return {
+        "resources": [
+            {"type": r.type, "name": r.name, "parent": r.parent, "properties": key_properties(r)}
+            for r in run.resources
+        ],
+        "outputs": run.outputs,
+    }
+
+
+def _format_value(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def render_tree(run: MockRun) -> str:
+    children: dict[str | None, list[MockResource]] = {}
+    for resource in run.resources:
+        children.setdefault(resource.parent, []).append(resource)
+    urns = {r.urn for r in run.resources}
+    lines: list[str] = []
+
+    def walk(resource: MockResource, depth: int) -> None:
+        props = ", ".join(f"{k}={_format_value(v)}" for k, v in key_properties(resource).items())
+        lines.append(f"{'  ' * depth}{resource.type}  {resource.name}" + (f"  [{props}]" if props else ""))
+        for child in sorted(children.get(resource.urn, []), key=lambda r: r.name):
+            walk(child, depth + 1)
+
+    for resource in run.resources:
+        if resource.parent not in urns:
+            walk(resource, 0)
+    return "\n".join(lines)
+
+
+def render_text(stack: str, run: MockRun) -> str:
+    head = f"Offline plan of stack {stack!r} (mocked cloud; `pulumi preview --stack {stack}` for the real one)"
+    tree = render_tree(run) or "(no cloud resources)"
+    outputs = "\n".join(f"  {k} = {_format_value(v)}" for k, v in run.outputs.items())
+    return f"{head}\n\nResources ({len(run.resources)}):\n{tree}\n\nOutputs:\n{outputs}\n"
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_stack_config(args.stack, args.config_dir)
+    except StackConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    result = run_under_mocks(cfg)
+    if args.json:
+        print(json.dumps(plan_document(result), indent=2))
+    else:
+        print(render_text(args.stack, result))
+    return 0
