@@ -1,0 +1,140 @@
+"""StackConfig validation and the platform catalog: every bad key is named in the error."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import yaml
+
+from infra import catalog
+from infra.config import PROJECT, StackConfigError, load_stack_config, parse_stack_config, read_stack_file
+
+STACKS = ("local", "dev", "demo", "h100")
+
+
+def demo_values() -> dict[str, Any]:
+    return load_stack_config("demo").model_dump(by_alias=True, exclude={"stack"}, exclude_none=True)
+
+
+def error_of(mutate: Callable[[dict[str, Any]], None]) -> str:
+    values = demo_values()
+    mutate(values)
+    with pytest.raises(StackConfigError) as info:
+        parse_stack_config("demo", values, "stacks/Pulumi.demo.yaml")
+    return str(info.value)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_stack_file_validates(stack: str) -> None:
+    cfg = load_stack_config(stack)
+    assert cfg.stack == stack
+    assert (cfg.target == "local") == (stack == "local")
+
+
+def test_demo_is_seed_000_cluster() -> None:
+    cfg = load_stack_config("demo")
+    nodes, fs = cfg.nodes, cfg.filesystems
+    assert nodes and fs and cfg.buckets
+    (worker,) = nodes.workers
+    assert (worker.size, worker.platform, worker.preset) == (5, "gpu-l40s-d", "2gpu-64vcpu-384gb")
+    assert (worker.boot_disk.type, worker.boot_disk.size_gib) == ("NETWORK_SSD_NON_REPLICATED", 558)
+    assert (nodes.system.min_size, nodes.system.max_size, nodes.system.preset) == (3, 9, "8vcpu-32gb")
+    assert nodes.system.boot_disk.size_gib == 128
+    assert (nodes.controller.size, nodes.controller.preset, nodes.controller.boot_disk.size_gib) == (2, "4vcpu-16gb", 128)
+    assert (nodes.login.size, nodes.login.preset, nodes.login.boot_disk.size_gib) == (1, "4vcpu-16gb", 256)
+    assert nodes.accounting and (nodes.accounting.preset, nodes.accounting.boot_disk.size_gib) == ("8vcpu-32gb", 128)
+    assert fs.jail.size_gib == 256
+    assert {(s.name, s.mount_path, s.size_gib) for s in fs.submounts} == {
+        ("data", "/mnt/data", 1024), ("chkpt", "/mnt/chkpt", 1024), ("model", "/mnt/model", 1024), ("home", "/home", 256),
+    }
+    assert fs.accounting and fs.accounting.size_gib == 256 and fs.controller_spool.size_gib == 128
+    assert cfg.buckets.backups.retention_days == 7
+
+
+def test_h100_is_seed_001_cluster() -> None:
+    cfg = load_stack_config("h100")
+    assert cfg.nodes and cfg.filesystems
+    (worker,) = cfg.nodes.workers
+    assert (worker.size, worker.platform, worker.preset, worker.fabric) == (2, "gpu-h100-sxm", "8gpu-128vcpu-1600gb", "fabric-6")
+    assert [s.mount_path for s in cfg.filesystems.submounts] == ["/mnt/training", "/mnt/inference"]
+
+
+@pytest.mark.parametrize(("mutate", "key", "words"), [
+    (lambda v: v["nodes"]["workers"][0].update(platform="gpu-x1"), "nodes.workers.0.platform", "unknown platform"),
+    (lambda v: v["nodes"]["workers"][0].update(preset="3gpu-1vcpu-1gb"), "nodes.workers.0.preset", "not offered"),
+    (lambda v: v["nodes"]["controller"].update(preset="8gpu-128vcpu-1600gb"), "nodes.controller.preset", "not offered"),
+    (lambda v: v["nodes"]["workers"][0]["bootDisk"].update(sizeGib=0), "nodes.workers.0.bootDisk.sizeGib", "greater than 0"),
+    (lambda v: v["nodes"]["workers"][0].update(size=-1), "nodes.workers.0.size", "greater than 0"),
+    (lambda v: v["filesystems"]["jail"].update(sizeGib=0), "filesystems.jail.sizeGib", "greater than 0"),
+    (lambda v: v["filesystems"]["submounts"][1].update(name="data"), "filesystems.submounts", "duplicate submount names: data"),
+    (lambda v: v["filesystems"]["submounts"][1].update(mountPath="/mnt/data"), "filesystems.submounts", "duplicate submount mount paths"),
+    (lambda v: v["filesystems"]["submounts"][0].update(mountPath="mnt/data"), "filesystems.submounts.0.mountPath", "must be absolute"),
+    (lambda v: v["nodes"].update(workers=[]), "nodes.workers", "at least one worker set"),
+    (lambda v: v.update(sshPublicKeys=[]), "sshPublicKeys", "SSH public key"),
+    (lambda v: v.update(sshPublicKeys=["not a key"]), "sshPublicKeys", "not an OpenSSH public key"),
+    (lambda v: v["nodes"]["workers"][0].update(fabric="fabric-6"), "nodes.workers.0.fabric", "InfiniBand"),
+    (lambda v: v["nodes"]["workers"][0].update(name="login"), "nodes.workers.0.name", "reserved"),
+    (lambda v: v["nodes"]["system"].update(minSize=5, maxSize=4), "nodes.system", "below minSize"),
+    (lambda v: v["filesystems"]["jail"].pop("sizeGib"), "filesystems.jail", "existingId"),
+    (lambda v: v.pop("nodes"), "nodes", "required on a nebius stack"),
+    (lambda v: v.update(target="local"), "nebius", "local stack creates no cloud resources"),
+    (lambda v: v.update(bogusKey=1), "bogusKey", "Extra inputs"),
+    (lambda v: v["nebius"].pop("subnetId"), "nebius", "networkId"),
+])
+def test_bad_values_name_the_key(mutate: Callable[[dict[str, Any]], None], key: str, words: str) -> None:
+    message = error_of(mutate)
+    assert message.startswith("stacks/Pulumi.demo.yaml: invalid stack config")
+    line = next(l for l in message.splitlines() if f"{PROJECT}:{key}:" in l)
+    assert words in line
+
+
+def test_bad_stack_file_names_file_and_key(tmp_path: Path) -> None:
+    document = yaml.safe_load(Path("stacks/Pulumi.dev.yaml").read_text())
+    document["config"][f"{PROJECT}:nodes"]["workers"][0]["preset"] = "9gpu-1vcpu-1gb"
+    (tmp_path / "Pulumi.broken.yaml").write_text(yaml.safe_dump(document))
+    with pytest.raises(StackConfigError, match=r"Pulumi.broken.yaml.*\n.*nodes\.workers\.0\.preset"):
+        load_stack_config("broken", tmp_path)
+
+
+def test_secure_values_are_recognised_and_plain_secrets_refused(tmp_path: Path) -> None:
+    document = yaml.safe_load(Path("stacks/Pulumi.dev.yaml").read_text())
+    document["config"][f"{PROJECT}:pipelineSshPrivateKey"] = {"secure": "v1:abc"}
+    (tmp_path / "Pulumi.ok.yaml").write_text(yaml.safe_dump(document))
+    cfg, secrets = read_stack_file("ok", tmp_path)
+    assert secrets == {"pipelineSshPrivateKey"} and "abc" not in json.dumps(cfg.model_dump())
+    document["config"][f"{PROJECT}:pipelineSshPrivateKey"] = "-----BEGIN OPENSSH PRIVATE KEY-----"
+    (tmp_path / "Pulumi.bad.yaml").write_text(yaml.safe_dump(document))
+    with pytest.raises(StackConfigError, match="pipelineSshPrivateKey must be a secure value"):
+        read_stack_file("bad", tmp_path)
+
+
+def test_missing_stack_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(StackConfigError, match=r"Pulumi.nope.yaml: no such stack file"):
+        load_stack_config("nope", tmp_path)
+
+
+def test_other_namespaces_are_ignored_and_values_round_trip() -> None:
+    values = demo_values()
+    cfg = parse_stack_config("demo", copy.deepcopy(values), "x")
+    assert cfg.model_dump(by_alias=True, exclude={"stack"}, exclude_none=True) == values
+
+
+def test_catalog_shapes_come_from_preset_names() -> None:
+    l40s = catalog.get_preset("gpu-l40s-d", "2gpu-64vcpu-384gb")
+    assert (l40s.gpus, l40s.vcpus, l40s.ram_gib, l40s.gpu_cluster_compatible) == (2, 64, 384, False)
+    assert catalog.get_preset("gpu-l40s-d", "4gpu-192vcpu-1152gb").ram_gib == 1152
+    h100 = catalog.get_preset("gpu-h100-sxm", "8gpu-128vcpu-1600gb")
+    assert (h100.gpus, h100.gpu_cluster_compatible) == (8, True)
+    assert not catalog.get_preset("gpu-h200-sxm", "1gpu-16vcpu-200gb").gpu_cluster_compatible
+    assert catalog.get_platform("gpu-h200-sxm").gpu_memory_gib == 141
+    assert catalog.get_platform("gpu-l40s-a").gpu_model == "NVIDIA L40S"
+    assert catalog.get_preset("cpu-d3", "8vcpu-32gb").gpus == 0
+    assert not catalog.get_platform("cpu-d3").is_gpu
+    with pytest.raises(catalog.CatalogError, match="unknown platform"):
+        catalog.get_platform("gpu-a100")
+    with pytest.raises(ValueError, match="not of the form"):
+        catalog.parse_preset("big")
