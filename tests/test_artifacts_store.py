@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import threading
 import time
 from pathlib import Path
 
@@ -129,21 +128,40 @@ def test_upload_succeeds_when_server_comes_back_during_retries(tmp_path: Path) -
     server.server.stop()
     restarted: list[ThreadedMotoServer] = []
 
-    def restart() -> None:
-        time.sleep(0.6)
-        again = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-        again.start()
-        restarted.append(again)
+    def backoff(seconds: float) -> None:
+        if not restarted:
+            again = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+            again.start()
+            restarted.append(again)
+        time.sleep(seconds)
 
-    thread = threading.Thread(target=restart)
-    thread.start()
     try:
-        store = S3Store(server.client(max_attempts=1, connect_timeout=1), bucket, attempts=6, backoff_s=0.1)
+        store = S3Store(server.client(max_attempts=1, connect_timeout=1), bucket, attempts=3, backoff_s=0.05,
+                        sleep=backoff)
         result = upload_run(store, "dev", "r", **make_run(tmp_path))
-        assert store.retries >= 1
-        assert "run.json" not in result.uploaded and result.index is not None
+        assert store.retries == 1 and restarted
+        assert "config/run.json" in result.uploaded and result.index is not None
         assert list_runs(store, "dev")[0].run_id == "r"
     finally:
-        thread.join()
         for s in restarted:
             s.stop()
+
+
+def test_upload_run_finds_files_through_the_run_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from workloads.config import load_run_config
+
+    repo = Path(__file__).resolve().parents[1]
+    config_path = repo / "workloads" / "configs" / "local.json"
+    monkeypatch.setenv("FT_ROOT", str(tmp_path / "work"))
+    config = load_run_config(config_path)
+    config.train_run_dir.mkdir(parents=True)
+    (config.train_run_dir / "metrics.jsonl").write_text('{"step": 1, "loss": 2.5}\n')
+    config.results_dir.mkdir(parents=True)
+    (config.results_dir / "evaluator_local.json").write_text(json.dumps({"base_model": {"perplexity": 9.0}}))
+    (config.results_dir / "evaluator_local.png").write_bytes(b"png")
+    store = LocalStore(tmp_path / "artifacts")
+    result = upload_run(store, "local", "r1", config_path, job_ids={"eval": "local"})
+    assert result.uploaded == ["config/local.json", "eval/evaluator_local.json", "eval/evaluator_local.png",
+                               "train/metrics.jsonl"]
+    assert result.index.run_name == config.name and result.index.train_loss_final == 2.5
+    assert result.index.perplexity_base == 9.0 and result.index.perplexity_finetuned is None
