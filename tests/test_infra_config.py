@@ -138,3 +138,25 @@ def test_catalog_shapes_come_from_preset_names() -> None:
         catalog.get_platform("gpu-a100")
     with pytest.raises(ValueError, match="not of the form"):
         catalog.parse_preset("big")
+
+
+def test_from_pulumi_config_reads_the_runtime_config_as_pulumi_passes_it() -> None:
+    import contextvars
+
+    import pulumi
+    from pulumi.runtime import config as runtime_config
+
+    from infra.config import from_pulumi_config
+    from infra.mocks import NebiusMocks
+
+    values = demo_values()
+    passed = {f"{PROJECT}:{k}": v if isinstance(v, str) else json.dumps(v) for k, v in values.items()}
+    passed |= {"nebius:domain": "api.eu.nebius.cloud:443", f"{PROJECT}:pipelineSshPrivateKey": "secret-key"}
+
+    def read():
+        runtime_config.set_all_config(passed, [f"{PROJECT}:pipelineSshPrivateKey"])
+        pulumi.runtime.set_mocks(NebiusMocks(), project=PROJECT, stack="demo", preview=False)
+        return from_pulumi_config()
+
+    cfg = contextvars.Context().run(read)
+    assert cfg == load_stack_config("demo")

@@ -1,0 +1,60 @@
+"""`ftstack plan`: the offline plan through the real console entry point."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from infra.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_plan_demo_lists_the_seed_000_cluster(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--stack", "demo"]) == 0
+    text = capsys.readouterr().out
+    assert "pulumi preview --stack demo" in text
+    assert "preset=2gpu-64vcpu-384gb" in text and "fixedNodeCount=5" in text
+    assert "bootDisk=558 GiB NETWORK_SSD_NON_REPLICATED" in text
+    for fs in ("innovationbank-fs-jail-submount-data", "innovationbank-fs-controller-spool", "innovationbank-fs-accounting"):
+        assert fs in text
+    assert "kubeconfig = [secret]" in text
+    assert "BEGIN CERTIFICATE" not in text and "certificate-authority-data" not in text
+
+
+def test_plan_json_has_resources_and_outputs(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--stack", "h100", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    kinds = {r["type"].rsplit(":", 1)[-1] for r in doc["resources"]}
+    assert {"Mk8sV1Cluster", "Mk8sV1NodeGroup", "ComputeV1GpuCluster", "Release"} <= kinds
+    worker = next(r for r in doc["resources"] if r["name"] == "ft-h100-worker")
+    assert worker["properties"]["platform"] == "gpu-h100-sxm" and worker["properties"]["fixedNodeCount"] == 2
+    assert doc["outputs"]["gpus_total"] == 16 and doc["outputs"]["kubeconfig"] == "[secret]"
+
+
+def test_bad_stack_file_fails_naming_the_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    document = yaml.safe_load((ROOT / "stacks/Pulumi.demo.yaml").read_text())
+    document["config"]["soperator-finetune:filesystems"]["submounts"][0]["mountPath"] = "data"
+    (tmp_path / "Pulumi.demo.yaml").write_text(yaml.safe_dump(document))
+    assert main(["plan", "--stack", "demo", "--config-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "Pulumi.demo.yaml" in err and "soperator-finetune:filesystems.submounts.0.mountPath" in err
+
+
+def test_console_script_runs_local_plan_without_cloud() -> None:
+    ftstack = Path(sys.executable).with_name("ftstack")
+    result = subprocess.run([str(ftstack), "plan", "--stack", "local"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "(no cloud resources)" in result.stdout and "slurm_target = local" in result.stdout
+
+
+def test_program_module_imports_without_cloud_access() -> None:
+    code = "import infra.program, infra.soperator, infra.nebius.cluster; print('ok')"
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                            env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"})
+    assert result.stdout.strip() == "ok", result.stderr
