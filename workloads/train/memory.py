@@ -1,0 +1,187 @@
+"""Peak GPU memory of one training rank (DDP: every GPU holds a full replica), in bytes.
+
+    total = weights + lora + gradients + optimizer + activations + logits + overhead
+
+weights
+    ``full``/``lora``: every parameter at the weight dtype (bf16 2 B, fp32 4 B).
+    ``qlora`` 4-bit NF4: decoder linear weights at 0.5 B/param plus quantization constants, one absmax
+    per 64-value block: fp32 (4/64 B/param), or with double quantization an 8-bit absmax (1/64 B/param)
+    plus an fp32 absmax per 256 blocks (4/16384 B/param). 8-bit (LLM.int8): 1 B/param plus an fp32
+    scale per output row. Embeddings, LM head and norms stay floating point; peft's
+    ``prepare_model_for_kbit_training`` upcasts them to fp32 (``kbit_upcast``).
+lora
+    r x (in + out) per targeted linear per layer, fp32 (peft's default adapter dtype).
+gradients
+    trainable parameters only: the LoRA parameters (fp32) for lora/qlora, every parameter at the weight
+    dtype for full fine-tuning.
+optimizer
+    AdamW: two states per trainable parameter, fp32 for LoRA adapters, the parameter's dtype for full
+    fine-tuning (``torch.optim.AdamW`` allocates ``zeros_like(param)``); 8-bit AdamW: 2 x 1 B.
+activations (saved for backward, per token, at the compute dtype ``a`` bytes unless noted)
+    per decoder layer: 2 RMSNorms (fp32 copy of the input, 4h, plus the a-byte output), q/k/v outputs,
+    q/k norms (Qwen3), rotary outputs, k/v expanded to all heads (GQA), attention output and o_proj
+    input, and the SwiGLU MLP (gate, up, activation, product: 4 x intermediate). SDPA/flash attention
+    keeps no s x s matrix; ``attention="eager"`` adds scores and probabilities (2 x heads x seq).
+    LoRA adds an fp32 copy of each targeted linear's input, plus the dropout output and mask when
+    ``lora_dropout > 0``. With gradient checkpointing only each layer's input (a x h) is kept, plus one
+    layer's full activations while it is recomputed.
+logits
+    per token: vocab x (a-byte logits + fp32 upcast for the loss when a < 4 + fp32 log-softmax + fp32
+    gradient).
+overhead
+    CUDA context, cuBLAS/NCCL workspaces: ``overhead_gib`` (default 1.0), plus ``fragmentation``
+    (default 10%) of the dynamic part (gradients, optimizer, activations, logits).
+
+Tokens per step = micro_batch x max_length (padding to the longest sequence is the worst case).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from workloads.train.model_shapes import ModelShape
+
+GIB = 1024**3
+NF4_BLOCK = 64
+DQ_BLOCK = 256
+Method = Literal["full", "lora", "qlora"]
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class MemoryInputs(BaseModel):
+    """What the estimate needs from a run config's train/data sections."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    method: Method
+    quantization: Literal["4bit", "8bit", "none"] = "none"
+    double_quant: bool = True
+    dtype: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="weights (full/lora) and compute dtype")
+    kbit_upcast: bool = Field(True, description="peft prepare_model_for_kbit_training: non-quantized params to fp32")
+    lora_r: int = Field(16, gt=0)
+    lora_target_modules: tuple[str, ...] = ALL_LINEAR
+    lora_dropout: float = Field(0.05, ge=0, lt=1)
+    micro_batch: int = Field(1, gt=0)
+    max_length: int = Field(2048, gt=0)
+    gradient_checkpointing: bool = True
+    optimizer: Literal["adamw", "adamw_8bit"] = "adamw"
+    attention: Literal["sdpa", "eager"] = "sdpa"
+    overhead_gib: float = Field(1.0, ge=0)
+    fragmentation: float = Field(0.10, ge=0)
+
+
+class MemoryEstimate(BaseModel):
+    """Bytes per component; ``total`` is the estimated peak of one GPU."""
+
+    model_config = ConfigDict(frozen=True)
+
+    weights: int
+    lora: int
+    gradients: int
+    optimizer: int
+    activations: int
+    logits: int
+    overhead: int
+    trainable_params: int
+
+    @property
+    def total(self) -> int:
+        return (self.weights + self.lora + self.gradients + self.optimizer + self.activations
+                + self.logits + self.overhead)
+
+    @property
+    def total_gib(self) -> float:
+        return self.total / GIB
+
+    def fits(self, gpu_memory_gib: float) -> bool:
+        return self.total <= gpu_memory_gib * GIB
+
+    def breakdown_gib(self) -> dict[str, float]:
+        parts = ("weights", "lora", "gradients", "optimizer", "activations", "logits", "overhead")
+        return {p: round(getattr(self, p) / GIB, 2) for p in parts} | {"total": round(self.total_gib, 2)}
+
+
+def quantized_weight_bytes(shape: ModelShape, quantization: str, double_quant: bool) -> float:
+    """Bytes of the decoder linear weights after bitsandbytes quantization (data + constants)."""
+    n = shape.linear_params
+    if quantization == "4bit":
+        constants = (1 / NF4_BLOCK + 4 / (NF4_BLOCK * DQ_BLOCK)) if double_quant else 4 / NF4_BLOCK
+        return n * (0.5 + constants)
+    if quantization == "8bit":
+        rows = shape.layers * sum(o for _, o in shape.linears().values())
+        return n + 4 * rows
+    raise ValueError(f"quantization {quantization!r} is not a bitsandbytes quantization")
+
+
+def weight_bytes(shape: ModelShape, inp: MemoryInputs) -> float:
+    a = DTYPE_BYTES[inp.dtype]
+    if inp.method != "qlora":
+        return shape.params * a
+    other = 4 if inp.kbit_upcast else a
+    return quantized_weight_bytes(shape, inp.quantization, inp.double_quant) + shape.other_params * other
+
+
+def lora_params(shape: ModelShape, r: int, targets: tuple[str, ...]) -> int:
+    linears = shape.linears()
+    unknown = sorted(set(targets) - set(linears))
+    if unknown:
+        raise ValueError(f"lora target modules {unknown} are not linear layers of this model ({', '.join(linears)})")
+    return shape.layers * sum(r * (linears[t][0] + linears[t][1]) for t in targets)
+
+
+def layer_activation_bytes_per_token(shape: ModelShape, inp: MemoryInputs) -> float:
+    """Bytes one decoder layer saves for backward, per token."""
+    a = DTYPE_BYTES[inp.dtype]
+    h, i = shape.hidden, shape.intermediate
+    q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    total = 2 * (4 * h + a * h)                      # two RMSNorms: fp32 input copy + output
+    total += a * (q + 2 * kv)                        # q, k, v projections
+    if shape.qk_norm:
+        total += (4 + a) * (q + kv)                  # per-head RMSNorm of q and k
+    total += 2 * a * (q + kv)                        # rotary embedding (inputs and rotated halves)
+    if kv != q:
+        total += 2 * a * q                           # k, v repeated to every head
+    total += 2 * a * q                               # attention output, o_proj input
+    total += 4 * a * i                               # SwiGLU: gate, up, act(gate), product
+    if inp.attention == "eager":
+        total += 2 * a * shape.heads * inp.max_length
+    if inp.method != "full":
+        linears = shape.linears()
+        for t in inp.lora_target_modules:
+            fan_in = linears[t][0]
+            total += 4 * fan_in + (5 * fan_in if inp.lora_dropout > 0 else 0)
+    return total
+
+
+def estimate(shape: ModelShape, inp: MemoryInputs) -> MemoryEstimate:
+    """Peak memory of one training rank; see the module docstring for every term."""
+    if inp.method == "qlora" and inp.quantization == "none":
+        raise ValueError("method qlora needs quantization 4bit or 8bit")
+    a = DTYPE_BYTES[inp.dtype]
+    tokens = inp.micro_batch * inp.max_length
+    if inp.method == "full":
+        trainable, lora, grad_bytes = shape.params, 0, a
+        state_bytes = 2 if inp.optimizer == "adamw_8bit" else 2 * a
+    else:
+        trainable = lora_params(shape, inp.lora_r, inp.lora_target_modules)
+        lora, grad_bytes = 4 * trainable, 4
+        state_bytes = 2 if inp.optimizer == "adamw_8bit" else 8
+    per_layer = layer_activation_bytes_per_token(shape, inp)
+    if inp.gradient_checkpointing:
+        activations = tokens * (shape.layers * a * shape.hidden + per_layer)
+    else:
+        activations = tokens * shape.layers * per_layer
+    activations += tokens * (4 * shape.hidden + a * shape.hidden)  # final norm
+    upcast = 4 if a < 4 else 0
+    logits = tokens * shape.vocab * (a + upcast + 4 + 4)
+    gradients, optimizer = trainable * grad_bytes, trainable * state_bytes
+    dynamic = gradients + optimizer + activations + logits
+    overhead = inp.overhead_gib * GIB + inp.fragmentation * dynamic
+    return MemoryEstimate(
+        weights=int(weight_bytes(shape, inp)), lora=int(lora), gradients=int(gradients),
+        optimizer=int(optimizer), activations=int(activations), logits=int(logits), overhead=int(overhead),
+        trainable_params=trainable,
+    )

