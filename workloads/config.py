@@ -97,17 +97,18 @@ class RunConfig(_Section):
     def root(self) -> Path:
         return Path(os.environ.get(ROOT_ENV) or self.paths.root).expanduser().resolve()
 
-    def _resolve(self, value: str) -> Path:
+    def resolve_path(self, value: str) -> Path:
+        """`value` as an absolute path; relative values resolve against the run root."""
         path = Path(value).expanduser()
         return path if path.is_absolute() else self.root / path
 
     @property
     def model_dir(self) -> Path:
-        return self._resolve(self.paths.model_dir)
+        return self.resolve_path(self.paths.model_dir)
 
     @property
     def data_dir(self) -> Path:
-        return self._resolve(self.paths.data_dir)
+        return self.resolve_path(self.paths.data_dir)
 
     @property
     def base_model_dir(self) -> Path:
@@ -139,11 +140,11 @@ class RunConfig(_Section):
 
     @property
     def checkpoints_dir(self) -> Path:
-        return self._resolve(self.paths.checkpoint_dir) / self.name
+        return self.resolve_path(self.paths.checkpoint_dir) / self.name
 
     @property
     def train_run_dir(self) -> Path:
-        return self._resolve(self.paths.output_dir) / self.name
+        return self.resolve_path(self.paths.output_dir) / self.name
 
     @property
     def adapter_dir(self) -> Path:
@@ -155,7 +156,7 @@ class RunConfig(_Section):
 
     @property
     def results_dir(self) -> Path:
-        return self._resolve(self.paths.results_dir)
+        return self.resolve_path(self.paths.results_dir)
 
 
 def _describe(error: ValidationError) -> str:

@@ -1,0 +1,137 @@
+"""Atomic outputs and manifests: build beside the target, rename into place, record what went in."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+MANIFEST_NAME = "manifest.json"
+
+
+def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+@contextmanager
+def atomic_file(target: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path beside `target`; on success it replaces `target`, on error it is removed."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@contextmanager
+def atomic_dir(target: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield an empty temporary folder beside `target`; on success it takes the place of `target`."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    try:
+        yield tmp
+        _make_readable(tmp)
+        replace_dir(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _make_readable(folder: Path) -> None:
+    """Temporary files and folders start private; published outputs are readable by the team."""
+    folder.chmod(0o755)
+    for path in folder.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else path.stat().st_mode | 0o644)
+
+
+def replace_dir(source: Path, target: Path) -> None:
+    """Rename folder `source` to `target`, moving an existing `target` aside first and deleting it after."""
+    if not target.exists():
+        os.replace(source, target)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
+    os.replace(target, old / target.name)
+    os.replace(source, target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
+    with atomic_file(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
+    write_text_atomic(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+
+
+def manifest_path(output: str | os.PathLike[str]) -> Path:
+    """A folder keeps its manifest inside (`DIR/manifest.json`); a file beside it (`FILE.manifest.json`)."""
+    output = Path(output)
+    if output.is_dir() or not output.suffix:
+        return output / MANIFEST_NAME
+    return output.with_name(output.name + ".manifest.json")
+
+
+def build_manifest(
+    stage: str,
+    inputs: Mapping[str, str | os.PathLike[str]],
+    params: Mapping[str, Any],
+    **extra: Any,
+) -> dict[str, Any]:
+    """Record of a stage's run: its parameters and the sha256 of each input file."""
+    return {
+        "stage": stage,
+        "inputs": {key: {"path": str(Path(p).resolve()), "sha256": sha256_file(p)} for key, p in inputs.items()},
+        "params": dict(params),
+        **extra,
+        "created": utc_now(),
+    }
+
+
+def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def is_current(
+    output: str | os.PathLike[str],
+    stage: str,
+    inputs: Mapping[str, str | os.PathLike[str]],
+    params: Mapping[str, Any],
+) -> bool:
+    """True when `output` exists and its manifest records the same stage, parameters and input hashes."""
+    output = Path(output)
+    if not output.exists():
+        return False
+    manifest = read_manifest(manifest_path(output))
+    if not manifest or manifest.get("stage") != stage or manifest.get("params") != json.loads(json.dumps(params)):
+        return False
+    recorded = manifest.get("inputs", {})
+    if set(recorded) != set(inputs):
+        return False
+    return all(Path(p).is_file() and recorded[key].get("sha256") == sha256_file(p) for key, p in inputs.items())
+

@@ -1,0 +1,207 @@
+"""Convert system/user/assistant rows (.parquet, .json, .jsonl) to chat JSONL, one {"messages": [...]} per line.
+
+    python -m workloads.data.convert --input raw.parquet --output conversations.jsonl [--max-bad-fraction 0.01]
+
+Rows with a missing, empty or non-string user or assistant field are skipped and counted by reason in
+FILE.report.json; above the bad fraction the stage fails and writes no output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from workloads.common.atomic import atomic_file, build_manifest, is_current, manifest_path, sha256_file, write_json_atomic
+
+log = logging.getLogger("workloads.data.convert")
+
+REQUIRED = ("user", "assistant")
+FIRST_BAD = 10
+
+
+class ConvertError(ValueError):
+    """The input cannot be converted; the message names the file (and rows where it applies)."""
+
+
+Item = tuple[int, Any, str | None]
+
+
+def _parquet_rows(path: Path) -> Iterator[Item]:
+    try:
+        handle = pq.ParquetFile(path)
+        names = set(handle.schema_arrow.names)
+        missing = [c for c in REQUIRED if c not in names]
+        if missing:
+            raise ConvertError(f"{path}: missing column(s) {', '.join(missing)}; found {sorted(names)}")
+        columns = [c for c in ("system", *REQUIRED) if c in names]
+        number = 0
+        for batch in handle.iter_batches(columns=columns, batch_size=4096):
+            for row in batch.to_pylist():
+                number += 1
+                yield number, row, None
+    except (pa.ArrowException, OSError) as error:
+        raise ConvertError(f"{path}: unreadable parquet file: {error}") from None
+
+
+def _jsonl_rows(path: Path) -> Iterator[Item]:
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            if not raw.strip():
+                continue
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                yield number, None, "not_utf8"
+                continue
+            try:
+                yield number, json.loads(text), None
+            except json.JSONDecodeError:
+                yield number, None, "invalid_json"
+
+
+def _json_rows(path: Path) -> Iterator[Item]:
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as error:
+        raise ConvertError(f"{path}: not UTF-8 text: {error}") from None
+    except json.JSONDecodeError as error:
+        raise ConvertError(f"{path}: not valid JSON: {error}") from None
+    if isinstance(data, dict) and all(isinstance(v, list) for v in data.values()) and data:
+        length = len(next(iter(data.values())))
+        data = [{key: values[i] if i < len(values) else None for key, values in data.items()} for i in range(length)]
+    if not isinstance(data, list):
+        raise ConvertError(f"{path}: expected a JSON array of objects (or an object of columns)")
+    for number, row in enumerate(data, start=1):
+        yield number, row, None
+
+
+def read_rows(path: Path) -> Iterator[Item]:
+    """(row number, row, parse problem) for each row of a .parquet, .json or .jsonl file."""
+    if not path.is_file():
+        raise ConvertError(f"{path}: file not found")
+    if path.stat().st_size == 0:
+        raise ConvertError(f"{path}: file is empty")
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        return _parquet_rows(path)
+    if suffix == ".jsonl":
+        return _jsonl_rows(path)
+    if suffix == ".json":
+        return _json_rows(path)
+    raise ConvertError(f"{path}: unsupported file type {suffix!r} (use .parquet, .json or .jsonl)")
+
+
+def row_problem(row: Any) -> str | None:
+    """Why a parsed row cannot become a conversation, or None."""
+    if not isinstance(row, dict):
+        return "not_an_object"
+    for field in REQUIRED:
+        if field not in row or row[field] is None:
+            return f"{field}_missing"
+        if not isinstance(row[field], str):
+            return f"{field}_not_string"
+        if not row[field].strip():
+            return f"{field}_empty"
+    system = row.get("system")
+    if system is not None and not isinstance(system, str):
+        return "system_not_string"
+    return None
+
+
+def to_messages(row: dict[str, Any]) -> list[dict[str, str]]:
+    messages = [{"role": "system", "content": row["system"]}] if (row.get("system") or "").strip() else []
+    return messages + [{"role": "user", "content": row["user"]}, {"role": "assistant", "content": row["assistant"]}]
+
+
+def report_path(output: Path) -> Path:
+    return output.with_name(output.stem + ".report.json")
+
+
+def convert(
+    input_path: str | Path, output: str | Path, max_bad_fraction: float = 0.01, limit: int | None = None
+) -> dict[str, Any]:
+    """Convert `input_path` to chat JSONL at `output` (atomic); returns the report. No-op if current."""
+    input_path, output = Path(input_path), Path(output)
+    if not 0.0 <= max_bad_fraction <= 1.0:
+        raise ConvertError(f"max_bad_fraction must be within [0, 1], got {max_bad_fraction}")
+    params = {"max_bad_fraction": max_bad_fraction, "limit": limit}
+    if input_path.is_file() and is_current(output, "convert", {"input": input_path}, params):
+        log.info("%s is up to date", output)
+        return json.loads(report_path(output).read_text(encoding="utf-8"))
+    reasons: Counter[str] = Counter()
+    first_bad: list[dict[str, Any]] = []
+    seen_columns: set[str] = set()
+    total = written = 0
+    with atomic_file(output) as tmp:
+        with open(tmp, "w", encoding="utf-8") as out:
+            for number, row, problem in read_rows(input_path):
+                if limit is not None and total >= limit:
+                    break
+                total += 1
+                if isinstance(row, dict):
+                    seen_columns.update(row)
+                problem = problem or row_problem(row)
+                if problem:
+                    reasons[problem] += 1
+                    if len(first_bad) < FIRST_BAD:
+                        first_bad.append({"row": number, "reason": problem})
+                    continue
+                out.write(json.dumps({"messages": to_messages(row)}, ensure_ascii=False) + "\n")
+                written += 1
+        if total == 0:
+            raise ConvertError(f"{input_path}: no rows")
+        missing = [c for c in REQUIRED if c not in seen_columns]
+        if missing:
+            raise ConvertError(f"{input_path}: missing column(s) {', '.join(missing)} in every row")
+        skipped = total - written
+        report = {
+            "input": str(input_path.resolve()),
+            "output": str(output.resolve()),
+            "rows_read": total,
+            "rows_written": written,
+            "rows_skipped": skipped,
+            "skipped_by_reason": dict(sorted(reasons.items())),
+            "first_bad_rows": first_bad,
+            "max_bad_fraction": max_bad_fraction,
+        }
+        write_json_atomic(report_path(output), report)
+        if skipped / total > max_bad_fraction:
+            raise ConvertError(
+                f"{input_path}: {skipped} of {total} rows are bad ({skipped / total:.2%} > {max_bad_fraction:.2%}): "
+                f"{dict(reasons)}; first bad rows: {[b['row'] for b in first_bad]} (see {report_path(output)})"
+            )
+    manifest = build_manifest("convert", {"input": input_path}, params, output_sha256=sha256_file(output),
+                              rows=written, skipped=skipped)
+    write_json_atomic(manifest_path(output), manifest)
+    log.info("wrote %d conversations to %s (%d rows skipped)", written, output, skipped)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    parser = argparse.ArgumentParser(prog="python -m workloads.data.convert", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--input", required=True, help="input .parquet, .json or .jsonl file")
+    parser.add_argument("--output", required=True, help="output .jsonl file")
+    parser.add_argument("--max-bad-fraction", type=float, default=0.01, help="fail above this share of bad rows")
+    parser.add_argument("--limit", type=int, help="convert only the first N rows")
+    args = parser.parse_args(argv)
+    try:
+        report = convert(args.input, args.output, args.max_bad_fraction, args.limit)
+    except ConvertError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(json.dumps({k: report[k] for k in ("output", "rows_read", "rows_written", "rows_skipped")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

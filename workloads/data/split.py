@@ -1,0 +1,124 @@
+"""Split a chat JSONL file into FILE_train.jsonl and FILE_test.jsonl beside it.
+
+    python -m workloads.data.split --input conversations.jsonl --ratio 0.9 [--shuffle --seed 0]
+
+Exact duplicates always land on the same side; the report (FILE_split.report.json) counts them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from workloads.common.atomic import atomic_file, build_manifest, is_current, manifest_path, sha256_file, write_json_atomic
+
+log = logging.getLogger("workloads.data.split")
+
+
+class SplitError(ValueError):
+    """The input cannot be split; the message names the file and line."""
+
+
+def split_paths(input_path: Path) -> tuple[Path, Path]:
+    return (input_path.with_name(f"{input_path.stem}_train.jsonl"), input_path.with_name(f"{input_path.stem}_test.jsonl"))
+
+
+def read_lines(path: Path) -> list[str]:
+    """Non-empty lines, each checked to be a JSON object with a `messages` list."""
+    if not path.is_file():
+        raise SplitError(f"{path}: file not found")
+    lines = []
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            if not raw.strip():
+                continue
+            try:
+                line = raw.decode("utf-8").strip()
+                row = json.loads(line)
+            except (UnicodeDecodeError, json.JSONDecodeError) as error:
+                raise SplitError(f"{path}:{number}: not a JSON line: {error}") from None
+            if not isinstance(row, dict) or not isinstance(row.get("messages"), list):
+                raise SplitError(f"{path}:{number}: expected an object with a 'messages' list")
+            lines.append(line)
+    if not lines:
+        raise SplitError(f"{path}: no rows")
+    return lines
+
+
+def assign(lines: list[str], ratio: float, shuffle: bool, seed: int) -> tuple[list[str], list[str], dict[str, int]]:
+    """Train and test rows. Identical rows form one group; groups, not rows, are cut at `ratio`."""
+    groups: dict[str, list[str]] = {}
+    for line in lines:
+        key = json.dumps(json.loads(line), sort_keys=True, ensure_ascii=False)
+        groups.setdefault(key, []).append(line)
+    order = list(groups)
+    if shuffle:
+        random.Random(seed).shuffle(order)
+    target = round(len(lines) * ratio)
+    train: list[str] = []
+    test: list[str] = []
+    for key in order:
+        (train if len(train) < target else test).extend(groups[key])
+    duplicates = {"duplicate_groups": sum(1 for g in groups.values() if len(g) > 1),
+                  "duplicate_rows": sum(len(g) - 1 for g in groups.values())}
+    return train, test, duplicates
+
+
+def split(input_path: str | Path, ratio: float, shuffle: bool = False, seed: int = 0) -> dict[str, Any]:
+    """Write the two splits (atomic, with manifests) and return the report. No-op if current."""
+    input_path = Path(input_path)
+    if not 0.0 < ratio < 1.0:
+        raise SplitError(f"ratio must be between 0 and 1 (exclusive), got {ratio}")
+    train_path, test_path = split_paths(input_path)
+    report_file = input_path.with_name(f"{input_path.stem}_split.report.json")
+    params = {"ratio": ratio, "shuffle": shuffle, "seed": seed if shuffle else None}
+    inputs = {"input": input_path}
+    if input_path.is_file() and all(is_current(p, "split", inputs, {**params, "side": side})
+                                    for p, side in ((train_path, "train"), (test_path, "test"))):
+        log.info("%s and %s are up to date", train_path, test_path)
+        return json.loads(report_file.read_text(encoding="utf-8"))
+    lines = read_lines(input_path)
+    train, test, duplicates = assign(lines, ratio, shuffle, seed)
+    if not train or not test:
+        raise SplitError(f"{input_path}: {len(lines)} rows at ratio {ratio} leave the "
+                         f"{'train' if not train else 'test'} split empty")
+    with ExitStack() as stack:
+        for path, rows in ((train_path, train), (test_path, test)):
+            tmp = stack.enter_context(atomic_file(path))
+            tmp.write_text("".join(row + "\n" for row in rows), encoding="utf-8")
+    for path, side, rows in ((train_path, "train", train), (test_path, "test", test)):
+        write_json_atomic(manifest_path(path), build_manifest("split", inputs, {**params, "side": side},
+                                                              output_sha256=sha256_file(path), rows=len(rows)))
+    report = {"input": str(input_path.resolve()), "train": str(train_path.resolve()), "test": str(test_path.resolve()),
+              "rows": len(lines), "train_rows": len(train), "test_rows": len(test), **duplicates, **params}
+    write_json_atomic(report_file, report)
+    log.info("split %d rows: %d train, %d test (%d duplicate rows kept together)",
+             len(lines), len(train), len(test), duplicates["duplicate_rows"])
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    parser = argparse.ArgumentParser(prog="python -m workloads.data.split", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--input", required=True, help="chat .jsonl file")
+    parser.add_argument("--ratio", type=float, required=True, help="fraction of rows in the train split, e.g. 0.9")
+    parser.add_argument("--shuffle", action="store_true", help="shuffle before splitting")
+    parser.add_argument("--seed", type=int, default=0, help="shuffle seed")
+    args = parser.parse_args(argv)
+    try:
+        report = split(args.input, args.ratio, args.shuffle, args.seed)
+    except SplitError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,206 @@
+"""Tokenize chat JSONL with the model's chat template into a `datasets` folder for assistant-only training.
+
+    python -m workloads.data.tokenize --input conversations_train.jsonl --model model/base --max-length 512 \
+        --out tokenized/train [--num-proc 2] [--overlong truncate|drop]
+
+Columns: input_ids, attention_mask, labels, length. Labels are -100 except the assistant's tokens, which
+include the end-of-turn token (the tokenizer's eos token, <|im_end|> for ChatML models).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any, Literal
+
+from workloads.common.atomic import MANIFEST_NAME, atomic_dir, build_manifest, is_current, write_json_atomic
+
+log = logging.getLogger("workloads.data.tokenize")
+
+IGNORE = -100
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+Overlong = Literal["truncate", "drop"]
+
+
+class TokenizeError(ValueError):
+    """Input or model that cannot be tokenized; the message names the file, line or template problem."""
+
+
+def read_conversations(path: Path) -> list[list[dict[str, str]]]:
+    """The `messages` of each line, checked: a list of {role, content} string pairs with an assistant turn."""
+    if not path.is_file():
+        raise TokenizeError(f"{path}: file not found")
+    conversations = []
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            if not raw.strip():
+                continue
+            try:
+                messages = json.loads(raw.decode("utf-8"))["messages"]
+            except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as error:
+                raise TokenizeError(f"{path}:{number}: not a {{\"messages\": [...]}} JSON line ({error})") from None
+            if not isinstance(messages, list) or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                for m in messages
+            ):
+                raise TokenizeError(f"{path}:{number}: messages must be a list of {{role, content}} strings")
+            conversations.append([{"role": m["role"], "content": m["content"]} for m in messages])
+    if not conversations:
+        raise TokenizeError(f"{path}: no rows")
+    return conversations
+
+
+def assistant_spans(tokenizer: Any, messages: list[dict[str, str]], text: str) -> list[tuple[int, int]]:
+    """Character spans of `text` (the rendered conversation) that the model must learn: each assistant
+    reply from the end of the generation prompt up to and including the end-of-turn token."""
+    eot = tokenizer.eos_token
+    spans = []
+    for index, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        prefix = tokenizer.apply_chat_template(messages[:index], tokenize=False, add_generation_prompt=True) if index else ""
+        if not text.startswith(prefix):
+            raise TokenizeError("chat template renders earlier turns differently once a reply follows; "
+                                "cannot locate assistant tokens")
+        content = message["content"].strip()
+        start = text.find(content, len(prefix))
+        end = text.find(eot, start + len(content)) if start >= 0 else -1
+        if end < 0:
+            raise TokenizeError(f"cannot find assistant turn {index} followed by {eot!r} in the rendered template")
+        spans.append((len(prefix), end + len(eot)))
+    return spans
+
+
+def encode_batch(
+    batch: dict[str, list[Any]], tokenizer: Any, max_length: int, overlong: Overlong
+) -> dict[str, list[Any]]:
+    """Tokenize a batch of conversations; `status` says kept, truncated or why a row is dropped."""
+    texts = [tokenizer.apply_chat_template(m, tokenize=False) for m in batch["messages"]]
+    encoded = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
+    out: dict[str, list[Any]] = {"input_ids": [], "attention_mask": [], "labels": [], "length": [], "status": []}
+    for messages, text, ids, offsets in zip(batch["messages"], texts, encoded["input_ids"], encoded["offset_mapping"]):
+        spans = assistant_spans(tokenizer, messages, text)
+        labels = [
+            token if any(a < e and b > s for s, e in spans) else IGNORE
+            for token, (a, b) in zip(ids, offsets)
+        ]
+        status = "kept"
+        if len(ids) > max_length:
+            status = "dropped_overlong" if overlong == "drop" else "truncated"
+            ids, labels = ids[:max_length], labels[:max_length]
+        if status != "dropped_overlong" and all(label == IGNORE for label in labels):
+            status = "dropped_no_assistant_tokens"
+        out["input_ids"].append(ids)
+        out["attention_mask"].append([1] * len(ids))
+        out["labels"].append(labels)
+        out["length"].append(len(ids))
+        out["status"].append(status)
+    return out
+
+
+def load_tokenizer(model: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    if not model.is_dir():
+        raise TokenizeError(f"{model}: model folder not found")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model)
+    except Exception as error:
+        raise TokenizeError(f"{model}: tokenizer does not load: {error}") from None
+    if not tokenizer.chat_template:
+        raise TokenizeError(f"{model}: tokenizer has no chat template")
+    if not tokenizer.is_fast:
+        raise TokenizeError(f"{model}: needs a fast tokenizer (offsets locate the assistant tokens)")
+    if not tokenizer.eos_token:
+        raise TokenizeError(f"{model}: tokenizer has no eos (end-of-turn) token")
+    return tokenizer
+
+
+def tokenize(
+    input_path: str | Path,
+    model: str | Path,
+    max_length: int,
+    out: str | Path,
+    overlong: Overlong = "truncate",
+    num_proc: int = 1,
+    batch_size: int = 256,
+) -> dict[str, Any]:
+    """Tokenize `input_path` into the `datasets` folder `out` (atomic, manifest inside); no-op if current."""
+    from datasets import Dataset, disable_caching
+
+    input_path, model, out = Path(input_path), Path(model), Path(out)
+    if max_length < 1:
+        raise TokenizeError(f"max_length must be positive, got {max_length}")
+    if overlong not in ("truncate", "drop"):
+        raise TokenizeError(f"overlong must be 'truncate' or 'drop', got {overlong!r}")
+    inputs = {"input": input_path, **{name: model / name for name in TOKENIZER_FILES if (model / name).is_file()}}
+    params = {"max_length": max_length, "overlong": overlong}
+    if input_path.is_file() and is_current(out, "tokenize", inputs, params):
+        log.info("%s is up to date", out)
+        return json.loads((out / MANIFEST_NAME).read_text(encoding="utf-8"))
+    tokenizer = load_tokenizer(model)
+    conversations = read_conversations(input_path)
+    disable_caching()
+    dataset = Dataset.from_dict({"messages": conversations})
+    mapped = dataset.map(
+        encode_batch,
+        batched=True,
+        batch_size=batch_size,
+        num_proc=num_proc if num_proc > 1 and len(dataset) >= 2 * batch_size else None,
+        remove_columns=["messages"],
+        fn_kwargs={"tokenizer": tokenizer, "max_length": max_length, "overlong": overlong},
+        desc=f"tokenize {input_path.name}",
+    )
+    counts = Counter(mapped["status"])
+    kept = mapped.filter(lambda s: [x in ("kept", "truncated") for x in s], input_columns="status", batched=True)
+    kept = kept.remove_columns("status")
+    if len(kept) == 0:
+        raise TokenizeError(f"{input_path}: every row was dropped ({dict(counts)})")
+    lengths = kept["length"]
+    stats = {
+        "rows_read": len(dataset),
+        "rows_written": len(kept),
+        "truncated": counts["truncated"],
+        "dropped_overlong": counts["dropped_overlong"],
+        "dropped_no_assistant_tokens": counts["dropped_no_assistant_tokens"],
+        "tokens": sum(lengths),
+        "max_tokens": max(lengths),
+        "mean_tokens": round(sum(lengths) / len(lengths), 1),
+    }
+    with atomic_dir(out) as tmp:
+        kept.save_to_disk(str(tmp))
+        manifest = build_manifest("tokenize", inputs, params, model=str(model.resolve()), **stats)
+        write_json_atomic(tmp / MANIFEST_NAME, manifest)
+    log.info("wrote %d rows to %s (%d truncated, %d dropped overlong, %d dropped without assistant tokens)",
+             len(kept), out, stats["truncated"], stats["dropped_overlong"], stats["dropped_no_assistant_tokens"])
+    return manifest
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    parser = argparse.ArgumentParser(prog="python -m workloads.data.tokenize", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--input", required=True, help="chat .jsonl file")
+    parser.add_argument("--model", required=True, help="model folder with tokenizer and chat template")
+    parser.add_argument("--max-length", type=int, required=True, help="token limit per conversation")
+    parser.add_argument("--out", required=True, help="output datasets folder")
+    parser.add_argument("--overlong", choices=("truncate", "drop"), default="truncate", help="rows over the limit")
+    parser.add_argument("--num-proc", type=int, default=1, help="CPU processes")
+    parser.add_argument("--batch-size", type=int, default=256, help="conversations per map batch")
+    args = parser.parse_args(argv)
+    try:
+        manifest = tokenize(args.input, args.model, args.max_length, args.out, args.overlong, args.num_proc,
+                            args.batch_size)
+    except TokenizeError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(json.dumps({"output": str(Path(args.out).resolve()),
+                      **{k: manifest[k] for k in ("rows_read", "rows_written", "truncated", "dropped_overlong")}}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Base model preparation: save the original model once as a safetensors folder with a manifest."""
