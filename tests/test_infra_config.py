@@ -117,7 +117,7 @@ def test_missing_stack_file_is_named(tmp_path: Path) -> None:
         load_stack_config("nope", tmp_path)
 
 
-def test_other_namespaces_are_ignored_and_values_round_trip() -> None:
+def test_values_round_trip() -> None:
     values = demo_values()
     cfg = parse_stack_config("demo", copy.deepcopy(values), "x")
     assert cfg.model_dump(by_alias=True, exclude={"stack"}, exclude_none=True) == values
