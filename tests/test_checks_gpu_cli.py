@@ -1,0 +1,103 @@
+"""`python -m workloads.checks.gpu` on this CPU-only machine, the torch measurements, and readiness.sbatch on Slurm."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from pipeline_fixtures import slurm, slurm_conf  # noqa: F401
+
+from infra.pipeline.slurm import SlurmClient, SlurmJobFailed
+from workloads.checks import gpu, measure
+
+ROOT = Path(__file__).resolve().parents[1]
+LOCAL_CONFIG = ROOT / "workloads" / "configs" / "local.json"
+REPORT_KEYS = {"ok", "created_at", "slurm_job_id", "world_size", "backend", "interconnect", "config", "floors", "nodes",
+               "measurements", "allreduce", "checks", "failures"}
+
+
+@pytest.fixture(autouse=True)
+def _single_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("RANK", "WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "SLURM_PROCID", "SLURM_JOB_ID"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_cpu_only_fails_without_allow_cpu(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "r.json"
+    assert gpu.main(["--json-out", str(out)]) == 1
+    report = json.loads(out.read_text())
+    assert set(report) == REPORT_KEYS
+    assert not report["ok"] and report["failures"][0].startswith("gpu_present")
+    assert report["nodes"][0]["gpus"] == [] and report["nodes"][0]["source"] == "none"
+    assert "readiness: FAIL" in capsys.readouterr().out
+
+
+def test_cpu_only_passes_with_allow_cpu(tmp_path: Path) -> None:
+    out = tmp_path / "deep" / "r.json"
+    assert gpu.main(["--allow-cpu", "--json-out", str(out), "--expect-gpus-per-node", "8"]) == 0
+    report = json.loads(out.read_text())
+    assert report["ok"] and report["failures"] == [] and report["world_size"] == 1
+    statuses = {c["name"]: c["status"] for c in report["checks"]}
+    assert statuses["gpu_present"] == "skip" and statuses["allreduce_busbw"] == "skip"
+    assert report["config"]["expect_gpus_per_node"] == 8
+    assert [p.name for p in out.parent.iterdir()] == ["r.json"]
+
+
+def test_run_config_sets_report_path_and_flags_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FT_ROOT", str(tmp_path))
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    args = gpu.parse_args(["--config", str(LOCAL_CONFIG), "--allow-cpu", "--matmul-size", "128"])
+    cfg, out = gpu.settings(args)
+    assert out == tmp_path / "results" / "readiness-4242.json"
+    assert cfg.allow_cpu and cfg.matmul_size == 128
+    with pytest.raises(ValueError, match="matmul_size"):
+        gpu.settings(gpu.parse_args(["--matmul-size", "3"]))
+
+
+def test_measurements_run_on_cpu() -> None:
+    cpu = torch.device("cpu")
+    assert measure.matmul_tflops(cpu, torch.float32, 64, 3) > 0
+    assert measure.memory_bandwidth_gbs(cpu, 1, 3) > 0
+    assert measure.infiniband_present("/nonexistent") is False
+
+
+def _submit(slurm: SlurmClient, tmp_path: Path, *flags: str) -> str:  # noqa: F811
+    return slurm.submit(
+        str(ROOT / "workloads" / "jobs" / "readiness.sbatch"),
+        [str(LOCAL_CONFIG), *flags],
+        job_name="ft-readiness-test",
+        output=str(tmp_path / "readiness-%j.out"),
+        workdir=str(tmp_path),
+        extra_args=["--ntasks-per-node=2"],
+        env={"FT_ROOT": str(tmp_path), "FT_PYTHON": sys.executable, "FT_CODE_DIR": str(ROOT)},
+    )
+
+
+@pytest.mark.slurm
+def test_readiness_job_passes_on_cpu_with_gloo_allreduce(slurm: SlurmClient, tmp_path: Path) -> None:  # noqa: F811
+    job = _submit(slurm, tmp_path, "--allow-cpu")
+    slurm.wait(job, timeout=300, progress=None)
+    report = json.loads((tmp_path / "results" / f"readiness-{job}.json").read_text())
+    assert report["ok"] and report["slurm_job_id"] == job
+    assert (report["world_size"], report["backend"]) == (2, "gloo")
+    assert report["allreduce"]["correct"] and report["allreduce"]["busbw_gbs"] > 0
+    assert next(c for c in report["checks"] if c["name"] == "allreduce_busbw")["status"] == "info"
+
+
+@pytest.mark.slurm
+def test_readiness_job_fails_without_gpu_and_stops_dependents(slurm: SlurmClient, tmp_path: Path) -> None:  # noqa: F811
+    job = _submit(slurm, tmp_path)
+    marker = tmp_path / "trained"
+    train = tmp_path / "train.sh"
+    train.write_text(f"#!/bin/bash\ntouch {marker}\n")
+    after = slurm.submit(str(train), job_name="ft-train-test", dependencies=[job], output=str(tmp_path / "t-%j.out"))
+    with pytest.raises(SlurmJobFailed) as err:
+        slurm.wait_all([job, after], timeout=300, progress=None)
+    assert err.value.info.exit_code == 1
+    assert "gpu_present" in str(err.value) and "readiness: FAIL" in str(err.value)
+    assert not marker.exists()
+    assert not os.path.exists(tmp_path / f"t-{after}.out")

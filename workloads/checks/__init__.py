@@ -1,0 +1,1 @@
+"""GPU readiness checks run on every worker node before training."""
