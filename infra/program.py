@@ -12,6 +12,7 @@ from typing import Any
 import pulumi
 
 from infra.config import StackConfig
+from infra.cost_report import cost_outputs
 from infra.kubeconfig import kubeconfig
 from infra.nebius.buckets import Buckets, BucketsArgs
 from infra.nebius.cluster import Mk8sCluster, Mk8sClusterArgs
@@ -156,4 +157,5 @@ def build_stack(cfg: StackConfig) -> dict[str, Any]:
     platform = build_platform(cfg)
     if platform is not None:
         outputs.update(platform_outputs(cfg, platform))
+    outputs.update(cost_outputs(cfg))
     return outputs
