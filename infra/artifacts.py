@@ -150,12 +150,14 @@ class S3Store:
         self.retries = 0
 
     def _retrying(self, what: str, call: Callable[[], Any]) -> Any:
-        from botocore.exceptions import BotoCoreError, ClientError
+        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
         last: Exception | None = None
         for attempt in range(self.attempts):
             try:
                 return call()
+            except NoCredentialsError as exc:
+                raise ArtifactError(f"{what}: {exc} (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)") from exc
             except ClientError as exc:
                 status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
                 if status and status < 500 and status not in (408, 429):

@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from infra import cost
-from infra.artifacts import LocalStore, upload_run
+from infra.artifacts import ArtifactStore, upload_run
 from infra.config import load_stack_config
+from infra.mocks import run_under_mocks
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
@@ -32,7 +33,15 @@ def cost_outputs(stack: str) -> dict[str, Any]:
     return cost.flat_outputs(monthly, None, cost.chat_scenarios(monthly, cfg.pricing.chat))
 
 
-def store_run(store: LocalStore, stack: str, work: Path, run_id: str = "20260301-120000") -> dict[str, Any]:
+def stack_outputs(stack: str) -> dict[str, Any]:
+    """The stack's outputs from the program's run under mocks, with the cost model's keys."""
+    outputs = dict(run_under_mocks(load_stack_config(stack, REPO / "stacks")).outputs)
+    if "cost_monthly_usd_high" not in outputs and stack != "local":
+        outputs.update(cost_outputs(stack))
+    return outputs
+
+
+def store_run(store: ArtifactStore, stack: str, work: Path, run_id: str = "20260301-120000") -> dict[str, Any]:
     """A finished run as the pipeline leaves it (config, manifest, metrics, evaluator JSON), uploaded."""
     work.mkdir(parents=True, exist_ok=True)
     config = work / "local.json"

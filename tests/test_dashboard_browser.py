@@ -9,10 +9,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from dashboard_fixtures import CHROMIUM, CHROMIUM_ARGS, EVALUATOR, REPO, cost_outputs, store_run
+from artifacts_fixtures import KEYS, REGION, S3Server, s3_server  # noqa: F401
+from dashboard_fixtures import CHROMIUM, CHROMIUM_ARGS, EVALUATOR, REPO, stack_outputs, store_run
 from playwright.sync_api import sync_playwright
 
-from infra.artifacts import local_store
+from infra.artifacts import S3Store, local_store
 from infra.commands import report
 
 SCREENSHOTS = REPO / ".local" / "screenshots"
@@ -33,7 +34,8 @@ def repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     shutil.copytree(REPO / "stacks", root / "stacks")
     subprocess.run(["git", "init", "-q", str(root)], check=True)
     monkeypatch.chdir(root)
-    monkeypatch.delenv("FTSTACK_ARTIFACTS_BUCKET", raising=False)
+    for name in ("FTSTACK_ARTIFACTS_BUCKET", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "FTSTACK_S3_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
     return root
 
 
@@ -57,13 +59,30 @@ def open_page(page_file: Path, screenshot: Path) -> tuple[str, list[str], int]:
     return text, [u for u in requests if not u.startswith("file:")], charts
 
 
-def test_demo_stack_report_in_chromium(repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    outputs = cost_outputs("demo")
-    outputs["clusterName"] = "ft-demo"
+def test_demo_stack_report_in_chromium(
+    repo: Path, tmp_path: Path, s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    outputs = stack_outputs("demo")
     outputs_file = tmp_path / "outputs.json"
     outputs_file.write_text(json.dumps(outputs))
-    store_run(local_store(repo), "demo", tmp_path / "work")
+    monkeypatch.setenv("FTSTACK_S3_ENDPOINT", s3_server.endpoint)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     out_dir = tmp_path / "dash"
+    assert cli(["report", "--stack", "demo", "--outputs", str(outputs_file), "--out", str(out_dir)]) == 0
+    captured = capsys.readouterr()
+    assert "warning: runs not read" in captured.err and "AWS_ACCESS_KEY_ID" in captured.err
+    text, requests, charts = open_page(Path(captured.out.strip()), SCREENSHOTS / "dashboard-demo-no-runs.png")
+    assert requests == [] and "runs not read from the artifacts store" in text
+    assert "Pipeline not run yet" in text and "Training not run yet" in text and charts == 3
+
+    bucket = outputs["artifacts_bucket_name"]
+    s3 = s3_server.client()
+    s3.create_bucket(Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": REGION})
+    s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    run = store_run(S3Store(s3, bucket), "demo", tmp_path / "work")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEYS["access_key_id"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", KEYS["secret_access_key"])
     assert cli(["report", "--stack", "demo", "--outputs", str(outputs_file), "--out", str(out_dir)]) == 0
     page_file = Path(capsys.readouterr().out.strip())
     assert page_file == (out_dir / "index.html").resolve()
@@ -75,18 +94,22 @@ def test_demo_stack_report_in_chromium(repo: Path, tmp_path: Path, capsys: pytes
     for key, value in outputs.items():
         if key.startswith("cost_per_chat_") and key.endswith("_usd"):
             assert (f"${value:,.4f}" if value < 0.01 else f"${value:,.2f}") in text
-    assert "Pipeline not run yet" in text and "Training not run yet" in text
-    assert "ft-demo" in text
-    assert charts == 3
+    assert outputs["cluster_name"] in text and bucket in text
+    assert outputs["node_group_worker_preset"] in text and "/mnt/data" in text
+    assert "7.033 → 4.704" in text and text.count("COMPLETED") >= 4 and "1h 02m 05s" in text
+    assert f"final train loss {run['final_loss']:.4g}" in text
+    assert "not run yet" not in text
+    assert charts == 5
 
 
 def test_local_stack_report_with_stored_run(repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out_dir = tmp_path / "dash"
-    outputs_file = tmp_path / "outputs.json"
-    outputs_file.write_text(json.dumps({"outputs": {"clusterName": "local"}}))
-    assert cli(["report", "--stack", "local", "--outputs", str(outputs_file), "--out", str(out_dir)]) == 0
+    assert cli(["report", "--stack", "local", "--out", str(out_dir)]) == 0
     text, _, charts = open_page(Path(capsys.readouterr().out.strip()), SCREENSHOTS / "dashboard-local-empty.png")
     assert "Pipeline not run yet" in text and "Evaluation not run yet" in text and charts == 0
+    assert "the mock run of stacks/Pulumi.local.yaml" in text and "workloads/configs/local.json" in text
+    outputs_file = tmp_path / "plan.json"
+    outputs_file.write_text(json.dumps({"resources": [], "outputs": {"cluster_name": "local", "target": "local"}}))
 
     run = store_run(local_store(repo), "local", tmp_path / "work")
     assert cli(["report", "--stack", "local", "--outputs", str(outputs_file), "--out", str(out_dir)]) == 0
@@ -97,7 +120,7 @@ def test_local_stack_report_with_stored_run(repo: Path, tmp_path: Path, capsys: 
     assert text.count("COMPLETED") >= 4 and "1h 02m 05s" in text and "103" in text
     assert f"final train loss {run['final_loss']:.4g}" in text
     assert str(EVALUATOR["finetuned_model"]["tokens_per_second"]) in text
-    assert "local single-node Slurm" in text or "single-node Slurm" in text
+    assert "single-node Slurm" in text
     assert charts == 2
     assert not list(out_dir.glob(".index.html.*"))
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from dashboard_fixtures import EVALUATOR, REPO, cost_outputs
+from dashboard_fixtures import EVALUATOR, REPO, stack_outputs
 
 from infra import cost
 from infra.config import load_stack_config
@@ -11,10 +11,12 @@ from infra.dashboard.model import build, chat_label, comparison, loss_curves, un
 
 
 @pytest.mark.parametrize("stack", ["demo", "dev", "h100"])
-def test_cost_sections_match_the_cost_model(stack: str) -> None:
+def test_sections_match_the_cost_model_and_the_program(stack: str) -> None:
     cfg = load_stack_config(stack, REPO / "stacks")
     monthly = cost.monthly_cost(cfg, cfg.pricing)
-    data = build(stack, cost_outputs(stack), cfg)
+    outputs = stack_outputs(stack)
+    data = build(stack, outputs, cfg)
+    assert data.target == "nebius"
     assert data.monthly_low == pytest.approx(monthly.usd_low, abs=1e-3)
     assert data.monthly_high == pytest.approx(monthly.usd_high, abs=1e-3)
     assert sum(r.usd_low for r in data.categories) == pytest.approx(monthly.usd_low, abs=0.01)
@@ -22,15 +24,25 @@ def test_cost_sections_match_the_cost_model(stack: str) -> None:
     assert {r.key for r in data.lines} == {l.key for l in monthly.lines}
     assert {r.category for r in data.lines} <= set(cost.CATEGORIES)
     assert [r.tokens_per_second for r in data.chats] == sorted(cfg.pricing.chat.tokens_per_second)
-    assert len(data.nodes) == len(cfg.nodes.workers) + 3 + (cfg.nodes.accounting is not None)
-    assert {f.name for f in data.filesystems} >= {"jail", *(s.name for s in cfg.filesystems.submounts)}
-    assert data.jobs == [] and data.comparison is None and data.loss_curve == []
-    assert data.other_outputs == {}
+    workers = {w.name for w in cfg.nodes.workers}
+    assert len(data.nodes) == len(workers) + 3 + (cfg.nodes.accounting is not None)
+    assert sum(int(n.count) * (n.gpus or 0) for n in data.nodes if n.gpus) == outputs["gpus_total"]
+    assert data.nodes[0].gpus and data.nodes[0].platform == cfg.nodes.workers[0].platform
+    system = next(n for n in data.nodes if n.role == "system")
+    assert system.count == f"{cfg.nodes.system.min_size}-{cfg.nodes.system.max_size}"
+    by_name = {f.name: f for f in data.filesystems}
+    for sub in cfg.filesystems.submounts:
+        assert by_name[sub.name].mount_path == sub.mount_path
+        assert by_name[sub.name].size_gib == outputs[f"filesystem_jail_submount_{sub.name}_size_gib"]
+    assert "jail" in by_name and data.jobs == [] and data.comparison is None and data.loss_curve == []
+    assert data.other_outputs["cluster_name"] == cfg.cluster_name
+    assert not any(k.startswith(("cost_", "node_group_", "filesystem_")) for k in data.other_outputs)
 
 
 def test_local_stack_has_no_cloud_sections() -> None:
     cfg = load_stack_config("local", REPO / "stacks")
-    data = build("local", {}, cfg)
+    data = build("local", stack_outputs("local"), cfg)
+    assert data.target == "local"
     assert data.nodes == [] and data.filesystems == [] and data.categories == [] and data.monthly_high is None
 
 

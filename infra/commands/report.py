@@ -20,6 +20,10 @@ from infra.state import find_repo_root
 ARTIFACTS_BUCKET_OUTPUT = "artifacts_bucket_name"
 
 
+class RunNotFoundError(ArtifactError):
+    """`--run RUN_ID` names a run the store does not have."""
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "report",
@@ -51,7 +55,7 @@ def mock_outputs(stack: StackConfig) -> dict[str, Any]:
     """The outputs the Pulumi program exports for this stack, from its run under mocks."""
     from infra.mocks import run_under_mocks
 
-    return dict(run_under_mocks(stack))
+    return dict(run_under_mocks(stack).outputs)
 
 
 def line_details(stack: StackConfig) -> dict[str, dict[str, str]]:
@@ -68,7 +72,7 @@ def latest_run(store: ArtifactStore, stack: str, run_id: str | None) -> dict[str
     if run_id is not None:
         runs = [r for r in runs if r.run_id == run_id]
         if not runs:
-            raise ArtifactError(f"run {run_id!r} of stack {stack!r} not found in {store.describe(f'runs/{stack}/')}")
+            raise RunNotFoundError(f"run {run_id!r} of stack {stack!r} not found in {store.describe(f'runs/{stack}/')}")
     if not runs:
         return None
     index = runs[-1]
@@ -83,6 +87,19 @@ def latest_run(store: ArtifactStore, stack: str, run_id: str | None) -> dict[str
     return {"index": index.model_dump(), "metrics": metrics, "evaluator": evaluator}
 
 
+def stored_run(stack: StackConfig, root: Path, bucket: Any, run_id: str | None) -> tuple[dict[str, Any] | None, str | None]:
+    """The run to show and, when the artifacts store cannot be read, why (the page still renders)."""
+    if stack.target != "local" and not isinstance(bucket, str):
+        return None, None
+    try:
+        store = store_for_stack(stack, root, bucket=bucket)
+        return latest_run(store, stack.stack, run_id), None
+    except RunNotFoundError:
+        raise
+    except (ArtifactError, BotoCoreError, ClientError) as exc:
+        return None, f"runs not read from the artifacts store: {exc}"
+
+
 def run(args: argparse.Namespace) -> int:
     root = find_repo_root()
     try:
@@ -91,12 +108,11 @@ def run(args: argparse.Namespace) -> int:
             outputs, source = read_outputs(args.outputs), str(args.outputs)
         else:
             outputs, source = mock_outputs(stack), f"the mock run of stacks/Pulumi.{args.stack}.yaml"
-        bucket = args.bucket or outputs.get(ARTIFACTS_BUCKET_OUTPUT)
-        run_data = None
-        if stack.target == "local" or bucket:
-            store = store_for_stack(stack, root, bucket=bucket if isinstance(bucket, str) else None)
-            run_data = latest_run(store, args.stack, args.run)
+        run_data, warning = stored_run(stack, root, args.bucket or outputs.get(ARTIFACTS_BUCKET_OUTPUT), args.run)
         data = build(args.stack, outputs, stack, line_details(stack), run_data)
+        if warning:
+            print(f"ftstack report: warning: {warning}", file=sys.stderr)
+            data.warnings.append(warning)
         page = write_dashboard(data, args.out, source)
     except (StackConfigError, ArtifactError, ValueError, BotoCoreError, ClientError) as exc:
         print(f"ftstack report: {exc}", file=sys.stderr)

@@ -71,7 +71,6 @@ class FilesystemRow:
     name: str
     mount_path: str
     size_gib: int | None
-    existing: bool
 
 
 @dataclass(frozen=True)
@@ -100,6 +99,7 @@ class DashboardData:
     eval_loss_curve: list[tuple[float, float]] = field(default_factory=list)
     comparison: Comparison | None = None
     other_outputs: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
 
 def _num(value: Any) -> float | None:
@@ -202,38 +202,47 @@ def job_rows_from_run(job_ids: Mapping[str, str], states: Mapping[str, str],
     return [JobRow(stage, str(job), states.get(stage, "unknown"), durations.get(stage)) for stage, job in job_ids.items()]
 
 
-def node_rows(stack_config: Any) -> list[NodeRow]:
-    nodes = getattr(stack_config, "nodes", None)
-    if nodes is None:
-        return []
+NODE_GROUP_FIELDS = ("id", "platform", "preset", "nodes", "max_nodes", "gpus_per_node", "boot_disk_gib")
+FILESYSTEM_FIELDS = ("id", "size_gib")
 
-    def row(role: str, ns: Any, count: str) -> NodeRow:
-        shape = ns.shape
-        disk = f"{ns.boot_disk.size_gib} GiB {ns.boot_disk.type}"
-        return NodeRow(role, ns.platform, ns.preset, count, getattr(shape, "gpus", None), disk)
 
-    rows = [row(f"worker {w.name}" + (" (preemptible)" if w.preemptible else ""), w, str(w.size))
-            for w in nodes.workers]
-    rows.append(row("system", nodes.system, f"{nodes.system.min_size}-{nodes.system.max_size}"))
-    for role in ("controller", "login", "accounting"):
-        ns = getattr(nodes, role)
-        if ns is not None:
-            rows.append(row(role, ns, str(ns.size)))
+def _names(outputs: Mapping[str, Any], prefix: str, marker: str) -> list[str]:
+    """Entity names of flat keys `<prefix><name>_<marker>`, in output order."""
+    return [k[len(prefix):-len(marker) - 1] for k in outputs if k.startswith(prefix) and k.endswith("_" + marker)]
+
+
+def node_rows(outputs: Mapping[str, Any]) -> list[NodeRow]:
+    """One row per `node_group_<name>_*` group; workers first."""
+    rows = []
+    for name in _names(outputs, "node_group_", "platform"):
+        get = lambda field: outputs.get(f"node_group_{name}_{field}")  # noqa: E731
+        low, high = get("nodes"), get("max_nodes")
+        count = "-" if low is None else str(low) if high in (None, low) else f"{low}-{high}"
+        gpus = _num(get("gpus_per_node"))
+        disk = get("boot_disk_gib")
+        rows.append(NodeRow(name, str(get("platform")), str(get("preset") or "-"), count,
+                            None if gpus is None else int(gpus), "-" if disk is None else f"{disk} GiB"))
+    return sorted(rows, key=lambda r: (not (r.gpus or 0), r.role))
+
+
+def filesystem_rows(outputs: Mapping[str, Any], mount_paths: Mapping[str, str] | None = None) -> list[FilesystemRow]:
+    """One row per `filesystem_<tag>_*` filesystem; mount paths from the stack config where known."""
+    paths = mount_paths or {}
+    rows = []
+    for tag in _names(outputs, "filesystem_", "size_gib"):
+        size = _num(outputs.get(f"filesystem_{tag}_size_gib"))
+        name = tag.removeprefix("jail_submount_")
+        default = "/ (jail root)" if tag == "jail" else "-"
+        rows.append(FilesystemRow(name, paths.get(tag, default), None if size is None else int(size)))
     return rows
 
 
-def filesystem_rows(stack_config: Any) -> list[FilesystemRow]:
-    fs = getattr(stack_config, "filesystems", None)
-    if fs is None:
-        return []
-    rows = [FilesystemRow("jail", "/ (jail root)", fs.jail.size_gib, fs.jail.existing_id is not None)]
-    rows += [FilesystemRow(s.name, s.mount_path, s.size_gib, s.existing_id is not None) for s in fs.submounts]
-    rows.append(FilesystemRow("controller_spool", "controller spool", fs.controller_spool.size_gib,
-                              fs.controller_spool.existing_id is not None))
-    if fs.accounting is not None:
-        rows.append(FilesystemRow("accounting", "accounting DB", fs.accounting.size_gib,
-                                  fs.accounting.existing_id is not None))
-    return rows
+def mount_paths(stack_config: Any) -> dict[str, str]:
+    """Flat filesystem tag -> mount path inside the jail, from the stack config's submounts."""
+    filesystems = getattr(stack_config, "filesystems", None)
+    if filesystems is None:
+        return {}
+    return {f"jail_submount_{s.name.replace('-', '_')}": s.mount_path for s in filesystems.submounts}
 
 
 def loss_curves(records: Sequence[Mapping[str, Any]]) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
@@ -281,6 +290,7 @@ def comparison(evaluator: Mapping[str, Any] | None) -> Comparison | None:
 
 
 _KNOWN = (_CATEGORY, _LINE, _CHAT, _TRAINING, _JOB)
+_SHOWN_ELSEWHERE = ("cost_monthly_usd_low", "cost_monthly_usd_high", "cost_pricing_date", "cost_hours_per_month")
 
 
 def build(
@@ -294,7 +304,7 @@ def build(
     categories, lines = cost_rows(outputs, line_details)
     data = DashboardData(
         stack=stack,
-        target=str(getattr(stack_config, "target", outputs.get("target", "?"))),
+        target=str(outputs.get("target") or getattr(stack_config, "target", "?")),
         pricing_date=outputs.get("cost_pricing_date"),
         monthly_low=_num(outputs.get("cost_monthly_usd_low")),
         monthly_high=_num(outputs.get("cost_monthly_usd_high")),
@@ -302,13 +312,13 @@ def build(
         lines=lines,
         chats=chat_rows(outputs),
         training=training_figures(outputs),
-        nodes=node_rows(stack_config),
-        filesystems=filesystem_rows(stack_config),
+        nodes=node_rows(outputs),
+        filesystems=filesystem_rows(outputs, mount_paths(stack_config)),
         jobs=job_rows_from_outputs(outputs),
         other_outputs={
             k: v for k, v in sorted(outputs.items())
-            if not any(p.match(k) for p in _KNOWN) and k not in ("cost_monthly_usd_low", "cost_monthly_usd_high",
-                                                                 "cost_pricing_date", "cost_hours_per_month")
+            if not any(p.match(k) for p in _KNOWN) and k not in _SHOWN_ELSEWHERE
+            and not k.startswith(("node_group_", "filesystem_"))
         },
     )
     if run:
