@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping
 
-DISK_TYPES = ("NETWORK_SSD", "NETWORK_SSD_NON_REPLICATED", "NETWORK_SSD_IO_M3", "NETWORK_HDD")
-FILESYSTEM_TYPES = ("NETWORK_SSD", "NETWORK_HDD")
 
 _PRESET_RE = re.compile(r"^(?:(?P<gpus>\d+)gpu-)?(?P<vcpus>\d+)vcpu-(?P<ram>\d+)gb$")
 

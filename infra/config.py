@@ -216,7 +216,6 @@ class SoperatorConfig(_Model):
     mariadb_operator_version: str = "25.10.2"
     registry: str = "cr.eu-north1.nebius.cloud/soperator"
     namespace: str | None = Field(None, description="Slurm cluster namespace; default clusterName.")
-    partition: str = "main"
 
 
 class PipelineConfig(_Model):
