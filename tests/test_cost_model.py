@@ -1,0 +1,171 @@
+"""The cost model against seed 000's TCO and cost-per-chat tables, and its behaviour on other stacks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from infra.config import load_stack_config
+from infra.cost import chat_scenario, chat_scenarios, monthly_cost, node_price, training_run
+from infra.cost_report import cost_report, last_metric, render_table, tokenized_tokens
+from infra.mocks import run_under_mocks
+from infra.pricing import CATALOG, PriceBook, PriceOverride, PricingConfig
+
+# seed 000, "Total Cost of Ownership": line key -> (low, high) in whole dollars as printed.
+SEED_TABLE = {
+    "compute_worker_worker": (16680, 16680),
+    "compute_system": (438, 1314),
+    "compute_controller": (146, 146),
+    "compute_login": (73, 73),
+    "compute_accounting": (146, 146),
+    "boot_disk_worker_worker": (148, 148),
+    "boot_disk_system": (27, 81),
+    "boot_disk_controller": (18, 18),
+    "boot_disk_login": (18, 18),
+    "boot_disk_accounting": (9, 9),
+    "shared_fs_jail": (20, 20),
+    "shared_fs_data": (82, 82),
+    "shared_fs_chkpt": (82, 82),
+    "shared_fs_model": (82, 82),
+    "shared_fs_home": (20, 20),
+    "shared_fs_accounting": (20, 20),
+    "shared_fs_controller_spool": (10, 10),
+    "object_storage_backups": (105, 105),
+    "object_storage_artifacts": (0, 0),
+    "networking_login_public_ip": (0, 0),
+}
+SEED_CHAT = {"tps_3_8": 3.86, "tps_60": 0.24, "tps_200": 0.07}
+
+
+def _close_to_printed(ours: float, printed: float, rel: float, half_unit: float) -> bool:
+    """Within ``rel`` of the printed figure, or equal to it once rounded as the seed rounds."""
+    return abs(ours - printed) <= max(rel * printed, half_unit)
+
+
+@pytest.fixture(scope="module")
+def demo_cost():
+    cfg = load_stack_config("demo")
+    return monthly_cost(cfg, cfg.pricing)
+
+
+def test_demo_reproduces_seed_monthly_table_line_by_line(demo_cost):
+    lines = {line.key: line for line in demo_cost.lines}
+    assert set(lines) == set(SEED_TABLE)
+    for key, (low, high) in SEED_TABLE.items():
+        line = lines[key]
+        assert _close_to_printed(line.usd_low, low, 0.01, 0.5), (key, line.usd_low, low)
+        assert _close_to_printed(line.usd_high, high, 0.01, 0.5), (key, line.usd_high, high)
+
+
+def test_demo_total_matches_seed_within_one_percent(demo_cost):
+    assert demo_cost.usd_low == pytest.approx(18124, rel=0.01)
+    assert demo_cost.usd_high == pytest.approx(19054, rel=0.01)
+    assert demo_cost.usd_low == pytest.approx(sum(l.usd_low for l in demo_cost.lines))
+    assert sum(hi for _, hi in demo_cost.categories.values()) == pytest.approx(demo_cost.usd_high)
+
+
+def test_demo_cost_per_chat_matches_seed(demo_cost):
+    cfg = load_stack_config("demo")
+    scenarios = {s.name: s for s in chat_scenarios(demo_cost, cfg.pricing.chat)}
+    assert set(scenarios) == set(SEED_CHAT)
+    assert scenarios["tps_3_8"].tokens_per_day == 328_320
+    assert scenarios["tps_60"].conversations_per_day == 2_592
+    for name, printed in SEED_CHAT.items():
+        ours = scenarios[name].usd_per_chat
+        assert round(ours, 2) == pytest.approx(printed, rel=0.02), (name, ours)
+        assert _close_to_printed(ours, printed, 0.02, 0.005), (name, ours)
+
+
+def test_seed_daily_cost_assumption_reproduces_every_printed_figure_exactly():
+    """Seed 000's figures are exactly $19,000/30 per day (its "around $19K monthly" over 30 days)."""
+    for name, tps in (("a", 3.8), ("b", 60), ("c", 200)):
+        printed = SEED_CHAT[{"a": "tps_3_8", "b": "tps_60", "c": "tps_200"}[name]]
+        assert round(chat_scenario(name, tps, 19_000 / 30, 2000).usd_per_chat, 2) == printed
+
+
+def test_worker_node_is_the_seed_hourly_price():
+    price = node_price("gpu-l40s-d", "2gpu-64vcpu-384gb", PriceBook())
+    assert round(price.usd_per_hour, 2) == 4.57
+    assert price.price_keys == ("compute.gpu-l40s-d.gpu", "compute.gpu-l40s-d.vcpu", "compute.gpu-l40s-d.ram")
+
+
+def test_bundled_platform_prices_per_gpu_and_preemptible():
+    book = PriceBook()
+    on_demand = node_price("gpu-h100-sxm", "8gpu-128vcpu-1600gb", book)
+    assert on_demand.usd_per_hour == pytest.approx(8 * CATALOG["compute.gpu-h100-sxm.bundled"].usd)
+    assert on_demand.price_keys == ("compute.gpu-h100-sxm.bundled",)
+    spot = node_price("gpu-h100-sxm", "8gpu-128vcpu-1600gb", book, preemptible=True)
+    assert spot.usd_per_hour < on_demand.usd_per_hour
+    l40s_spot = node_price("gpu-l40s-d", "2gpu-64vcpu-384gb", book, preemptible=True)
+    assert "on demand" in l40s_spot.note
+
+
+def test_every_catalog_price_has_source_and_date():
+    for key, price in CATALOG.items():
+        assert price.source and price.date[:2] == "20", key
+
+
+def test_stack_override_changes_the_line_and_the_date():
+    cfg = load_stack_config("demo")
+    pricing = PricingConfig(overrides={"compute.gpu-l40s-d.gpu": PriceOverride(usd=1.0, date="2026-11-01")})
+    cost = monthly_cost(cfg, pricing)
+    workers = next(l for l in cost.lines if l.key == "compute_worker_worker")
+    assert workers.usd_low == pytest.approx((2 * 1.0 + 64 * 0.01 + 384 * 0.0032) * 730 * 5)
+    assert cost.pricing_date == "2026-11-01"
+
+
+def test_unknown_price_key_and_unpriced_disk_are_clear_errors():
+    with pytest.raises(ValueError, match="unknown price key 'gpu.l40s'"):
+        PricingConfig.model_validate({"overrides": {"gpu.l40s": {"usd": 1, "date": "2026-01-01"}}})
+    cfg = load_stack_config("demo")
+    disk = cfg.nodes.login.boot_disk.model_copy(update={"type": "NETWORK_SSD_IO_M3"})
+    login = cfg.nodes.login.model_copy(update={"boot_disk": disk})
+    bad = cfg.model_copy(update={"nodes": cfg.nodes.model_copy(update={"login": login})})
+    with pytest.raises(KeyError, match="pricing.overrides.disk.NETWORK_SSD_IO_M3"):
+        monthly_cost(bad)
+
+
+def test_backup_line_uses_jail_size_without_copy_size():
+    cfg = load_stack_config("h100")
+    line = next(l for l in monthly_cost(cfg).lines if l.key == "object_storage_backups")
+    assert line.quantity == f"7 x {cfg.filesystems.jail.size_gib} GiB"
+
+
+def test_training_run_cost_arithmetic():
+    run = training_run(tokens=3.6e6, epochs=2, tokens_per_second_per_gpu=100, throughput_source="test",
+                       gpus=10, workers_usd_per_hour=22.85)
+    assert run.gpu_hours == pytest.approx(20.0)
+    assert run.wall_hours == pytest.approx(2.0)
+    assert run.usd == pytest.approx(45.7)
+    unknown = training_run(1e6, 1, None, "unknown", 10, 22.85)
+    assert unknown.usd is None and unknown.gpu_hours is None
+
+
+def test_tokens_from_a_saved_dataset_and_throughput_from_metrics(tmp_path):
+    from datasets import Dataset
+
+    Dataset.from_dict({"input_ids": [[1, 2, 3], [4, 5]], "length": [3, 5]}).save_to_disk(str(tmp_path / "ds"))
+    assert tokenized_tokens(tmp_path / "ds") == 8
+    assert tokenized_tokens(tmp_path / "missing") is None
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("\n".join(json.dumps(r) for r in (
+        {"step": 1, "train_tokens_per_second_per_gpu": 90.0}, {"step": 2, "loss": 1.0},
+        {"step": 3, "train_tokens_per_second_per_gpu": 110.0})) + "\nnot json\n")
+    assert last_metric(metrics, ("train_tokens_per_second_per_gpu",)) == 110.0
+
+
+def test_stack_outputs_are_flat_and_numeric():
+    run = run_under_mocks(load_stack_config("demo"))
+    cost = {k: v for k, v in run.outputs.items() if k.startswith(("cost_", "training_run_"))}
+    assert cost["cost_monthly_usd_high"] == pytest.approx(19054, rel=0.01)
+    assert cost["cost_per_chat_tps_60_usd"] == pytest.approx(0.2449, abs=1e-4)
+    assert all(isinstance(v, (int, float)) for k, v in cost.items() if k != "cost_pricing_date")
+    assert cost["cost_pricing_date"][:2] == "20"
+
+
+def test_rendered_table_carries_the_seed_totals():
+    text = render_table(cost_report(load_stack_config("demo")))
+    assert "$18,116 to $19,040" in text
+    assert "$4.57/node/hour" in text and "$3.87" in text
+    assert render_table(cost_report(load_stack_config("local"))).startswith("Monthly cost: $0")
