@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from pipeline_fixtures import slurm, slurm_conf  # noqa: F401
 
 from infra.pipeline.slurm import SlurmClient, SlurmJobFailed
 from workloads.checks import gpu, measure
@@ -65,8 +64,8 @@ def test_measurements_run_on_cpu() -> None:
     assert measure.infiniband_present("/nonexistent") is False
 
 
-def _submit(slurm: SlurmClient, tmp_path: Path, *flags: str) -> str:  # noqa: F811
-    return slurm.submit(
+def _submit(slurm_client: SlurmClient, tmp_path: Path, *flags: str) -> str:
+    return slurm_client.submit(
         str(ROOT / "workloads" / "jobs" / "readiness.sbatch"),
         [str(LOCAL_CONFIG), *flags],
         job_name="ft-readiness-test",
@@ -78,9 +77,9 @@ def _submit(slurm: SlurmClient, tmp_path: Path, *flags: str) -> str:  # noqa: F8
 
 
 @pytest.mark.slurm
-def test_readiness_job_passes_on_cpu_with_gloo_allreduce(slurm: SlurmClient, tmp_path: Path) -> None:  # noqa: F811
-    job = _submit(slurm, tmp_path, "--allow-cpu")
-    slurm.wait(job, timeout=300, progress=None)
+def test_readiness_job_passes_on_cpu_with_gloo_allreduce(slurm_client: SlurmClient, tmp_path: Path) -> None:
+    job = _submit(slurm_client, tmp_path, "--allow-cpu")
+    slurm_client.wait(job, timeout=300, progress=None)
     report = json.loads((tmp_path / "results" / f"readiness-{job}.json").read_text())
     assert report["ok"] and report["slurm_job_id"] == job
     assert (report["world_size"], report["backend"]) == (2, "gloo")
@@ -89,14 +88,14 @@ def test_readiness_job_passes_on_cpu_with_gloo_allreduce(slurm: SlurmClient, tmp
 
 
 @pytest.mark.slurm
-def test_readiness_job_fails_without_gpu_and_stops_dependents(slurm: SlurmClient, tmp_path: Path) -> None:  # noqa: F811
-    job = _submit(slurm, tmp_path)
+def test_readiness_job_fails_without_gpu_and_stops_dependents(slurm_client: SlurmClient, tmp_path: Path) -> None:
+    job = _submit(slurm_client, tmp_path)
     marker = tmp_path / "trained"
     train = tmp_path / "train.sh"
     train.write_text(f"#!/bin/bash\ntouch {marker}\n")
-    after = slurm.submit(str(train), job_name="ft-train-test", dependencies=[job], output=str(tmp_path / "t-%j.out"))
+    after = slurm_client.submit(str(train), job_name="ft-train-test", dependencies=[job], output=str(tmp_path / "t-%j.out"))
     with pytest.raises(SlurmJobFailed) as err:
-        slurm.wait_all([job, after], timeout=300, progress=None)
+        slurm_client.wait_all([job, after], timeout=300, progress=None)
     assert err.value.info.exit_code == 1
     assert "gpu_present" in str(err.value) and "readiness: FAIL" in str(err.value)
     assert not marker.exists()

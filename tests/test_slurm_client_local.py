@@ -6,8 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
-from pipeline_fixtures import slurm, slurm_conf  # noqa: F401
-from sshd_fixtures import SshServer, sshd  # noqa: F401
+from sshd_fixtures import SshServer
 
 from infra.pipeline.slurm import SlurmClient, SlurmJobFailed
 from infra.pipeline.ssh import SshTransport
@@ -22,10 +21,10 @@ def _script(path: Path, body: str) -> str:
     return str(path)
 
 
-def test_submit_with_args_env_and_output_then_wait(slurm: SlurmClient, tmp_path: Path) -> None:  # noqa: F811
+def test_submit_with_args_env_and_output_then_wait(slurm_client: SlurmClient, tmp_path: Path) -> None:
     script = _script(tmp_path / "job.sh", 'echo "args=$*"; echo "greeting=$GREETING"; pwd; sleep 2\n')
     messages: list[str] = []
-    job = slurm.submit(
+    job = slurm_client.submit(
         script,
         ["one", "two words"],
         job_name="ft-ok",
@@ -33,77 +32,77 @@ def test_submit_with_args_env_and_output_then_wait(slurm: SlurmClient, tmp_path:
         workdir=str(tmp_path),
         env={"GREETING": "hello"},
     )
-    info = slurm.wait(job, timeout=WAIT, progress=messages.append)
+    info = slurm_client.wait(job, timeout=WAIT, progress=messages.append)
     assert (info.state, info.exit_code, info.name) == ("COMPLETED", 0, "ft-ok")
     log = (tmp_path / f"ok-{job}.out").read_text().splitlines()
     assert log == ["args=one two words", "greeting=hello", str(tmp_path)]
     assert any(m.endswith(": RUNNING") for m in messages), messages
     assert messages[-1].startswith(f"job {job} (ft-ok): finished in")
-    assert slurm.log_tail(job, 2).splitlines() == ["greeting=hello", str(tmp_path)]
+    assert slurm_client.log_tail(job, 2).splitlines() == ["greeting=hello", str(tmp_path)]
 
 
-def test_failing_job_reports_exit_code_and_log_tail(slurm: SlurmClient, tmp_path: Path) -> None:  # noqa: F811
+def test_failing_job_reports_exit_code_and_log_tail(slurm_client: SlurmClient, tmp_path: Path) -> None:
     script = _script(tmp_path / "bad.sh", 'for i in $(seq 1 50); do echo "line $i"; done\necho "boom: bad row 7" >&2\nexit 3\n')
-    job = slurm.submit(script, job_name="ft-bad", output=str(tmp_path / "bad-%j.out"), workdir=str(tmp_path))
+    job = slurm_client.submit(script, job_name="ft-bad", output=str(tmp_path / "bad-%j.out"), workdir=str(tmp_path))
     with pytest.raises(SlurmJobFailed) as err:
-        slurm.wait(job, timeout=WAIT, progress=None, log_lines=5)
+        slurm_client.wait(job, timeout=WAIT, progress=None, log_lines=5)
     assert err.value.info.exit_code == 3 and err.value.info.state == "FAILED"
     text = str(err.value)
     assert f"job {job} (ft-bad) ended FAILED with exit code 3" in text
     assert "boom: bad row 7" in text and "line 47" in text and "line 45" not in text
 
 
-def test_chain_stops_after_a_failure_and_dependents_never_run(slurm: SlurmClient, tmp_path: Path) -> None:  # noqa: F811
+def test_chain_stops_after_a_failure_and_dependents_never_run(slurm_client: SlurmClient, tmp_path: Path) -> None:
     marker = tmp_path / "second-ran"
-    first = slurm.submit(_script(tmp_path / "a.sh", "echo preparing; exit 1\n"), job_name="ft-prepare",
+    first = slurm_client.submit(_script(tmp_path / "a.sh", "echo preparing; exit 1\n"), job_name="ft-prepare",
                          output=str(tmp_path / "a-%j.out"), workdir=str(tmp_path))
-    second = slurm.submit(_script(tmp_path / "b.sh", f"touch {marker}\n"), job_name="ft-train", dependencies=[first],
+    second = slurm_client.submit(_script(tmp_path / "b.sh", f"touch {marker}\n"), job_name="ft-train", dependencies=[first],
                           output=str(tmp_path / "b-%j.out"), workdir=str(tmp_path))
-    third = slurm.submit(_script(tmp_path / "c.sh", f"touch {marker}\n"), job_name="ft-eval", dependencies=[second],
+    third = slurm_client.submit(_script(tmp_path / "c.sh", f"touch {marker}\n"), job_name="ft-eval", dependencies=[second],
                          output=str(tmp_path / "c-%j.out"), workdir=str(tmp_path))
     with pytest.raises(SlurmJobFailed) as err:
-        slurm.wait_all([first, second, third], timeout=WAIT, progress=None)
+        slurm_client.wait_all([first, second, third], timeout=WAIT, progress=None)
     assert err.value.info.job_id == first
     assert "preparing" in str(err.value) and f"job {second} (ft-train)" in str(err.value)
     for job in (second, third):
         with pytest.raises(SlurmJobFailed, match="can never run: DependencyNeverSatisfied"):
-            slurm.wait(job, timeout=WAIT, progress=None)
-        assert slurm.state(job).state == "CANCELLED"
+            slurm_client.wait(job, timeout=WAIT, progress=None)
+        assert slurm_client.state(job).state == "CANCELLED"
     assert not marker.exists()
     assert not (tmp_path / f"b-{second}.out").exists()
 
 
-def test_cancel_running_job(slurm: SlurmClient, tmp_path: Path) -> None:  # noqa: F811
-    job = slurm.submit(_script(tmp_path / "long.sh", "echo started; sleep 120; echo never\n"), job_name="ft-long",
+def test_cancel_running_job(slurm_client: SlurmClient, tmp_path: Path) -> None:
+    job = slurm_client.submit(_script(tmp_path / "long.sh", "echo started; sleep 120; echo never\n"), job_name="ft-long",
                        output=str(tmp_path / "long-%j.out"), workdir=str(tmp_path))
     deadline = time.monotonic() + WAIT
-    while slurm.state(job).state != "RUNNING":
+    while slurm_client.state(job).state != "RUNNING":
         assert time.monotonic() < deadline, "job did not start"
         time.sleep(0.5)
-    after = slurm.cancel(job)
+    after = slurm_client.cancel(job)
     assert after.state in ("CANCELLED", "COMPLETING")
     with pytest.raises(SlurmJobFailed, match="ended CANCELLED"):
-        slurm.wait(job, timeout=WAIT, progress=None)
+        slurm_client.wait(job, timeout=WAIT, progress=None)
     assert "never" not in (tmp_path / f"long-{job}.out").read_text()
-    assert slurm.cancel(job).state == "CANCELLED"
+    assert slurm_client.cancel(job).state == "CANCELLED"
 
 
-def test_wait_reports_training_progress_from_metrics(slurm: SlurmClient, tmp_path: Path) -> None:  # noqa: F811
+def test_wait_reports_training_progress_from_metrics(slurm_client: SlurmClient, tmp_path: Path) -> None:
     metrics = tmp_path / "metrics.jsonl"
     body = "".join(f'echo \'{{"step": {s}, "loss": {3.0 / s:.3f}}}\' >> {metrics}; sleep 0.7\n' for s in range(1, 6))
-    job = slurm.submit(_script(tmp_path / "train.sh", body), job_name="ft-train", output=str(tmp_path / "t-%j.out"))
+    job = slurm_client.submit(_script(tmp_path / "train.sh", body), job_name="ft-train", output=str(tmp_path / "t-%j.out"))
     messages: list[str] = []
-    slurm.wait(job, timeout=WAIT, progress=messages.append, metrics_path=str(metrics))
+    slurm_client.wait(job, timeout=WAIT, progress=messages.append, metrics_path=str(metrics))
     steps = [m for m in messages if ": step " in m]
     assert steps and steps[-1] == f"job {job} (ft-train): step 5 loss 0.6000"
     assert len(steps) >= 2, messages
 
 
-def test_client_over_ssh_submits_and_waits(sshd: SshServer, slurm_conf: str, tmp_path: Path) -> None:  # noqa: F811
+def test_client_over_ssh_submits_and_waits(sshd: SshServer, slurm: str, tmp_path: Path) -> None:
     script = _script(tmp_path / "remote.sh", "hostname >/dev/null; echo over-ssh\n")
     with SshTransport(sshd.host, port=sshd.port, user=sshd.user, private_key=sshd.private_key,
                       host_key=sshd.host_public_key) as t:
-        client = SlurmClient(t, env={"SLURM_CONF": slurm_conf}, poll_s=0.5)
+        client = SlurmClient(t, env={"SLURM_CONF": slurm}, poll_s=0.5)
         job = client.submit(script, job_name="ft-ssh", output=str(tmp_path / "r-%j.out"), workdir=str(tmp_path))
         info = client.wait(job, timeout=WAIT, progress=None)
         assert info.succeeded

@@ -18,7 +18,7 @@ from infra.pipeline.ssh import (
     parse_public_key,
 )
 from infra.pipeline.transport import CommandTimeout, Transport, TransportError
-from sshd_fixtures import SshServer, free_port, sshd  # noqa: F401  (plugin until tests/conftest.py registers it)
+from sshd_fixtures import SshServer, free_port
 
 
 def _transport(server: SshServer, tmp_path: Path, **kw) -> SshTransport:
@@ -27,7 +27,7 @@ def _transport(server: SshServer, tmp_path: Path, **kw) -> SshTransport:
     return SshTransport(server.host, port=server.port, user=server.user, attempts=2, backoff_s=0.05, **kw)
 
 
-def test_pinned_host_key_runs_commands_with_env_cwd(sshd: SshServer, tmp_path: Path) -> None:  # noqa: F811
+def test_pinned_host_key_runs_commands_with_env_cwd(sshd: SshServer, tmp_path: Path) -> None:
     with _transport(sshd, tmp_path, host_key=sshd.host_public_key) as t:
         assert isinstance(t, Transport)
         r = t.run("echo $A; pwd; echo err >&2; exit 4", env={"A": "x y;$z"}, cwd=str(tmp_path))
@@ -36,14 +36,14 @@ def test_pinned_host_key_runs_commands_with_env_cwd(sshd: SshServer, tmp_path: P
     assert not (tmp_path / "known_hosts").exists()
 
 
-def test_wrong_pinned_host_key_is_refused(sshd: SshServer, tmp_path: Path) -> None:  # noqa: F811
+def test_wrong_pinned_host_key_is_refused(sshd: SshServer, tmp_path: Path) -> None:
     t = _transport(sshd, tmp_path, host_key=sshd.other_host_public_key)
     with pytest.raises(HostKeyMismatch, match="refusing to connect") as err:
         t.run("true")
     assert parse_public_key(sshd.other_host_public_key).fingerprint in str(err.value)
 
 
-def test_trust_on_first_use_records_then_enforces(sshd: SshServer, tmp_path: Path) -> None:  # noqa: F811
+def test_trust_on_first_use_records_then_enforces(sshd: SshServer, tmp_path: Path) -> None:
     known = tmp_path / "kh" / "known_hosts"
     with _transport(sshd, tmp_path, known_hosts=known) as t:
         assert t.run("echo ok").check().stdout == "ok\n"
@@ -58,13 +58,13 @@ def test_trust_on_first_use_records_then_enforces(sshd: SshServer, tmp_path: Pat
         _transport(sshd, tmp_path, known_hosts=known).run("true")
 
 
-def test_unknown_host_without_tofu_is_refused(sshd: SshServer, tmp_path: Path) -> None:  # noqa: F811
+def test_unknown_host_without_tofu_is_refused(sshd: SshServer, tmp_path: Path) -> None:
     with pytest.raises(UnknownHostKey, match="not in"):
         _transport(sshd, tmp_path, trust_on_first_use=False).run("true")
     assert not (tmp_path / "known_hosts").exists()
 
 
-def test_wrong_user_key_fails_auth_clearly(sshd: SshServer, tmp_path: Path) -> None:  # noqa: F811
+def test_wrong_user_key_fails_auth_clearly(sshd: SshServer, tmp_path: Path) -> None:
     t = _transport(sshd, tmp_path, private_key=sshd.other_private_key, host_key=sshd.host_public_key)
     with pytest.raises(SshAuthError, match="refused the key SHA256:"):
         t.run("true")
@@ -75,7 +75,7 @@ def test_unparseable_private_key_is_a_clear_error() -> None:
         SshTransport("127.0.0.1", private_key="not a key")
 
 
-def test_closed_port_fails_after_bounded_retries(tmp_path: Path, sshd: SshServer) -> None:  # noqa: F811
+def test_closed_port_fails_after_bounded_retries(tmp_path: Path, sshd: SshServer) -> None:
     port = free_port()
     t = SshTransport("127.0.0.1", port=port, private_key=sshd.private_key, known_hosts=tmp_path / "kh", attempts=3, backoff_s=0.1)
     start = time.monotonic()
@@ -86,13 +86,13 @@ def test_closed_port_fails_after_bounded_retries(tmp_path: Path, sshd: SshServer
     assert 0.3 <= elapsed < 5
 
 
-def test_unresolvable_host_is_a_clear_error(sshd: SshServer) -> None:  # noqa: F811
+def test_unresolvable_host_is_a_clear_error(sshd: SshServer) -> None:
     t = SshTransport("no-such-host.invalid", private_key=sshd.private_key, attempts=3)
     with pytest.raises(SshConnectError, match="cannot resolve"):
         t.run("true")
 
 
-def test_put_directory_is_atomic_and_read_file(sshd: SshServer, tmp_path: Path) -> None:  # noqa: F811
+def test_put_directory_is_atomic_and_read_file(sshd: SshServer, tmp_path: Path) -> None:
     src = tmp_path / "src"
     (src / "jobs").mkdir(parents=True)
     (src / "a.txt").write_text("alpha\n")
@@ -116,7 +116,7 @@ def test_put_directory_is_atomic_and_read_file(sshd: SshServer, tmp_path: Path) 
             t.read_file(str(remote / "nope.txt"))
 
 
-def test_put_directory_failure_leaves_no_partial_target(sshd: SshServer, tmp_path: Path) -> None:  # noqa: F811
+def test_put_directory_failure_leaves_no_partial_target(sshd: SshServer, tmp_path: Path) -> None:
     src = tmp_path / "src"
     src.mkdir()
     (src / "ok.txt").write_text("ok")
@@ -129,7 +129,7 @@ def test_put_directory_failure_leaves_no_partial_target(sshd: SshServer, tmp_pat
     assert list((tmp_path / "remote").iterdir()) == []
 
 
-def test_run_timeout_is_a_clear_error_and_kills_the_command(sshd: SshServer, tmp_path: Path) -> None:  # noqa: F811
+def test_run_timeout_is_a_clear_error_and_kills_the_command(sshd: SshServer, tmp_path: Path) -> None:
     marker = tmp_path / "late"
     with _transport(sshd, tmp_path, host_key=sshd.host_public_key) as t:
         start = time.monotonic()
@@ -141,7 +141,7 @@ def test_run_timeout_is_a_clear_error_and_kills_the_command(sshd: SshServer, tmp
     assert not marker.exists()
 
 
-def test_transport_refuses_pickling_and_hides_key(sshd: SshServer, tmp_path: Path) -> None:  # noqa: F811
+def test_transport_refuses_pickling_and_hides_key(sshd: SshServer, tmp_path: Path) -> None:
     t = _transport(sshd, tmp_path)
     with pytest.raises(TypeError, match="not picklable"):
         pickle.dumps(t)
