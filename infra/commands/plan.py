@@ -12,6 +12,7 @@ import json
 import sys
 from typing import Any
 
+from infra.commands import plan_cost
 from infra.config import StackConfigError, load_stack_config
 from infra.mocks import MockResource, MockRun, run_under_mocks
 
@@ -31,6 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--stack", required=True, help="stack name (stacks/Pulumi.<stack>.yaml)")
     parser.add_argument("--config-dir", default="stacks", help="directory of the stack files (default: stacks)")
     parser.add_argument("--json", action="store_true", help="print resources and outputs as JSON")
+    plan_cost.add_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -98,8 +100,10 @@ def run(args: argparse.Namespace) -> int:
         print(exc, file=sys.stderr)
         return 2
     result = run_under_mocks(cfg)
+    extras = plan_cost.plan_extras(cfg, result, args)
     if args.json:
-        print(json.dumps(plan_document(result), indent=2))
+        print(json.dumps(plan_document(result) | extras.document, indent=2))
     else:
         print(render_text(args.stack, result))
-    return 0
+        print(extras.text)
+    return extras.exit_code

@@ -185,3 +185,42 @@ def estimate(shape: ModelShape, inp: MemoryInputs) -> MemoryEstimate:
         optimizer=int(optimizer), activations=int(activations), logits=int(logits), overhead=int(overhead),
         trainable_params=trainable,
     )
+
+
+def _first(obj: object, *names: str, default: object = None) -> object:
+    for name in names:
+        value = getattr(obj, name, None)
+        if value is not None:
+            return value
+    return default
+
+
+def inputs_from_run(run: object) -> MemoryInputs:
+    """MemoryInputs from a RunConfig's ``train`` and ``data`` sections.
+
+    Method: qlora when quantization is 4bit/8bit with LoRA, lora when unquantized with LoRA, full otherwise.
+    """
+    train = getattr(run, "train")
+    lora = getattr(train, "lora", None)
+    has_lora = lora is not None or getattr(train, "lora_r", None) is not None
+    quantization = str(_first(train, "quantization", default="none"))
+    method = "full" if not has_lora else ("lora" if quantization == "none" else "qlora")
+    targets = _first(lora, "target_modules", default=None) or _first(train, "lora_target_modules", default=ALL_LINEAR)
+    if targets == "all-linear":
+        targets = ALL_LINEAR
+    optim = str(_first(train, "optim", "optimizer", default="adamw"))
+    return MemoryInputs(
+        method=method,
+        quantization=quantization if method == "qlora" else "none",
+        double_quant=bool(_first(train, "double_quant", "bnb_4bit_use_double_quant", default=True)),
+        dtype={"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(
+            str(_first(train, "dtype", "compute_dtype", default="bf16")),
+            str(_first(train, "dtype", "compute_dtype", default="bf16"))),
+        lora_r=int(_first(lora, "r", default=None) or _first(train, "lora_r", default=16)),
+        lora_target_modules=tuple(targets),
+        lora_dropout=float(_first(lora, "dropout", "lora_dropout", default=_first(train, "lora_dropout", default=0.05))),
+        micro_batch=int(_first(train, "micro_batch", "micro_batch_size", "per_device_train_batch_size", default=1)),
+        max_length=int(_first(train, "max_length", default=None) or run.data.max_length),
+        gradient_checkpointing=bool(_first(train, "gradient_checkpointing", default=True)),
+        optimizer="adamw_8bit" if "8bit" in optim else "adamw",
+    )
