@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from infra import cost
 from infra.artifacts import ArtifactStore, upload_run
 from infra.config import load_stack_config
 from infra.mocks import run_under_mocks
@@ -27,18 +26,9 @@ EVALUATOR = {
 }
 
 
-def cost_outputs(stack: str) -> dict[str, Any]:
-    cfg = load_stack_config(stack, REPO / "stacks")
-    monthly = cost.monthly_cost(cfg, cfg.pricing)
-    return cost.flat_outputs(monthly, None, cost.chat_scenarios(monthly, cfg.pricing.chat))
-
-
 def stack_outputs(stack: str) -> dict[str, Any]:
-    """The stack's outputs from the program's run under mocks, with the cost model's keys."""
-    outputs = dict(run_under_mocks(load_stack_config(stack, REPO / "stacks")).outputs)
-    if "cost_monthly_usd_high" not in outputs and stack != "local":
-        outputs.update(cost_outputs(stack))
-    return outputs
+    """The stack's outputs from the program's run under mocks."""
+    return dict(run_under_mocks(load_stack_config(stack, REPO / "stacks")).outputs)
 
 
 def store_run(store: ArtifactStore, stack: str, work: Path, run_id: str = "20260301-120000") -> dict[str, Any]:

@@ -43,7 +43,8 @@ def test_local_stack_has_no_cloud_sections() -> None:
     cfg = load_stack_config("local", REPO / "stacks")
     data = build("local", stack_outputs("local"), cfg)
     assert data.target == "local"
-    assert data.nodes == [] and data.filesystems == [] and data.categories == [] and data.monthly_high is None
+    assert data.nodes == [] and data.filesystems == [] and data.categories == [] and data.lines == []
+    assert data.monthly_high == 0 and data.chats == []
 
 
 def test_run_sections_and_unknown_outputs() -> None:

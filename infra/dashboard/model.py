@@ -302,6 +302,8 @@ def build(
 ) -> DashboardData:
     """Everything the page shows. `run`: {"index": run.json dict, "metrics": [...], "evaluator": {...}}."""
     categories, lines = cost_rows(outputs, line_details)
+    if all(r.usd_high == 0 for r in categories + lines):
+        categories, lines = [], []
     data = DashboardData(
         stack=stack,
         target=str(outputs.get("target") or getattr(stack_config, "target", "?")),
