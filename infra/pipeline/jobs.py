@@ -1,0 +1,118 @@
+"""SlurmJob: one pipeline stage submitted to Slurm, as a Pulumi dynamic resource.
+
+Inputs: the stage's sbatch script (relative to the bundle), its args and environment, the bundle's
+path and content hash, and the ids of the jobs it depends on. Any change of these replaces the job,
+and through the dependency ids every job after it. Create submits (and optionally waits); refresh
+reads the live state; delete cancels a queued or running job and never deletes its outputs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
+
+from infra.pipeline.slurm import JobInfo, SlurmClient
+from infra.pipeline.transport import open_transport
+
+REPLACING = ("script", "args", "env", "bundle_path", "bundle_hash", "dependencies", "job_name", "output",
+             "extra_args", "transport", "slurm_env")
+_RESULT_KEYS = ("job_id", "state", "exit_code", "elapsed_s")
+
+
+def _client(props: dict[str, Any]) -> SlurmClient:
+    return SlurmClient(open_transport(props["transport"]), env=props.get("slurm_env") or {},
+                       poll_s=float(props.get("poll_s") or 5.0))
+
+
+def _result(info: JobInfo) -> dict[str, Any]:
+    return {"job_id": info.job_id, "state": info.state, "exit_code": info.exit_code, "elapsed_s": info.elapsed_s}
+
+
+def submit_stage(props: dict[str, Any]) -> dict[str, Any]:
+    """sbatch the stage from the bundle folder (FT_CODE_DIR) after its dependencies; wait if asked."""
+    client = _client(props)
+    bundle = props["bundle_path"].rstrip("/")
+    job_id = client.submit(
+        f"{bundle}/{props['script']}",
+        list(props.get("args") or []),
+        job_name=props.get("job_name"),
+        dependencies=[str(d) for d in props.get("dependencies") or []],
+        output=props.get("output"),
+        workdir=bundle,
+        extra_args=list(props.get("extra_args") or []),
+        env={"FT_CODE_DIR": bundle, **(props.get("env") or {})},
+    )
+    if props.get("wait"):
+        info = client.wait(job_id, timeout=props.get("wait_timeout"), metrics_path=props.get("metrics_path"))
+    else:
+        info = client.state(job_id)
+    return _result(info)
+
+
+class SlurmJobProvider(ResourceProvider):
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        outs = submit_stage(props)
+        return CreateResult(id_=outs["job_id"], outs={**props, **outs})
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        replaces = [k for k in REPLACING if (olds.get(k) or None) != (news.get(k) or None)]
+        others = [k for k in ("wait", "wait_timeout", "metrics_path", "results_path", "poll_s") if olds.get(k) != news.get(k)]
+        return DiffResult(changes=bool(replaces or others), replaces=replaces, delete_before_replace=True)
+
+    def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        outs = {**news, **{k: olds.get(k) for k in _RESULT_KEYS}}
+        if news.get("wait") and olds.get("job_id"):
+            outs.update(_result(_client(news).wait(olds["job_id"], timeout=news.get("wait_timeout"),
+                                                   metrics_path=news.get("metrics_path"))))
+        return UpdateResult(outs=outs)
+
+    def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
+        return ReadResult(id_=id_, outs={**props, **_result(_client(props).state(id_))})
+
+    def delete(self, id_: str, props: dict[str, Any]) -> None:
+        _client(props).cancel(id_)
+
+
+class SlurmJob(Resource):
+    """A submitted stage; outputs job_id, state, exit_code, elapsed_s and results_path."""
+
+    job_id: pulumi.Output[str]
+    state: pulumi.Output[str]
+    exit_code: pulumi.Output[int | None]
+    elapsed_s: pulumi.Output[int | None]
+    results_path: pulumi.Output[str | None]
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        script: str,
+        bundle_path: pulumi.Input[str],
+        bundle_hash: pulumi.Input[str],
+        transport: pulumi.Input[dict],
+        args: pulumi.Input[list] | None = None,
+        env: pulumi.Input[dict] | None = None,
+        dependencies: pulumi.Input[list] | None = None,
+        job_name: str | None = None,
+        output: str | None = None,
+        extra_args: list[str] | None = None,
+        slurm_env: dict | None = None,
+        wait: bool = False,
+        wait_timeout: float | None = None,
+        metrics_path: str | None = None,
+        results_path: str | None = None,
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        props = {
+            "script": script, "bundle_path": bundle_path, "bundle_hash": bundle_hash, "transport": transport,
+            "args": args or [], "env": env or {}, "dependencies": dependencies or [], "job_name": job_name,
+            "output": output, "extra_args": extra_args or [], "slurm_env": slurm_env or {}, "wait": wait,
+            "wait_timeout": wait_timeout, "metrics_path": metrics_path, "results_path": results_path,
+            **{k: None for k in _RESULT_KEYS},
+        }
+        super().__init__(
+            SlurmJobProvider(), name, props,
+            pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(additional_secret_outputs=["transport"])),
+        )
