@@ -1,0 +1,220 @@
+"""Every policy passes on the shipped stacks (resources from their run under mocks) and fails on a crafted bad one."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from infra.config import load_stack_config
+from infra.cost_report import load_run
+from infra.mocks import run_under_mocks
+from policies import rules
+from policies.rules import Context, Res, evaluate, mandatory_failures
+
+ROOT = Path(__file__).resolve().parent.parent
+STACKS = sorted(p.name.removeprefix("Pulumi.").removesuffix(".yaml") for p in (ROOT / "stacks").glob("Pulumi.*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def mocked():
+    cache: dict[str, tuple] = {}
+
+    def get(stack: str):
+        if stack not in cache:
+            cfg = load_stack_config(stack, ROOT / "stacks")
+            cache[stack] = (cfg, [Res.from_mock(r) for r in run_under_mocks(cfg).resources])
+        return cache[stack]
+
+    return get
+
+
+def _ctx(mocked, stack="demo", resources=None, cfg=None, run=None, **config):
+    base_cfg, base_res = mocked(stack)
+    return Context(resources if resources is not None else base_res, cfg or base_cfg, run, config)
+
+
+def _replace(resources, name, **changes):
+    out = []
+    for r in resources:
+        if r.name == name:
+            props = {**r.props, **changes.pop("props", {})}
+            r = r.model_copy(update={"props": props, **changes})
+        out.append(r)
+    return out
+
+
+def _with_train(run, **train):
+    return SimpleNamespace(model=run.model, data=run.data, train=SimpleNamespace(**train))
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_shipped_stacks_pass_every_policy(mocked, stack):
+    cfg, resources = mocked(stack)
+    results = evaluate(resources, cfg, load_run(cfg, ROOT))
+    assert [r.policy for r in results] == [p.name for p in rules.POLICIES]
+    assert all(r.passed for r in results), [r for r in results if not r.passed]
+
+
+def test_filesystem_quota_seed_001(mocked):
+    _, resources = mocked("demo")
+    big = _replace(resources, "innovationbank-fs-jail-submount-data", props={"sizeGibibytes": 3072})
+    [message] = rules.filesystem_quota(_ctx(mocked, resources=big))
+    assert "6,016 GiB exceeds the quota of 5,120 GiB" in message
+    assert rules.filesystem_quota(_ctx(mocked, resources=big, maxTotalGib=8192)) == []
+
+
+def test_monthly_budget(mocked):
+    assert rules.monthly_budget(_ctx(mocked, maxMonthlyUsd=19_100)) == []
+    [message] = rules.monthly_budget(_ctx(mocked, maxMonthlyUsd=19_000))
+    assert "$19,040" in message
+
+
+def test_presets_and_gpu_workers(mocked):
+    _, resources = mocked("demo")
+    template = next(r for r in resources if r.name == "innovationbank-worker").props["template"]
+    bad_preset = _replace(resources, "innovationbank-worker",
+                          props={"template": {**template, "resources": {"platform": "gpu-l40s-d", "preset": "8gpu-1vcpu-1gb"}}})
+    assert "8gpu-1vcpu-1gb" in rules.presets_exist(_ctx(mocked, resources=bad_preset))[0]
+    cpu_worker = _replace(resources, "innovationbank-worker",
+                          props={"template": {**template, "resources": {"platform": "cpu-d3", "preset": "8vcpu-32gb"}}})
+    assert rules.presets_exist(_ctx(mocked, resources=cpu_worker)) == []
+    assert "has no GPU" in rules.gpu_workers_have_gpu_presets(_ctx(mocked, resources=cpu_worker))[0]
+
+
+def test_model_fits_qlora_but_not_full_fine_tuning_on_l40s(mocked):
+    cfg, _ = mocked("demo")
+    run = load_run(cfg, ROOT)
+    qlora = _with_train(run, quantization="4bit", lora=SimpleNamespace(r=16, target_modules=None), micro_batch=2,
+                        gradient_checkpointing=True)
+    full = _with_train(run, quantization="none", lora=None, micro_batch=1, gradient_checkpointing=True)
+    assert run.model.source == "hub:Qwen/Qwen3-14B"
+    assert rules.model_fits(_ctx(mocked, run=qlora)) == []
+    [message] = rules.model_fits(_ctx(mocked, run=full))
+    assert "full of hub:Qwen/Qwen3-14B" in message and "48 GiB" in message
+    assert rules.model_fits(_ctx(mocked, "h100", run=full)), "full fine-tuning of 14B exceeds 80 GiB too"
+
+
+def test_login_access(mocked):
+    cfg, resources = mocked("demo")
+    assert "SSH public key" in rules.login_access(_ctx(mocked, cfg=cfg.model_copy(update={"ssh_public_keys": []})))[0]
+    template = next(r for r in resources if r.name == "innovationbank-worker").props["template"]
+    public = {**template, "networkInterfaces": [{"subnetId": "s", "publicIpAddress": {}}]}
+    exposed = _replace(resources, "innovationbank-worker", props={"template": public})
+    assert "innovationbank-worker: has a public IP" in rules.login_access(_ctx(mocked, resources=exposed))[0]
+    extra_ip = resources + [Res(type=rules.ALLOCATION, name="innovationbank-worker-ip", props={"ipv4Public": {}})]
+    assert "not used by login" in rules.login_access(_ctx(mocked, resources=extra_ip))[0]
+
+
+def test_data_protected_and_exemption(mocked):
+    _, resources = mocked("demo")
+    loose = _replace(resources, "innovationbank-fs-jail-submount-model", protect=False, props={"forbidDeletion": False})
+    [message] = rules.data_protected(_ctx(mocked, resources=loose))
+    assert "innovationbank-fs-jail-submount-model" in message
+    _, dev_resources = mocked("dev")
+    assert len(rules.data_protected(_ctx(mocked, "dev", exemptStacks=[]))) == len(
+        [r for r in dev_resources if r.type == rules.FILESYSTEM])
+
+
+def test_jail_backed_up(mocked):
+    cfg, _ = mocked("demo")
+    off = cfg.model_copy(update={"buckets": cfg.buckets.model_copy(
+        update={"backups": cfg.buckets.backups.model_copy(update={"enabled": False})})})
+    assert "not backed up" in rules.jail_backed_up(_ctx(mocked, cfg=off))[0]
+    assert "not backed up" in rules.jail_backed_up(_ctx(mocked, "dev", exemptStacks=[]))[0]
+
+
+def test_artifacts_versioned(mocked):
+    _, resources = mocked("demo")
+    unversioned = _replace(resources, "innovationbank-buckets-artifacts", props={"versioningPolicy": "DISABLED"})
+    assert "'DISABLED'" in rules.artifacts_versioned(_ctx(mocked, resources=unversioned))[0]
+
+
+def test_preemptible_workers_need_checkpointing_and_requeue(mocked):
+    cfg, _ = mocked("demo")
+    spot_workers = [w.model_copy(update={"preemptible": True}) for w in cfg.nodes.workers]
+    spot = cfg.model_copy(update={"nodes": cfg.nodes.model_copy(update={"workers": spot_workers})})
+    run = load_run(cfg, ROOT)
+    assert "preemptible" in rules.preemptible_needs_resume(_ctx(mocked, cfg=spot, run=run))[0]
+    resumable = _with_train(run, save_steps=200, requeue=True)
+    assert rules.preemptible_needs_resume(_ctx(mocked, cfg=spot, run=resumable)) == []
+    assert "requeue=False" in rules.preemptible_needs_resume(
+        _ctx(mocked, cfg=spot, run=_with_train(run, save_steps=200)))[0]
+
+
+@pytest.mark.parametrize("value", [
+    "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----",
+    "ghp_" + "a1B2" * 9,
+    "hf_" + "x" * 34,
+])
+def test_secret_looking_values_are_caught(mocked, value):
+    assert rules.secret_looking_values({"pipeline": {"note": value}}, [])
+    _, resources = mocked("demo")
+    leaked = resources + [Res(type="kubernetes:core/v1:Secret", name="leak", props={"stringData": {"k": value}})]
+    assert any("leak" in m for m in rules.no_plain_secrets(_ctx(mocked, resources=leaked)))
+
+
+def test_secret_key_names_in_config_but_not_public_keys():
+    assert rules.secret_looking_values({"nebius": {"apiToken": "abc"}}, []) != []
+    assert rules.secret_looking_values({"sshPublicKeys": ["ssh-ed25519 AAAAC3Nza user@host"]}, []) == []
+    assert rules.secret_looking_values({"apiToken": "[secret]"}, []) == []
+
+
+def test_enforcement_level_from_policy_config(mocked):
+    cfg, resources = mocked("demo")
+    config = {"monthly-budget": {"maxMonthlyUsd": 100, "enforcementLevel": "advisory"}}
+    results = evaluate(resources, cfg, None, config)
+    budget = next(r for r in results if r.policy == "monthly-budget")
+    assert not budget.passed and budget.enforcement == "advisory"
+    assert mandatory_failures(results) == []
+
+
+def _ftstack(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "infra.cli", "plan", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_ftstack_plan_with_policies_passes_for_every_stack(stack):
+    proc = _ftstack("--stack", stack, "--policies")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Policies (11, 0 mandatory violations)" in proc.stdout
+
+
+def test_ftstack_plan_json_carries_resources_cost_and_policies():
+    proc = _ftstack("--stack", "demo", "--policies", "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert len(doc["resources"]) > 20
+    assert doc["cost"]["monthly"]["usd_high"] == pytest.approx(19054, rel=0.01)
+    assert {p["policy"] for p in doc["policies"]} == {p.name for p in rules.POLICIES}
+    assert doc["outputs"]["cost_monthly_usd_low"] == pytest.approx(18124, rel=0.01)
+
+
+def test_seed_001_over_quota_stack_fails_the_plan(tmp_path):
+    document = yaml.safe_load((ROOT / "stacks" / "Pulumi.demo.yaml").read_text())
+    filesystems = document["config"]["soperator-finetune:filesystems"]
+    for submount in filesystems["submounts"]:
+        submount["sizeGib"] = 2048
+    (tmp_path / "Pulumi.overquota.yaml").write_text(yaml.safe_dump(document))
+    proc = _ftstack("--stack", "overquota", "--config-dir", str(tmp_path), "--policies")
+    assert proc.returncode == 1, proc.stdout[-2000:]
+    assert "[FAIL] filesystem-quota" in proc.stdout and "exceeds the quota of 5,120 GiB" in proc.stdout
+
+
+def test_policy_pack_builds_and_serves():
+    """`policies/__main__.py` builds the PolicyPack: the analyzer prints its gRPC port and keeps serving."""
+    proc = subprocess.Popen([sys.executable, str(ROOT / "policies" / "__main__.py")], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        port = proc.stdout.readline().strip()
+        assert port.isdigit(), proc.stderr.read() if proc.poll() is not None else port
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
