@@ -134,7 +134,7 @@ def test_protect_flags_guard_data(run_stack) -> None:
 def test_existing_filesystem_is_reused_not_created(run_stack) -> None:
     cfg = load_stack_config("demo")
     assert cfg.filesystems
-    data = cfg.filesystems.submounts[0].model_copy(update={"existing_id": "computefilesystem-e00data", "size_gib": None})
+    data = cfg.filesystems.submounts[0].model_copy(update={"existing_id": "computefilesystem-e00data"})
     fs = cfg.filesystems.model_copy(update={"submounts": [data, *cfg.filesystems.submounts[1:]]})
     run = run_stack(cfg.model_copy(update={"filesystems": fs}))
     assert "innovationbank-fs-jail-submount-data" not in {r.name for r in run.of_type(FS)}
