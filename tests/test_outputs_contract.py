@@ -1,0 +1,120 @@
+"""The stack outputs contract: docs/operations.md lists every output key, its type and unit; the program
+produces exactly those keys (mock run of every stack), so dashboards cannot break silently."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.config import StackConfig, load_stack_config
+from infra.mocks import SECRET, run_under_mocks
+
+REPO = Path(__file__).resolve().parents[1]
+DOC = REPO / "docs" / "operations.md"
+STACKS = sorted(p.name.removeprefix("Pulumi.").removesuffix(".yaml") for p in (REPO / "stacks").glob("Pulumi.*.yaml"))
+TYPES = {"string", "number", "integer", "secret"}
+
+
+@dataclass(frozen=True)
+class Row:
+    key: str
+    type: str
+    unit: str
+    when: str
+    pattern: re.Pattern[str]
+
+    def accepts(self, value: Any) -> bool:
+        if self.type == "secret":
+            return value == SECRET
+        if self.type == "string":
+            return isinstance(value, str) and value != SECRET
+        if self.type == "integer":
+            return isinstance(value, int) and not isinstance(value, bool)
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def contract_rows() -> list[Row]:
+    text = DOC.read_text()
+    body = text.split("<!-- outputs-contract:start -->", 1)[1].split("<!-- outputs-contract:end -->", 1)[0]
+    rows = []
+    for number, line in enumerate(body.strip().splitlines()[2:], start=3):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        assert len(cells) == 5, f"{DOC}: contract table line {number} has {len(cells)} cells: {line!r}"
+        key, type_, unit, when, _ = cells
+        assert key.startswith("`") and key.endswith("`"), f"{DOC}: contract line {number}: key not in backticks"
+        key = key.strip("`")
+        assert type_ in TYPES, f"{DOC}: {key}: type {type_!r} not one of {sorted(TYPES)}"
+        assert unit, f"{DOC}: {key}: unit missing (use '-' for none)"
+        regex = "^" + re.sub(r"<[a-z]+>", "[a-z0-9_]+", re.escape(key).replace(r"\<", "<").replace(r"\>", ">")) + "$"
+        rows.append(Row(key, type_, unit, when, re.compile(regex)))
+    keys = [r.key for r in rows]
+    assert len(keys) == len(set(keys)), f"{DOC}: duplicate rows"
+    return rows
+
+
+def with_training_throughput(cfg: StackConfig) -> StackConfig:
+    training = cfg.pricing.training.model_copy(update={"tokens_per_second_per_gpu": 1500.0})
+    return cfg.model_copy(update={"pricing": cfg.pricing.model_copy(update={"training": training})})
+
+
+@pytest.fixture(scope="module")
+def produced() -> dict[str, dict[str, Any]]:
+    """Outputs of the mock run of every stack, plus a cloud stack whose training throughput is known."""
+    runs = {name: run_under_mocks(load_stack_config(name, REPO / "stacks")).outputs for name in STACKS}
+    gpu_stack = next(n for n in STACKS if n != "local" and "training_run_gpus" in runs[n])
+    runs[f"{gpu_stack}+throughput"] = run_under_mocks(
+        with_training_throughput(load_stack_config(gpu_stack, REPO / "stacks"))).outputs
+    return runs
+
+
+def match(rows: list[Row], key: str) -> Row | None:
+    """The row naming `key`: an exact row, else the matching pattern with the most literal text."""
+    candidates = [r for r in rows if r.key == key] or [r for r in rows if r.pattern.match(key)]
+    return max(candidates, key=lambda r: len(re.sub(r"<[a-z]+>", "", r.key)), default=None)
+
+
+def test_every_produced_key_is_documented_with_its_type(produced: dict[str, dict[str, Any]]) -> None:
+    rows = contract_rows()
+    problems = []
+    for stack, outputs in produced.items():
+        for key, value in outputs.items():
+            row = match(rows, key)
+            if row is None:
+                problems.append(f"{stack}: output {key!r} is not in the table of {DOC.name}")
+            elif not row.accepts(value):
+                problems.append(f"{stack}: output {key!r} = {value!r} is not of documented type {row.type!r}")
+    assert not problems, "\n".join(problems)
+
+
+def test_every_documented_key_is_produced(produced: dict[str, dict[str, Any]]) -> None:
+    rows = contract_rows()
+    matched = {match(rows, key).key for outputs in produced.values() for key in outputs if match(rows, key)}
+    missing = [r.key for r in rows if r.key not in matched]
+    assert not missing, f"documented in {DOC.name} but produced by no stack: {missing}"
+
+
+def test_always_and_nebius_keys_are_present_where_promised(produced: dict[str, dict[str, Any]]) -> None:
+    rows = contract_rows()
+    for stack in STACKS:
+        cfg = load_stack_config(stack, REPO / "stacks")
+        outputs = produced[stack]
+        for row in rows:
+            promised = row.when == "always" or (row.when == "nebius" and cfg.target == "nebius")
+            if row.when == "nebius" and cfg.target == "local":
+                assert not any(row.pattern.match(k) for k in outputs), f"{stack}: local stack has {row.key}"
+            if promised:
+                assert any(row.pattern.match(k) for k in outputs), f"{stack}: {row.key} ({row.when}) missing"
+
+
+def test_secrets_stay_secret(produced: dict[str, dict[str, Any]]) -> None:
+    secret_rows = [r for r in contract_rows() if r.type == "secret"]
+    assert secret_rows
+    for outputs in produced.values():
+        for row in secret_rows:
+            for key, value in outputs.items():
+                if row.pattern.match(key):
+                    assert value == SECRET
