@@ -222,6 +222,12 @@ class PipelineConfig(_Model):
     run_config: str = Field(description="Run config JSON, e.g. workloads/configs/local.json.")
     wait: bool = True
     serve: bool = False
+    python: str = Field("python3", description="Interpreter with the workload dependencies on the Slurm nodes.")
+    ssh_user: str = Field("root", description="Login-node user the pipeline connects as (cloud stacks).")
+    ssh_port: int = Field(22, gt=0, lt=65536, description="Login-node SSH port (cloud stacks).")
+    login_host_key: str | None = Field(
+        None, description="Pinned OpenSSH public host key of the login node; recorded on first use when unset."
+    )
 
 
 class StackConfig(_Model):

@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from workloads.checks.config import ReadinessConfig
 from workloads.eval.config import EvalConfig
 from workloads.serve.config import ServeConfig
 
@@ -90,6 +91,7 @@ class RunConfig(_Section):
     paths: PathsConfig = PathsConfig()
     model: ModelConfig
     data: DataConfig
+    readiness: ReadinessConfig | None = None
     eval: EvalConfig | None = None
     serve: ServeConfig | None = None
 

@@ -1,8 +1,9 @@
 """SlurmJob: one pipeline stage submitted to Slurm, as a Pulumi dynamic resource.
 
-Inputs: the stage's sbatch script (relative to the bundle), its args and environment, the bundle's
-path and content hash, and the ids of the jobs it depends on. Any change of these replaces the job,
-and through the dependency ids every job after it. Create submits (and optionally waits); refresh
+Inputs: the stage's sbatch script (relative to the bundle), its args and environment, the bundle
+hash (for pipeline stages: the stage's fingerprint, see infra.pipeline.chain) and the ids of the jobs
+it depends on. Any change of these replaces the job, and through the dependency ids every job after
+it. The bundle path is where a new submission runs from; a newer upload alone replaces nothing. Create submits (and optionally waits); refresh
 reads the live state; delete cancels a queued or running job and never deletes its outputs.
 """
 
@@ -13,10 +14,11 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
 
+from infra.pipeline.results import parse_evaluation
 from infra.pipeline.slurm import JobInfo, SlurmClient
-from infra.pipeline.transport import open_transport
+from infra.pipeline.transport import Transport, open_transport
 
-REPLACING = ("script", "args", "env", "bundle_path", "bundle_hash", "dependencies", "job_name", "output",
+REPLACING = ("script", "args", "env", "bundle_hash", "dependencies", "job_name", "output",
              "extra_args", "transport", "slurm_env")
 _RESULT_KEYS = ("job_id", "state", "exit_code", "elapsed_s")
 
@@ -46,9 +48,17 @@ def submit_stage(props: dict[str, Any]) -> dict[str, Any]:
     )
     if props.get("wait"):
         info = client.wait(job_id, timeout=props.get("wait_timeout"), metrics_path=props.get("metrics_path"))
-    else:
-        info = client.state(job_id)
-    return _result(info)
+        result = read_result(client.transport, props.get("result_file"), job_id)
+        return {**_result(info), **({"result": result} if result is not None else {})}
+    return _result(client.state(job_id))
+
+
+def read_result(transport: Transport, result_file: str | None, job_id: str) -> dict[str, float] | None:
+    """The evaluation summary a finished job wrote to result_file ("{job_id}" filled in), if it has one."""
+    if not result_file:
+        return None
+    path = result_file.format(job_id=job_id)
+    return parse_evaluation(transport.read_file(path), path)
 
 
 class SlurmJobProvider(ResourceProvider):
@@ -58,7 +68,7 @@ class SlurmJobProvider(ResourceProvider):
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         replaces = [k for k in REPLACING if (olds.get(k) or None) != (news.get(k) or None)]
-        others = [k for k in ("wait", "wait_timeout", "metrics_path", "results_path", "poll_s") if olds.get(k) != news.get(k)]
+        others = [k for k in ("wait", "wait_timeout", "metrics_path", "results_path", "result_file", "poll_s") if olds.get(k) != news.get(k)]
         return DiffResult(changes=bool(replaces or others), replaces=replaces, delete_before_replace=True)
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
@@ -75,44 +85,50 @@ class SlurmJobProvider(ResourceProvider):
         _client(props).cancel(id_)
 
 
+def job_inputs(
+    *,
+    script: str,
+    bundle_path: pulumi.Input[str],
+    bundle_hash: pulumi.Input[str],
+    transport: pulumi.Input[dict],
+    args: pulumi.Input[list] | None = None,
+    env: pulumi.Input[dict] | None = None,
+    dependencies: pulumi.Input[list] | None = None,
+    job_name: str | None = None,
+    output: str | None = None,
+    extra_args: list[str] | None = None,
+    slurm_env: dict | None = None,
+    wait: bool = False,
+    wait_timeout: float | None = None,
+    metrics_path: str | None = None,
+    results_path: str | None = None,
+    result_file: str | None = None,
+    poll_s: float | None = None,
+) -> dict[str, Any]:
+    """The provider's inputs, with the outputs it fills in set to None (SlurmJob and `ftstack run` share it)."""
+    return {
+        "script": script, "bundle_path": bundle_path, "bundle_hash": bundle_hash, "transport": transport,
+        "args": args or [], "env": env or {}, "dependencies": dependencies or [], "job_name": job_name,
+        "output": output, "extra_args": extra_args or [], "slurm_env": slurm_env or {}, "wait": wait,
+        "wait_timeout": wait_timeout, "metrics_path": metrics_path, "results_path": results_path,
+        "result_file": result_file, "poll_s": poll_s, "result": None,
+        **{k: None for k in _RESULT_KEYS},
+    }
+
+
 class SlurmJob(Resource):
-    """A submitted stage; outputs job_id, state, exit_code, elapsed_s and results_path."""
+    """A submitted stage; outputs job_id, state, exit_code, elapsed_s, results_path and, for a waited
+    job with a result_file, `result` (the evaluation summary). Keyword arguments: see job_inputs."""
 
     job_id: pulumi.Output[str]
     state: pulumi.Output[str]
     exit_code: pulumi.Output[int | None]
     elapsed_s: pulumi.Output[int | None]
     results_path: pulumi.Output[str | None]
+    result: pulumi.Output[dict | None]
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        script: str,
-        bundle_path: pulumi.Input[str],
-        bundle_hash: pulumi.Input[str],
-        transport: pulumi.Input[dict],
-        args: pulumi.Input[list] | None = None,
-        env: pulumi.Input[dict] | None = None,
-        dependencies: pulumi.Input[list] | None = None,
-        job_name: str | None = None,
-        output: str | None = None,
-        extra_args: list[str] | None = None,
-        slurm_env: dict | None = None,
-        wait: bool = False,
-        wait_timeout: float | None = None,
-        metrics_path: str | None = None,
-        results_path: str | None = None,
-        opts: pulumi.ResourceOptions | None = None,
-    ) -> None:
-        props = {
-            "script": script, "bundle_path": bundle_path, "bundle_hash": bundle_hash, "transport": transport,
-            "args": args or [], "env": env or {}, "dependencies": dependencies or [], "job_name": job_name,
-            "output": output, "extra_args": extra_args or [], "slurm_env": slurm_env or {}, "wait": wait,
-            "wait_timeout": wait_timeout, "metrics_path": metrics_path, "results_path": results_path,
-            **{k: None for k in _RESULT_KEYS},
-        }
+    def __init__(self, name: str, *, opts: pulumi.ResourceOptions | None = None, **inputs: Any) -> None:
         super().__init__(
-            SlurmJobProvider(), name, props,
+            SlurmJobProvider(), name, job_inputs(**inputs),
             pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(additional_secret_outputs=["transport"])),
         )

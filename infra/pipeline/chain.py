@@ -1,0 +1,193 @@
+"""The pipeline's job chain for a stack: which stages run, in what order, from where, with which inputs.
+
+Pure functions: a StackConfig and a RunConfig in, a list of JobSpec out. The Pulumi program and
+`ftstack run` both turn the same specs into SlurmJob submissions, so the two paths cannot drift.
+
+A stage's fingerprint covers the workload code (run configs excluded) and only the sections of the
+run config that stage reads. Changing the `train` section therefore replaces train and, through its
+job id, eval; prepare keeps its job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from infra.catalog import get_platform, get_preset
+from infra.config import StackConfig
+from infra.pipeline.bundle import PACKAGE, bundle_files
+from workloads.config import RunConfig
+
+Stage = Literal["prepare", "readiness", "train", "eval", "serve"]
+
+CHAIN: tuple[Stage, ...] = ("prepare", "readiness", "train", "eval")
+DEPENDS_ON: dict[Stage, tuple[Stage, ...]] = {
+    "prepare": (),
+    "readiness": ("prepare",),
+    "train": ("readiness",),
+    "eval": ("train",),
+    "serve": ("train",),
+}
+SECTIONS: dict[Stage, tuple[str, ...]] = {
+    "prepare": ("name", "paths", "model", "data"),
+    "readiness": ("name", "paths", "readiness"),
+    "train": ("name", "paths", "model", "data", "train"),
+    "eval": ("name", "paths", "model", "data", "train", "eval"),
+    "serve": ("name", "paths", "model", "train", "serve"),
+}
+CONFIGS_DIR = f"{PACKAGE}/configs"
+LOCAL_CODE_ROOT = ".local/jail/home/shared/finetune_code"
+CLUSTER_CODE_ROOT = "/home/shared/finetune_code"
+
+
+class JobSpec(BaseModel):
+    """One stage as the SlurmJob resource and `ftstack run` submit it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    stage: Stage
+    script: str
+    args: list[str]
+    env: dict[str, str]
+    extra_args: list[str]
+    depends_on: list[Stage]
+    fingerprint: str
+    output: str
+    results_path: str
+    metrics_path: str | None = None
+    result_file: str | None = None
+
+
+class Placement(BaseModel):
+    """Where the chain runs: the code root on the Slurm machine, the interpreter and the job environment."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    code_root: str
+    python: str
+    env: dict[str, str]
+    slurm_env: dict[str, str]
+
+
+def code_hash(source_dir: str | Path) -> str:
+    """sha256 of the shipped workload code, run configs excluded (first 16 hex digits)."""
+    root = Path(source_dir)
+    digest = hashlib.sha256()
+    for rel in bundle_files(root):
+        if rel.as_posix().startswith(CONFIGS_DIR + "/"):
+            continue
+        digest.update(rel.as_posix().encode() + b"\0")
+        digest.update(hashlib.sha256((root / rel).read_bytes()).digest())
+    return digest.hexdigest()[:16]
+
+
+def stage_fingerprint(stage: Stage, code: str, run: RunConfig) -> str:
+    """What a stage's result depends on: the code and the run config sections it reads."""
+    document = run.model_dump(mode="json")
+    sliced = {key: document.get(key) for key in SECTIONS[stage]}
+    payload = json.dumps({"stage": stage, "code": code, "config": sliced}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def placement_for(stack: StackConfig, run: RunConfig, repo_root: Path) -> Placement:
+    """Local stack: this machine's Slurm, the repo's venv and `.local/`; cloud: the jail seen from login."""
+    if stack.target == "local":
+        root = Path(run.paths.root)
+        return Placement(
+            code_root=str(repo_root / LOCAL_CODE_ROOT),
+            python=str(repo_root / ".venv" / "bin" / "python"),
+            env={"FT_ROOT": str(root if root.is_absolute() else (repo_root / root).resolve())},
+            slurm_env={"SLURM_CONF": str(repo_root / ".local" / "slurm" / "etc" / "slurm.conf")},
+        )
+    return Placement(code_root=CLUSTER_CODE_ROOT, python=stack.pipeline.python, env={}, slurm_env={})
+
+
+def _run_root(run: RunConfig, placement: Placement) -> Path:
+    return Path(placement.env.get("FT_ROOT") or run.paths.root)
+
+
+def _resolve(run: RunConfig, placement: Placement, value: str) -> str:
+    path = Path(value)
+    return str(path if path.is_absolute() else _run_root(run, placement) / path)
+
+
+def worker_shape(stack: StackConfig) -> tuple[int, int]:
+    """(nodes, GPUs per node) the training stages use: every node of the first worker set."""
+    if stack.nodes is None or not stack.nodes.workers:
+        return 1, 0
+    first = stack.nodes.workers[0]
+    return first.size, get_preset(first.platform, first.preset).gpus
+
+
+def _extra_args(stage: Stage, stack: StackConfig) -> list[str]:
+    """sbatch placement: readiness one task per GPU on every node, train one task per node, eval one GPU."""
+    nodes, gpus = worker_shape(stack)
+    if stack.target == "local" or gpus == 0 or stage == "prepare":
+        return []
+    if stage == "readiness":
+        return [f"--nodes={nodes}", f"--gpus-per-node={gpus}", f"--ntasks-per-node={gpus}"]
+    if stage == "train":
+        return [f"--nodes={nodes}", f"--gpus-per-node={gpus}", "--ntasks-per-node=1"]
+    return ["--nodes=1", f"--gpus-per-node={1 if stage == 'eval' else gpus}"]
+
+
+def _readiness_expectations(stack: StackConfig) -> list[str]:
+    """The worker preset's GPU model, count and memory, for the readiness checks to hold nodes against."""
+    if stack.nodes is None or not stack.nodes.workers:
+        return []
+    first = stack.nodes.workers[0]
+    platform = get_platform(first.platform)
+    gpus = get_preset(first.platform, first.preset).gpus
+    if not platform.is_gpu or gpus == 0:
+        return []
+    return ["--expect-gpu-model", str(platform.gpu_model), "--expect-gpus-per-node", str(gpus),
+            "--expect-gpu-memory-gib", str(platform.gpu_memory_gib)]
+
+
+def pipeline_jobs(
+    stack: StackConfig, run: RunConfig, run_config_path: str, code: str, placement: Placement, *, serve: bool = False
+) -> list[JobSpec]:
+    """The chain prepare -> readiness -> train -> eval (+ serve), each stage with its inputs."""
+    config_arg = Path(run_config_path).as_posix()
+    log_dir = _resolve(run, placement, run.paths.results_dir) + "/logs"
+    stages: list[Stage] = [*CHAIN, *(["serve"] if serve else [])]
+    env = {"FT_PYTHON": placement.python, **placement.env}
+    jobs = []
+    for stage in stages:
+        train_dir = _resolve(run, placement, run.paths.output_dir) + f"/{run.name}"
+        jobs.append(JobSpec(
+            stage=stage,
+            script=f"{PACKAGE}/jobs/{stage}.sbatch",
+            args=[config_arg, *(_readiness_expectations(stack) if stage == "readiness" else [])],
+            env=env,
+            extra_args=_extra_args(stage, stack),
+            depends_on=list(DEPENDS_ON[stage]),
+            fingerprint=stage_fingerprint(stage, code, run),
+            output=f"{log_dir}/{run.name}-{stage}-%j.out",
+            results_path=train_dir if stage in ("train", "serve") else _resolve(run, placement, run.paths.results_dir),
+            metrics_path=f"{train_dir}/metrics.jsonl" if stage == "train" else None,
+            result_file=(_resolve(run, placement, run.paths.results_dir) + "/evaluator_{job_id}.json")
+            if stage == "eval" else None,
+        ))
+    return jobs
+
+
+def log_dirs(jobs: list[JobSpec]) -> list[str]:
+    """Folders Slurm must find before it can open the jobs' output files."""
+    return sorted({str(Path(job.output).parent) for job in jobs})
+
+
+def job_arguments(job: JobSpec, *, bundle_path: Any, dependencies: list[Any], transport: Any,
+                  slurm_env: dict[str, str], wait: bool) -> dict[str, Any]:
+    """SlurmJob's keyword arguments for a spec (see infra.pipeline.jobs.job_inputs)."""
+    return {
+        "script": job.script, "bundle_path": bundle_path, "bundle_hash": job.fingerprint, "transport": transport,
+        "args": job.args, "env": job.env, "dependencies": dependencies, "job_name": f"ft-{job.stage}",
+        "output": job.output, "extra_args": job.extra_args, "slurm_env": slurm_env, "wait": wait,
+        "metrics_path": job.metrics_path, "results_path": job.results_path, "result_file": job.result_file,
+        "poll_s": 2.0,
+    }

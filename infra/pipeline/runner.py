@@ -1,0 +1,228 @@
+"""`ftstack run` without the Pulumi engine: the same bundle upload and SlurmJob provider, state in a file.
+
+The state file (`.local/pipeline/<stack>.json`) plays the part of Pulumi's state: for each stage it
+keeps the provider's last inputs and outputs. A stage is resubmitted when the provider's diff says
+its inputs changed, or when its last job failed or was cancelled; otherwise it is kept, so a second
+run with nothing changed submits nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from infra.config import StackConfig
+from infra.pipeline.bundle import upload_bundle
+from infra.pipeline.chain import JobSpec, code_hash, job_arguments, log_dirs, pipeline_jobs, placement_for
+from infra.pipeline.jobs import SlurmJobProvider, job_inputs, read_result
+from infra.pipeline.slurm import SlurmClient
+from infra.pipeline.transport import open_transport
+from workloads.config import load_run_config
+
+Progress = Callable[[str], None]
+RETRY_STATES = {"FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
+
+
+class StageRecord(BaseModel):
+    """A stage's provider outputs (its inputs included) as last seen."""
+
+    stage: str
+    outs: dict[str, Any]
+
+
+class PipelineState(BaseModel):
+    stack: str
+    bundle: dict[str, Any] | None = None
+    stages: dict[str, StageRecord] = {}
+    evaluation: dict[str, float] | None = None
+
+
+class PipelineRun(BaseModel):
+    """What one `ftstack run` did: the jobs (submitted or kept) and, when waited for, the evaluation."""
+
+    stack: str
+    bundle_hash: str
+    submitted: list[str]
+    kept: list[str]
+    jobs: dict[str, dict[str, Any]]
+    evaluation: dict[str, float] | None = None
+
+
+def state_path(repo_root: Path, stack: str) -> Path:
+    return repo_root / ".local" / "pipeline" / f"{stack}.json"
+
+
+def load_state(path: Path, stack: str) -> PipelineState:
+    if not path.exists():
+        return PipelineState(stack=stack)
+    try:
+        return PipelineState.model_validate_json(path.read_text())
+    except ValueError as error:
+        raise ValueError(f"{path}: unreadable pipeline state ({error}); move it aside to start afresh") from None
+
+
+def save_state(path: Path, state: PipelineState) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(state.model_dump_json(indent=2))
+    os.replace(tmp, path)
+
+
+def transport_spec(stack: StackConfig, *, login_host: str | None = None, private_key: str | None = None,
+                   known_hosts: str | None = None) -> dict[str, Any]:
+    """Local stack: this machine. Cloud stacks: SSH to the login node with the pipeline's key."""
+    if stack.target == "local":
+        return {"kind": "local"}
+    if not login_host or not private_key:
+        raise ValueError(
+            f"stack {stack.stack!r} runs over SSH: give the login address (--login-host or FT_LOGIN_HOST) "
+            "and the pipeline key (--ssh-key FILE or FT_SSH_PRIVATE_KEY)"
+        )
+    return {
+        "kind": "ssh", "host": login_host, "user": stack.pipeline.ssh_user, "port": stack.pipeline.ssh_port,
+        "private_key": private_key, "host_key": stack.pipeline.login_host_key, "known_hosts": known_hosts,
+    }
+
+
+def redacted(transport: dict[str, Any]) -> dict[str, Any]:
+    """The transport spec as the state file keeps it: no private key."""
+    return {k: v for k, v in transport.items() if k != "private_key"}
+
+
+def _reusable(provider: SlurmJobProvider, record: StageRecord | None, props: dict[str, Any], live_state: str) -> bool:
+    if record is None or live_state in RETRY_STATES:
+        return False
+    comparable = {**props, "transport": redacted(props["transport"])}
+    return not provider.diff(record.outs["job_id"], record.outs, comparable).replaces
+
+
+def _live_state(provider: SlurmJobProvider, record: StageRecord | None, props: dict[str, Any]) -> str:
+    """The recorded job's state now, read through the (new) transport; a forgotten job counts as gone."""
+    if record is None:
+        return ""
+    try:
+        return provider.read(record.outs["job_id"], {**record.outs, "transport": props["transport"]}).outs["state"]
+    except Exception:  # noqa: BLE001 - Slurm forgot the job or the machine was rebuilt: resubmit
+        return "CANCELLED"
+
+
+def submit_chain(
+    stack: StackConfig,
+    repo_root: Path,
+    transport: dict[str, Any],
+    *,
+    serve: bool = False,
+    progress: Progress = print,
+) -> tuple[PipelineState, PipelineRun, list[JobSpec]]:
+    """Upload the bundle and submit every stage whose inputs changed or whose last job failed."""
+    run_config_path = stack.pipeline.run_config
+    run = load_run_config(repo_root / run_config_path)
+    placement = placement_for(stack, run, repo_root)
+    state_file = state_path(repo_root, stack.stack)
+    state = load_state(state_file, stack.stack)
+    channel = open_transport(transport)
+    bundle = upload_bundle(channel, repo_root, placement.code_root)
+    progress(f"bundle {bundle['content_hash']} {'uploaded to' if bundle['uploaded'] else 'already at'} {bundle['path']}")
+    state.bundle = {k: bundle[k] for k in ("content_hash", "path")}
+    jobs = pipeline_jobs(stack, run, run_config_path, code_hash(repo_root), placement, serve=serve)
+    channel.run(["mkdir", "-p", *log_dirs(jobs)], timeout=60).check()
+
+    provider = SlurmJobProvider()
+    ids: dict[str, str] = {}
+    submitted, kept = [], []
+    for job in jobs:
+        props = job_inputs(**job_arguments(job, bundle_path=bundle["path"], dependencies=[ids[d] for d in job.depends_on],
+                                           transport=transport, slurm_env=placement.slurm_env, wait=False))
+        record = state.stages.get(job.stage)
+        live = _live_state(provider, record, props)
+        if _reusable(provider, record, props, live):
+            outs = {**record.outs, "state": live}
+            kept.append(job.stage)
+            progress(f"{job.stage}: unchanged, keeping job {outs['job_id']} ({live})")
+        else:
+            if record is not None and live and live not in RETRY_STATES:
+                provider.delete(record.outs["job_id"], {**record.outs, "transport": transport})
+            outs = provider.create(props).outs
+            submitted.append(job.stage)
+            progress(f"{job.stage}: submitted job {outs['job_id']}")
+        ids[job.stage] = outs["job_id"]
+        state.stages[job.stage] = StageRecord(stage=job.stage, outs={**outs, "transport": redacted(transport)})
+        save_state(state_file, state)
+    if submitted:
+        state.evaluation = None
+        save_state(state_file, state)
+    result = PipelineRun(stack=stack.stack, bundle_hash=bundle["content_hash"], submitted=submitted, kept=kept,
+                         jobs=_public_jobs(state), evaluation=state.evaluation)
+    return state, result, jobs
+
+
+def wait_chain(
+    stack: StackConfig,
+    repo_root: Path,
+    transport: dict[str, Any],
+    jobs: list[JobSpec],
+    state: PipelineState,
+    *,
+    progress: Progress = print,
+) -> PipelineState:
+    """Wait for the chain in order with progress; record final states and the evaluation summary."""
+    placement_env = placement_for(stack, load_run_config(repo_root / stack.pipeline.run_config), repo_root).slurm_env
+    channel = open_transport(transport)
+    client = SlurmClient(channel, env=placement_env, poll_s=2.0)
+    chain = [job for job in jobs if job.stage != "serve"]
+    ids = [state.stages[job.stage].outs["job_id"] for job in chain]
+    metrics = {state.stages[job.stage].outs["job_id"]: job.metrics_path for job in chain if job.metrics_path}
+    state_file = state_path(repo_root, stack.stack)
+    try:
+        client.wait_all(ids, progress=progress, metrics_paths=metrics)
+    finally:
+        for job in chain:
+            record = state.stages[job.stage]
+            info = client.state(record.outs["job_id"])
+            record.outs.update({"state": info.state, "exit_code": info.exit_code, "elapsed_s": info.elapsed_s})
+        save_state(state_file, state)
+    evaluator = next(job for job in chain if job.stage == "eval")
+    state.evaluation = read_result(channel, evaluator.result_file, state.stages["eval"].outs["job_id"])
+    save_state(state_file, state)
+    return state
+
+
+def _public_jobs(state: PipelineState) -> dict[str, dict[str, Any]]:
+    keys = ("job_id", "state", "exit_code", "elapsed_s", "output", "results_path")
+    return {stage: {k: record.outs.get(k) for k in keys} for stage, record in state.stages.items()}
+
+
+def run_pipeline(
+    stack: StackConfig,
+    repo_root: Path,
+    transport: dict[str, Any],
+    *,
+    wait: bool,
+    serve: bool = False,
+    progress: Progress = print,
+) -> PipelineRun:
+    """Submit what changed; with wait, follow the chain to the end (a failed job raises SlurmJobFailed)."""
+    state, result, jobs = submit_chain(stack, repo_root, transport, serve=serve, progress=progress)
+    if not wait:
+        return result
+    if not result.submitted and state.evaluation is not None:
+        progress("nothing changed since the last run; its results stand")
+        return result
+    state = wait_chain(stack, repo_root, transport, jobs, state, progress=progress)
+    return result.model_copy(update={"jobs": _public_jobs(state), "evaluation": state.evaluation})
+
+
+def status(stack: StackConfig, repo_root: Path, transport: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The recorded jobs with their live states."""
+    state = load_state(state_path(repo_root, stack.stack), stack.stack)
+    provider = SlurmJobProvider()
+    for record in state.stages.values():
+        record.outs["state"] = _live_state(provider, record, {"transport": transport}) or record.outs.get("state")
+    return _public_jobs(state)
+
