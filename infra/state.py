@@ -180,16 +180,6 @@ def cloud_backend_plan(
     )
 
 
-def backend_plan_for(stack_config: Any, repo_root: Path, secrets_provider: str | None = None) -> BackendPlan:
-    """The plan for a loaded StackConfig (duck-typed: stack, target, nebius.parent_id/region)."""
-    if stack_config.target == "local":
-        return local_backend_plan(stack_config.stack, repo_root)
-    nebius = stack_config.nebius
-    if nebius is None:
-        raise StateError(f"stack {stack_config.stack!r}: target 'nebius' needs a 'nebius' section (parentId, region)")
-    return cloud_backend_plan(stack_config.stack, nebius.parent_id, nebius.region, secrets_provider)
-
-
 class BootstrapResult(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 

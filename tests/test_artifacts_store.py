@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from artifacts_fixtures import REGION, S3Server, s3_server, start_server  # noqa: F401
+from artifacts_fixtures import S3Server, s3_server, start_server  # noqa: F401
 from moto.server import ThreadedMotoServer
 
 from infra.artifacts import (

@@ -42,6 +42,8 @@ def repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_bootstrap_local_stack(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli(["bootstrap-backend", "--stack", "local", "--dry-run"]) == 0
+    assert "pulumi login" in capsys.readouterr().out and not (repo / ".local").exists()
     assert cli(["bootstrap-backend", "--stack", "local"]) == 0
     out = capsys.readouterr().out
     assert f"pulumi login file://{repo.resolve()}/.local/pulumi-state" in out

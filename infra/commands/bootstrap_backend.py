@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -14,9 +13,9 @@ from infra.state import (
     S3_CREDENTIAL_ENV,
     LOCAL_STATE_DIR,
     StateError,
-    backend_plan_for,
     bootstrap_state_bucket,
     cloud_backend_plan,
+    local_backend_plan,
     find_repo_root,
 )
 
@@ -47,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         stack = load_stack_config(args.stack, args.config_dir)
         if stack.target == "local":
-            plan = backend_plan_for(stack, root)
+            plan = local_backend_plan(stack.stack, root, create_passphrase=not args.dry_run)
             if not args.dry_run:
                 (root / LOCAL_STATE_DIR).mkdir(parents=True, exist_ok=True)
                 print(f"state: {plan.backend_url} (file backend, passphrase secrets provider)")
