@@ -51,10 +51,11 @@ def test_run_sections_and_unknown_outputs() -> None:
     metrics = [{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.5}, {"step": 2, "eval_loss": 1.7}, {"epoch": 1}]
     run = {"index": {"run_id": "r9", "job_ids": {"train": "5", "eval": "6"}, "job_states": {"train": "COMPLETED"},
                      "job_durations_s": {"train": 61.0}}, "metrics": metrics, "evaluator": EVALUATOR}
-    data = build("local", {"clusterName": "local", "pipeline_job_train_id": "77", "pipeline_job_train_state": "RUNNING"},
-                 None, None, run)
-    assert [(j.stage, j.job_id, j.state) for j in data.jobs] == [("train", "77", "RUNNING")]
-    assert data.other_outputs == {"clusterName": "local"}
+    outputs = {"cluster_name": "local", "pipeline_bundle_hash": "abc", "pipeline_train_job_id": "77",
+               "pipeline_train_state": "RUNNING", "pipeline_train_elapsed_s": None}
+    data = build("local", outputs, None, None, run)
+    assert [(j.stage, j.job_id, j.state, j.duration_s) for j in data.jobs] == [("train", "77", "RUNNING", None)]
+    assert data.other_outputs == {"cluster_name": "local", "pipeline_bundle_hash": "abc"}
     assert data.loss_curve == [(1.0, 2.0), (2.0, 1.5)] and data.eval_loss_curve == [(2.0, 1.7)]
     no_job_outputs = build("local", {}, None, None, run)
     assert [(j.stage, j.state, j.duration_s) for j in no_job_outputs.jobs] == [
@@ -73,3 +74,14 @@ def test_helpers() -> None:
     with pytest.raises(ValueError, match="plan.json: expected a JSON object"):
         unwrap_outputs([1, 2], "plan.json")
     assert loss_curves([{"loss": 3}, {"loss": "x"}]) == ([(0.0, 3.0)], [])
+
+
+def test_comparison_from_flat_eval_outputs_when_no_run_is_stored() -> None:
+    outputs = {"eval_perplexity_base": 7.5, "eval_perplexity_finetuned": 5.0, "eval_time_to_first_token_s_base": 0.2,
+               "eval_time_to_first_token_s_finetuned": 0.1, "eval_rouge_l_base": None, "eval_rouge_l_finetuned": None}
+    data = build("local", outputs)
+    assert data.comparison is not None and data.other_outputs == {}
+    rows = {m: (b, t, c) for m, b, t, c in data.comparison.metrics}
+    assert rows["Perplexity (lower is better)"] == (7.5, 5.0, pytest.approx(-100 / 3))
+    assert rows["Time to first token (s)"][:2] == (0.2, 0.1) and "ROUGE-L" not in rows
+    assert build("local", {"eval_perplexity_base": None}).comparison is None

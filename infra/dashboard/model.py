@@ -25,7 +25,9 @@ _CATEGORY = re.compile(r"^cost_category_(?P<name>.+)_usd_(?P<bound>low|high)$")
 _LINE = re.compile(r"^cost_line_(?P<name>.+)_usd_(?P<bound>low|high)$")
 _CHAT = re.compile(r"^cost_per_chat_(?P<name>.+)_(?P<field>tokens_per_second|conversations_per_day|usd)$")
 _TRAINING = re.compile(r"^training_run_(?P<field>.+)$")
-_JOB = re.compile(r"^pipeline_job_(?P<stage>[a-z0-9]+)_(?P<field>id|state|duration_s|elapsed_s|exit_code)$")
+_JOB = re.compile(r"^pipeline_(?P<stage>[a-z0-9]+)_(?P<field>job_id|state|elapsed_s)$")
+_EVAL = re.compile(r"^eval_(?P<metric>.+)_(?P<side>base|finetuned)$")
+_EVAL_METRICS = {"time_to_first_token_s": "time_to_first_token"}
 
 
 @dataclass(frozen=True)
@@ -191,10 +193,19 @@ def job_rows_from_outputs(outputs: Mapping[str, Any]) -> list[JobRow]:
         if match := _JOB.match(key):
             found.setdefault(match["stage"], {})[match["field"]] = value
     return [
-        JobRow(stage, str(f.get("id", "-")), str(f.get("state", "unknown")),
-               _num(f.get("duration_s", f.get("elapsed_s"))))
+        JobRow(stage, str(f.get("job_id") or "-"), str(f.get("state") or "unknown"), _num(f.get("elapsed_s")))
         for stage, f in found.items()
     ]
+
+
+def evaluator_from_outputs(outputs: Mapping[str, Any]) -> dict[str, Any] | None:
+    """An evaluator-shaped document from the flat `eval_<metric>_<side>` outputs (None when none has a value)."""
+    sides: dict[str, dict[str, float]] = {"base_model": {}, "finetuned_model": {}}
+    for key, value in outputs.items():
+        if (match := _EVAL.match(key)) and (number := _num(value)) is not None:
+            metric = _EVAL_METRICS.get(match["metric"], match["metric"])
+            sides[f"{match['side']}_model"][metric] = number
+    return sides if any(sides.values()) else None
 
 
 def job_rows_from_run(job_ids: Mapping[str, str], states: Mapping[str, str],
@@ -289,7 +300,7 @@ def comparison(evaluator: Mapping[str, Any] | None) -> Comparison | None:
     return Comparison(rows, samples) if rows or samples else None
 
 
-_KNOWN = (_CATEGORY, _LINE, _CHAT, _TRAINING, _JOB)
+_KNOWN = (_CATEGORY, _LINE, _CHAT, _TRAINING, _JOB, _EVAL)
 _SHOWN_ELSEWHERE = ("cost_monthly_usd_low", "cost_monthly_usd_high", "cost_pricing_date", "cost_hours_per_month")
 
 
@@ -330,4 +341,6 @@ def build(
             data.jobs = job_rows_from_run(index["job_ids"], index.get("job_states", {}), index.get("job_durations_s", {}))
         data.loss_curve, data.eval_loss_curve = loss_curves(run.get("metrics") or [])
         data.comparison = comparison(run.get("evaluator"))
+    if data.comparison is None:
+        data.comparison = comparison(evaluator_from_outputs(outputs))
     return data
