@@ -145,11 +145,6 @@ def cost_report(cfg: StackConfig, root: Path = REPO_ROOT) -> CostReport:
     return CostReport(monthly=monthly, training=training, chats=chats, notes=[n for n in notes if n])
 
 
-def cost_outputs(cfg: StackConfig) -> dict[str, float | str]:
-    """Flat numeric stack outputs of the cost report (see docs/cost-and-policies.md)."""
-    return cost_report(cfg).outputs()
-
-
 def _usd(low: float, high: float) -> str:
     return f"${low:,.0f}" if round(low) == round(high) else f"${low:,.0f} to ${high:,.0f}"
 

@@ -73,6 +73,9 @@ def redact(value: Any) -> Any:
     return value
 
 
+DYNAMIC = "pulumi-python:dynamic:Resource"
+
+
 class NebiusMocks(pulumi.runtime.Mocks):
     """Answers like the Nebius API would: ids, plus the status fields the program reads."""
 
@@ -91,6 +94,10 @@ class NebiusMocks(pulumi.runtime.Mocks):
             state["status"] = {"sizeBytes": float(args.inputs.get("sizeGibibytes", 0)) * GIB}
         elif kind == "Release":
             state["status"] = {"status": "deployed", "version": args.inputs.get("version")}
+        elif args.typ == DYNAMIC and "script" in args.inputs:
+            state.update(job_id=f"{args.name}-job", state="PENDING")
+        elif args.typ == DYNAMIC and "content_hash" in args.inputs:
+            state["path"] = f"{args.inputs['code_root']}/{args.inputs['content_hash']}"
         return f"{args.name}-id", state
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict, list]:

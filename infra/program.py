@@ -7,12 +7,16 @@ the key (``_gib``, ``_nodes``), one key per node group, filesystem and bucket.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pulumi
 
-from infra.config import StackConfig
-from infra.cost_report import cost_outputs
+from infra.config import PROJECT, SECRET_KEYS, StackConfig
+from infra.pipeline.chain import code_hash, pipeline_jobs, placement_for
+from infra.pipeline.component import Pipeline, PipelineArgs
+from infra.cost import chat_scenario
+from infra.cost_report import cost_report
 from infra.kubeconfig import kubeconfig
 from infra.nebius.buckets import Buckets, BucketsArgs
 from infra.nebius.cluster import Mk8sCluster, Mk8sClusterArgs
@@ -21,6 +25,10 @@ from infra.nebius.layout import filesystem_specs, node_group_specs
 from infra.nebius.network import Network, NetworkArgs
 from infra.soperator import Soperator, SoperatorArgs
 from infra.soperator_values import release_plan
+from workloads.config import load_run_config
+
+PIPELINE_KEY_CONFIG = SECRET_KEYS[0]
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass
@@ -151,11 +159,63 @@ def platform_outputs(cfg: StackConfig, platform: Platform) -> dict[str, Any]:
     return out
 
 
+def pipeline_transport(cfg: StackConfig, platform: Platform | None) -> pulumi.Input[dict] | None:
+    """This machine for the local stack; SSH to the login node with the pipeline key on cloud stacks
+    (None when no key is configured: the platform is built, the pipeline is not)."""
+    if platform is None:
+        return {"kind": "local"}
+    key = pulumi.Config(PROJECT).get_secret(PIPELINE_KEY_CONFIG)
+    if key is None:
+        return None
+    return pulumi.Output.secret({
+        "kind": "ssh", "host": platform.network.login_address, "user": cfg.pipeline.ssh_user,
+        "port": cfg.pipeline.ssh_port, "private_key": key, "host_key": cfg.pipeline.login_host_key,
+    })
+
+
+def build_pipeline(cfg: StackConfig, platform: Platform | None) -> Pipeline | None:
+    """The job chain of the stack's run config, shipped and submitted once the Slurm cluster is up."""
+    transport = pipeline_transport(cfg, platform)
+    if transport is None:
+        return None
+    run = load_run_config(REPO_ROOT / cfg.pipeline.run_config)
+    placement = placement_for(cfg, run, REPO_ROOT)
+    jobs = pipeline_jobs(cfg, run, cfg.pipeline.run_config, code_hash(REPO_ROOT), placement, serve=cfg.pipeline.serve)
+    after = list(platform.soperator.releases.values()) if platform is not None else []
+    return Pipeline(f"{cfg.cluster_name}-pipeline", PipelineArgs(
+        source_dir=str(REPO_ROOT), code_root=placement.code_root, transport=transport, jobs=jobs,
+        slurm_env=placement.slurm_env, wait=cfg.pipeline.wait, depends_on=after,
+    ))
+
+
 def build_stack(cfg: StackConfig) -> dict[str, Any]:
     """Build every resource of the stack and return its flat outputs."""
     outputs = stack_outputs(cfg)
     platform = build_platform(cfg)
     if platform is not None:
         outputs.update(platform_outputs(cfg, platform))
-    outputs.update(cost_outputs(cfg))
+    report = cost_report(cfg)
+    outputs.update(report.outputs())
+    pipeline = build_pipeline(cfg, platform)
+    if pipeline is not None:
+        outputs.update(pipeline.outputs())
+        if report.chats and "cost_per_chat_measured_usd" not in outputs:
+            outputs.update(measured_chat_outputs(cfg, report.monthly.usd_high, pipeline))
     return outputs
+
+
+def measured_chat_outputs(cfg: StackConfig, monthly_usd_high: float, pipeline: Pipeline) -> dict[str, Any]:
+    """Cost per chat at the fine-tuned model's measured tokens/s, once the waited eval job reported it."""
+    chat = cfg.pricing.chat
+    daily = monthly_usd_high / chat.days_per_month
+
+    def scenario(result: dict | None, field: str) -> float | None:
+        tps = (result or {}).get("tokens_per_second_finetuned")
+        return getattr(chat_scenario("measured", tps, daily, chat.output_tokens_per_chat), field) if tps else None
+
+    result = pipeline.jobs["eval"].result
+    return {
+        f"cost_per_chat_measured_{name}": result.apply(lambda r, f=field: scenario(r, f))
+        for name, field in (("tokens_per_second", "tokens_per_second"),
+                            ("conversations_per_day", "conversations_per_day"), ("usd", "usd_per_chat"))
+    }

@@ -50,7 +50,8 @@ def test_console_script_runs_local_plan_without_cloud() -> None:
     ftstack = Path(sys.executable).with_name("ftstack")
     result = subprocess.run([str(ftstack), "plan", "--stack", "local"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert "(no cloud resources)" in result.stdout and "slurm_target = local" in result.stdout
+    assert "Monthly cost: $0 (no cloud resources on this stack)" in result.stdout
+    assert "slurm_target = local" in result.stdout and "local-pipeline-train" in result.stdout
 
 
 def test_program_module_imports_without_cloud_access() -> None:

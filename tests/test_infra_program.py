@@ -34,9 +34,13 @@ def types(run: MockRun) -> Counter[str]:
     return Counter(r.type for r in run.resources)
 
 
-def test_local_stack_creates_nothing_but_has_outputs(run_stack) -> None:
+def test_local_stack_creates_no_cloud_resources_only_the_pipeline(run_stack) -> None:
     run = run_stack("local")
-    assert run.resources == []
+    assert all(r.type.startswith(("soperator-finetune:pipeline:", "pulumi-python:dynamic:")) for r in run.resources)
+    assert [r.name for r in run.resources if r.type.startswith("pulumi-python")] == [
+        "local-pipeline-bundle", "local-pipeline-prepare", "local-pipeline-readiness", "local-pipeline-train",
+        "local-pipeline-eval",
+    ]
     assert run.outputs["target"] == "local" and run.outputs["slurm_target"] == "local"
     assert run.outputs["run_config"] == "workloads/configs/local.json"
 

@@ -28,6 +28,8 @@ class Row:
     pattern: re.Pattern[str]
 
     def accepts(self, value: Any) -> bool:
+        if value is None:
+            return "null until" in self.when
         if self.type == "secret":
             return value == SECRET
         if self.type == "string":

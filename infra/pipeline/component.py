@@ -1,0 +1,70 @@
+"""The pipeline as Pulumi resources: the workload bundle, then one SlurmJob per stage, chained by job ids."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pulumi
+
+from infra.pipeline.bundle import WorkloadBundle
+from infra.pipeline.chain import JobSpec, job_arguments
+from infra.pipeline.jobs import SlurmJob
+from infra.pipeline.results import SUMMARY_KEYS
+
+
+@dataclass
+class PipelineArgs:
+    source_dir: str
+    """Folder holding the `workloads` package to ship."""
+    code_root: str
+    """Where bundles land on the Slurm machine (`<code_root>/<hash>`, `<code_root>/current`)."""
+    transport: pulumi.Input[dict]
+    """Transport spec (see infra.pipeline.transport.open_transport); secret when it holds a key."""
+    jobs: list[JobSpec]
+    """The chain from infra.pipeline.chain.pipeline_jobs, in submission order."""
+    slurm_env: dict[str, str] = field(default_factory=dict)
+    """Environment for Slurm's client commands (SLURM_CONF on the local stack)."""
+    wait: bool = True
+    """Wait for every job to finish during `pulumi up` (outputs then carry final states and the evaluation)."""
+    depends_on: list[pulumi.Resource] = field(default_factory=list)
+    """What must be ready before anything is shipped (the Slurm cluster's releases on cloud stacks)."""
+
+
+class Pipeline(pulumi.ComponentResource):
+    """prepare -> readiness -> train -> eval (+ serve) as SlurmJob resources under one bundle."""
+
+    bundle_hash: pulumi.Output[str]
+    jobs: dict[str, SlurmJob]
+
+    def __init__(self, name: str, args: PipelineArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("soperator-finetune:pipeline:Pipeline", name, None, opts)
+        bundle = WorkloadBundle(
+            f"{name}-bundle", source_dir=args.source_dir, code_root=args.code_root, transport=args.transport,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=args.depends_on),
+        )
+        self.bundle_hash = bundle.content_hash
+        self.jobs = {}
+        for job in args.jobs:
+            upstream = [self.jobs[stage] for stage in job.depends_on]
+            self.jobs[job.stage] = SlurmJob(
+                f"{name}-{job.stage}",
+                **job_arguments(job, bundle_path=bundle.path, dependencies=[u.job_id for u in upstream],
+                                transport=args.transport, slurm_env=args.slurm_env,
+                                wait=args.wait and job.stage != "serve"),
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[bundle, *upstream]),
+            )
+        self.register_outputs({"bundle_hash": self.bundle_hash})
+
+    def outputs(self) -> dict[str, Any]:
+        """Flat stack outputs: bundle hash, each job's id/state/elapsed time, and the evaluation summary."""
+        out: dict[str, Any] = {"pipeline_bundle_hash": self.bundle_hash}
+        for stage, job in self.jobs.items():
+            out[f"pipeline_{stage}_job_id"] = job.job_id
+            out[f"pipeline_{stage}_state"] = job.state
+            out[f"pipeline_{stage}_elapsed_s"] = job.elapsed_s
+        if "eval" in self.jobs:
+            result = self.jobs["eval"].result
+            for key in SUMMARY_KEYS:
+                out[f"eval_{key}"] = result.apply(lambda r, k=key: (r or {}).get(k))
+        return out
