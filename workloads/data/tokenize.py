@@ -10,6 +10,7 @@ include the end-of-turn token (the tokenizer's eos token, <|im_end|> for ChatML 
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import logging
 import sys
@@ -75,6 +76,18 @@ def assistant_spans(tokenizer: Any, messages: list[dict[str, str]], text: str) -
     return spans
 
 
+def label_spans(ids: list[int], offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[int]:
+    """Labels: each token overlapping a character span keeps its id, every other token is IGNORE."""
+    labels = [IGNORE] * len(ids)
+    ends = [end for _, end in offsets]
+    for start, stop in spans:
+        index = bisect.bisect_right(ends, start)
+        while index < len(ids) and offsets[index][0] < stop:
+            labels[index] = ids[index]
+            index += 1
+    return labels
+
+
 def encode_batch(
     batch: dict[str, list[Any]], tokenizer: Any, max_length: int, overlong: Overlong
 ) -> dict[str, list[Any]]:
@@ -83,11 +96,7 @@ def encode_batch(
     encoded = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
     out: dict[str, list[Any]] = {"input_ids": [], "attention_mask": [], "labels": [], "length": [], "status": []}
     for messages, text, ids, offsets in zip(batch["messages"], texts, encoded["input_ids"], encoded["offset_mapping"]):
-        spans = assistant_spans(tokenizer, messages, text)
-        labels = [
-            token if any(a < e and b > s for s, e in spans) else IGNORE
-            for token, (a, b) in zip(ids, offsets)
-        ]
+        labels = label_spans(ids, offsets, assistant_spans(tokenizer, messages, text))
         status = "kept"
         if len(ids) > max_length:
             status = "dropped_overlong" if overlong == "drop" else "truncated"
