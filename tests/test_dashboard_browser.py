@@ -106,7 +106,11 @@ def test_local_stack_report_with_stored_run(repo: Path, tmp_path: Path, capsys: 
     out_dir = tmp_path / "dash"
     assert cli(["report", "--stack", "local", "--out", str(out_dir)]) == 0
     text, _, charts = open_page(Path(capsys.readouterr().out.strip()), SCREENSHOTS / "dashboard-local-empty.png")
-    assert "Pipeline not run yet" in text and "Evaluation not run yet" in text and charts == 0
+    mock = stack_outputs("local")
+    stages = [k.removeprefix("pipeline_").removesuffix("_job_id") for k in mock if k.endswith("_job_id")]
+    assert stages and all(mock[f"pipeline_{stage}_job_id"] in text for stage in stages)
+    assert text.count(mock[f"pipeline_{stages[0]}_state"]) >= len(stages)
+    assert "Evaluation not run yet" in text and "Training not run yet" in text and charts == 0
     assert "the mock run of stacks/Pulumi.local.yaml" in text and "workloads/configs/local.json" in text
     outputs_file = tmp_path / "plan.json"
     outputs_file.write_text(json.dumps({"resources": [], "outputs": {"cluster_name": "local", "target": "local"}}))
