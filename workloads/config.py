@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from workloads.checks.config import ReadinessConfig
 from workloads.eval.config import EvalConfig
 from workloads.serve.config import ServeConfig
+from workloads.train.config import TrainConfig
 
 ROOT_ENV = "FT_ROOT"
 
@@ -92,6 +93,7 @@ class RunConfig(_Section):
     model: ModelConfig
     data: DataConfig
     readiness: ReadinessConfig | None = None
+    train: TrainConfig | None = None
     eval: EvalConfig | None = None
     serve: ServeConfig | None = None
 

@@ -1,0 +1,1 @@
+"""Fine-tuning: QLoRA/LoRA with DDP, checkpoints and resume, run records, adapter export."""

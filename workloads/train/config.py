@@ -1,0 +1,203 @@
+"""The `train` section of a run config, and the Hugging Face TrainingArguments it produces."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+if TYPE_CHECKING:
+    from transformers import TrainingArguments
+
+    from workloads.config import RunConfig
+
+Precision = Literal["auto", "bf16", "fp16", "fp32"]
+DEFAULT_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LoraSettings(_Section):
+    """The LoRA adapter trained on top of the frozen (optionally quantized) base."""
+
+    r: int = Field(16, ge=1, description="adapter rank")
+    alpha: int = Field(32, ge=1, description="scaling numerator (scale = alpha / r)")
+    dropout: float = Field(0.05, ge=0.0, lt=1.0, description="dropout on the adapter input")
+    target_modules: list[str] = Field(default_factory=lambda: list(DEFAULT_TARGETS), min_length=1)
+
+
+class NetworkConfig(_Section):
+    """How DDP ranks talk: NCCL over TCP sockets (Ethernet, e.g. L40S nodes) or InfiniBand (H100 fabric)."""
+
+    fabric: Literal["ethernet", "infiniband"] = Field("ethernet", description="inter-node transport for NCCL")
+    socket_ifname: str | None = Field(None, description="NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME, e.g. eth0")
+    ib_hca: str | None = Field(None, description="NCCL_IB_HCA for infiniband, e.g. mlx5")
+    debug: Literal["WARN", "INFO", "TRACE"] = Field("WARN", description="NCCL_DEBUG")
+    extra_env: dict[str, str] = Field(default_factory=dict, description="more NCCL_* / GLOO_* variables")
+
+    @field_validator("extra_env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        bad = [k for k in value if not k.replace("_", "").isalnum() or not k.isupper()]
+        if bad:
+            raise ValueError(f"environment variable names must be UPPER_CASE, got {bad}")
+        return value
+
+    def environment(self) -> dict[str, str]:
+        """Environment for the training processes on every node."""
+        env = {"NCCL_DEBUG": self.debug}
+        if self.fabric == "ethernet":
+            env["NCCL_IB_DISABLE"] = "1"
+        else:
+            env["NCCL_IB_DISABLE"] = "0"
+            if self.ib_hca:
+                env["NCCL_IB_HCA"] = self.ib_hca
+        if self.socket_ifname:
+            env["NCCL_SOCKET_IFNAME"] = self.socket_ifname
+            env["GLOO_SOCKET_IFNAME"] = self.socket_ifname
+        return {**env, **self.extra_env}
+
+
+class TrainConfig(_Section):
+    """QLoRA/LoRA fine-tuning of the prepared base on the tokenized train split. Paths default to the run
+    config's derived locations; relative ones resolve against the run root."""
+
+    model_dir: str | None = Field(None, description="base safetensors folder (default <model_dir>/base)")
+    dataset_dir: str | None = Field(None, description="tokenized train folder (default <data_dir>/tokenized/train)")
+    eval_dataset_dir: str | None = Field(None, description="tokenized eval folder (default the test split if present)")
+    output_dir: str | None = Field(None, description="run records and adapter (default <output_dir>/<name>)")
+    checkpoint_dir: str | None = Field(None, description="checkpoints (default <checkpoint_dir>/<name>)")
+    quantization: Literal["4bit", "8bit", "none"] = Field("4bit", description="base weights: NF4, int8 or as-is")
+    lora: LoraSettings = LoraSettings()
+    learning_rate: float = Field(2e-4, gt=0.0, lt=1.0)
+    lr_scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = "cosine"
+    warmup_steps: int = Field(0, ge=0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    max_grad_norm: float = Field(1.0, gt=0.0)
+    epochs: float = Field(1.0, gt=0.0, description="passes over the data; ignored when max_steps is set")
+    max_steps: int | None = Field(None, ge=1, description="optimizer steps; overrides epochs")
+    micro_batch_size: int = Field(4, ge=1, description="sequences' worth of tokens per device per forward")
+    gradient_accumulation_steps: int = Field(1, ge=1)
+    max_length: int | None = Field(None, ge=16, description="longest sequence (default data.max_length)")
+    batching: Literal["packed", "grouped"] = Field(
+        "packed", description="packed: sequences concatenated, attention kept within each; grouped: by length"
+    )
+    precision: Precision = Field("auto", description="auto: bf16 if the GPU has it, else fp16; fp32 on CPU")
+    gradient_checkpointing: bool = True
+    save_steps: int = Field(50, ge=1, description="checkpoint every N optimizer steps")
+    save_total_limit: int = Field(3, ge=1, description="complete checkpoints kept")
+    eval_steps: int | None = Field(None, ge=1, description="evaluate every N steps; none: no evaluation")
+    logging_steps: int = Field(10, ge=1)
+    seed: int = Field(42, ge=0)
+    dataloader_workers: int = Field(0, ge=0)
+    procs_per_node: int | None = Field(None, ge=1, description="processes per node (default: GPUs, else 1)")
+    network: NetworkConfig = NetworkConfig()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainConfig:
+        if self.eval_steps is not None and self.eval_steps % self.save_steps and self.save_steps % self.eval_steps:
+            raise ValueError("eval_steps and save_steps must divide one another")
+        return self
+
+
+@dataclass(frozen=True)
+class TrainPaths:
+    """Absolute locations a training run reads and writes."""
+
+    model_dir: Path
+    dataset_dir: Path
+    eval_dataset_dir: Path | None
+    run_dir: Path
+    adapter_dir: Path
+    checkpoint_dir: Path
+
+
+def train_paths(run: RunConfig) -> TrainPaths:
+    train = require_train(run)
+    eval_dir = run.resolve_path(train.eval_dataset_dir) if train.eval_dataset_dir else run.test_tokenized_dir
+    run_dir = run.resolve_path(train.output_dir) if train.output_dir else run.train_run_dir
+    return TrainPaths(
+        model_dir=run.resolve_path(train.model_dir) if train.model_dir else run.base_model_dir,
+        dataset_dir=run.resolve_path(train.dataset_dir) if train.dataset_dir else run.train_tokenized_dir,
+        eval_dataset_dir=eval_dir if train.eval_steps and eval_dir.exists() else None,
+        run_dir=run_dir,
+        adapter_dir=run_dir / "adapter",
+        checkpoint_dir=run.resolve_path(train.checkpoint_dir) if train.checkpoint_dir else run.checkpoints_dir,
+    )
+
+
+def require_train(run: RunConfig) -> TrainConfig:
+    if run.train is None:
+        raise ValueError(f"run config {run.name!r}: no 'train' section")
+    return run.train
+
+
+def max_length(run: RunConfig) -> int:
+    return require_train(run).max_length or run.data.max_length
+
+
+def resolve_precision(precision: Precision, cuda: bool, bf16_supported: bool) -> Literal["bf16", "fp16", "fp32"]:
+    """`auto` picks bf16 on GPUs that have it, fp16 on older GPUs and fp32 on CPU; explicit values are checked."""
+    if precision == "auto":
+        return ("bf16" if bf16_supported else "fp16") if cuda else "fp32"
+    if precision in ("bf16", "fp16") and not cuda:
+        raise ValueError(f"train.precision: {precision} needs a GPU; use fp32 or auto on CPU")
+    if precision == "bf16" and not bf16_supported:
+        raise ValueError("train.precision: bf16 is not supported by this GPU; use fp16 or auto")
+    return precision
+
+
+def detect_precision(precision: Precision) -> Literal["bf16", "fp16", "fp32"]:
+    import torch
+
+    cuda = torch.cuda.is_available()
+    return resolve_precision(precision, cuda, cuda and torch.cuda.is_bf16_supported())
+
+
+def create_training_arguments(
+    train: TrainConfig, checkpoint_dir: Path, precision: Literal["bf16", "fp16", "fp32"], report_eval: bool = False
+) -> TrainingArguments:
+    """TrainingArguments for `train`. Checkpoints are saved under `checkpoint_dir` and pruned by this
+    package (atomic, bounded), so the Trainer's own rotation is off."""
+    from transformers import TrainingArguments
+
+    import torch
+
+    return TrainingArguments(
+        output_dir=str(checkpoint_dir),
+        per_device_train_batch_size=1 if train.batching == "packed" else train.micro_batch_size,
+        per_device_eval_batch_size=1 if train.batching == "packed" else train.micro_batch_size,
+        gradient_accumulation_steps=train.gradient_accumulation_steps,
+        learning_rate=train.learning_rate,
+        lr_scheduler_type=train.lr_scheduler,
+        warmup_steps=train.warmup_steps,
+        weight_decay=train.weight_decay,
+        max_grad_norm=train.max_grad_norm,
+        num_train_epochs=train.epochs,
+        max_steps=train.max_steps or -1,
+        bf16=precision == "bf16",
+        fp16=precision == "fp16",
+        gradient_checkpointing=train.gradient_checkpointing,
+        gradient_checkpointing_kwargs={"use_reentrant": False} if train.gradient_checkpointing else None,
+        save_strategy="steps",
+        save_steps=train.save_steps,
+        save_total_limit=None,
+        eval_strategy="steps" if report_eval else "no",
+        eval_steps=train.eval_steps if report_eval else None,
+        logging_strategy="steps",
+        logging_steps=train.logging_steps,
+        logging_first_step=True,
+        seed=train.seed,
+        data_seed=train.seed,
+        dataloader_num_workers=train.dataloader_workers,
+        ddp_backend="nccl" if torch.cuda.is_available() else "gloo",
+        ddp_find_unused_parameters=False,
+        remove_unused_columns=False,
+        report_to="none",
+        disable_tqdm=True,
+        use_cpu=not torch.cuda.is_available(),
+    )
