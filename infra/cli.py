@@ -7,7 +7,7 @@ import argparse
 import importlib
 from collections.abc import Sequence
 
-COMMANDS = ("plan", "bootstrap_backend", "runs", "report")
+COMMANDS = ("plan", "bootstrap_backend", "runs", "report", "run", "status")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -173,13 +173,19 @@ def render_table(report: CostReport) -> str:
                        f"({t.throughput_source}) = {t.gpu_hours:,.1f} GPU-hours, {t.wall_hours:,.1f} h on "
                        f"{t.gpus} GPUs, ${t.usd:,.2f}")
     if report.chats:
-        out += ["", "Cost per chat (daily cost = monthly high / days per month):",
-                "  Scenario        Tokens/s   Tokens/day  Conversations/day  Cost/chat"]
-        for s in report.chats:
-            out.append(f"  {s.name:<14}{s.tokens_per_second:>9g}{s.tokens_per_day:>13,.0f}"
-                       f"{s.conversations_per_day:>19,.0f}  ${s.usd_per_chat:.2f}")
+        out += ["", render_chat_table(report.chats)]
     if report.notes:
         out += ["", *[f"note: {n}" for n in report.notes]]
+    return "\n".join(out)
+
+
+def render_chat_table(chats: list[ChatScenario]) -> str:
+    """Seed 000's cost-per-chat table: throughput, tokens and conversations per day, cost per chat."""
+    out = ["Cost per chat (daily cost = monthly high / days per month):",
+           "  Scenario        Tokens/s   Tokens/day  Conversations/day  Cost/chat"]
+    for s in chats:
+        out.append(f"  {s.name:<14}{s.tokens_per_second:>9g}{s.tokens_per_day:>13,.0f}"
+                   f"{s.conversations_per_day:>19,.0f}  ${s.usd_per_chat:.2f}")
     return "\n".join(out)
 
 

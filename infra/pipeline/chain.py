@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,6 +43,7 @@ SECTIONS: dict[Stage, tuple[str, ...]] = {
 CONFIGS_DIR = f"{PACKAGE}/configs"
 LOCAL_CODE_ROOT = ".local/jail/home/shared/finetune_code"
 CLUSTER_CODE_ROOT = "/home/shared/finetune_code"
+LOCAL_SLURM_CONF = ".local/slurm/etc/slurm.conf"
 
 
 class JobSpec(BaseModel):
@@ -101,7 +103,7 @@ def placement_for(stack: StackConfig, run: RunConfig, repo_root: Path) -> Placem
             code_root=str(repo_root / LOCAL_CODE_ROOT),
             python=str(repo_root / ".venv" / "bin" / "python"),
             env={"FT_ROOT": str(root if root.is_absolute() else (repo_root / root).resolve())},
-            slurm_env={"SLURM_CONF": str(repo_root / ".local" / "slurm" / "etc" / "slurm.conf")},
+            slurm_env={"SLURM_CONF": os.environ.get("SLURM_CONF") or str(repo_root / LOCAL_SLURM_CONF)},
         )
     return Placement(code_root=CLUSTER_CODE_ROOT, python=stack.pipeline.python, env={}, slurm_env={})
 

@@ -1,0 +1,150 @@
+"""`ftstack run --stack NAME [--wait]`: ship the workload code and submit the pipeline without the Pulumi engine.
+
+The same bundle upload and SlurmJob provider as `pulumi up`, driven from a state file under
+`.local/pipeline/`. Local stack: this machine's Slurm. Cloud stacks: SSH to the login node
+(`--login-host`/FT_LOGIN_HOST, key from `--ssh-key FILE` or FT_SSH_PRIVATE_KEY).
+With --wait it follows the chain to the end, writes the run's flat outputs, and stores its artifacts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from infra.artifacts import ArtifactError, list_runs, store_for_stack, upload_run
+from infra.config import StackConfig, StackConfigError, load_stack_config
+from infra.cost import chat_scenario
+from infra.cost_report import cost_report, render_chat_table
+from infra.pipeline.results import SUMMARY_KEYS
+from infra.pipeline.runner import PipelineRun, run_pipeline, state_path, transport_spec
+from infra.pipeline.slurm import SlurmError
+from infra.pipeline.transport import TransportError, open_transport
+from infra.state import find_repo_root
+from workloads.config import ConfigError
+
+
+def add_transport_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--stack", required=True, help="stack name (stacks/Pulumi.<stack>.yaml)")
+    parser.add_argument("--config-dir", default="stacks", help="directory of the stack files (default: stacks)")
+    parser.add_argument("--login-host", default=os.environ.get("FT_LOGIN_HOST"), help="login node address (cloud)")
+    parser.add_argument("--ssh-key", type=Path, help="pipeline SSH private key file (cloud; or FT_SSH_PRIVATE_KEY)")
+    parser.add_argument("--known-hosts", help="known_hosts file for the login host key (default ~/.ssh/known_hosts)")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("run", help="submit the pipeline through the stack's transport (no Pulumi engine)",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_transport_arguments(parser)
+    parser.add_argument("--wait", action="store_true", help="follow the jobs to the end (progress on stderr)")
+    parser.add_argument("--serve", action="store_true", help="also submit the serve job (or pipeline.serve)")
+    parser.add_argument("--json", action="store_true", help="print the run (jobs, evaluation) as JSON")
+    parser.add_argument("--cost-stack", help="price cost per chat on this stack (default: the stack itself; "
+                        "the local stack has no cloud cost, so `make demo` prices on `demo`)")
+    parser.set_defaults(func=run)
+
+
+def open_spec(args: argparse.Namespace, stack: StackConfig) -> dict[str, Any]:
+    key = args.ssh_key.read_text() if args.ssh_key else os.environ.get("FT_SSH_PRIVATE_KEY")
+    return transport_spec(stack, login_host=args.login_host, private_key=key, known_hosts=args.known_hosts)
+
+
+def flat_outputs(result: PipelineRun) -> dict[str, Any]:
+    """The run in the stack-output shape (see docs/operations.md): pipeline_* and eval_* keys."""
+    out: dict[str, Any] = {"stack": result.stack, "pipeline_bundle_hash": result.bundle_hash}
+    for stage, job in result.jobs.items():
+        out[f"pipeline_{stage}_job_id"] = job["job_id"]
+        out[f"pipeline_{stage}_state"] = job["state"]
+        out[f"pipeline_{stage}_elapsed_s"] = job["elapsed_s"]
+    for key in SUMMARY_KEYS:
+        out[f"eval_{key}"] = (result.evaluation or {}).get(key)
+    return out
+
+
+def outputs_path(repo: Path, stack: str) -> Path:
+    return state_path(repo, stack).with_name(f"{stack}-outputs.json")
+
+
+def write_outputs(path: Path, outputs: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(outputs, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def store_artifacts(stack: StackConfig, repo: Path, result: PipelineRun) -> str | None:
+    """Copy the finished run's files to the artifacts store, once per eval job; returns where they went."""
+    if stack.target != "local":
+        return None
+    store = store_for_stack(stack, repo)
+    eval_job = result.jobs["eval"]["job_id"]
+    if any(r.job_ids.get("eval") == eval_job for r in list_runs(store, stack.stack)):
+        return None
+    run_id = f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{eval_job}"
+    uploaded = upload_run(
+        store, stack.stack, run_id, repo / stack.pipeline.run_config,
+        job_ids={s: j["job_id"] for s, j in result.jobs.items()},
+        job_states={s: j["state"] for s, j in result.jobs.items()},
+        job_durations_s={s: j["elapsed_s"] for s, j in result.jobs.items() if j["elapsed_s"] is not None},
+        finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        outputs=flat_outputs(result),
+    )
+    return uploaded.store
+
+
+def run(args: argparse.Namespace) -> int:
+    repo = find_repo_root()
+    try:
+        stack = load_stack_config(args.stack, repo / args.config_dir)
+        spec = open_spec(args, stack)
+        result = run_pipeline(stack, repo, spec, wait=args.wait, serve=args.serve or stack.pipeline.serve,
+                              progress=lambda line: print(line, file=sys.stderr, flush=True))
+    except (StackConfigError, ConfigError, ValueError, SlurmError, TransportError, OSError) as error:
+        print(f"ftstack run: {error}", file=sys.stderr)
+        return 1
+    outputs = flat_outputs(result)
+    path = outputs_path(repo, stack.stack)
+    write_outputs(path, outputs)
+    if args.wait and result.evaluation is not None:
+        try:
+            where = store_artifacts(stack, repo, result)
+        except ArtifactError as error:
+            print(f"ftstack run: artifacts not stored (local copies kept): {error}", file=sys.stderr)
+            return 1
+        if where:
+            print(f"artifacts stored in {where}", file=sys.stderr)
+    print(f"outputs written to {path}", file=sys.stderr)
+    if args.json:
+        print(result.model_dump_json(indent=2))
+        return 0
+    for stage, job in result.jobs.items():
+        elapsed = f"{job['elapsed_s']}s" if job["elapsed_s"] is not None else "-"
+        print(f"{stage:<10} job {job['job_id']:<8} {job['state']:<12} {elapsed}")
+    if result.evaluation is not None:
+        cost_stack = load_stack_config(args.cost_stack, repo / args.config_dir) if args.cost_stack else stack
+        print(evaluation_summary_text(stack, spec, result, cost_stack))
+    return 0
+
+
+def evaluation_summary_text(stack: StackConfig, spec: dict[str, Any], result: PipelineRun,
+                            cost_stack: StackConfig) -> str:
+    """The evaluator's comparison block and the cost-per-chat table with the measured throughput."""
+    eval_job = result.jobs["eval"]
+    path = f"{eval_job['results_path']}/evaluator_{eval_job['job_id']}.json"
+    report = json.loads(open_transport(spec).read_file(path))
+    lines = [f"\nEvaluation ({path}), fine-tuned side: {report.get('finetuned_kind')}", "comparison:",
+             json.dumps(report["comparison"], indent=2)]
+    cost = cost_report(cost_stack)
+    if cost.monthly.usd_high <= 0:
+        lines.append(f"\nstack {cost_stack.stack!r} has no cloud cost; price cost per chat with --cost-stack demo")
+        return "\n".join(lines)
+    chat = cost_stack.pricing.chat
+    measured = chat_scenario("measured", result.evaluation["tokens_per_second_finetuned"],
+                             cost.monthly.usd_high / chat.days_per_month, chat.output_tokens_per_chat)
+    scenarios = [c for c in cost.chats if c.name != "measured"] + [measured]
+    lines += [f"\nOn stack {cost_stack.stack!r} (monthly ${cost.monthly.usd_high:,.0f}); 'measured' is the "
+              f"fine-tuned model's generation speed in this run ({stack.stack} stack):", render_chat_table(scenarios)]
+    return "\n".join(lines)

@@ -1,0 +1,39 @@
+"""`ftstack status --stack NAME`: the pipeline's recorded jobs with their live Slurm states."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from infra.commands.run import add_transport_arguments, open_spec
+from infra.config import StackConfigError, load_stack_config
+from infra.pipeline.runner import status
+from infra.pipeline.transport import TransportError
+from infra.state import find_repo_root
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("status", help="the pipeline's jobs (from the last ftstack run) and their states")
+    add_transport_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print the jobs as JSON")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    repo = find_repo_root()
+    try:
+        stack = load_stack_config(args.stack, repo / args.config_dir)
+        jobs = status(stack, repo, open_spec(args, stack))
+    except (StackConfigError, ValueError, TransportError, OSError) as error:
+        print(f"ftstack status: {error}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(jobs, indent=2))
+    elif not jobs:
+        print(f"no pipeline run recorded for stack {stack.stack!r} (ftstack run --stack {stack.stack})")
+    else:
+        for stage, job in jobs.items():
+            elapsed = f"{job['elapsed_s']}s" if job["elapsed_s"] is not None else "-"
+            print(f"{stage:<10} job {job['job_id']:<8} {job['state']:<12} {elapsed}  {job['output'] or ''}")
+    return 0

@@ -1,0 +1,82 @@
+"""The job chain: stage fingerprints, placement per stack, and the chain wired in the program's mock run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from infra.config import load_stack_config
+from infra.mocks import run_under_mocks
+from infra.pipeline.chain import CHAIN, code_hash, pipeline_jobs, placement_for, stage_fingerprint
+from workloads.config import load_run_config
+
+REPO = Path(__file__).resolve().parents[1]
+KEY = {"pipelineSshPrivateKey": "-----BEGIN OPENSSH PRIVATE KEY-----\nnot-a-key\n-----END OPENSSH PRIVATE KEY-----"}
+
+
+def _fingerprints(run) -> dict[str, str]:
+    return {stage: stage_fingerprint(stage, "code", run) for stage in (*CHAIN, "serve")}
+
+
+def test_changing_a_section_changes_only_the_stages_that_read_it() -> None:
+    run = load_run_config(REPO / "workloads/configs/local.json")
+    before = _fingerprints(run)
+    new_eval = run.eval.model_copy(update={"num_prompts": run.eval.num_prompts + 1})
+    after = _fingerprints(run.model_copy(update={"eval": new_eval}))
+    assert {s for s in before if before[s] != after[s]} == {"eval"}
+    new_data = run.data.model_copy(update={"rows": run.data.rows + 1})
+    after = _fingerprints(run.model_copy(update={"data": new_data}))
+    assert {s for s in before if before[s] != after[s]} == {"prepare", "train", "eval"}
+
+
+def test_code_hash_ignores_run_configs_but_not_code(tmp_path: Path) -> None:
+    pkg = tmp_path / "workloads"
+    (pkg / "configs").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "configs" / "a.json").write_text("{}")
+    first = code_hash(tmp_path)
+    (pkg / "configs" / "a.json").write_text('{"changed": 1}')
+    assert code_hash(tmp_path) == first
+    (pkg / "stage.py").write_text("print('new code')\n")
+    assert code_hash(tmp_path) != first
+
+
+def test_local_placement_uses_this_repo_and_cloud_uses_the_jail() -> None:
+    local = load_stack_config("local", REPO / "stacks")
+    run = load_run_config(REPO / local.pipeline.run_config)
+    placement = placement_for(local, run, REPO)
+    assert placement.code_root.startswith(str(REPO / ".local"))
+    assert placement.env["FT_ROOT"] == str((REPO / run.paths.root).resolve())
+    assert placement.python == str(REPO / ".venv" / "bin" / "python")
+    demo = load_stack_config("demo", REPO / "stacks")
+    cloud = placement_for(demo, load_run_config(REPO / demo.pipeline.run_config), REPO)
+    assert cloud.code_root == "/home/shared/finetune_code" and "FT_ROOT" not in cloud.env
+
+
+def test_cloud_jobs_spread_over_the_workers_and_check_the_preset() -> None:
+    demo = load_stack_config("demo", REPO / "stacks")
+    run = load_run_config(REPO / demo.pipeline.run_config)
+    jobs = {j.stage: j for j in pipeline_jobs(demo, run, demo.pipeline.run_config, "c", placement_for(demo, run, REPO))}
+    workers = demo.nodes.workers[0]
+    assert f"--nodes={workers.size}" in jobs["train"].extra_args and "--ntasks-per-node=1" in jobs["train"].extra_args
+    assert "--gpus-per-node=2" in jobs["readiness"].extra_args and "--ntasks-per-node=2" in jobs["readiness"].extra_args
+    assert jobs["readiness"].args[jobs["readiness"].args.index("--expect-gpus-per-node") + 1] == "2"
+    assert jobs["prepare"].extra_args == []
+    assert jobs["eval"].result_file.endswith("/evaluator_{job_id}.json")
+
+
+@pytest.mark.parametrize("stack", ["local", "dev", "demo", "h100"])
+def test_mock_run_wires_the_chain_in_order(stack: str) -> None:
+    run = run_under_mocks(load_stack_config(stack, REPO / "stacks"), secrets=KEY)
+    jobs = {r.name.rsplit("-", 1)[-1]: r for r in run.resources if r.type == "pulumi-python:dynamic:Resource"}
+    assert set(jobs) >= {"bundle", *CHAIN}
+    for stage, upstream in (("readiness", "prepare"), ("train", "readiness"), ("eval", "train")):
+        assert jobs[upstream].urn in jobs[stage].dependencies, f"{stage} does not wait for {upstream}"
+        assert jobs[stage].inputs["dependencies"] == [f"{jobs[upstream].name}-job"]
+    assert jobs["prepare"].inputs["dependencies"] == []
+    assert all(jobs["bundle"].urn in jobs[s].dependencies for s in CHAIN)
+    assert jobs["train"].inputs["transport"] == "[secret]" or stack == "local"
+    if stack != "local":
+        releases = {r.urn for r in run.resources if r.type == "kubernetes:helm.sh/v3:Release"}
+        assert releases <= set(jobs["bundle"].dependencies)
