@@ -20,7 +20,7 @@ from infra.config import StackConfig
 from infra.pipeline.bundle import upload_bundle
 from infra.pipeline.chain import JobSpec, code_hash, job_arguments, log_dirs, pipeline_jobs, placement_for
 from infra.pipeline.jobs import SlurmJobProvider, job_inputs, read_result
-from infra.pipeline.slurm import SlurmClient
+from infra.pipeline.slurm import SlurmClient, SlurmJobFailed
 from infra.pipeline.transport import open_transport
 from workloads.config import load_run_config
 
@@ -181,6 +181,10 @@ def wait_chain(
     state_file = state_path(repo_root, stack.stack)
     try:
         client.wait_all(ids, progress=progress, metrics_paths=metrics)
+    except SlurmJobFailed as failure:
+        for job_id in ids[ids.index(failure.info.job_id) + 1:]:
+            client.cancel(job_id)
+        raise
     finally:
         for job in chain:
             record = state.stages[job.stage]
