@@ -151,3 +151,19 @@ def test_full_fine_tuning_peak_matches_a_measured_cpu_run(checkpointing):
                                              gradient_checkpointing=checkpointing, overhead_gib=0, fragmentation=0))
     ratio = measured / predicted.total
     assert 0.7 <= ratio <= 1.1, (ratio, measured / GIB, predicted.breakdown_gib())
+
+
+def test_method_and_settings_from_a_run_config():
+    from types import SimpleNamespace as NS
+
+    from workloads.train.memory import inputs_from_run
+
+    data = NS(max_length=2048)
+    lora = NS(r=8, target_modules=["q_proj", "v_proj"], dropout=0.0)
+    qlora = inputs_from_run(NS(train=NS(quantization="4bit", lora=lora, micro_batch=4), data=data))
+    assert (qlora.method, qlora.lora_r, qlora.lora_target_modules, qlora.lora_dropout) == (
+        "qlora", 8, ("q_proj", "v_proj"), 0.0)
+    assert (qlora.micro_batch, qlora.max_length) == (4, 2048)
+    assert inputs_from_run(NS(train=NS(quantization="none", lora=lora), data=data)).method == "lora"
+    full = inputs_from_run(NS(train=NS(quantization="4bit", lora=None, max_length=512), data=data))
+    assert (full.method, full.quantization, full.max_length) == ("full", "none", 512)
