@@ -195,6 +195,11 @@ def _first(obj: object, *names: str, default: object = None) -> object:
     return default
 
 
+def _dtype(name: str) -> str:
+    """bf16/fp16/fp32 from a precision name; ``auto`` is bf16, what GPU training picks on L40S/H100."""
+    return {"auto": "bf16", "bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(name, name)
+
+
 def inputs_from_run(run: object) -> MemoryInputs:
     """MemoryInputs from a RunConfig's ``train`` and ``data`` sections.
 
@@ -213,9 +218,7 @@ def inputs_from_run(run: object) -> MemoryInputs:
         method=method,
         quantization=quantization if method == "qlora" else "none",
         double_quant=bool(_first(train, "double_quant", "bnb_4bit_use_double_quant", default=True)),
-        dtype={"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(
-            str(_first(train, "dtype", "compute_dtype", default="bf16")),
-            str(_first(train, "dtype", "compute_dtype", default="bf16"))),
+        dtype=_dtype(str(_first(train, "precision", "dtype", "compute_dtype", default="bf16"))),
         lora_r=int(_first(lora, "r", default=None) or _first(train, "lora_r", default=16)),
         lora_target_modules=tuple(targets),
         lora_dropout=float(_first(lora, "dropout", "lora_dropout", default=_first(train, "lora_dropout", default=0.05))),
