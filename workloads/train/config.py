@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -167,6 +168,7 @@ def create_training_arguments(
 
     import torch
 
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     return TrainingArguments(
         output_dir=str(checkpoint_dir),
         per_device_train_batch_size=1 if train.batching == "packed" else train.micro_batch_size,
@@ -194,9 +196,11 @@ def create_training_arguments(
         seed=train.seed,
         data_seed=train.seed,
         dataloader_num_workers=train.dataloader_workers,
-        ddp_backend="nccl" if torch.cuda.is_available() else "gloo",
+        ddp_backend=("nccl" if torch.cuda.is_available() else "gloo") if distributed else None,
         ddp_find_unused_parameters=False,
         remove_unused_columns=False,
+        train_sampling_strategy="group_by_length" if train.batching == "grouped" else "random",
+        length_column_name="length",
         report_to="none",
         disable_tqdm=True,
         use_cpu=not torch.cuda.is_available(),

@@ -1,0 +1,142 @@
+"""finetune.py on the tiny prepared run: outputs, config errors, stop/resume, corrupt checkpoints, 4-bit on CPU."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+from safetensors import safe_open
+
+from train_fixtures import with_train, write_config
+from workloads.config import ConfigError, parse_run_config
+from workloads.train import checkpoints
+from workloads.train.config import resolve_precision, train_paths
+from workloads.train.finetune import main, train_run
+from workloads.train.metrics import read_metrics
+from workloads.train.preemption import INTERRUPTED_EXIT, STOP_FILE_ENV
+
+
+@pytest.mark.parametrize(
+    ("train", "field"),
+    [
+        ({"quantization": "3bit"}, "train.quantization"),
+        ({"lora": {"r": 0}}, "train.lora.r"),
+        ({"learning_rate": -1}, "train.learning_rate"),
+        ({"micro_batch_size": 0}, "train.micro_batch_size"),
+        ({"precision": "fp8"}, "train.precision"),
+        ({"save_every": 5}, "train.save_every"),
+        ({"network": {"fabric": "ib"}}, "train.network.fabric"),
+    ],
+)
+def test_bad_train_values_name_the_field(train: dict, field: str) -> None:
+    data = {"name": "x", "model": {"source": "dir:/m"}, "data": {"source": "sample", "rows": 4}, "train": train}
+    with pytest.raises(ConfigError) as error:
+        parse_run_config(data, "run.json")
+    assert str(error.value).startswith("run.json") and field in str(error.value)
+
+
+def test_precision_auto_and_checks() -> None:
+    assert resolve_precision("auto", cuda=False, bf16_supported=False) == "fp32"
+    assert resolve_precision("auto", cuda=True, bf16_supported=True) == "bf16"
+    assert resolve_precision("auto", cuda=True, bf16_supported=False) == "fp16"
+    with pytest.raises(ValueError, match="train.precision"):
+        resolve_precision("bf16", cuda=False, bf16_supported=False)
+    with pytest.raises(ValueError, match="train.precision"):
+        resolve_precision("bf16", cuda=True, bf16_supported=False)
+
+
+def test_cli_without_train_section_fails_clearly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "run.json"
+    config.write_text(json.dumps({"name": "x", "model": {"source": "dir:/m"}, "data": {"source": "sample", "rows": 4}}))
+    assert main(["--config", str(config)]) == 2
+    assert "no 'train' section" in capsys.readouterr().err
+
+
+def test_training_writes_adapter_metrics_plot_manifest(tiny_prepared, tmp_path: Path) -> None:
+    run = with_train(tiny_prepared, tmp_path, max_steps=4, save_steps=1, save_total_limit=2, eval_steps=2)
+    assert train_run(run) == 0
+    out = run.train_run_dir
+    with safe_open(str(out / "adapter" / "adapter_model.safetensors"), framework="pt") as handle:
+        assert any("lora_A" in key for key in handle.keys())
+    rows = [r for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    for row in rows:
+        assert row["loss"] > 0 and row["tokens_per_s"] > 0 and row["memory_mb"] > 0 and row["lr"] is not None
+        assert row["padding_efficiency"] == 1.0
+        assert row["grad_norm"] is not None
+    assert any("eval_loss" in r for r in read_metrics(out / "metrics.jsonl"))
+    assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    manifest = json.loads((out / "run_manifest.json").read_text())
+    assert manifest["status"] == "completed" and manifest["global_step"] == 4 and manifest["world_size"] == 1
+    assert len(manifest["config_sha256"]) == 64 and manifest["base_model"]["from"] == "prepare manifest"
+    assert manifest["dataset"]["prepare_manifest_sha256"] and manifest["packages"]["peft"]
+    assert manifest["started"] and manifest["ended"]
+    kept = sorted(p.name for p in run.checkpoints_dir.iterdir())
+    assert kept == ["checkpoint-3", "checkpoint-4"]
+    assert all(checkpoints.problem(run.checkpoints_dir / k) is None for k in kept)
+    assert train_run(run) == 0
+    assert len(json.loads((out / "run_manifest.json").read_text())["attempts"]) == 1
+
+
+def test_grouped_batching_pads_only_to_the_batch(tiny_prepared, tmp_path: Path) -> None:
+    run = with_train(tiny_prepared, tmp_path, batching="grouped", max_steps=2, save_steps=5)
+    assert train_run(run) == 0
+    rows = read_metrics(run.train_run_dir / "metrics.jsonl")
+    assert all(0.5 < r["padding_efficiency"] <= 1.0 for r in rows)
+
+
+def test_stop_then_resume_skips_corrupt_checkpoint(
+    tiny_prepared, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    run = with_train(tiny_prepared, tmp_path, max_steps=5, save_steps=10)
+    stop = tmp_path / "stop"
+    stop.touch()
+    monkeypatch.setenv(STOP_FILE_ENV, str(stop))
+    assert train_run(run) == INTERRUPTED_EXIT
+    assert sorted(p.name for p in run.checkpoints_dir.iterdir()) == ["checkpoint-1"]
+    assert json.loads((run.train_run_dir / "run_manifest.json").read_text())["status"] == "interrupted"
+    stop.unlink()
+
+    good = run.checkpoints_dir / "checkpoint-1"
+    torn = run.checkpoints_dir / "checkpoint-3"
+    torn.mkdir()
+    (torn / "adapter_model.safetensors").write_bytes(b"\0" * 10)
+    truncated = run.checkpoints_dir / "checkpoint-2"
+    shutil.copytree(good, truncated)
+    marker = json.loads((truncated / checkpoints.MARKER).read_text())
+    marker["step"] = 2
+    (truncated / checkpoints.MARKER).write_text(json.dumps(marker))
+    weights = truncated / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+
+    with caplog.at_level(logging.WARNING, logger="workloads.train.checkpoints"):
+        assert train_run(run) == 0
+    assert "checkpoint-3: no completion marker" in caplog.text
+    assert "checkpoint-2: adapter_model.safetensors is 100 bytes" in caplog.text
+    steps = [r["step"] for r in read_metrics(run.train_run_dir / "metrics.jsonl") if "loss" in r]
+    assert steps == [1, 2, 3, 4, 5]
+    attempts = json.loads((run.train_run_dir / "run_manifest.json").read_text())["attempts"]
+    assert [a["resumed_from_step"] for a in attempts] == [0, 1]
+
+
+def test_4bit_nf4_trains_on_cpu(tiny_prepared, tmp_path: Path) -> None:
+    import bitsandbytes as bnb
+
+    from workloads.train.finetune import load_model
+
+    run = with_train(tiny_prepared, tmp_path, quantization="4bit", max_steps=2, save_steps=5)
+    model = load_model(train_paths(run).model_dir, run.train, "fp32", 0)
+    layer = model.base_model.model.model.layers[0].self_attn.q_proj
+    assert isinstance(layer.base_layer, bnb.nn.Linear4bit)
+    assert layer.base_layer.weight.quant_state.quant_type == "nf4"
+    assert train_run(run) == 0
+    assert (run.adapter_dir / "adapter_model.safetensors").is_file()
+
+
+def test_cli_runs_the_config_file(tiny_prepared, tmp_path: Path) -> None:
+    run = with_train(tiny_prepared, tmp_path, max_steps=1, save_steps=1)
+    assert main(["--config", str(write_config(run, tmp_path / "run.json"))]) == 0
+    assert (run.adapter_dir / "adapter_config.json").is_file()

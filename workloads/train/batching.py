@@ -1,0 +1,98 @@
+"""Batches without compute spent on padding.
+
+`packed`: sequences are bin-packed into micro-batches of at most `token_budget` tokens, concatenated into one
+row with position ids restarting at 0 for each sequence. Transformers turns restarting position ids into a
+block-diagonal causal mask (or flash-attention varlen on GPU), so no token attends across a boundary, and the
+first label of every sequence is masked so no token is trained to predict the next sequence.
+`grouped`: similar lengths share a micro-batch and are padded to the longest of that batch only.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+from transformers import DataCollatorForSeq2Seq, DataCollatorWithFlattening
+
+IGNORE_INDEX = -100
+COLUMNS = ("input_ids", "labels")
+
+
+def pack_bins(lengths: Sequence[int], token_budget: int, seed: int) -> list[list[int]]:
+    """Row indices grouped into bins of at most `token_budget` tokens: a seeded shuffle, then first-fit over a
+    small window of open bins (keeps bins full without sorting the data by length)."""
+    if token_budget < 1:
+        raise ValueError(f"token_budget must be >= 1, got {token_budget}")
+    order = list(range(len(lengths)))
+    random.Random(seed).shuffle(order)
+    bins: list[list[int]] = []
+    room: list[int] = []
+    window = 8
+    for index in order:
+        size = min(lengths[index], token_budget)
+        start = max(0, len(bins) - window)
+        target = next((b for b in range(start, len(bins)) if room[b] >= size), None)
+        if target is None:
+            bins.append([])
+            room.append(token_budget)
+            target = len(bins) - 1
+        bins[target].append(index)
+        room[target] -= size
+    return bins
+
+
+class PackedDataset(Dataset):
+    """One item per bin: the tokenized rows (cut to `max_length`) that form one packed micro-batch."""
+
+    def __init__(self, rows: Any, token_budget: int, max_length: int, seed: int) -> None:
+        self.rows = rows.select_columns(list(COLUMNS))
+        self.max_length = max_length
+        self.bins = pack_bins([min(int(n), max_length) for n in rows["length"]], token_budget, seed)
+
+    def __len__(self) -> int:
+        return len(self.bins)
+
+    def __getitem__(self, index: int) -> dict[str, list[dict[str, list[int]]]]:
+        rows = (self.rows[i] for i in self.bins[index])
+        return {"pack": [{c: row[c][: self.max_length] for c in COLUMNS} for row in rows]}
+
+
+class PackedCollator:
+    """Flattens the rows of the given packs into a single row: input_ids, labels, position_ids; no padding."""
+
+    def __init__(self) -> None:
+        self._flatten = DataCollatorWithFlattening(separator_id=IGNORE_INDEX)
+
+    def __call__(self, items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        return self._flatten([row for item in items for row in item["pack"]])
+
+
+@dataclass
+class PaddedCollator:
+    """Pads each micro-batch to its longest row (or to `pad_to`), labels with -100."""
+
+    tokenizer: Any
+    pad_to: int | None = None
+
+    def __post_init__(self) -> None:
+        self._pad = DataCollatorForSeq2Seq(
+            self.tokenizer,
+            padding="max_length" if self.pad_to else "longest",
+            max_length=self.pad_to,
+            label_pad_token_id=IGNORE_INDEX,
+            return_tensors="pt",
+        )
+
+    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        return self._pad([{c: row[c] for c in ("input_ids", "attention_mask", "labels")} for row in rows])
+
+
+def batch_tokens(batch: dict[str, torch.Tensor]) -> tuple[int, int]:
+    """(real tokens, processed tokens) of a collated micro-batch."""
+    processed = batch["input_ids"].numel()
+    mask = batch.get("attention_mask")
+    return (int(mask.sum()) if mask is not None else processed), processed

@@ -1,0 +1,98 @@
+"""Checkpoints that are complete or ignored: staged in a temporary folder, sealed with a marker listing every
+file and its size, renamed into place; resume picks the newest one that still matches its marker."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+from pathlib import Path
+
+from workloads.common.atomic import replace_dir, utc_now, write_json_atomic
+
+log = logging.getLogger("workloads.train.checkpoints")
+
+MARKER = "COMPLETE.json"
+PREFIX = "checkpoint-"
+STAGING = ".staging-"
+_NAME = re.compile(rf"^{PREFIX}(\d+)$")
+
+
+def checkpoint_step(path: Path) -> int | None:
+    match = _NAME.match(path.name)
+    return int(match.group(1)) if match else None
+
+
+def _checkpoints(root: Path) -> list[Path]:
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and checkpoint_step(p) is not None]
+    return sorted(found, key=lambda p: checkpoint_step(p) or 0)
+
+
+def seal(folder: Path, step: int) -> None:
+    """Write the completion marker: every file of `folder` with its size."""
+    files = {str(p.relative_to(folder)): p.stat().st_size for p in sorted(folder.rglob("*")) if p.is_file()}
+    write_json_atomic(folder / MARKER, {"step": step, "files": files, "sealed": utc_now()})
+
+
+def problem(folder: Path) -> str | None:
+    """Why `folder` is not a usable checkpoint, or None when it is complete and intact."""
+    try:
+        marker = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+        files = marker["files"]
+    except FileNotFoundError:
+        return "no completion marker (interrupted while saving)"
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        return f"unreadable completion marker: {error}"
+    if marker.get("step") != checkpoint_step(folder):
+        return f"marker step {marker.get('step')} does not match the folder name"
+    for name, size in files.items():
+        path = folder / name
+        if not path.is_file():
+            return f"missing {name}"
+        if path.stat().st_size != size:
+            return f"{name} is {path.stat().st_size} bytes, expected {size} (truncated or overwritten)"
+    for weights in folder.glob("*.safetensors"):
+        try:
+            from safetensors import safe_open
+
+            with safe_open(str(weights), framework="pt") as handle:
+                handle.keys()
+        except Exception as error:  # noqa: BLE001 - any decoding failure means a corrupt file
+            return f"{weights.name} cannot be read: {error}"
+    return None
+
+
+def latest_complete(root: Path) -> Path | None:
+    """Newest intact checkpoint under `root`; broken ones are skipped with a warning."""
+    for folder in reversed(_checkpoints(root)):
+        reason = problem(folder)
+        if reason is None:
+            return folder
+        log.warning("skipping checkpoint %s: %s", folder, reason)
+    return None
+
+
+def publish(staged: Path, root: Path, step: int) -> Path:
+    """Seal the staged checkpoint and rename it to <root>/checkpoint-<step>."""
+    seal(staged, step)
+    target = root / f"{PREFIX}{step}"
+    replace_dir(staged, target)
+    return target
+
+
+def prune(root: Path, keep: int) -> None:
+    """Keep the newest `keep` intact checkpoints; delete older ones, broken ones below the newest intact one,
+    and stale staging folders."""
+    for stale in root.glob(f"{STAGING}*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    folders = _checkpoints(root)
+    intact = [f for f in folders if problem(f) is None]
+    kept = set(intact[-keep:]) if keep > 0 else set()
+    newest = checkpoint_step(intact[-1]) if intact else None
+    for folder in folders:
+        step = checkpoint_step(folder) or 0
+        if folder not in kept and (folder in intact or (newest is not None and step < newest)):
+            shutil.rmtree(folder, ignore_errors=True)

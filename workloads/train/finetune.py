@@ -1,0 +1,232 @@
+"""QLoRA/LoRA fine-tuning of the prepared base on the tokenized train split (assistant-only labels).
+
+    python -m workloads.train.finetune --config RUN.json                      # one process
+    torchrun --nproc_per_node N -m workloads.train.finetune --config RUN.json  # DDP (gloo on CPU, NCCL on GPU)
+
+Resumes from the newest intact checkpoint; SIGTERM, SIGUSR1 or the file named by FT_STOP_FILE make every rank
+checkpoint at the same step and exit with code 75. Writes the adapter, metrics.jsonl, loss.png and
+run_manifest.json under the run's output folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, Trainer
+
+from workloads.common.atomic import atomic_dir, read_manifest
+from workloads.config import ConfigError, RunConfig, load_run_config
+from workloads.train import checkpoints
+from workloads.train.batching import PackedCollator, PackedDataset, PaddedCollator, batch_tokens
+from workloads.train.config import (
+    TrainConfig,
+    TrainPaths,
+    create_training_arguments,
+    detect_precision,
+    max_length,
+    require_train,
+    train_paths,
+)
+from workloads.train.manifest import config_hash, dataset_hash, finish_attempt, git_commit, model_hash, package_versions, start_attempt
+from workloads.train.metrics import MetricsCallback, TokenCounter, plot_loss, truncate_metrics
+from workloads.train.preemption import INTERRUPTED_EXIT, STOP_FILE_ENV, PreemptionCallback, StopRequest
+
+log = logging.getLogger("workloads.train.finetune")
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+METRICS, PLOT, MANIFEST = "metrics.jsonl", "loss.png", "run_manifest.json"
+
+
+class FinetuneTrainer(Trainer):
+    """Trainer that counts real vs processed tokens and saves checkpoints atomically with a bounded history."""
+
+    def __init__(self, *args: Any, counter: TokenCounter, keep: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.counter = counter
+        self.keep = keep
+
+    def training_step(self, model, inputs, num_items_in_batch=None):  # noqa: ANN001, ANN201 - Trainer signature
+        self.counter.add(*batch_tokens(inputs))
+        return super().training_step(model, inputs, num_items_in_batch)
+
+    def _save_checkpoint(self, model, trial) -> None:  # noqa: ANN001
+        root = Path(self.args.output_dir)
+        step = self.state.global_step
+        staging = root / f"{checkpoints.STAGING}{step}"
+        if self.args.should_save:
+            root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(staging, ignore_errors=True)
+        self.accelerator.wait_for_everyone()
+        self.args.output_dir = str(staging)
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self.args.output_dir = str(root)
+        self.accelerator.wait_for_everyone()
+        if self.args.should_save:
+            target = checkpoints.publish(staging / f"{checkpoints.PREFIX}{step}", root, step)
+            checkpoints.prune(root, self.keep)
+            log.info("checkpoint %s saved", target)
+        self.accelerator.wait_for_everyone()
+
+
+def load_model(model_dir: Path, train: TrainConfig, precision: str, local_rank: int) -> Any:
+    """Base model (NF4 4-bit, int8 or unquantized), prepared for k-bit training, with a fresh LoRA adapter."""
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+
+    dtype = DTYPES[precision]
+    quantization = None
+    if train.quantization == "4bit":
+        quantization = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=dtype, bnb_4bit_quant_storage=dtype,
+        )
+    elif train.quantization == "8bit":
+        quantization = BitsAndBytesConfig(load_in_8bit=True)
+    cuda = torch.cuda.is_available()
+    attention = "sdpa"
+    if cuda:
+        try:
+            import flash_attn  # noqa: F401
+
+            attention = "flash_attention_2"
+        except ImportError:
+            pass
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=dtype, quantization_config=quantization, attn_implementation=attention,
+        device_map={"": local_rank} if cuda else None,
+    )
+    model.config.use_cache = False
+    if quantization is not None:
+        model = prepare_model_for_kbit_training(
+            model, use_gradient_checkpointing=train.gradient_checkpointing,
+            gradient_checkpointing_kwargs={"use_reentrant": False},
+        )
+    lora = LoraConfig(
+        r=train.lora.r, lora_alpha=train.lora.alpha, lora_dropout=train.lora.dropout,
+        target_modules=train.lora.target_modules, task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, lora)
+
+
+def load_datasets(paths: TrainPaths, train: TrainConfig, length: int, tokenizer: Any) -> tuple[Any, Any, Any]:
+    """Train and optional eval datasets with their collator, packed or length-grouped."""
+    from datasets import load_from_disk
+
+    def read(folder: Path) -> Any:
+        if not (folder / "dataset_info.json").is_file():
+            raise FileNotFoundError(f"{folder}: not a tokenized dataset folder (run the prepare stage first)")
+        data = load_from_disk(str(folder))
+        missing = {"input_ids", "attention_mask", "labels", "length"} - set(data.column_names)
+        if missing:
+            raise ValueError(f"{folder}: tokenized dataset lacks columns {sorted(missing)}")
+        return data
+
+    rows = read(paths.dataset_dir)
+    eval_rows = read(paths.eval_dataset_dir) if paths.eval_dataset_dir else None
+    if train.batching == "packed":
+        budget = train.micro_batch_size * length
+        packed = PackedDataset(rows, budget, length, train.seed)
+        evals = PackedDataset(eval_rows, budget, length, train.seed) if eval_rows is not None else None
+        log.info("packed %d sequences into %d micro-batches of <= %d tokens", len(rows), len(packed), budget)
+        return packed, evals, PackedCollator()
+    return rows, eval_rows, PaddedCollator(tokenizer)
+
+
+def is_done(manifest_file: Path, adapter: Path, digest: str) -> bool:
+    manifest = read_manifest(manifest_file) or {}
+    return manifest.get("status") == "completed" and manifest.get("config_sha256") == digest and (
+        adapter / "adapter_model.safetensors"
+    ).is_file()
+
+
+def train_run(run: RunConfig) -> int:
+    """Train (or resume) the run; returns 0 when complete, 75 when stopped early with a checkpoint saved."""
+    train = require_train(run)
+    paths = train_paths(run)
+    digest = config_hash(run.model_dump(mode="json"))
+    manifest_file = paths.run_dir / MANIFEST
+    if is_done(manifest_file, paths.adapter_dir, digest):
+        log.info("%s: this config already trained to completion; nothing to do", paths.run_dir)
+        return 0
+    precision = detect_precision(train.precision)
+    stop = StopRequest(os.environ.get(STOP_FILE_ENV))
+    args = create_training_arguments(train, paths.checkpoint_dir, precision, report_eval=bool(paths.eval_dataset_dir))
+    rank0 = args.process_index == 0
+    resume = checkpoints.latest_complete(paths.checkpoint_dir)
+    resumed_step = checkpoints.checkpoint_step(resume) if resume else 0
+    metrics_file = paths.run_dir / METRICS
+    manifest: dict[str, Any] = {}
+    if rank0:
+        paths.run_dir.mkdir(parents=True, exist_ok=True)
+        truncate_metrics(metrics_file, resumed_step or 0)
+        base = {
+            "run": run.name,
+            "config_sha256": digest,
+            "config": run.model_dump(mode="json"),
+            "precision": precision,
+            "dataset": dataset_hash(paths.dataset_dir),
+            "base_model": model_hash(paths.model_dir),
+            "packages": package_versions(),
+            "git_commit": git_commit(Path(__file__).resolve().parents[2]),
+            "world_size": args.world_size,
+            "nodes": int(os.environ.get("SLURM_NNODES", "1")),
+        }
+        manifest = start_attempt(manifest_file, base, resumed_step or 0)
+    log.info("rank %d/%d precision=%s resume=%s", args.process_index, args.world_size, precision, resume or "none")
+
+    tokenizer = AutoTokenizer.from_pretrained(paths.model_dir)
+    model = load_model(paths.model_dir, train, precision, args.local_process_index)
+    if rank0:
+        model.print_trainable_parameters()
+    train_data, eval_data, collator = load_datasets(paths, train, max_length(run), tokenizer)
+    counter = TokenCounter()
+    preemption = PreemptionCallback(stop)
+    trainer = FinetuneTrainer(
+        model=model, args=args, train_dataset=train_data, eval_dataset=eval_data, data_collator=collator,
+        callbacks=[MetricsCallback(metrics_file, counter), preemption], counter=counter, keep=train.save_total_limit,
+    )
+    trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    step = trainer.state.global_step
+    if preemption.stopped_at is not None:
+        if rank0:
+            finish_attempt(manifest_file, manifest, "interrupted", step)
+            plot_loss(metrics_file, paths.run_dir / PLOT)
+        log.warning("stopped at step %d with a checkpoint; rerun (or requeue) to resume", step)
+        return INTERRUPTED_EXIT
+    if rank0:
+        with atomic_dir(paths.adapter_dir) as tmp:
+            trainer.model.save_pretrained(tmp, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
+        plot_loss(metrics_file, paths.run_dir / PLOT)
+        finish_attempt(manifest_file, manifest, "completed", step, adapter=str(paths.adapter_dir))
+        log.info("adapter saved to %s", paths.adapter_dir)
+    trainer.accelerator.wait_for_everyone()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", required=True, help="run config JSON (uses its 'train' section)")
+    options = parser.parse_args(argv)
+    rank = os.environ.get("RANK", "0")
+    logging.basicConfig(level=logging.INFO if rank == "0" else logging.WARNING,
+                        format=f"%(asctime)s [rank {rank}] %(name)s %(levelname)s: %(message)s")
+    try:
+        run = load_run_config(options.config)
+        require_train(run)
+    except (ConfigError, ValueError) as error:
+        print(f"finetune: {error}", file=sys.stderr)
+        return 2
+    return train_run(run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

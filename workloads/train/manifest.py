@@ -1,0 +1,92 @@
+"""run_manifest.json: what a training run was made from (config, data, base model, code, packages) and when."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from workloads.common.atomic import MANIFEST_NAME, read_manifest, sha256_file, utc_now, write_json_atomic
+
+PACKAGES = ("torch", "transformers", "peft", "bitsandbytes", "accelerate", "datasets", "safetensors")
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
+
+
+def _combine(entries: dict[str, str]) -> str:
+    return hashlib.sha256("".join(f"{k}:{v}\n" for k, v in sorted(entries.items())).encode()).hexdigest()
+
+
+def dataset_hash(folder: Path) -> dict[str, Any]:
+    """sha256 over the dataset's arrow files (and the prepare manifest's hash when there is one)."""
+    files = {p.name: sha256_file(p) for p in sorted(folder.glob("*.arrow"))}
+    prepared = folder / MANIFEST_NAME
+    return {
+        "path": str(folder),
+        "sha256": _combine(files),
+        "prepare_manifest_sha256": sha256_file(prepared) if prepared.is_file() else None,
+    }
+
+
+def model_hash(folder: Path) -> dict[str, Any]:
+    """Weights hash from the prepare manifest's per-file sha256 when present, else computed from the files."""
+    prepared = read_manifest(folder / MANIFEST_NAME) or {}
+    weights = {name: info["sha256"] for name, info in (prepared.get("weights") or {}).items() if "sha256" in info}
+    source = "prepare manifest"
+    if not weights:
+        weights = {p.name: sha256_file(p) for p in sorted(folder.glob("*.safetensors"))}
+        source = "computed"
+    return {"path": str(folder), "sha256": _combine(weights), "from": source, "source": prepared.get("source")}
+
+
+def git_commit(code_dir: Path) -> str | None:
+    if os.environ.get("FT_GIT_COMMIT"):
+        return os.environ["FT_GIT_COMMIT"]
+    try:
+        out = subprocess.run(["git", "-C", str(code_dir), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def package_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def start_attempt(path: Path, base: dict[str, Any], resumed_from: int) -> dict[str, Any]:
+    """Manifest for a run (re)starting now: the first start is kept, each (re)start is one attempt."""
+    previous = read_manifest(path) or {}
+    same = previous.get("config_sha256") == base["config_sha256"]
+    attempts = previous.get("attempts", []) if same else []
+    attempts.append({
+        "started": utc_now(),
+        "resumed_from_step": resumed_from,
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "slurm_restart_count": int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
+    })
+    manifest = {**base, "started": previous.get("started") if same else utc_now(), "ended": None,
+                "status": "running", "attempts": attempts}
+    write_json_atomic(path, manifest)
+    return manifest
+
+
+def finish_attempt(path: Path, manifest: dict[str, Any], status: str, step: int, **extra: Any) -> dict[str, Any]:
+    manifest = {**manifest, **extra, "status": status, "global_step": step}
+    manifest["attempts"][-1].update({"ended": utc_now(), "status": status, "global_step": step})
+    if status == "completed":
+        manifest["ended"] = utc_now()
+    write_json_atomic(path, manifest)
+    return manifest
