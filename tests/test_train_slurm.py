@@ -1,0 +1,73 @@
+"""train.sbatch on the local Slurm: 2 DDP processes (gloo), USR1 mid-run -> checkpoint, self-requeue, resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from train_fixtures import with_train, write_config
+from workloads.train.metrics import read_metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slurm
+
+
+def _job_field(job: str, field: str) -> str | None:
+    out = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
+    match = re.search(rf"\b{field}=(\S+)", out)
+    return match.group(1) if match else None
+
+
+def _wait(predicate, timeout: float, what: str, log: Path) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    tail = log.read_text(errors="replace")[-4000:] if log.exists() else "(no log)"
+    pytest.fail(f"timed out waiting for {what}; job log:\n{tail}")
+
+
+def test_requeued_training_resumes_from_its_checkpoint(slurm: str, tiny_prepared, tmp_path: Path) -> None:
+    run = with_train(tiny_prepared, tmp_path, max_steps=40, save_steps=50, logging_steps=1, procs_per_node=2,
+                     micro_batch_size=1)
+    config = write_config(run, tmp_path / "run.json")
+    log = tmp_path / "train.log"
+    env = {**os.environ, "FT_PYTHON": sys.executable, "FT_CODE_DIR": str(ROOT)}
+    submit = subprocess.run(
+        ["sbatch", "--parsable", f"--output={log}", "--cpus-per-task=2", str(ROOT / "workloads/jobs/train.sbatch"),
+         str(config)],
+        capture_output=True, text=True, env=env, check=True,
+    )
+    job = submit.stdout.strip().split(";")[0]
+    metrics = run.train_run_dir / "metrics.jsonl"
+    try:
+        _wait(lambda: len(read_metrics(metrics)) >= 3, 300, "three logged steps", log)
+        subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True)
+        _wait(lambda: _job_field(job, "Restarts") == "1", 120, "the job to requeue itself", log)
+        _wait(lambda: _job_field(job, "JobState") in ("COMPLETED", "FAILED", "CANCELLED"), 420,
+              "the requeued job to finish", log)
+    finally:
+        subprocess.run(["scancel", job], capture_output=True)
+    text = log.read_text(errors="replace")
+    assert _job_field(job, "JobState") == "COMPLETED", text[-4000:]
+    assert "requeueing job" in text
+
+    manifest = json.loads((run.train_run_dir / "run_manifest.json").read_text())
+    assert manifest["status"] == "completed" and manifest["world_size"] == 2
+    first, second = manifest["attempts"]
+    assert first["status"] == "interrupted" and first["global_step"] > 0
+    assert second["resumed_from_step"] == first["global_step"] > 0
+    assert second["slurm_restart_count"] == 1 and second["slurm_job_id"] == job
+    steps = [r["step"] for r in read_metrics(metrics) if "loss" in r]
+    assert steps == list(range(1, 41)), steps
+    assert (run.adapter_dir / "adapter_model.safetensors").is_file()
+    assert (run.train_run_dir / "loss.png").is_file()
+    assert f"resume={run.checkpoints_dir}/checkpoint-{first['global_step']}" in text

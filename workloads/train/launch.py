@@ -1,0 +1,57 @@
+"""Shell settings for the train job: processes per node, checkpoint folder, NCCL/gloo network environment.
+
+    eval "$(python -m workloads.train.launch --config RUN.json)"
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+
+from workloads.config import ConfigError, load_run_config
+from workloads.train.config import TrainConfig, require_train, train_paths
+
+
+def procs_per_node(train: TrainConfig, gpus: int) -> int:
+    """Configured count, else one process per GPU, else one."""
+    return train.procs_per_node or gpus or 1
+
+
+def launch_environment(train: TrainConfig, gpus: int, cpus_on_node: int) -> dict[str, str]:
+    """Variables exported to every training process; CPU runs split the node's cores between processes."""
+    nproc = procs_per_node(train, gpus)
+    env = train.network.environment()
+    if not gpus:
+        env["OMP_NUM_THREADS"] = str(max(1, cpus_on_node // nproc))
+    return env
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", required=True)
+    options = parser.parse_args(argv)
+    try:
+        run = load_run_config(options.config)
+        train = require_train(run)
+    except (ConfigError, ValueError) as error:
+        print(f"launch: {error}", file=sys.stderr)
+        return 2
+    import torch
+
+    gpus = torch.cuda.device_count()
+    cpus = int(os.environ.get("SLURM_CPUS_ON_NODE") or os.cpu_count() or 1)
+    paths = train_paths(run)
+    lines = [
+        f"FT_NPROC_PER_NODE={procs_per_node(train, gpus)}",
+        f"FT_CHECKPOINT_DIR={shlex.quote(str(paths.checkpoint_dir))}",
+        f"FT_RUN_DIR={shlex.quote(str(paths.run_dir))}",
+    ]
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(launch_environment(train, gpus, cpus).items())]
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
