@@ -1,0 +1,76 @@
+"""Merge a LoRA adapter into a full-precision copy of its base for serving (never into 4-bit weights).
+
+    python -m workloads.train.export --adapter DIR --base DIR --out DIR [--dtype float32|bfloat16|float16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+import torch
+
+from workloads.common.atomic import MANIFEST_NAME, atomic_dir, sha256_file, utc_now, write_json_atomic
+
+log = logging.getLogger("workloads.train.export")
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ExportError(ValueError):
+    """Missing or mismatched adapter/base; the message names the folder."""
+
+
+def merge_adapter(adapter: Path, base: Path, out: Path, dtype: str = "float32") -> Path:
+    """Load `base` unquantized in `dtype`, apply `adapter`, fold the LoRA deltas into the weights and save the
+    merged model with the tokenizer to `out` (atomic)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not (adapter / "adapter_config.json").is_file():
+        raise ExportError(f"{adapter}: not a PEFT adapter folder (adapter_config.json missing)")
+    if not (base / "config.json").is_file():
+        raise ExportError(f"{base}: not a model folder (config.json missing)")
+    if dtype not in DTYPES:
+        raise ExportError(f"--dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=DTYPES[dtype], quantization_config=None)
+    if getattr(model.config, "quantization_config", None):
+        raise ExportError(f"{base}: base is quantized; merge needs full-precision weights")
+    merged = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+    tokenizer = AutoTokenizer.from_pretrained(adapter if (adapter / "tokenizer_config.json").is_file() else base)
+    with atomic_dir(out) as tmp:
+        merged.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        write_json_atomic(tmp / MANIFEST_NAME, {
+            "stage": "export",
+            "adapter": {"path": str(adapter.resolve()), "sha256": sha256_file(adapter / "adapter_model.safetensors")},
+            "base": str(base.resolve()),
+            "dtype": dtype,
+            "created": utc_now(),
+        })
+    log.info("merged %s into %s -> %s (%s)", adapter, base, out, dtype)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--adapter", required=True, type=Path)
+    parser.add_argument("--base", required=True, type=Path)
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    options = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    try:
+        merge_adapter(options.adapter, options.base, options.out, options.dtype)
+    except ExportError as error:
+        print(f"export: {error}", file=sys.stderr)
+        return 2
+    print(json.dumps({"merged": str(options.out)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
