@@ -1,0 +1,144 @@
+"""A small real run for evaluation and serving tests: SmolLM2 base, a test split, a LoRA adapter and its merge.
+
+The adapter comes from a short real LoRA training run (AdamW steps on the train split), so the fine-tuned
+model's assistant-token perplexity on the held-out split is expected to be lower than the base's.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from workloads.config import RunConfig, parse_run_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def train_adapter(base_dir: Path, train_dir: Path, adapter_dir: Path, merged_dir: Path, steps: int) -> None:
+    """A short real LoRA run (AdamW on assistant-only labels), then the adapter is saved and merged by workloads.train.export."""
+    import torch
+    from datasets import load_from_disk
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from workloads.train.export import merge_adapter
+
+    torch.manual_seed(0)
+    data = load_from_disk(str(train_dir))
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "o_proj"], task_type="CAUSAL_LM")
+    model = get_peft_model(model, lora)
+    optim = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-3)
+    batch = 4
+    model.train()
+    for step in range(steps):
+        rows = [data[(step * batch + i) % len(data)] for i in range(batch)]
+        width = max(len(r["input_ids"]) for r in rows)
+        pad = [width - len(r["input_ids"]) for r in rows]
+        ids = torch.tensor([r["input_ids"] + [0] * p for r, p in zip(rows, pad)])
+        mask = torch.tensor([[1] * len(r["input_ids"]) + [0] * p for r, p in zip(rows, pad)])
+        labels = torch.tensor([r["labels"] + [-100] * p for r, p in zip(rows, pad)])
+        model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+        optim.step()
+        optim.zero_grad()
+    model.save_pretrained(adapter_dir)
+    merge_adapter(adapter_dir, base_dir, merged_dir)
+
+
+def make_run(root: Path, base: Path, steps: int = 10) -> RunConfig:
+    """A run under `root`: prepare stage (SmolLM2 + 48 synthetic conversations), then a short LoRA run."""
+    from workloads.prepare import run as prepare
+
+    run = parse_run_config({
+        "name": "evaltest",
+        "paths": {"root": str(root)},
+        "model": {"source": f"dir:{base}"},
+        "data": {"source": "sample", "rows": 48, "seed": 0, "max_length": 128},
+        "eval": {"num_prompts": 3, "num_samples": 2, "max_new_tokens": 16, "batch_size": 8,
+                 "device": "cpu", "dtype": "float32"},
+        "serve": {"engine": "transformers", "device": "cpu", "dtype": "float32"},
+    }, "eval_fixtures")
+    prepare(run)
+    train_adapter(run.base_model_dir, run.train_tokenized_dir, run.adapter_dir, run.merged_dir, steps)
+    return run
+
+
+@pytest.fixture(scope="session")
+def trained_run(smollm2_base_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunConfig]:
+    yield make_run(tmp_path_factory.mktemp("evalrun"), smollm2_base_dir)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Served:
+    api: str
+    api_key: str
+    run: RunConfig
+    log: Path
+
+
+def start_server(run: RunConfig, work: Path, api_key: str | None, extra: list[str] | None = None,
+                 timeout_s: float = 600.0) -> tuple[subprocess.Popen, str, Path]:
+    """`python -m workloads.serve.launch` as a real process; returns it once /health answers 200."""
+    import httpx
+
+    config = work / "run.json"
+    config.write_text(run.model_dump_json())
+    port = free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env.pop("FT_API_KEY", None)
+    if api_key:
+        env["FT_API_KEY"] = api_key
+    log = work / "serve.log"
+    argv = [sys.executable, "-m", "workloads.serve.launch", "--config", str(config), "--port", str(port),
+            "--backend-port", str(free_port()), *(extra or [])]
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return proc, url, log
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    stop_server(proc)
+    raise RuntimeError(f"server not healthy after {timeout_s}s:\n{log.read_text()[-3000:]}")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.fixture(scope="session")
+def served(trained_run: RunConfig, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """The gateway with base and merged fine-tuned model (transformers serve, continuous batching), API key set."""
+    key = "test-" + os.urandom(8).hex()
+    proc, url, log = start_server(trained_run, tmp_path_factory.mktemp("serve"), key)
+    try:
+        yield Served(f"{url}/v1", key, trained_run, log)
+    finally:
+        stop_server(proc)

@@ -1,0 +1,76 @@
+"""The evaluator CLI end to end on SmolLM2 after a short real LoRA training run."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+from eval_fixtures import ROOT, trained_run  # noqa: F401
+
+from workloads.eval.report import COMPARISON_KEYS, MODEL_KEYS, TOP_KEYS, check_report
+
+pytestmark = pytest.mark.slow
+
+
+def _run_cli(config_path, job_id: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "SLURM_JOB_ID": job_id, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "workloads.eval.evaluate", "--config", str(config_path)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+    )
+
+
+@pytest.fixture(scope="module")
+def report(trained_run, tmp_path_factory):  # noqa: F811
+    config = tmp_path_factory.mktemp("evalcfg") / "run.json"
+    config.write_text(trained_run.model_dump_json())
+    done = _run_cli(config, "4242")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout), trained_run
+
+
+def test_stdout_is_the_documented_json_and_matches_the_file(report) -> None:
+    document, run = report
+    check_report(document)
+    assert set(TOP_KEYS) <= set(document)
+    saved = json.loads((run.results_dir / "evaluator_4242.json").read_text())
+    assert saved == document
+    assert (run.results_dir / "evaluator_4242.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert document["job_id"] == "4242" and document["finetuned_kind"] == "merged"
+
+
+def test_values_are_finite_and_samples_come_from_the_test_split(report) -> None:
+    document, run = report
+    for side in ("base_model", "finetuned_model"):
+        block = document[side]
+        for key in MODEL_KEYS:
+            if key != "sample_generations":
+                assert math.isfinite(block[key]), f"{side}.{key}"
+        assert block["perplexity_tokens"] > 0 and block["tokens_per_second"] > 0
+        assert len(block["sample_generations"]) == 2
+        assert {"input", "reference", "generated"} == set(block["sample_generations"][0])
+    for key in COMPARISON_KEYS:
+        assert math.isfinite(document["comparison"][key]), key
+    references = [json.loads(line)["messages"][-1]["content"] for line in run.test_jsonl.read_text().splitlines()]
+    assert document["finetuned_model"]["sample_generations"][0]["reference"] == references[0]
+
+
+def test_finetuned_perplexity_is_lower_than_base(report) -> None:
+    document, _ = report
+    base, tuned = document["base_model"]["perplexity"], document["finetuned_model"]["perplexity"]
+    assert tuned < base
+    assert document["comparison"]["perplexity"] == pytest.approx((base - tuned) / base * 100)
+
+
+def test_missing_test_split_is_named(trained_run, tmp_path) -> None:  # noqa: F811
+    data = json.loads(trained_run.model_dump_json())
+    data["paths"]["data_dir"] = str(tmp_path / "nodata")
+    config = tmp_path / "run.json"
+    config.write_text(json.dumps(data))
+    done = _run_cli(config, "1")
+    assert done.returncode == 2
+    assert str(tmp_path / "nodata") in done.stderr and done.stdout == ""

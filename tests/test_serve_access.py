@@ -1,0 +1,109 @@
+"""Access rules of the server and the chat UI, and the engine plans (no model is loaded here)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from eval_fixtures import ROOT
+
+from workloads.config import parse_run_config
+from workloads.serve.auth import AccessError, bearer_matches, is_loopback, require_key_beyond_loopback
+from workloads.serve.chat import check_exposure
+from workloads.serve.config import ServeConfig
+from workloads.serve.engines import plan_transformers, plan_vllm
+from workloads.serve.gateway import rename_sse_line
+
+
+@pytest.mark.parametrize("host,loopback", [("127.0.0.1", True), ("localhost", True), ("::1", True),
+                                           ("0.0.0.0", False), ("10.0.0.5", False), ("worker-0", False)])
+def test_loopback_detection(host: str, loopback: bool) -> None:
+    assert is_loopback(host) is loopback
+
+
+def test_key_required_beyond_loopback() -> None:
+    require_key_beyond_loopback("127.0.0.1", None)
+    require_key_beyond_loopback("0.0.0.0", "k")
+    with pytest.raises(AccessError, match="0.0.0.0"):
+        require_key_beyond_loopback("0.0.0.0", None)
+
+
+def test_bearer_check() -> None:
+    assert bearer_matches("Bearer s3cret", "s3cret")
+    assert not bearer_matches("Bearer s3cre", "s3cret")
+    assert not bearer_matches("s3cret", "s3cret") and not bearer_matches(None, "s3cret")
+
+
+def test_chat_refuses_public_exposure_without_login() -> None:
+    check_exposure("127.0.0.1", False, None)
+    check_exposure("0.0.0.0", True, ("u", "p"))
+    with pytest.raises(AccessError, match="share"):
+        check_exposure("127.0.0.1", True, None)
+    with pytest.raises(AccessError, match="0.0.0.0"):
+        check_exposure("0.0.0.0", False, None)
+
+
+def test_launch_cli_refuses_public_host_without_key(tmp_path) -> None:
+    config = tmp_path / "run.json"
+    config.write_text(json.dumps({"name": "x", "paths": {"root": str(tmp_path)}, "model": {"source": "dir:/nope"},
+                                  "data": {"source": "sample", "rows": 4}, "serve": {"host": "0.0.0.0"}}))
+    env = {k: v for k, v in os.environ.items() if k != "FT_API_KEY"}
+    done = subprocess.run([sys.executable, "-m", "workloads.serve.launch", "--config", str(config)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "no API key" in done.stderr
+
+
+def test_chat_cli_refuses_share_without_login() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FT_CHAT_")}
+    done = subprocess.run([sys.executable, "-m", "workloads.serve.chat", "--api", "http://127.0.0.1:9/v1", "--share"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "FT_CHAT_USER" in done.stderr
+
+
+def test_sse_model_rename_keeps_other_lines() -> None:
+    line = 'data: {"id": "1", "model": "/srv/merged@main", "choices": []}'
+    assert json.loads(rename_sse_line(line, "finetuned")[6:])["model"] == "finetuned"
+    assert rename_sse_line("data: [DONE]", "x") == "data: [DONE]"
+    assert rename_sse_line("", "x") == ""
+
+
+def _run(tmp_path):
+    run = parse_run_config({"name": "p", "paths": {"root": str(tmp_path)}, "model": {"source": "dir:/m"},
+                            "data": {"source": "sample", "rows": 4}})
+    for folder, marker in ((run.merged_dir, "config.json"), (run.base_model_dir, "config.json"),
+                           (run.adapter_dir, "adapter_config.json")):
+        folder.mkdir(parents=True)
+        (folder / marker).write_text(json.dumps({"r": 12}))
+    (run.adapter_dir / "adapter_model.safetensors").write_bytes(b"x")
+    return run
+
+
+def test_transformers_plan_one_process_per_model(tmp_path) -> None:
+    run = _run(tmp_path)
+    plans = plan_transformers(run, ServeConfig(backend_port=9100))
+    assert [p.port for p in plans] == [9100, 9101]
+    assert [r.name for p in plans for r in p.routes] == ["finetuned", "base"]
+    assert str(run.merged_dir) in plans[0].argv and "--continuous-batching" in plans[0].argv
+    assert all("127.0.0.1" in p.argv for p in plans)
+    adapter = plan_transformers(run, ServeConfig(serve_base=False), finetuned="adapter-4bit", work_dir=tmp_path / "w")
+    assert len(adapter) == 1 and "bnb-4bit" in adapter[0].argv
+    view = json.loads((tmp_path / "w" / "adapter-view" / "adapter_config.json").read_text())
+    assert view["base_model_name_or_path"] == str(run.base_model_dir)
+
+
+def test_vllm_plan_serves_adapter_with_lora(tmp_path) -> None:
+    run = _run(tmp_path)
+    (plan,) = plan_vllm(run, ServeConfig())
+    argv = " ".join(plan.argv)
+    assert "--enable-lora" in argv and f"finetuned={run.adapter_dir}" in argv and "--max-lora-rank 16" in argv
+    assert {r.name for r in plan.routes} == {"finetuned", "base"}
+
+
+def test_missing_merged_model_is_named(tmp_path) -> None:
+    run = parse_run_config({"name": "p", "paths": {"root": str(tmp_path)}, "model": {"source": "dir:/m"},
+                            "data": {"source": "sample", "rows": 4}})
+    with pytest.raises(FileNotFoundError, match="merged"):
+        plan_transformers(run, ServeConfig())

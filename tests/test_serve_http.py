@@ -1,0 +1,52 @@
+"""The endpoint through real HTTP: gateway + `transformers serve` engines on SmolLM2 (base and merged fine-tuned)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from eval_fixtures import served, trained_run  # noqa: F401
+from openai import AuthenticationError, OpenAI
+
+pytestmark = pytest.mark.slow
+
+
+def test_health_is_open_and_reports_every_model(served) -> None:  # noqa: F811
+    reply = httpx.get(served.api.removesuffix("/v1") + "/health", timeout=10)
+    assert reply.status_code == 200
+    assert reply.json() == {"status": "ok", "models": {"base": "ok", "finetuned": "ok"}}
+
+
+def test_models_need_the_key(served) -> None:  # noqa: F811
+    assert httpx.get(f"{served.api}/models", timeout=10).status_code == 401
+    wrong = httpx.get(f"{served.api}/models", headers={"Authorization": "Bearer nope"}, timeout=10)
+    assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_api_key"
+    with pytest.raises(AuthenticationError):
+        OpenAI(base_url=served.api, api_key="wrong").models.list()
+    ids = {m.id: m for m in OpenAI(base_url=served.api, api_key=served.api_key).models.list().data}
+    assert set(ids) == {"base", "finetuned"}
+
+
+def test_streaming_chat_with_the_openai_client(served) -> None:  # noqa: F811
+    client = OpenAI(base_url=served.api, api_key=served.api_key)
+    stream = client.chat.completions.create(
+        model="finetuned", messages=[{"role": "user", "content": "What is a bond?"}],
+        stream=True, max_tokens=8, temperature=0.0,
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert len(chunks) > 2 and text.strip()
+    assert {c.model for c in chunks} == {"finetuned"}
+    assert served.run.merged_dir.name not in str([c.model_dump() for c in chunks])
+
+
+def test_non_streaming_chat_on_base_and_unknown_model(served) -> None:  # noqa: F811
+    headers = {"Authorization": f"Bearer {served.api_key}"}
+    body = {"model": "base", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 6}
+    reply = httpx.post(f"{served.api}/chat/completions", json=body, headers=headers, timeout=300)
+    assert reply.status_code == 200, reply.text
+    document = reply.json()
+    assert document["model"] == "base" and document["choices"][0]["message"]["content"].strip()
+    missing = httpx.post(f"{served.api}/chat/completions", json={**body, "model": "gpt-4"}, headers=headers, timeout=30)
+    assert missing.status_code == 404 and "finetuned" in missing.json()["error"]["message"]
+    assert httpx.post(f"{served.api}/chat/completions", json=body, timeout=30).status_code == 401
+    assert "Bearer" not in served.log.read_text() and served.api_key not in served.log.read_text()

@@ -1,0 +1,149 @@
+"""Compare the base and the fine-tuned model on the test split; JSON on stdout and in <results>/evaluator_<jobid>.json.
+
+    python -m workloads.eval.evaluate --config workloads/configs/local.json | jq .comparison
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from workloads.config import ConfigError, RunConfig, load_run_config
+from workloads.eval.config import EvalConfig
+from workloads.eval.generation import Prompt, generate_all, read_prompts
+from workloads.eval.metrics import compare, text_scores
+from workloads.eval.perplexity import assistant_perplexity, load_tokenized
+from workloads.eval.report import check_report, write_chart, write_report
+
+log = logging.getLogger("workloads.eval")
+
+
+def resolve_device_dtype(cfg: EvalConfig) -> tuple[str, torch.dtype]:
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
+    if cfg.dtype != "auto":
+        return device, getattr(torch, cfg.dtype)
+    return device, torch.bfloat16 if device == "cuda" else torch.float32
+
+
+def finetuned_kind(run: RunConfig, choice: str) -> str:
+    """`merged` or `adapter`; auto prefers the merged folder when it exists."""
+    merged = (run.merged_dir / "config.json").exists()
+    adapter = (run.adapter_dir / "adapter_config.json").exists()
+    if choice == "merged" and not merged:
+        raise FileNotFoundError(f"{run.merged_dir}: merged model not found (run the train stage's export)")
+    if choice == "adapter" and not adapter:
+        raise FileNotFoundError(f"{run.adapter_dir}: adapter not found (run the train stage)")
+    if choice == "auto":
+        if merged:
+            return "merged"
+        if adapter:
+            return "adapter"
+        raise FileNotFoundError(f"neither {run.merged_dir} nor {run.adapter_dir} holds a fine-tuned model")
+    return choice
+
+
+def load_model(run: RunConfig, side: str, kind: str, device: str, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM
+
+    if side == "base" or kind == "adapter":
+        if not (run.base_model_dir / "config.json").exists():
+            raise FileNotFoundError(f"{run.base_model_dir}: base model not found (run the prepare stage)")
+        model = AutoModelForCausalLM.from_pretrained(run.base_model_dir, dtype=dtype)
+        if side == "finetuned":
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(model, run.adapter_dir)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(run.merged_dir, dtype=dtype)
+    return model.to(device)
+
+
+def measure(model, tokenizer, dataset, prompts: list[Prompt], cfg: EvalConfig, name: str) -> dict[str, Any]:
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    ppl, scored = assistant_perplexity(model, dataset, cfg.batch_size, pad_id, desc=f"{name}: perplexity")
+    outputs = generate_all(model, tokenizer, prompts, cfg.max_new_tokens, cfg.seed, desc=f"{name}: generation")
+    tokens = sum(o.tokens for o in outputs)
+    total = sum(o.total_s for o in outputs)
+    n = len(outputs)
+    return {
+        "perplexity": ppl,
+        "perplexity_tokens": scored,
+        "time_to_first_token": sum(o.ttft_s for o in outputs) / n,
+        "tokens_per_second": tokens / total if total > 0 else 0.0,
+        "total_time": total,
+        "message_length_avg": sum(len(o.text) for o in outputs) / n,
+        "message_tokens_avg": tokens / n,
+        **text_scores([p.reference for p in prompts], [o.text for o in outputs]),
+        "sample_generations": [
+            {"input": p.input, "reference": p.reference, "generated": o.text}
+            for p, o in zip(prompts[: cfg.num_samples], outputs)
+        ],
+    }
+
+
+def evaluate(run: RunConfig, job_id: str) -> dict[str, Any]:
+    from transformers import AutoTokenizer
+
+    cfg = run.eval or EvalConfig()
+    kind = finetuned_kind(run, cfg.finetuned)
+    device, dtype = resolve_device_dtype(cfg)
+    tokenizer = AutoTokenizer.from_pretrained(run.base_model_dir)
+    dataset = load_tokenized(run.test_tokenized_dir, cfg.perplexity_rows)
+    prompts = read_prompts(run.test_jsonl, cfg.num_prompts)
+    sides: dict[str, dict[str, Any]] = {}
+    for side in ("base", "finetuned"):
+        log.info("evaluating %s model (%s)", side, kind if side == "finetuned" else run.base_model_dir)
+        model = load_model(run, side, kind, device, dtype)
+        sides[side] = measure(model, tokenizer, dataset, prompts, cfg, side)
+        del model
+        gc.collect()
+    return {
+        "job_id": job_id,
+        "run": run.name,
+        "finetuned_kind": kind,
+        "base_model": sides["base"],
+        "finetuned_model": sides["finetuned"],
+        "comparison": compare(sides["base"], sides["finetuned"]),
+        "settings": {
+            "device": device,
+            "dtype": str(dtype).removeprefix("torch."),
+            "test_rows_perplexity": len(dataset),
+            "prompts": len(prompts),
+            "max_new_tokens": cfg.max_new_tokens,
+            "seed": cfg.seed,
+            "decoding": "greedy",
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=os.environ.get("FT_CONFIG"), required="FT_CONFIG" not in os.environ)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    try:
+        run = load_run_config(args.config)
+        report = evaluate(run, os.environ.get("SLURM_JOB_ID") or "local")
+        check_report(report)
+        path = write_report(report, run.results_dir)
+        if (run.eval or EvalConfig()).chart:
+            write_chart(report, path.with_suffix(".png"))
+    except (ConfigError, FileNotFoundError, ValueError) as error:
+        print(f"evaluate: {error}", file=sys.stderr)
+        return 2
+    log.info("wrote %s", path)
+    json.dump(report, sys.stdout, indent=2, ensure_ascii=False)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""Start the engine processes and the gateway in front of them; stops the engines when the gateway exits.
+
+    FT_API_KEY=... python -m workloads.serve.launch --config workloads/configs/local.json [--host 0.0.0.0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+from workloads.config import ConfigError, RunConfig, load_run_config
+from workloads.serve.auth import AccessError, api_key_from_env, is_loopback, require_key_beyond_loopback
+from workloads.serve.config import ServeConfig
+from workloads.serve.engines import EnginePlan, choose_engine, plan_transformers, plan_vllm
+from workloads.serve.gateway import Route, build_gateway
+
+
+class EngineError(RuntimeError):
+    """An engine process exited or did not become healthy in time."""
+
+
+def wait_healthy(plans: list[EnginePlan], procs: list[subprocess.Popen], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    pending = {p.url: (p, proc) for p, proc in zip(plans, procs)}
+    while pending:
+        for url, (plan, proc) in list(pending.items()):
+            if proc.poll() is not None:
+                raise EngineError(f"engine {plan.label!r} exited with status {proc.returncode}: {' '.join(plan.argv)}")
+            try:
+                if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
+                    del pending[url]
+            except httpx.HTTPError:
+                pass
+        if pending and time.monotonic() > deadline:
+            raise EngineError(f"engines {[p.label for p, _ in pending.values()]} not healthy after {timeout_s:.0f}s")
+        if pending:
+            time.sleep(1.0)
+
+
+def stop_all(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@contextmanager
+def running_engines(plans: list[EnginePlan], timeout_s: float) -> Iterator[list[Route]]:
+    """Start every plan in its own process group, wait until healthy, yield the routes, stop them after."""
+    env = {**os.environ, "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")}
+    procs: list[subprocess.Popen] = []
+    try:
+        for plan in plans:
+            procs.append(subprocess.Popen(plan.argv, env=env, start_new_session=True, stdout=sys.stderr))
+        wait_healthy(plans, procs, timeout_s)
+        yield [route for plan in plans for route in plan.routes]
+    finally:
+        stop_all(procs)
+
+
+def make_plans(run: RunConfig, cfg: ServeConfig, finetuned: str, work_dir: Path) -> list[EnginePlan]:
+    if choose_engine(cfg) == "vllm":
+        return plan_vllm(run, cfg)
+    return plan_transformers(run, cfg, finetuned=finetuned, work_dir=work_dir)
+
+
+def reach_hint(host: str, port: int, node: str) -> str:
+    """How to reach the gateway from a laptop through the login node."""
+    if is_loopback(host):
+        tunnel = f"ssh -N -L {port}:127.0.0.1:{port} -J <user>@<login-node> <user>@{node}"
+    else:
+        tunnel = f"ssh -N -L {port}:{node}:{port} <user>@<login-node>"
+    return f"gateway on {node}:{port} ({host}); from your machine: {tunnel}  then use http://127.0.0.1:{port}/v1"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=os.environ.get("FT_CONFIG"), required="FT_CONFIG" not in os.environ)
+    parser.add_argument("--host", help="override serve.host")
+    parser.add_argument("--port", type=int, help="override serve.port")
+    parser.add_argument("--backend-port", type=int, help="override serve.backend_port")
+    parser.add_argument("--finetuned", choices=("merged", "adapter-4bit"), default="merged",
+                        help="transformers engine: merged model (default) or base in NF4 + unmerged adapter")
+    parser.add_argument("--no-base", action="store_true", help="serve only the fine-tuned model")
+    args = parser.parse_args(argv)
+    try:
+        run = load_run_config(args.config)
+        overrides = {k: v for k, v in {"host": args.host, "port": args.port, "backend_port": args.backend_port}.items() if v is not None}
+        if args.no_base:
+            overrides["serve_base"] = False
+        cfg = (run.serve or ServeConfig()).model_copy(update=overrides)
+        api_key = api_key_from_env(cfg.api_key_env)
+        require_key_beyond_loopback(cfg.host, api_key)
+        work_dir = Path(tempfile.mkdtemp(prefix="ft-serve-"))
+        plans = make_plans(run, cfg, args.finetuned, work_dir)
+    except (ConfigError, AccessError, FileNotFoundError, ValueError) as error:
+        print(f"serve: {error}", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    try:
+        with running_engines(plans, cfg.startup_timeout_s) as routes:
+            app = build_gateway(routes, api_key)
+            print(reach_hint(cfg.host, cfg.port, os.uname().nodename), flush=True)
+            print(f"models: {[r.name for r in routes]}; API key {'required' if api_key else 'not set (loopback only)'}", flush=True)
+            uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning")
+    except EngineError as error:
+        print(f"serve: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
