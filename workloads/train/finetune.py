@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, Trainer
+from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PrinterCallback, Trainer
 
 from workloads.common.atomic import atomic_dir, read_manifest
 from workloads.config import ConfigError, RunConfig, load_run_config
@@ -193,6 +193,7 @@ def train_run(run: RunConfig) -> int:
         model=model, args=args, train_dataset=train_data, eval_dataset=eval_data, data_collator=collator,
         callbacks=[MetricsCallback(metrics_file, counter), preemption], counter=counter, keep=train.save_total_limit,
     )
+    trainer.remove_callback(PrinterCallback)
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     step = trainer.state.global_step
     if preemption.stopped_at is not None:
