@@ -1,0 +1,70 @@
+"""Checkpoint sealing, validation, pruning and the launch environment (pure parts, no training)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from safetensors.torch import save_file
+import torch
+
+from workloads.train import checkpoints
+from workloads.train.config import NetworkConfig, TrainConfig
+from workloads.train.launch import launch_environment, procs_per_node
+
+
+def _staged(root: Path, step: int) -> Path:
+    folder = root / f"{checkpoints.STAGING}{step}" / f"{checkpoints.PREFIX}{step}"
+    folder.mkdir(parents=True)
+    save_file({"w": torch.ones(4)}, str(folder / "adapter_model.safetensors"))
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    return folder
+
+
+def test_publish_then_prune_keeps_newest_intact(tmp_path: Path) -> None:
+    for step in (2, 4, 6, 8):
+        checkpoints.publish(_staged(tmp_path, step), tmp_path, step)
+    broken = tmp_path / "checkpoint-5"
+    broken.mkdir()
+    (tmp_path / f"{checkpoints.STAGING}10").mkdir()
+    newer_broken = tmp_path / "checkpoint-10"
+    newer_broken.mkdir()
+    checkpoints.prune(tmp_path, keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-10", "checkpoint-6", "checkpoint-8"]
+    assert checkpoints.latest_complete(tmp_path) == tmp_path / "checkpoint-8"
+
+
+def test_problem_detects_tampering(tmp_path: Path) -> None:
+    folder = checkpoints.publish(_staged(tmp_path, 3), tmp_path, 3)
+    assert checkpoints.problem(folder) is None
+    (folder / "trainer_state.json").write_text("{}")
+    assert "trainer_state.json is 2 bytes" in checkpoints.problem(folder)
+    (folder / checkpoints.MARKER).write_text("{not json")
+    assert "unreadable completion marker" in checkpoints.problem(folder)
+    assert checkpoints.latest_complete(tmp_path) is None
+    assert checkpoints.latest_complete(tmp_path / "missing") is None
+
+
+def test_corrupt_weights_with_matching_sizes_are_caught(tmp_path: Path) -> None:
+    folder = checkpoints.publish(_staged(tmp_path, 1), tmp_path, 1)
+    weights = folder / "adapter_model.safetensors"
+    weights.write_bytes(b"\xff" * weights.stat().st_size)
+    assert "cannot be read" in checkpoints.problem(folder)
+
+
+def test_network_environment_per_fabric() -> None:
+    ethernet = NetworkConfig(fabric="ethernet", socket_ifname="eth0").environment()
+    assert ethernet["NCCL_IB_DISABLE"] == "1" and ethernet["NCCL_SOCKET_IFNAME"] == "eth0"
+    assert ethernet["GLOO_SOCKET_IFNAME"] == "eth0"
+    ib = NetworkConfig(fabric="infiniband", ib_hca="mlx5", extra_env={"NCCL_NET_GDR_LEVEL": "PHB"}).environment()
+    assert ib["NCCL_IB_DISABLE"] == "0" and ib["NCCL_IB_HCA"] == "mlx5" and ib["NCCL_NET_GDR_LEVEL"] == "PHB"
+    assert "NCCL_SOCKET_IFNAME" not in ib
+
+
+def test_processes_and_threads_per_node() -> None:
+    cpu = TrainConfig(procs_per_node=2)
+    assert procs_per_node(cpu, gpus=0) == 2
+    assert launch_environment(cpu, gpus=0, cpus_on_node=8)["OMP_NUM_THREADS"] == "4"
+    assert procs_per_node(TrainConfig(), gpus=8) == 8
+    assert "OMP_NUM_THREADS" not in launch_environment(TrainConfig(), gpus=8, cpus_on_node=128)
+    assert procs_per_node(TrainConfig(), gpus=0) == 1
