@@ -127,7 +127,7 @@ def test_4bit_nf4_trains_on_cpu(tiny_prepared, tmp_path: Path) -> None:
 
     from workloads.train.finetune import load_model
 
-    run = with_train(tiny_prepared, tmp_path, quantization="4bit", max_steps=2, save_steps=5)
+    run = with_train(tiny_prepared, tmp_path, quantization="4bit", gradient_checkpointing=True, max_steps=2, save_steps=5)
     model = load_model(train_paths(run).model_dir, run.train, "fp32", 0)
     layer = model.base_model.model.model.layers[0].self_attn.q_proj
     assert isinstance(layer.base_layer, bnb.nn.Linear4bit)
