@@ -64,7 +64,8 @@ def make_run(root: Path, base: Path, steps: int = 10) -> RunConfig:
         "data": {"source": "sample", "rows": 48, "seed": 0, "max_length": 128},
         "eval": {"num_prompts": 3, "num_samples": 2, "max_new_tokens": 16, "batch_size": 8,
                  "device": "cpu", "dtype": "float32"},
-        "serve": {"engine": "transformers", "device": "cpu", "dtype": "float32"},
+        "serve": {"engine": "transformers", "device": "cpu", "dtype": "float32", "cb_num_blocks": 16,
+                  "cb_max_batch_tokens": 1024},
     }, "eval_fixtures")
     prepare(run)
     train_adapter(run.base_model_dir, run.train_tokenized_dir, run.adapter_dir, run.merged_dir, steps)

@@ -10,7 +10,7 @@ import time
 
 import httpx
 import pytest
-from eval_fixtures import ROOT, free_port, served, trained_run  # noqa: F401
+from eval_fixtures import ROOT, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -20,7 +20,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 
 
 @pytest.fixture(scope="module")
-def chat_url(served, tmp_path_factory):  # noqa: F811
+def chat_url(served, tmp_path_factory):
     port = free_port()
     env = {**os.environ, "FT_API_KEY": served.api_key, "GRADIO_ANALYTICS_ENABLED": "False"}
     log = tmp_path_factory.mktemp("chat") / "chat.log"

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from eval_fixtures import ROOT, trained_run  # noqa: F401
+from eval_fixtures import ROOT
 
 from workloads.eval.report import COMPARISON_KEYS, MODEL_KEYS, TOP_KEYS, check_report
 
@@ -25,7 +25,7 @@ def _run_cli(config_path, job_id: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def report(trained_run, tmp_path_factory):  # noqa: F811
+def report(trained_run, tmp_path_factory):
     config = tmp_path_factory.mktemp("evalcfg") / "run.json"
     config.write_text(trained_run.model_dump_json())
     done = _run_cli(config, "4242")
@@ -66,7 +66,7 @@ def test_finetuned_perplexity_is_lower_than_base(report) -> None:
     assert document["comparison"]["perplexity"] == pytest.approx((base - tuned) / base * 100)
 
 
-def test_missing_test_split_is_named(trained_run, tmp_path) -> None:  # noqa: F811
+def test_missing_test_split_is_named(trained_run, tmp_path) -> None:
     data = json.loads(trained_run.model_dump_json())
     data["paths"]["data_dir"] = str(tmp_path / "nodata")
     config = tmp_path / "run.json"

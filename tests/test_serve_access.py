@@ -107,3 +107,11 @@ def test_missing_merged_model_is_named(tmp_path) -> None:
                             "data": {"source": "sample", "rows": 4}})
     with pytest.raises(FileNotFoundError, match="merged"):
         plan_transformers(run, ServeConfig())
+
+
+def test_cpu_engines_bound_their_kv_cache(tmp_path) -> None:
+    run = _run(tmp_path)
+    default = plan_transformers(run, ServeConfig(device="cpu"))[0].argv
+    assert default[default.index("--cb-max-memory-percent") + 1] == "0.1"
+    sized = plan_transformers(run, ServeConfig(device="cpu", cb_num_blocks=32))[0].argv
+    assert sized[sized.index("--cb-num-blocks") + 1] == "32" and "--cb-max-memory-percent" not in sized

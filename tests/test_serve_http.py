@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from eval_fixtures import served, trained_run  # noqa: F401
 from openai import AuthenticationError, OpenAI
 
 pytestmark = pytest.mark.slow
 
 
-def test_health_is_open_and_reports_every_model(served) -> None:  # noqa: F811
+def test_health_is_open_and_reports_every_model(served) -> None:
     reply = httpx.get(served.api.removesuffix("/v1") + "/health", timeout=10)
     assert reply.status_code == 200
     assert reply.json() == {"status": "ok", "models": {"base": "ok", "finetuned": "ok"}}
 
 
-def test_models_need_the_key(served) -> None:  # noqa: F811
+def test_models_need_the_key(served) -> None:
     assert httpx.get(f"{served.api}/models", timeout=10).status_code == 401
     wrong = httpx.get(f"{served.api}/models", headers={"Authorization": "Bearer nope"}, timeout=10)
     assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_api_key"
@@ -26,7 +25,7 @@ def test_models_need_the_key(served) -> None:  # noqa: F811
     assert set(ids) == {"base", "finetuned"}
 
 
-def test_streaming_chat_with_the_openai_client(served) -> None:  # noqa: F811
+def test_streaming_chat_with_the_openai_client(served) -> None:
     client = OpenAI(base_url=served.api, api_key=served.api_key)
     stream = client.chat.completions.create(
         model="finetuned", messages=[{"role": "user", "content": "What is a bond?"}],
@@ -39,7 +38,7 @@ def test_streaming_chat_with_the_openai_client(served) -> None:  # noqa: F811
     assert served.run.merged_dir.name not in str([c.model_dump() for c in chunks])
 
 
-def test_non_streaming_chat_on_base_and_unknown_model(served) -> None:  # noqa: F811
+def test_non_streaming_chat_on_base_and_unknown_model(served) -> None:
     headers = {"Authorization": f"Bearer {served.api_key}"}
     body = {"model": "base", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 6}
     reply = httpx.post(f"{served.api}/chat/completions", json=body, headers=headers, timeout=300)

@@ -26,6 +26,12 @@ class ServeConfig(BaseModel):
     finetuned_name: str = Field("finetuned", description="model id of the fine-tuned model in /v1/models")
     api_key_env: str = Field("FT_API_KEY", description="environment variable holding the API key (never the key)")
     continuous_batching: bool = Field(True, description="transformers engine: continuous batching")
+    cb_num_blocks: int | None = Field(None, gt=0, description="KV cache blocks per engine (None: from memory)")
+    cb_max_batch_tokens: int | None = Field(None, gt=0, description="tokens per batch (None: from memory)")
+    cb_max_memory_percent: float | None = Field(
+        None, gt=0.0, le=1.0,
+        description="share of free memory for the KV cache; on CPU 0.1 per engine unless blocks are given",
+    )
     device: str = Field("auto", description="transformers engine: device (auto, cpu, cuda:0)")
     dtype: str = Field("auto", description="transformers engine: dtype (auto, float32, bfloat16, float16)")
     vllm_args: list[str] = Field(default_factory=list, description="extra arguments for `vllm serve`")

@@ -22,6 +22,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "generation_config.json", "config.json")
 
 VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+CPU_CACHE_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -44,12 +45,32 @@ def choose_engine(cfg: ServeConfig) -> str:
     return "vllm" if importlib.util.find_spec("vllm") and torch.cuda.is_available() else "transformers"
 
 
+def on_cpu(device: str) -> bool:
+    if device != "auto":
+        return device == "cpu"
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def cb_flags(cfg: ServeConfig) -> list[str]:
+    """KV cache sizing. Unbounded, transformers takes 60% of free RAM per CPU engine: two engines exhaust it."""
+    flags = []
+    for flag, value in (("--cb-num-blocks", cfg.cb_num_blocks), ("--cb-max-batch-tokens", cfg.cb_max_batch_tokens),
+                        ("--cb-max-memory-percent", cfg.cb_max_memory_percent)):
+        if value is not None:
+            flags += [flag, str(value)]
+    if not flags and on_cpu(cfg.device):
+        flags = ["--cb-max-memory-percent", str(CPU_CACHE_SHARE)]
+    return flags
+
+
 def transformers_argv(folder: Path, port: int, cfg: ServeConfig, quantization: str | None = None) -> list[str]:
     argv = [sys.executable, "-m", "transformers.cli.transformers", "serve", str(folder),
             "--host", "127.0.0.1", "--port", str(port), "--device", cfg.device, "--dtype", cfg.dtype,
             "--log-level", "warning"]
     if cfg.continuous_batching:
-        argv.append("--continuous-batching")
+        argv += ["--continuous-batching", *cb_flags(cfg)]
     if quantization:
         argv += ["--quantization", quantization]
     return argv
@@ -62,7 +83,8 @@ def require_folder(path: Path, marker: str, stage: str) -> Path:
 
 
 def adapter_view(run: RunConfig, target: Path) -> Path:
-    """A folder `transformers serve` loads as base + unmerged adapter: adapter files, base config and tokenizer."""
+    """A folder `transformers serve` loads as base + unmerged adapter (transformers' PEFT integration): the
+    adapter files beside the base's config, tokenizer and (symlinked) weights."""
     adapter = require_folder(run.adapter_dir, "adapter_config.json", "train")
     base = require_folder(run.base_model_dir, "config.json", "prepare")
     target.mkdir(parents=True, exist_ok=True)
@@ -75,6 +97,8 @@ def adapter_view(run: RunConfig, target: Path) -> Path:
     for name in TOKENIZER_FILES:
         if (base / name).exists():
             shutil.copy2(base / name, target / name)
+    for weights in [*base.glob("*.safetensors"), *base.glob("*.safetensors.index.json")]:
+        (target / weights.name).symlink_to(weights.resolve())
     return target
 
 
