@@ -49,6 +49,7 @@ def test_requeued_training_resumes_from_its_checkpoint(slurm: str, tiny_prepared
     job = submit.stdout.strip().split(";")[0]
     metrics = run.train_run_dir / "metrics.jsonl"
     try:
+        _wait(lambda: _job_field(job, "JobState") != "PENDING", 1200, "the job to start (node busy?)", log)
         _wait(lambda: len(read_metrics(metrics)) >= 3, 300, "three logged steps", log)
         subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True)
         _wait(lambda: _job_field(job, "Restarts") == "1", 120, "the job to requeue itself", log)

@@ -90,6 +90,8 @@ class MetricsCallback(TrainerCallback):
             util = gpu_utilization()
             if util is not None:
                 record["gpu_util"] = util
+                if record["tokens_per_s"] is not None:
+                    record["tokens_per_second_per_gpu"] = round(record["tokens_per_s"] / args.world_size, 2)
         if "eval_loss" in logs:
             record["eval_loss"] = logs["eval_loss"]
         if not state.is_world_process_zero:
