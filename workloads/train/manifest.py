@@ -46,14 +46,18 @@ def model_hash(folder: Path) -> dict[str, Any]:
 
 
 def git_commit(code_dir: Path) -> str | None:
+    """FT_GIT_COMMIT when set, else the commit of the code folder if it is itself a git checkout (a bundle is not)."""
     if os.environ.get("FT_GIT_COMMIT"):
         return os.environ["FT_GIT_COMMIT"]
     try:
-        out = subprocess.run(["git", "-C", str(code_dir), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=10, check=True)
+        out = subprocess.run(["git", "-C", str(code_dir), "rev-parse", "--show-toplevel", "HEAD"],
+                             capture_output=True, text=True, timeout=10, check=True)
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() or None
+    lines = out.stdout.split()
+    if len(lines) != 2 or Path(lines[0]).resolve() != code_dir.resolve():
+        return None
+    return lines[1]
 
 
 def package_versions() -> dict[str, str | None]:
