@@ -124,7 +124,21 @@ def start_server(run: RunConfig, work: Path, api_key: str | None, extra: list[st
     raise RuntimeError(f"server not healthy after {timeout_s}s:\n{log.read_text()[-3000:]}")
 
 
+def children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
 def stop_server(proc: subprocess.Popen) -> None:
+    """SIGTERM the launcher as Slurm would; it must stop its engine processes before exiting."""
+    engines = children(proc.pid)
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -132,6 +146,10 @@ def stop_server(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+    left = [pid for pid in engines if Path(f"/proc/{pid}").exists()]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"engine processes {left} outlived the launcher"
 
 
 @pytest.fixture(scope="session")

@@ -113,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import uvicorn
 
+    # uvicorn re-raises SIGTERM after its graceful shutdown; exiting through SystemExit lets the engines be stopped.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         with running_engines(plans, cfg.startup_timeout_s) as routes:
             app = build_gateway(routes, api_key)
