@@ -68,3 +68,17 @@ def test_processes_and_threads_per_node() -> None:
     assert procs_per_node(TrainConfig(), gpus=8) == 8
     assert "OMP_NUM_THREADS" not in launch_environment(TrainConfig(), gpus=8, cpus_on_node=128)
     assert procs_per_node(TrainConfig(), gpus=0) == 1
+
+
+def test_checkpoint_of_another_configuration_is_not_resumed(tmp_path: Path, caplog) -> None:  # noqa: ANN001
+    from workloads.train.manifest import training_fingerprint
+
+    base = {"model": {"source": "dir:/m"}, "data": {"rows": 4}, "train": {"lora": {"r": 8}, "max_steps": 10}}
+    longer = {**base, "train": {"lora": {"r": 8}, "max_steps": 20}}
+    other = {**base, "train": {"lora": {"r": 16}, "max_steps": 10}}
+    assert training_fingerprint(base) == training_fingerprint(longer)
+    assert training_fingerprint(base) != training_fingerprint(other)
+    checkpoints.publish(_staged(tmp_path, 5), tmp_path, 5, training_fingerprint(base))
+    assert checkpoints.latest_complete(tmp_path, training_fingerprint(longer)) == tmp_path / "checkpoint-5"
+    assert checkpoints.latest_complete(tmp_path, training_fingerprint(other)) is None
+    assert "written by a different training configuration" in caplog.text

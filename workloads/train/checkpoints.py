@@ -31,14 +31,14 @@ def _checkpoints(root: Path) -> list[Path]:
     return sorted(found, key=lambda p: checkpoint_step(p) or 0)
 
 
-def seal(folder: Path, step: int) -> None:
-    """Write the completion marker: every file of `folder` with its size."""
+def seal(folder: Path, step: int, fingerprint: str | None = None) -> None:
+    """Write the completion marker: every file of `folder` with its size, and the training fingerprint."""
     files = {str(p.relative_to(folder)): p.stat().st_size for p in sorted(folder.rglob("*")) if p.is_file()}
-    write_json_atomic(folder / MARKER, {"step": step, "files": files, "sealed": utc_now()})
+    write_json_atomic(folder / MARKER, {"step": step, "fingerprint": fingerprint, "files": files, "sealed": utc_now()})
 
 
-def problem(folder: Path) -> str | None:
-    """Why `folder` is not a usable checkpoint, or None when it is complete and intact."""
+def problem(folder: Path, fingerprint: str | None = None) -> str | None:
+    """Why `folder` is not a usable checkpoint (for `fingerprint`, when given), or None when it is."""
     try:
         marker = json.loads((folder / MARKER).read_text(encoding="utf-8"))
         files = marker["files"]
@@ -48,6 +48,8 @@ def problem(folder: Path) -> str | None:
         return f"unreadable completion marker: {error}"
     if marker.get("step") != checkpoint_step(folder):
         return f"marker step {marker.get('step')} does not match the folder name"
+    if fingerprint is not None and marker.get("fingerprint") != fingerprint:
+        return "written by a different training configuration"
     for name, size in files.items():
         path = folder / name
         if not path.is_file():
@@ -65,31 +67,31 @@ def problem(folder: Path) -> str | None:
     return None
 
 
-def latest_complete(root: Path) -> Path | None:
-    """Newest intact checkpoint under `root`; broken ones are skipped with a warning."""
+def latest_complete(root: Path, fingerprint: str | None = None) -> Path | None:
+    """Newest intact checkpoint under `root` (of this `fingerprint`); others are skipped with a warning."""
     for folder in reversed(_checkpoints(root)):
-        reason = problem(folder)
+        reason = problem(folder, fingerprint)
         if reason is None:
             return folder
         log.warning("skipping checkpoint %s: %s", folder, reason)
     return None
 
 
-def publish(staged: Path, root: Path, step: int) -> Path:
+def publish(staged: Path, root: Path, step: int, fingerprint: str | None = None) -> Path:
     """Seal the staged checkpoint and rename it to <root>/checkpoint-<step>."""
-    seal(staged, step)
+    seal(staged, step, fingerprint)
     target = root / f"{PREFIX}{step}"
     replace_dir(staged, target)
     return target
 
 
-def prune(root: Path, keep: int) -> None:
+def prune(root: Path, keep: int, fingerprint: str | None = None) -> None:
     """Keep the newest `keep` intact checkpoints; delete older ones, broken ones below the newest intact one,
     and stale staging folders."""
     for stale in root.glob(f"{STAGING}*"):
         shutil.rmtree(stale, ignore_errors=True)
     folders = _checkpoints(root)
-    intact = [f for f in folders if problem(f) is None]
+    intact = [f for f in folders if problem(f, fingerprint) is None]
     kept = set(intact[-keep:]) if keep > 0 else set()
     newest = checkpoint_step(intact[-1]) if intact else None
     for folder in folders:

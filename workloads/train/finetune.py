@@ -34,7 +34,16 @@ from workloads.train.config import (
     require_train,
     train_paths,
 )
-from workloads.train.manifest import config_hash, dataset_hash, finish_attempt, git_commit, model_hash, package_versions, start_attempt
+from workloads.train.manifest import (
+    config_hash,
+    dataset_hash,
+    finish_attempt,
+    git_commit,
+    model_hash,
+    package_versions,
+    start_attempt,
+    training_fingerprint,
+)
 from workloads.train.metrics import MetricsCallback, TokenCounter, plot_loss, truncate_metrics
 from workloads.train.preemption import INTERRUPTED_EXIT, STOP_FILE_ENV, PreemptionCallback, StopRequest
 
@@ -47,10 +56,12 @@ METRICS, PLOT, MANIFEST = "metrics.jsonl", "loss.png", "run_manifest.json"
 class FinetuneTrainer(Trainer):
     """Trainer that counts real vs processed tokens and saves checkpoints atomically with a bounded history."""
 
-    def __init__(self, *args: Any, counter: TokenCounter, keep: int, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, counter: TokenCounter, keep: int, fingerprint: str | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.counter = counter
         self.keep = keep
+        self.fingerprint = fingerprint
 
     def training_step(self, model, inputs, num_items_in_batch=None):  # noqa: ANN001, ANN201 - Trainer signature
         self.counter.add(*batch_tokens(inputs))
@@ -71,8 +82,8 @@ class FinetuneTrainer(Trainer):
             self.args.output_dir = str(root)
         self.accelerator.wait_for_everyone()
         if self.args.should_save:
-            target = checkpoints.publish(staging / f"{checkpoints.PREFIX}{step}", root, step)
-            checkpoints.prune(root, self.keep)
+            target = checkpoints.publish(staging / f"{checkpoints.PREFIX}{step}", root, step, self.fingerprint)
+            checkpoints.prune(root, self.keep, self.fingerprint)
             log.info("checkpoint %s saved", target)
         self.accelerator.wait_for_everyone()
 
@@ -152,6 +163,7 @@ def train_run(run: RunConfig) -> int:
     train = require_train(run)
     paths = train_paths(run)
     digest = config_hash(run.model_dump(mode="json"))
+    fingerprint = training_fingerprint(run.model_dump(mode="json"))
     manifest_file = paths.run_dir / MANIFEST
     if is_done(manifest_file, paths.adapter_dir, digest):
         log.info("%s: this config already trained to completion; nothing to do", paths.run_dir)
@@ -160,7 +172,7 @@ def train_run(run: RunConfig) -> int:
     stop = StopRequest(os.environ.get(STOP_FILE_ENV))
     args = create_training_arguments(train, paths.checkpoint_dir, precision, report_eval=bool(paths.eval_dataset_dir))
     rank0 = args.process_index == 0
-    resume = checkpoints.latest_complete(paths.checkpoint_dir)
+    resume = checkpoints.latest_complete(paths.checkpoint_dir, fingerprint)
     resumed_step = checkpoints.checkpoint_step(resume) if resume else 0
     metrics_file = paths.run_dir / METRICS
     manifest: dict[str, Any] = {}
@@ -192,6 +204,7 @@ def train_run(run: RunConfig) -> int:
     trainer = FinetuneTrainer(
         model=model, args=args, train_dataset=train_data, eval_dataset=eval_data, data_collator=collator,
         callbacks=[MetricsCallback(metrics_file, counter), preemption], counter=counter, keep=train.save_total_limit,
+        fingerprint=fingerprint,
     )
     trainer.remove_callback(PrinterCallback)
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)

@@ -19,6 +19,17 @@ def config_hash(config: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
 
 
+RESUMABLE_CHANGES = {"epochs", "max_steps", "save_steps", "save_total_limit", "eval_steps", "logging_steps",
+                     "dataloader_workers", "procs_per_node", "network"}
+
+
+def training_fingerprint(config: dict[str, Any]) -> str:
+    """Hash of what a checkpoint's weights and optimizer state depend on: model, data and the train section
+    without run-length, interval and launch fields (so a run can be extended or relaunched and still resume)."""
+    train = {k: v for k, v in (config.get("train") or {}).items() if k not in RESUMABLE_CHANGES}
+    return config_hash({"model": config.get("model"), "data": config.get("data"), "train": train})
+
+
 def _combine(entries: dict[str, str]) -> str:
     return hashlib.sha256("".join(f"{k}:{v}\n" for k, v in sorted(entries.items())).encode()).hexdigest()
 
