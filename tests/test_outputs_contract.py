@@ -1,4 +1,4 @@
-"""The stack outputs contract: docs/operations.md lists every output key, its type and unit; the program
+"""The stack outputs contract: the README lists every output key, its type and unit; the program
 produces exactly those keys (mock run of every stack), so dashboards cannot break silently."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from infra.config import StackConfig, load_stack_config
 from infra.mocks import SECRET, run_under_mocks
 
 REPO = Path(__file__).resolve().parents[1]
-DOC = REPO / "docs" / "operations.md"
+DOC = REPO / "README.md"
 STACKS = sorted(p.name.removeprefix("Pulumi.").removesuffix(".yaml") for p in (REPO / "stacks").glob("Pulumi.*.yaml"))
 TYPES = {"string", "number", "integer", "secret"}
 

@@ -54,7 +54,7 @@ def open_spec(args: argparse.Namespace, stack: StackConfig) -> dict[str, Any]:
 
 
 def flat_outputs(result: PipelineRun) -> dict[str, Any]:
-    """The run in the stack-output shape (see docs/operations.md): pipeline_* and eval_* keys."""
+    """The run in the stack-output shape (see the README's stack outputs contract): pipeline_* and eval_* keys."""
     out: dict[str, Any] = {"stack": result.stack, "pipeline_bundle_hash": result.bundle_hash}
     for stage, job in result.jobs.items():
         out[f"pipeline_{stage}_job_id"] = job["job_id"]
