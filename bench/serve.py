@@ -12,6 +12,13 @@ tokens/s, the fine-tuned/base throughput ratio per concurrency (target >= 0.95) 
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# bench/ holds tokenize.py, which would shadow the standard library module of that name.
+HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
+
 import argparse
 import json
 import os
@@ -19,11 +26,9 @@ import signal
 import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 
