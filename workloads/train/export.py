@@ -1,6 +1,7 @@
 """Merge a LoRA adapter into a full-precision copy of its base for serving (never into 4-bit weights).
 
     python -m workloads.train.export --adapter DIR --base DIR --out DIR [--dtype float32|bfloat16|float16]
+    python -m workloads.train.export --config RUN.json     (the run's adapter and base -> its merged folder)
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from pathlib import Path
 import torch
 
 from workloads.common.atomic import MANIFEST_NAME, atomic_dir, sha256_file, utc_now, write_json_atomic
+from workloads.config import ConfigError, load_run_config
+from workloads.train.config import train_paths
 
 log = logging.getLogger("workloads.train.export")
 
@@ -57,15 +60,25 @@ def merge_adapter(adapter: Path, base: Path, out: Path, dtype: str = "float32") 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--adapter", required=True, type=Path)
-    parser.add_argument("--base", required=True, type=Path)
-    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--config", type=Path, help="run config: defaults for --adapter, --base and --out")
+    parser.add_argument("--adapter", type=Path)
+    parser.add_argument("--base", type=Path)
+    parser.add_argument("--out", type=Path)
     parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     options = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     try:
+        if options.config is not None:
+            run = load_run_config(options.config)
+            paths = train_paths(run)
+            options.adapter = options.adapter or paths.adapter_dir
+            options.base = options.base or paths.model_dir
+            options.out = options.out or run.merged_dir
+        missing = [f"--{name}" for name in ("adapter", "base", "out") if getattr(options, name) is None]
+        if missing:
+            parser.error(f"{', '.join(missing)} required without --config")
         merge_adapter(options.adapter, options.base, options.out, options.dtype)
-    except ExportError as error:
+    except (ExportError, ConfigError) as error:
         print(f"export: {error}", file=sys.stderr)
         return 2
     print(json.dumps({"merged": str(options.out)}))
