@@ -21,6 +21,7 @@ from infra.config import StackConfig, StackConfigError, load_stack_config
 from infra.cost import chat_scenario
 from infra.cost_report import cost_report, render_chat_table
 from infra.pipeline.results import SUMMARY_KEYS
+from infra.program import stack_outputs
 from infra.pipeline.runner import PipelineRun, run_pipeline, state_path, transport_spec
 from infra.pipeline.slurm import SlurmError
 from infra.pipeline.transport import TransportError, open_transport
@@ -55,7 +56,7 @@ def open_spec(args: argparse.Namespace, stack: StackConfig) -> dict[str, Any]:
 
 def flat_outputs(result: PipelineRun) -> dict[str, Any]:
     """The run in the stack-output shape (see the README's stack outputs contract): pipeline_* and eval_* keys."""
-    out: dict[str, Any] = {"stack": result.stack, "pipeline_bundle_hash": result.bundle_hash}
+    out: dict[str, Any] = {"pipeline_bundle_hash": result.bundle_hash}
     for stage, job in result.jobs.items():
         out[f"pipeline_{stage}_job_id"] = job["job_id"]
         out[f"pipeline_{stage}_state"] = job["state"]
@@ -105,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     except (StackConfigError, ConfigError, ValueError, SlurmError, TransportError, OSError) as error:
         print(f"ftstack run: {error}", file=sys.stderr)
         return 1
-    outputs = flat_outputs(result)
+    outputs = {**stack_outputs(stack), **cost_report(stack).outputs(), **flat_outputs(result)}
     path = outputs_path(repo, stack.stack)
     write_outputs(path, outputs)
     if args.wait and result.evaluation is not None:
