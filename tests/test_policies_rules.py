@@ -140,11 +140,12 @@ def test_preemptible_workers_need_checkpointing_and_requeue(mocked):
     spot_workers = [w.model_copy(update={"preemptible": True}) for w in cfg.nodes.workers]
     spot = cfg.model_copy(update={"nodes": cfg.nodes.model_copy(update={"workers": spot_workers})})
     run = load_run(cfg, ROOT)
-    assert "preemptible" in rules.preemptible_needs_resume(_ctx(mocked, cfg=spot, run=run))[0]
-    resumable = _with_train(run, save_steps=200, requeue=True)
-    assert rules.preemptible_needs_resume(_ctx(mocked, cfg=spot, run=resumable)) == []
-    assert "requeue=False" in rules.preemptible_needs_resume(
-        _ctx(mocked, cfg=spot, run=_with_train(run, save_steps=200)))[0]
+    assert run.train.requeue and run.train.save_steps
+    assert rules.preemptible_needs_resume(_ctx(mocked, cfg=spot, run=run)) == []
+    no_train = run.model_copy(update={"train": None})
+    assert "preemptible" in rules.preemptible_needs_resume(_ctx(mocked, cfg=spot, run=no_train))[0]
+    no_requeue = run.model_copy(update={"train": run.train.model_copy(update={"requeue": False})})
+    assert "requeue=False" in rules.preemptible_needs_resume(_ctx(mocked, cfg=spot, run=no_requeue))[0]
 
 
 @pytest.mark.parametrize("value", [

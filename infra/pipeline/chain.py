@@ -125,8 +125,14 @@ def worker_shape(stack: StackConfig) -> tuple[int, int]:
     return first.size, get_preset(first.platform, first.preset).gpus
 
 
-def _extra_args(stage: Stage, stack: StackConfig) -> list[str]:
-    """sbatch placement: readiness one task per GPU on every node, train one task per node, eval one GPU."""
+def _extra_args(stage: Stage, stack: StackConfig, run: RunConfig) -> list[str]:
+    """sbatch arguments: placement, and --no-requeue for a train section that turns requeue off."""
+    requeue_off = stage == "train" and run.train is not None and not run.train.requeue
+    return [*(["--no-requeue"] if requeue_off else []), *_placement(stage, stack)]
+
+
+def _placement(stage: Stage, stack: StackConfig) -> list[str]:
+    """Readiness one task per GPU on every node, train one task per node, eval one GPU, serve a node."""
     nodes, gpus = worker_shape(stack)
     if stack.target == "local" or gpus == 0 or stage == "prepare":
         return []
@@ -166,7 +172,7 @@ def pipeline_jobs(
             script=f"{PACKAGE}/jobs/{stage}.sbatch",
             args=[config_arg, *(_readiness_expectations(stack) if stage == "readiness" else [])],
             env=env,
-            extra_args=_extra_args(stage, stack),
+            extra_args=_extra_args(stage, stack, run),
             depends_on=list(DEPENDS_ON[stage]),
             fingerprint=stage_fingerprint(stage, code, run),
             output=f"{log_dir}/{run.name}-{stage}-%j.out",

@@ -91,6 +91,8 @@ class TrainConfig(_Section):
     gradient_checkpointing: bool = True
     save_steps: int = Field(50, ge=1, description="checkpoint every N optimizer steps")
     save_total_limit: int = Field(3, ge=1, description="complete checkpoints kept")
+    requeue: bool = Field(True, description="on preemption (USR1) checkpoint and requeue the Slurm job; "
+                          "false submits with --no-requeue")
     eval_steps: int | None = Field(None, ge=1, description="evaluate every N steps; none: no evaluation")
     logging_steps: int = Field(10, ge=1)
     seed: int = Field(42, ge=0)
