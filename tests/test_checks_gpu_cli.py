@@ -64,10 +64,19 @@ def test_measurements_run_on_cpu() -> None:
     assert measure.infiniband_present("/nonexistent") is False
 
 
+def _strict_config(tmp_path: Path) -> Path:
+    """local.json without its `readiness.allow_cpu`, so a node without GPUs fails."""
+    config = json.loads(LOCAL_CONFIG.read_text())
+    config["readiness"] = {**config.get("readiness", {}), "allow_cpu": False}
+    path = tmp_path / "strict.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
 def _submit(slurm_client: SlurmClient, tmp_path: Path, *flags: str) -> str:
     return slurm_client.submit(
         str(ROOT / "workloads" / "jobs" / "readiness.sbatch"),
-        [str(LOCAL_CONFIG), *flags],
+        [str(_strict_config(tmp_path)), *flags],
         job_name="ft-readiness-test",
         output=str(tmp_path / "readiness-%j.out"),
         workdir=str(tmp_path),

@@ -90,6 +90,7 @@ def store_artifacts(stack: StackConfig, repo: Path, result: PipelineRun) -> str 
         job_ids={s: j["job_id"] for s, j in result.jobs.items()},
         job_states={s: j["state"] for s, j in result.jobs.items()},
         job_durations_s={s: j["elapsed_s"] for s, j in result.jobs.items() if j["elapsed_s"] is not None},
+        started_at=result.started_at,
         finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         outputs=flat_outputs(result),
     )

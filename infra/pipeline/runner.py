@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from datetime import datetime, timezone
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ class StageRecord(BaseModel):
 
 class PipelineState(BaseModel):
     stack: str
+    started_at: str | None = None
     bundle: dict[str, Any] | None = None
     stages: dict[str, StageRecord] = {}
     evaluation: dict[str, float] | None = None
@@ -46,6 +48,7 @@ class PipelineRun(BaseModel):
     """What one `ftstack run` did: the jobs (submitted or kept) and, when waited for, the evaluation."""
 
     stack: str
+    started_at: str | None
     bundle_hash: str
     submitted: list[str]
     kept: list[str]
@@ -156,8 +159,10 @@ def submit_chain(
         save_state(state_file, state)
     if submitted:
         state.evaluation = None
+        state.started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
         save_state(state_file, state)
-    result = PipelineRun(stack=stack.stack, bundle_hash=bundle["content_hash"], submitted=submitted, kept=kept,
+    result = PipelineRun(stack=stack.stack, started_at=state.started_at, bundle_hash=bundle["content_hash"],
+                         submitted=submitted, kept=kept,
                          jobs=_public_jobs(state), evaluation=state.evaluation)
     return state, result, jobs
 
