@@ -21,7 +21,7 @@ from infra.config import StackConfig
 from infra.pipeline.bundle import upload_bundle
 from infra.pipeline.chain import JobSpec, code_hash, job_arguments, log_dirs, pipeline_jobs, placement_for
 from infra.pipeline.jobs import SlurmJobProvider, job_inputs, read_result
-from infra.pipeline.slurm import SlurmClient, SlurmJobFailed
+from infra.pipeline.slurm import JobNotFound, SlurmClient, SlurmJobFailed
 from infra.pipeline.transport import open_transport
 from workloads.config import load_run_config
 
@@ -38,6 +38,7 @@ class StageRecord(BaseModel):
 
 class PipelineState(BaseModel):
     stack: str
+    slurm_env: dict[str, str] = {}
     started_at: str | None = None
     bundle: dict[str, Any] | None = None
     stages: dict[str, StageRecord] = {}
@@ -111,7 +112,7 @@ def _live_state(provider: SlurmJobProvider, record: StageRecord | None, props: d
         return ""
     try:
         return provider.read(record.outs["job_id"], {**record.outs, "transport": props["transport"]}).outs["state"]
-    except Exception:  # noqa: BLE001 - Slurm forgot the job or the machine was rebuilt: resubmit
+    except JobNotFound:
         return "CANCELLED"
 
 
@@ -129,6 +130,7 @@ def submit_chain(
     placement = placement_for(stack, run, repo_root)
     state_file = state_path(repo_root, stack.stack)
     state = load_state(state_file, stack.stack)
+    state.slurm_env = placement.slurm_env
     channel = open_transport(transport)
     bundle = upload_bundle(channel, repo_root, placement.code_root)
     progress(f"bundle {bundle['content_hash']} {'uploaded to' if bundle['uploaded'] else 'already at'} {bundle['path']}")
@@ -177,9 +179,8 @@ def wait_chain(
     progress: Progress = print,
 ) -> PipelineState:
     """Wait for the chain in order with progress; record final states and the evaluation summary."""
-    placement_env = placement_for(stack, load_run_config(repo_root / stack.pipeline.run_config), repo_root).slurm_env
     channel = open_transport(transport)
-    client = SlurmClient(channel, env=placement_env, poll_s=2.0)
+    client = SlurmClient(channel, env=state.slurm_env, poll_s=2.0)
     chain = [job for job in jobs if job.stage != "serve"]
     ids = [state.stages[job.stage].outs["job_id"] for job in chain]
     metrics = {state.stages[job.stage].outs["job_id"]: job.metrics_path for job in chain if job.metrics_path}
