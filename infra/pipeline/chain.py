@@ -161,12 +161,12 @@ def pipeline_jobs(
 ) -> list[JobSpec]:
     """The chain prepare -> readiness -> train -> eval (+ serve), each stage with its inputs."""
     config_arg = Path(run_config_path).as_posix()
-    log_dir = _resolve(run, placement, run.paths.results_dir) + "/logs"
+    results_dir = _resolve(run, placement, run.paths.results_dir)
+    train_dir = _resolve(run, placement, run.paths.output_dir) + f"/{run.name}"
     stages: list[Stage] = [*CHAIN, *(["serve"] if serve else [])]
     env = {"FT_PYTHON": placement.python, **placement.env}
     jobs = []
     for stage in stages:
-        train_dir = _resolve(run, placement, run.paths.output_dir) + f"/{run.name}"
         jobs.append(JobSpec(
             stage=stage,
             script=f"{PACKAGE}/jobs/{stage}.sbatch",
@@ -175,11 +175,10 @@ def pipeline_jobs(
             extra_args=_extra_args(stage, stack, run),
             depends_on=list(DEPENDS_ON[stage]),
             fingerprint=stage_fingerprint(stage, code, run),
-            output=f"{log_dir}/{run.name}-{stage}-%j.out",
-            results_path=train_dir if stage in ("train", "serve") else _resolve(run, placement, run.paths.results_dir),
+            output=f"{results_dir}/logs/{run.name}-{stage}-%j.out",
+            results_path=train_dir if stage in ("train", "serve") else results_dir,
             metrics_path=f"{train_dir}/metrics.jsonl" if stage == "train" else None,
-            result_file=(_resolve(run, placement, run.paths.results_dir) + "/evaluator_{job_id}.json")
-            if stage == "eval" else None,
+            result_file=f"{results_dir}/evaluator_{{job_id}}.json" if stage == "eval" else None,
         ))
     return jobs
 
