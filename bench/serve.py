@@ -22,15 +22,12 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 import argparse
 import json
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -38,46 +35,16 @@ sys.path.insert(0, str(ROOT))
 from workloads.config import load_run_config  # noqa: E402
 from workloads.eval.generation import read_prompts  # noqa: E402
 from workloads.serve.client import stream_chat  # noqa: E402
+from workloads.serve.process import start_launcher, stop_launcher  # noqa: E402
 
 TARGET_RATIO = 0.95
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def start(config: Path, finetuned: str, with_base: bool, log: Path, timeout_s: float) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    argv = [sys.executable, "-m", "workloads.serve.launch", "--config", str(config), "--host", "127.0.0.1",
-            "--port", str(port), "--backend-port", str(free_port()), "--finetuned", finetuned]
-    if not with_base:
-        argv.append("--no-base")
     env = {k: v for k, v in os.environ.items() if k != "FT_API_KEY"}
-    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server ({finetuned}) exited {proc.returncode}; see {log}:\n{log.read_text()[-2000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, f"{url}/v1"
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    stop(proc)
-    raise RuntimeError(f"server ({finetuned}) not healthy after {timeout_s:.0f}s; see {log}")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+    args = ["--finetuned", finetuned, *([] if with_base else ["--no-base"])]
+    proc, url = start_launcher(config, args, env, log, timeout_s, cwd=ROOT)
+    return proc, f"{url}/v1"
 
 
 def one_request(api: str, model: str, messages: list[dict], max_tokens: int, tokenizer) -> dict[str, float]:
@@ -160,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                     for c in args.concurrency
                 }
         finally:
-            stop(proc)
+            stop_launcher(proc)
 
     levels = [str(c) for c in args.concurrency]
     report: dict = {"settings": {"max_tokens": args.max_tokens, "concurrency": args.concurrency,

@@ -9,8 +9,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from workloads.config import RunConfig, parse_run_config
+from workloads.serve.process import start_launcher, stop_launcher
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -77,14 +76,6 @@ def trained_run(smollm2_base_dir: Path, tmp_path_factory: pytest.TempPathFactory
     yield make_run(tmp_path_factory.mktemp("evalrun"), smollm2_base_dir)
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @dataclass
 class Served:
     api: str
@@ -96,32 +87,15 @@ class Served:
 def start_server(run: RunConfig, work: Path, api_key: str | None, extra: list[str] | None = None,
                  timeout_s: float = 600.0) -> tuple[subprocess.Popen, str, Path]:
     """`python -m workloads.serve.launch` as a real process; returns it once /health answers 200."""
-    import httpx
-
     config = work / "run.json"
     config.write_text(run.model_dump_json())
-    port = free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     env.pop("FT_API_KEY", None)
     if api_key:
         env["FT_API_KEY"] = api_key
     log = work / "serve.log"
-    argv = [sys.executable, "-m", "workloads.serve.launch", "--config", str(config), "--port", str(port),
-            "--backend-port", str(free_port()), *(extra or [])]
-    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url, log
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    stop_server(proc)
-    raise RuntimeError(f"server not healthy after {timeout_s}s:\n{log.read_text()[-3000:]}")
+    proc, url = start_launcher(config, extra or [], env, log, timeout_s, cwd=ROOT)
+    return proc, url, log
 
 
 def children(pid: int) -> list[int]:
@@ -139,13 +113,7 @@ def children(pid: int) -> list[int]:
 def stop_server(proc: subprocess.Popen) -> None:
     """SIGTERM the launcher as Slurm would; it must stop its engine processes before exiting."""
     engines = children(proc.pid)
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    stop_launcher(proc)
     left = [pid for pid in engines if Path(f"/proc/{pid}").exists()]
     for pid in left:
         os.kill(pid, signal.SIGKILL)

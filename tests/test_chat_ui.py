@@ -10,7 +10,9 @@ import time
 
 import httpx
 import pytest
-from eval_fixtures import ROOT, free_port
+from eval_fixtures import ROOT
+
+from workloads.serve.process import free_port
 
 pytestmark = pytest.mark.slow
 

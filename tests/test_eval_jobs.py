@@ -12,10 +12,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from eval_fixtures import ROOT, free_port
+from eval_fixtures import ROOT
 
 from workloads.config import RunConfig
 from workloads.eval.report import check_report
+from workloads.serve.process import free_port
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
