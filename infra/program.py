@@ -15,7 +15,7 @@ import pulumi
 from infra.config import PROJECT, SECRET_KEYS, StackConfig
 from infra.pipeline.chain import code_hash, pipeline_jobs, placement_for
 from infra.pipeline.component import Pipeline, PipelineArgs
-from infra.cost import chat_scenario
+from infra.cost import MonthlyCost, chat_scenarios
 from infra.cost_report import cost_report
 from infra.kubeconfig import kubeconfig
 from infra.nebius.buckets import Buckets, BucketsArgs
@@ -200,18 +200,15 @@ def build_stack(cfg: StackConfig) -> dict[str, Any]:
     if pipeline is not None:
         outputs.update(pipeline.outputs())
         if report.chats and "cost_per_chat_measured_usd" not in outputs:
-            outputs.update(measured_chat_outputs(cfg, report.monthly.usd_high, pipeline))
+            outputs.update(measured_chat_outputs(cfg, report.monthly, pipeline))
     return outputs
 
 
-def measured_chat_outputs(cfg: StackConfig, monthly_usd_high: float, pipeline: Pipeline) -> dict[str, Any]:
+def measured_chat_outputs(cfg: StackConfig, monthly: MonthlyCost, pipeline: Pipeline) -> dict[str, Any]:
     """Cost per chat at the fine-tuned model's measured tokens/s, once the waited eval job reported it."""
-    chat = cfg.pricing.chat
-    daily = monthly_usd_high / chat.days_per_month
-
     def scenario(result: dict | None, field: str) -> float | None:
         tps = (result or {}).get("tokens_per_second_finetuned")
-        return getattr(chat_scenario("measured", tps, daily, chat.output_tokens_per_chat), field) if tps else None
+        return getattr(chat_scenarios(monthly, cfg.pricing.chat, tps)[-1], field) if tps else None
 
     result = pipeline.jobs["eval"].result
     return {

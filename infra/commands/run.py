@@ -18,7 +18,7 @@ from typing import Any
 
 from infra.artifacts import ArtifactError, list_runs, store_for_stack, upload_run
 from infra.config import StackConfig, StackConfigError, load_stack_config
-from infra.cost import chat_scenario
+from infra.cost import chat_scenarios
 from infra.cost_report import cost_report, render_chat_table
 from infra.pipeline.results import SUMMARY_KEYS
 from infra.program import stack_outputs
@@ -143,10 +143,7 @@ def evaluation_summary_text(stack: StackConfig, spec: dict[str, Any], result: Pi
     if cost.monthly.usd_high <= 0:
         lines.append(f"\nstack {cost_stack.stack!r} has no cloud cost; price cost per chat with --cost-stack demo")
         return "\n".join(lines)
-    chat = cost_stack.pricing.chat
-    measured = chat_scenario("measured", result.evaluation["tokens_per_second_finetuned"],
-                             cost.monthly.usd_high / chat.days_per_month, chat.output_tokens_per_chat)
-    scenarios = [c for c in cost.chats if c.name != "measured"] + [measured]
+    scenarios = chat_scenarios(cost.monthly, cost_stack.pricing.chat, result.evaluation["tokens_per_second_finetuned"])
     lines += [f"\nOn stack {cost_stack.stack!r} (monthly ${cost.monthly.usd_high:,.0f}); 'measured' is the "
               f"fine-tuned model's generation speed in this run ({stack.stack} stack):", render_chat_table(scenarios)]
     return "\n".join(lines)
