@@ -24,7 +24,7 @@ from infra.pipeline.chain import JobSpec, code_hash, job_arguments, log_dirs, pi
 from infra.pipeline.jobs import SlurmJobProvider, job_inputs, read_result
 from infra.pipeline.run_lock import stack_lock
 from infra.pipeline.slurm import JobNotFound, SlurmClient, SlurmJobFailed
-from infra.pipeline.transport import open_transport
+from infra.pipeline.connect import open_transport
 from workloads.config import load_run_config
 
 Progress = Callable[[str], None]
