@@ -23,7 +23,8 @@ from infra.cost import chat_scenarios
 from infra.cost_report import cost_report, render_chat_table
 from infra.pipeline.results import SUMMARY_KEYS
 from infra.program import stack_outputs
-from infra.pipeline.runner import PipelineRun, run_pipeline, state_path, transport_spec
+from infra.pipeline.run_lock import StackBusy
+from infra.pipeline.runner import PipelineRun, load_state, run_pipeline, state_path, transport_spec
 from infra.pipeline.slurm import SlurmError
 from infra.pipeline.connect import open_transport
 from infra.pipeline.transport import TransportError
@@ -108,9 +109,12 @@ def run(args: argparse.Namespace) -> int:
         spec = open_spec(args, stack)
         result = run_pipeline(stack, repo, spec, wait=args.wait, serve=args.serve or stack.pipeline.serve,
                               progress=lambda line: print(line, file=sys.stderr, flush=True))
-    except (StackConfigError, ConfigError, ValueError, SlurmError, TransportError, OSError) as error:
+    except (StackConfigError, ConfigError, ValueError, SlurmError, TransportError, OSError, StackBusy) as error:
         print(f"ftstack run: {error}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(interrupted_text(repo, args.stack), file=sys.stderr)
+        return 130
     outputs = {**stack_outputs(stack), **cost_report(stack).outputs(), **flat_outputs(result)}
     path = outputs_path(repo, stack.stack)
     write_outputs(path, outputs)
@@ -151,6 +155,19 @@ def data_summary_text(spec: dict[str, Any], result: PipelineRun) -> str:
     except (TransportError, OSError, DocumentError) as error:
         return f"\ndata: no prepare summary ({error})"
     return "\n".join([f"\nData ({path}):", *(f"  {line}" for line in summary.lines())])
+
+
+def interrupted_text(repo: Path, stack: str) -> str:
+    """What Ctrl-C left behind: the submitted jobs go on in Slurm; how to follow them or wait again."""
+    try:
+        jobs = {name: record.outs["job_id"] for name, record in load_state(state_path(repo, stack), stack).stages.items()}
+    except ValueError:
+        jobs = {}
+    listed = ", ".join(f"{name} {job}" for name, job in jobs.items()) or "none recorded yet"
+    return (f"\nftstack run: interrupted. Submitted jobs keep running in Slurm ({listed}); nothing was cancelled.\n"
+            f"  follow them:   ftstack status --stack {stack}\n"
+            f"  wait again:    ftstack run --stack {stack} --wait   (resubmits nothing that is unchanged)\n"
+            f"  stop them:     scancel <job id>")
 
 
 def evaluation_summary_text(stack: StackConfig, spec: dict[str, Any], result: PipelineRun,
