@@ -230,6 +230,16 @@ class PipelineConfig(_Model):
     login_host_key: str | None = Field(
         None, description="Pinned OpenSSH public host key of the login node; recorded on first use when unset."
     )
+    require_pinned_host_key: bool = Field(
+        False, description="Connect only to the pinned loginHostKey: no trust on first use, no known_hosts."
+    )
+
+    @model_validator(mode="after")
+    def _pin_given_when_required(self) -> PipelineConfig:
+        if self.require_pinned_host_key and not self.login_host_key:
+            raise ValueError("requirePinnedHostKey is set but loginHostKey is empty: pin the login node's "
+                             "public host key (ssh-keyscan -t ecdsa,ed25519 <login address>)")
+        return self
 
 
 class StackConfig(_Model):

@@ -30,6 +30,7 @@ from infra.pipeline.connect import open_transport
 from workloads.config import load_run_config
 
 Progress = Callable[[str], None]
+PASSPHRASE_ENV = "FT_SSH_KEY_PASSPHRASE"
 RETRY_STATES = {"FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 
 
@@ -107,15 +108,20 @@ def transport_spec(stack: StackConfig, *, login_host: str | None = None, private
             f"stack {stack.stack!r} runs over SSH: give the login address (--login-host or FT_LOGIN_HOST) "
             "and the pipeline key (--ssh-key FILE or FT_SSH_PRIVATE_KEY)"
         )
-    return {
+    spec = {
         "kind": "ssh", "host": login_host, "user": stack.pipeline.ssh_user, "port": stack.pipeline.ssh_port,
         "private_key": private_key, "host_key": stack.pipeline.login_host_key, "known_hosts": known_hosts,
     }
+    if stack.pipeline.require_pinned_host_key:
+        spec["require_pinned"] = True
+    if os.environ.get(PASSPHRASE_ENV):
+        spec["passphrase"] = os.environ[PASSPHRASE_ENV]
+    return spec
 
 
 def redacted(transport: dict[str, Any]) -> dict[str, Any]:
-    """The transport spec as the state file keeps it: no private key."""
-    return {k: v for k, v in transport.items() if k != "private_key"}
+    """The transport spec as the state file keeps it: no private key, no passphrase."""
+    return {k: v for k, v in transport.items() if k not in ("private_key", "passphrase")}
 
 
 def _reusable(provider: SlurmJobProvider, record: StageRecord | None, props: dict[str, Any], live_state: str) -> bool:
