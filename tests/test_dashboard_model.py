@@ -85,3 +85,16 @@ def test_comparison_from_flat_eval_outputs_when_no_run_is_stored() -> None:
     assert rows["Perplexity (lower is better)"] == (7.5, 5.0, pytest.approx(-100 / 3))
     assert rows["Time to first token (s)"][:2] == (0.2, 0.1) and "ROUGE-L" not in rows
     assert build("local", {"eval_perplexity_base": None}).comparison is None
+
+
+def test_answer_metrics_carry_their_counts_and_data_losses_are_listed() -> None:
+    evaluator = {
+        "base_model": {"exact_match": 0.0, "numeric_match": 10.0, "prompts_scored": 20, "numeric_scored": 18},
+        "finetuned_model": {"exact_match": 45.0, "numeric_match": 60.0, "prompts_scored": 20, "numeric_scored": 18},
+        "data": {"train": {"rows_read": 2998, "rows_kept": 2990, "truncated": 1500, "lost_fraction": 0.0027,
+                           "dropped": {"overlong": 0, "answer_too_long": 8, "no_assistant_tokens": 0}}},
+    }
+    result = comparison(evaluator)
+    assert ("Exact match (%), n=20", 0.0, 45.0, None) in result.metrics
+    assert ("Numeric match (%), n=18", 10.0, 60.0, pytest.approx(500.0)) in result.metrics
+    assert result.data == [("train", 2998, 2990, 1500, "8 answer too long", pytest.approx(0.27))]

@@ -80,6 +80,8 @@ class Comparison:
     metrics: list[tuple[str, float | None, float | None, float | None]]
     """(metric, base, fine-tuned, change % = (fine-tuned - base) / base)."""
     samples: list[dict[str, str]]
+    data: list[tuple[str, int, int, int, str, float]] = field(default_factory=list)
+    """tokenize losses per split: (split, rows read, kept, truncated, dropped by reason, lost %)."""
 
 
 @dataclass
@@ -277,7 +279,21 @@ _COMPARED = (
     ("rouge_l", "ROUGE-L"),
     ("bleu", "BLEU"),
     ("chrf", "chrF"),
+    ("exact_match", "Exact match (%)"),
+    ("numeric_match", "Numeric match (%)"),
 )
+_COUNTED = {"rouge_l": "prompts_scored", "exact_match": "prompts_scored", "numeric_match": "numeric_scored"}
+
+
+def data_rows(evaluator: Mapping[str, Any]) -> list[tuple[str, int, int, int, str, float]]:
+    """The evaluator report's `data` block: where the rows of each split went when it was tokenized."""
+    rows = []
+    for split, block in (evaluator.get("data") or {}).items():
+        dropped = block.get("dropped") or {}
+        text = ", ".join(f"{n} {reason.replace('_', ' ')}" for reason, n in dropped.items() if n) or "none"
+        rows.append((split, int(block.get("rows_read", 0)), int(block.get("rows_kept", 0)),
+                     int(block.get("truncated", 0)), text, 100.0 * float(block.get("lost_fraction", 0.0))))
+    return rows
 
 
 def comparison(evaluator: Mapping[str, Any] | None) -> Comparison | None:
@@ -291,13 +307,15 @@ def comparison(evaluator: Mapping[str, Any] | None) -> Comparison | None:
         b, t = _num(base.get(key)), _num(tuned.get(key))
         if b is None and t is None:
             continue
+        if (n := _num(tuned.get(_COUNTED.get(key, "")))) is not None:
+            label = f"{label}, n={int(n)}"
         delta = (t - b) / b * 100.0 if b not in (None, 0) and t is not None else None
         rows.append((label, b, t, delta))
     samples = []
     for sample in (tuned.get("sample_generations") or [])[:3]:
         if isinstance(sample, Mapping):
             samples.append({k: str(sample.get(k, "")) for k in ("input", "reference", "generated")})
-    return Comparison(rows, samples) if rows or samples else None
+    return Comparison(rows, samples, data_rows(evaluator)) if rows or samples else None
 
 
 _KNOWN = (_CATEGORY, _LINE, _CHAT, _TRAINING, _JOB, _EVAL)

@@ -15,11 +15,16 @@ SUMMARY_KEYS = (
     "time_to_first_token_s_finetuned",
     "rouge_l_base",
     "rouge_l_finetuned",
+    "exact_match_base",
+    "exact_match_finetuned",
+    "numeric_match_base",
+    "numeric_match_finetuned",
 )
 
 
 def evaluation_summary(report: Mapping[str, Any]) -> dict[str, float]:
-    """The evaluator JSON's headline figures, flat: perplexity, tokens/s, TTFT and ROUGE-L per side."""
+    """The evaluator JSON's headline figures, flat: perplexity, tokens/s, TTFT, ROUGE-L per side, and exact and
+    numeric match where the report has them."""
     sides = {"base": report["base_model"], "finetuned": report["finetuned_model"]}
     summary: dict[str, float] = {}
     for side, block in sides.items():
@@ -27,6 +32,9 @@ def evaluation_summary(report: Mapping[str, Any]) -> dict[str, float]:
         summary[f"tokens_per_second_{side}"] = float(block["tokens_per_second"])
         summary[f"time_to_first_token_s_{side}"] = float(block["time_to_first_token"])
         summary[f"rouge_l_{side}"] = float(block["rouge_l"])
+        for name in ("exact_match", "numeric_match"):
+            if block.get(name) is not None:
+                summary[f"{name}_{side}"] = float(block[name])
     return summary
 
 
