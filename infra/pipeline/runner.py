@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, field_validator
 
 from infra.config import StackConfig
 from infra.pipeline.bundle import upload_bundle
@@ -24,6 +24,7 @@ from infra.pipeline.jobs import SlurmJobProvider, job_inputs, read_result
 from infra.pipeline.slurm import JobNotFound, SlurmClient, SlurmJobFailed
 from infra.pipeline.connect import open_transport
 from workloads.config import load_run_config
+from workloads.eval.report import EvaluatorReport
 
 Progress = Callable[[str], None]
 RETRY_STATES = {"FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
@@ -42,7 +43,14 @@ class PipelineState(BaseModel):
     started_at: str | None = None
     bundle: dict[str, Any] | None = None
     stages: dict[str, StageRecord] = {}
-    evaluation: dict[str, float] | None = None
+    evaluation: EvaluatorReport | None = None
+    """the eval job's report, read once when the waited chain finished."""
+
+    @field_validator("evaluation", mode="before")
+    @classmethod
+    def _summary_of_old_state(cls, value: Any) -> Any:
+        """State written before the report was typed kept a flat summary: treated as not yet read."""
+        return None if isinstance(value, dict) and "base_model" not in value else value
 
 
 class PipelineRun(BaseModel):
@@ -54,7 +62,7 @@ class PipelineRun(BaseModel):
     submitted: list[str]
     kept: list[str]
     jobs: dict[str, dict[str, Any]]
-    evaluation: dict[str, float] | None = None
+    evaluation: EvaluatorReport | None = None
 
 
 def state_path(repo_root: Path, stack: str) -> Path:
@@ -178,7 +186,7 @@ def wait_chain(
     *,
     progress: Progress = print,
 ) -> PipelineState:
-    """Wait for the chain in order with progress; record final states and the evaluation summary."""
+    """Wait for the chain in order with progress; record final states and the eval job's report."""
     channel = open_transport(transport)
     client = SlurmClient(channel, env=state.slurm_env, poll_s=2.0)
     chain = [job for job in jobs if job.stage != "serve"]

@@ -8,15 +8,16 @@ its exit code and the last lines of its log.
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
+from infra.documents import read_metrics
 from infra.pipeline.transport import Transport
+from workloads.train.metrics import MetricsRecord
 
 SUCCESS = "COMPLETED"
 FAILED_STATES = frozenset(
@@ -183,24 +184,13 @@ def info_from_sacct(line: str) -> JobInfo:
     )
 
 
-def latest_metrics(lines: Iterable[str]) -> dict | None:
-    """The last JSON record with a 'loss' in metrics.jsonl lines (partial or bad lines are skipped)."""
-    latest = None
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and isinstance(record.get("loss"), int | float):
-            latest = record
-    return latest
+def latest_metrics(text: str, origin: str) -> MetricsRecord | None:
+    """The newest training record (one with a loss) in the tail of a metrics.jsonl being written."""
+    return next((r for r in reversed(read_metrics(text, origin, live=True)) if r.loss is not None), None)
 
 
-def format_metrics(record: Mapping) -> str:
-    parts = [f"step {record['step']}" if "step" in record else None, f"loss {record['loss']:.4f}"]
-    if isinstance(record.get("epoch"), int | float):
-        parts.append(f"epoch {record['epoch']:.2f}")
-    return " ".join(p for p in parts if p)
+def format_metrics(record: MetricsRecord) -> str:
+    return f"step {record.step} loss {record.loss:.4f} epoch {record.epoch:.2f}"
 
 
 def _check_id(job_id: str) -> str:
@@ -332,9 +322,9 @@ class SlurmClient:
             parts.append(f"==> {path} <==\n{text}" if len(paths) > 1 else text)
         return "\n".join(parts)
 
-    def read_metrics(self, path: str, lines: int = 50) -> dict | None:
+    def read_metrics(self, path: str, lines: int = 50) -> MetricsRecord | None:
         result = self._run(["tail", "-n", str(lines), path])
-        return latest_metrics(result.stdout.splitlines()) if result.ok else None
+        return latest_metrics(result.stdout, path) if result.ok else None
 
     def wait(
         self,
@@ -352,7 +342,7 @@ class SlurmClient:
         job_id = _check_id(job_id)
         deadline = None if timeout is None else time.monotonic() + timeout
         seen: tuple[str, str | None] | None = None
-        last_metrics: dict | None = None
+        last_metrics: MetricsRecord | None = None
         while True:
             info = self.state(job_id)
             if (info.state, info.reason) != seen:
