@@ -170,6 +170,7 @@ def pipeline_transport(cfg: StackConfig, platform: Platform | None) -> pulumi.In
     return pulumi.Output.secret({
         "kind": "ssh", "host": platform.network.login_address, "user": cfg.pipeline.ssh_user,
         "port": cfg.pipeline.ssh_port, "private_key": key, "host_key": cfg.pipeline.login_host_key,
+        **({"require_pinned": True} if cfg.pipeline.require_pinned_host_key else {}),
     })
 
 

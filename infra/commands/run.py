@@ -21,7 +21,8 @@ from infra.config import StackConfig, StackConfigError, load_stack_config
 from infra.cost_report import CostReport, cost_report, render_chat_table
 from infra.outputs import measured_chat_outputs, measured_scenario, pipeline_outputs
 from infra.program import stack_outputs
-from infra.pipeline.runner import PipelineRun, run_pipeline, state_path, transport_spec
+from infra.pipeline.run_lock import StackBusy
+from infra.pipeline.runner import PipelineRun, load_state, run_pipeline, state_path, transport_spec
 from infra.pipeline.slurm import SlurmError
 from infra.pipeline.transport import TransportError
 from infra.backends import find_repo_root
@@ -100,9 +101,12 @@ def run(args: argparse.Namespace) -> int:
         spec = open_spec(args, stack)
         result = run_pipeline(stack, repo, spec, wait=args.wait, serve=args.serve or stack.pipeline.serve,
                               progress=lambda line: print(line, file=sys.stderr, flush=True))
-    except (StackConfigError, ConfigError, ValueError, SlurmError, TransportError, OSError) as error:
+    except (StackConfigError, ConfigError, ValueError, SlurmError, TransportError, OSError, StackBusy) as error:
         print(f"ftstack run: {error}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(interrupted_text(repo, args.stack), file=sys.stderr)
+        return 130
     outputs = run_outputs(stack, cost_report(stack), result)
     path = outputs_path(repo, stack.stack)
     write_outputs(path, outputs)
@@ -125,6 +129,19 @@ def run(args: argparse.Namespace) -> int:
         cost_stack = load_stack_config(args.cost_stack, repo / args.config_dir) if args.cost_stack else stack
         print(evaluation_summary_text(stack, result, cost_stack))
     return 0
+
+
+def interrupted_text(repo: Path, stack: str) -> str:
+    """What Ctrl-C left behind: the submitted jobs go on in Slurm; how to follow them or wait again."""
+    try:
+        jobs = {name: record.outs["job_id"] for name, record in load_state(state_path(repo, stack), stack).stages.items()}
+    except ValueError:
+        jobs = {}
+    listed = ", ".join(f"{name} {job}" for name, job in jobs.items()) or "none recorded yet"
+    return (f"\nftstack run: interrupted. Submitted jobs keep running in Slurm ({listed}); nothing was cancelled.\n"
+            f"  follow them:   ftstack status --stack {stack}\n"
+            f"  wait again:    ftstack run --stack {stack} --wait   (resubmits nothing that is unchanged)\n"
+            f"  stop them:     scancel <job id>")
 
 
 def evaluation_summary_text(stack: StackConfig, result: PipelineRun, cost_stack: StackConfig) -> str:
