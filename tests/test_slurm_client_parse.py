@@ -80,3 +80,5 @@ def test_latest_metrics_skips_bad_and_partial_lines() -> None:
     assert (record.step, record.loss, record.epoch) == (2, 2.0, 0.5)
     assert format_metrics(record) == "step 2 loss 2.0000 epoch 0.50"
     assert latest_metrics("{}\n[]", "m.jsonl") is None
+    two_jobs = '{"step": 5, "epoch": 1, "loss": 1.0, "job_id": "7"}\n{"step": 1, "epoch": 0.1, "loss": 3.0, "job_id": "8"}'
+    assert latest_metrics(two_jobs, "m.jsonl", job_id="7").step == 5

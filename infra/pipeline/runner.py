@@ -20,7 +20,9 @@ from pydantic import BaseModel, ValidationError, field_validator
 
 from infra.config import StackConfig
 from infra.pipeline.bundle import upload_bundle
-from infra.pipeline.chain import JobSpec, code_hash, job_arguments, log_dirs, pipeline_jobs, placement_for
+from infra.pipeline.chain import (JobSpec, check_run_config_path, code_hash, job_arguments, log_dirs, pipeline_jobs,
+                                  placement_for, run_root)
+from infra.pipeline.datasource import SourceFingerprint, fingerprint_source
 from infra.pipeline.jobs import SlurmJobProvider, job_inputs, read_result
 from infra.pipeline.run_lock import stack_lock
 from infra.pipeline.slurm import JobNotFound, SlurmClient, SlurmJobFailed
@@ -53,6 +55,7 @@ class PipelineState(BaseModel):
     slurm_env: dict[str, str] = {}
     started_at: str | None = None
     bundle: dict[str, Any] | None = None
+    data_source: SourceFingerprint | None = None
     stages: dict[str, StageRecord] = {}
     evaluation: EvaluatorReport | None = None
     """the eval job's report, read once when the waited chain finished."""
@@ -156,16 +159,21 @@ def submit_chain(
 ) -> tuple[PipelineState, PipelineRun, list[JobSpec]]:
     """Upload the bundle and submit every stage whose inputs changed or whose last job failed."""
     run_config_path = stack.pipeline.run_config
+    check_run_config_path(run_config_path)
     run = load_run_config(repo_root / run_config_path)
     placement = placement_for(stack, run, repo_root)
     state_file = state_path(repo_root, stack.stack)
     state = load_state(state_file, stack.stack)
     state.slurm_env = placement.slurm_env
     channel = open_transport(transport)
+    state.data_source = fingerprint_source(channel, run, run_root(run, placement), state.data_source)
+    if state.data_source is not None:
+        progress(f"data {run.data.source}: sha256 {state.data_source.sha256[:16]} ({state.data_source.size} bytes)")
     bundle = upload_bundle(channel, repo_root, placement.code_root)
     progress(f"bundle {bundle['content_hash']} {'uploaded to' if bundle['uploaded'] else 'already at'} {bundle['path']}")
     state.bundle = {k: bundle[k] for k in ("content_hash", "path")}
-    jobs = pipeline_jobs(stack, run, run_config_path, code_hash(repo_root), placement, serve=serve)
+    jobs = pipeline_jobs(stack, run, run_config_path, code_hash(repo_root), placement, serve=serve,
+                         data_sha256=state.data_source.sha256 if state.data_source else None)
     channel.run(["mkdir", "-p", *log_dirs(jobs)], timeout=60).check()
 
     provider = SlurmJobProvider()
