@@ -5,7 +5,7 @@
 #
 # smoke:     CUDA tests (varlen attention, fused loss), then every arm on a random SmolLM2-135M-shaped base.
 # 14b:       random Qwen3-14B-shaped base, dev.json's QLoRA settings with `auto` sizing, global batch of
-#            16 x 1,024 tokens: packed, packed with the fused loss, TRL SFTTrainer.
+#            16 x 1,024 tokens: packed with the fused loss, packed, TRL SFTTrainer.
 # 14b-naive: the same base and settings, the naive padded arm.
 # The data is the project's own: the synthetic generator, converted and tokenized (max_length 1,024).
 set -euo pipefail
@@ -21,9 +21,9 @@ case $mode in
       --steps 4 --warmup 2 --arms naive,packed,packed_fused,trl \
       --train '{"micro_batch_tokens": "auto", "gradient_checkpointing": "auto"}' --out "$out/smoke.json" ;;
   14b|14b-naive)
-    arms=packed,packed_fused,trl
+    arms=packed_fused,packed,trl
     [ "$mode" = 14b-naive ] && arms=naive
-    python3 bench/train.py "${dev[@]}" --random-base Qwen/Qwen3-14B --model-dir /tmp/base-14b --steps 6 --warmup 2 \
+    python3 bench/train.py "${dev[@]}" --random-base Qwen/Qwen3-14B --model-dir /tmp/base-14b --steps 5 --warmup 2 \
       --arms "$arms" --out "$out/$mode.json" \
       --train '{"micro_batch_tokens": "auto", "gradient_checkpointing": "auto", "gradient_accumulation_steps": 16}' ;;
   *) echo "unknown mode $mode" >&2; exit 2 ;;

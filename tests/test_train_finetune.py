@@ -130,10 +130,11 @@ def test_stop_then_resume_skips_corrupt_checkpoint(
 def test_4bit_nf4_trains_on_cpu(tiny_prepared, tmp_path: Path) -> None:
     import bitsandbytes as bnb
 
+    from workloads.train import attention
     from workloads.train.finetune import load_model
 
     run = with_train(tiny_prepared, tmp_path, quantization="4bit", gradient_checkpointing=True, max_steps=2, save_steps=5)
-    model = load_model(train_paths(run).model_dir, run.train, "fp32", 0)
+    model = load_model(train_paths(run).model_dir, run.train, "fp32", 0, attention.choose(False, True), True)
     layer = model.base_model.model.model.layers[0].self_attn.q_proj
     assert isinstance(layer.base_layer, bnb.nn.Linear4bit)
     assert layer.base_layer.weight.quant_state.quant_type == "nf4"
