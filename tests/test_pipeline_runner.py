@@ -7,10 +7,12 @@ changed train section resubmitting train and eval but not prepare.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
 import pytest
+from document_fixtures import evaluator_report, side
 
 from infra.config import PipelineConfig, StackConfig
 from infra.pipeline.runner import load_state, run_pipeline, state_path, status
@@ -26,12 +28,9 @@ mkdir -p "$root/ran"
 echo "$SLURM_JOB_ID" >> "$root/ran/{stage}"
 {body}
 """
-EVAL_BODY = """python3 - "$root" "$SLURM_JOB_ID" <<'PY'
-import json, sys
-side = {"perplexity": 3.0, "tokens_per_second": 10.0, "time_to_first_token": 0.1, "rouge_l": 20.0}
-doc = {"base_model": side, "finetuned_model": {**side, "perplexity": 2.0}}
-json.dump(doc, open(f"{sys.argv[1]}/results/evaluator_{sys.argv[2]}.json", "w"))
-PY"""
+EVAL_BODY = f"""cat > "$root/results/evaluator_$SLURM_JOB_ID.json" <<'JSON'
+{evaluator_report("stand-in", side(3.0, 10.0), side(2.0, 10.0)).model_dump_json()}
+JSON"""
 
 
 def make_repo(root: Path, fail: str | None = None) -> Path:
@@ -73,7 +72,7 @@ def test_chain_runs_in_order_then_a_second_run_submits_nothing(slurm: str, tmp_p
     assert all(job["state"] == "COMPLETED" for job in first.jobs.values())
     ids = [int(first.jobs[s]["job_id"]) for s in ("prepare", "readiness", "train", "eval")]
     assert ids == sorted(ids) and [ran(repo, s) for s in first.jobs] == [[str(i)] for i in ids]
-    assert first.evaluation["perplexity_finetuned"] < first.evaluation["perplexity_base"]
+    assert first.evaluation.finetuned_model.perplexity == 2.0 and first.evaluation.base_model.perplexity == 3.0
 
     second = run_pipeline(stack(), repo, {"kind": "local"}, wait=True, progress=lambda _: None)
     assert second.submitted == [] and second.kept == ["prepare", "readiness", "train", "eval"]
@@ -98,3 +97,43 @@ def test_failing_prepare_stops_the_chain_with_its_log(slurm: str, tmp_path: Path
     state = load_state(state_path(repo, "t"), "t")
     assert state.stages["prepare"].outs["state"] == "FAILED"
     assert {state.stages[s].outs["state"] for s in ("readiness", "train", "eval")} == {"CANCELLED"}
+
+
+def test_replaced_data_file_reruns_prepare_and_after_and_an_unchanged_one_submits_nothing(
+        slurm: str, tmp_path: Path) -> None:
+    repo = make_repo(tmp_path)
+    (repo / "work" / "results").mkdir(parents=True)
+    config = json.loads((repo / "workloads" / "configs" / "t.json").read_text())
+    config["data"] = {"source": "file:data/qa.jsonl"}
+    (repo / "workloads" / "configs" / "t.json").write_text(json.dumps(config))
+    data = repo / "work" / "data" / "qa.jsonl"
+    data.parent.mkdir(parents=True)
+    data.write_text('{"user": "What was revenue in 2021?", "assistant": "$5 million"}\n')
+    first = run_pipeline(stack(), repo, {"kind": "local"}, wait=True, progress=lambda _: None)
+    assert first.submitted == ["prepare", "readiness", "train", "eval"]
+    recorded = load_state(state_path(repo, "t"), "t").data_source
+    assert recorded.path == str(data) and recorded.size == data.stat().st_size
+    assert recorded.sha256 == hashlib.sha256(data.read_bytes()).hexdigest()
+
+    data.write_text(data.read_text())  # rewritten with the same bytes: a new mtime, the same content
+    same = run_pipeline(stack(), repo, {"kind": "local"}, wait=True, progress=lambda _: None)
+    assert same.submitted == [] and len(ran(repo, "prepare")) == 1
+
+    data.write_text('{"user": "What was revenue in 2022?", "assistant": "$6 million"}\n')
+    replaced = run_pipeline(stack(), repo, {"kind": "local"}, wait=True, progress=lambda _: None)
+    assert replaced.submitted == ["prepare", "readiness", "train", "eval"]
+    assert [len(ran(repo, s)) for s in ("prepare", "readiness", "train", "eval")] == [2, 2, 2, 2]
+
+    data.unlink()
+    with pytest.raises(ValueError, match=r"data source file:data/qa.jsonl: cannot read .*qa.jsonl"):
+        run_pipeline(stack(), repo, {"kind": "local"}, wait=False, progress=lambda _: None)
+
+
+def test_relative_run_config_outside_workloads_is_refused_before_submission(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path)
+    (repo / "configs").mkdir()
+    (repo / "configs" / "t.json").write_text((repo / "workloads" / "configs" / "t.json").read_text())
+    outside = StackConfig(stack="t", target="local", pipeline=PipelineConfig(run_config="configs/t.json"))
+    with pytest.raises(ValueError, match=r"run config 'configs/t.json' is outside workloads/.*workloads/configs/"):
+        run_pipeline(outside, repo, {"kind": "local"}, wait=False, progress=lambda _: None)
+    assert not state_path(repo, "t").exists()

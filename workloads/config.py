@@ -18,7 +18,7 @@ from workloads.train.config import TrainConfig
 ROOT_ENV = "FT_ROOT"
 
 MODEL_SOURCE = re.compile(r"^(gguf|hub|dir):(.+)$")
-DATA_SOURCE = re.compile(r"^(sample|file:.+|hub:[^/\s]+/[^/\s]+)$")
+DATA_SOURCE = re.compile(r"^(sample|sample:qa|file:.+|hub:[^/\s]+/[^/\s]+)$")
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
 
@@ -61,13 +61,19 @@ class ModelConfig(_Section):
 class DataConfig(_Section):
     """Training data: where it comes from and how it is converted, split and tokenized."""
 
-    source: str = Field("sample", description="sample (synthetic) | file:PATH (.parquet/.json/.jsonl) | hub:ORG/NAME")
+    source: str = Field("sample", description="sample (synthetic conversations) | sample:qa (synthetic long-context "
+                        "QA) | file:PATH (.parquet/.json/.jsonl) | hub:ORG/NAME")
     rows: int | None = Field(None, gt=0, description="rows to generate (sample) or keep from the start (file/hub)")
     seed: int = Field(0, ge=0, description="seed for the generator and the shuffle")
     split_ratio: float = Field(0.9, gt=0.0, lt=1.0, description="fraction of rows in the train split")
     shuffle: bool = Field(True, description="shuffle before splitting")
     max_length: int = Field(512, ge=16, description="token limit per conversation")
-    overlong: Literal["truncate", "drop"] = Field("truncate", description="what to do with longer conversations")
+    group_by: str | None = Field(None, description="column whose rows stay on one side of the split (e.g. doc_id)")
+    overlong: Literal["context", "truncate", "drop"] = Field(
+        "context", description="longer conversations: context (shorten the context, keep the answer), truncate "
+        "(cut the end), drop")
+    max_lost_fraction: float = Field(0.05, ge=0.0, le=1.0,
+                                     description="tokenize fails when more than this share of rows is dropped")
     max_bad_fraction: float = Field(0.01, ge=0.0, le=1.0, description="convert fails above this share of bad rows")
     num_proc: int = Field(1, ge=1, description="CPU processes for tokenization")
 
@@ -75,13 +81,13 @@ class DataConfig(_Section):
     @classmethod
     def _source(cls, value: str) -> str:
         if not DATA_SOURCE.match(value):
-            raise ValueError(f"must be sample, file:PATH or hub:ORG/NAME, got {value!r}")
+            raise ValueError(f"must be sample, sample:qa, file:PATH or hub:ORG/NAME, got {value!r}")
         return value
 
     @model_validator(mode="after")
     def _rows_for_sample(self) -> DataConfig:
-        if self.source == "sample" and self.rows is None:
-            raise ValueError("rows is required when source is 'sample'")
+        if self.source.startswith("sample") and self.rows is None:
+            raise ValueError(f"rows is required when source is {self.source!r}")
         return self
 
 
@@ -103,64 +109,141 @@ class RunConfig(_Section):
 
     def resolve_path(self, value: str) -> Path:
         """`value` as an absolute path; relative values resolve against the run root."""
-        path = Path(value).expanduser()
-        return path if path.is_absolute() else self.root / path
+        return _resolve(self.root, value)
+
+    def locate(self, root: str | os.PathLike[str] | None = None) -> RunPaths:
+        """Every path of the run, resolved once: under `root` when given (where the run lives on another
+        machine), else under this machine's run root (env FT_ROOT, else paths.root)."""
+        return run_paths(self, Path(root) if root is not None else self.root)
 
     @property
     def model_dir(self) -> Path:
-        return self.resolve_path(self.paths.model_dir)
+        return self.locate().model_dir
 
     @property
     def data_dir(self) -> Path:
-        return self.resolve_path(self.paths.data_dir)
+        return self.locate().data_dir
 
     @property
     def base_model_dir(self) -> Path:
-        return self.model_dir / "base"
+        return self.locate().base_model_dir
 
     @property
     def raw_data_file(self) -> Path:
-        return self.data_dir / "raw.parquet"
+        return self.locate().raw_data_file
 
     @property
     def conversations_file(self) -> Path:
-        return self.data_dir / "conversations.jsonl"
+        return self.locate().conversations_file
 
     @property
     def train_jsonl(self) -> Path:
-        return self.data_dir / "conversations_train.jsonl"
+        return self.locate().train_jsonl
 
     @property
     def test_jsonl(self) -> Path:
-        return self.data_dir / "conversations_test.jsonl"
+        return self.locate().test_jsonl
 
     @property
     def train_tokenized_dir(self) -> Path:
-        return self.data_dir / "tokenized" / "train"
+        return self.locate().train_tokenized_dir
 
     @property
     def test_tokenized_dir(self) -> Path:
-        return self.data_dir / "tokenized" / "test"
+        return self.locate().test_tokenized_dir
 
     @property
     def checkpoints_dir(self) -> Path:
-        return self.resolve_path(self.paths.checkpoint_dir) / self.name
+        return self.locate().checkpoints_dir
 
     @property
     def train_run_dir(self) -> Path:
-        return self.resolve_path(self.paths.output_dir) / self.name
+        return self.locate().train_run_dir
 
     @property
     def adapter_dir(self) -> Path:
-        return self.train_run_dir / "adapter"
+        return self.locate().adapter_dir
 
     @property
     def merged_dir(self) -> Path:
-        return self.train_run_dir / "merged"
+        return self.locate().merged_dir
 
     @property
     def results_dir(self) -> Path:
-        return self.resolve_path(self.paths.results_dir)
+        return self.locate().results_dir
+
+
+class RunPaths(BaseModel):
+    """Absolute locations of one run. The `train` section's folders, where set, take the place of the derived
+    ones, so every stage and the operator's tools (chain, cost report, artifacts) agree on them."""
+
+    model_config = ConfigDict(frozen=True)
+
+    root: Path
+    model_dir: Path
+    data_dir: Path
+    base_model_dir: Path
+    """where the prepare stage saves the base model."""
+    train_model_dir: Path
+    """the base model training starts from: train.model_dir, else base_model_dir."""
+    raw_data_file: Path
+    conversations_file: Path
+    train_jsonl: Path
+    test_jsonl: Path
+    train_tokenized_dir: Path
+    """where the prepare stage writes the tokenized train split."""
+    test_tokenized_dir: Path
+    train_dataset_dir: Path
+    """what training reads: train.dataset_dir, else train_tokenized_dir."""
+    eval_dataset_dir: Path
+    """what training evaluates on: train.eval_dataset_dir, else test_tokenized_dir."""
+    checkpoints_dir: Path
+    """train.checkpoint_dir, else <checkpoint_dir>/<name>."""
+    train_run_dir: Path
+    """train.output_dir, else <output_dir>/<name>: metrics.jsonl, run_manifest.json, loss.png, adapter/, merged/."""
+    adapter_dir: Path
+    merged_dir: Path
+    results_dir: Path
+    """evaluator and readiness reports, job logs."""
+
+
+def _resolve(root: Path, value: str) -> Path:
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else root / path
+
+
+def run_paths(run: RunConfig, root: Path) -> RunPaths:
+    """The one place a run's paths are derived (see RunConfig.locate)."""
+    train = run.train
+    model_dir = _resolve(root, run.paths.model_dir)
+    data_dir = _resolve(root, run.paths.data_dir)
+    tokenized = data_dir / "tokenized"
+
+    def override(value: str | None, default: Path) -> Path:
+        return _resolve(root, value) if value else default
+
+    base_model_dir = model_dir / "base"
+    train_run_dir = override(train and train.output_dir, _resolve(root, run.paths.output_dir) / run.name)
+    return RunPaths(
+        root=root,
+        model_dir=model_dir,
+        data_dir=data_dir,
+        base_model_dir=base_model_dir,
+        train_model_dir=override(train and train.model_dir, base_model_dir),
+        raw_data_file=data_dir / "raw.parquet",
+        conversations_file=data_dir / "conversations.jsonl",
+        train_jsonl=data_dir / "conversations_train.jsonl",
+        test_jsonl=data_dir / "conversations_test.jsonl",
+        train_tokenized_dir=tokenized / "train",
+        test_tokenized_dir=tokenized / "test",
+        train_dataset_dir=override(train and train.dataset_dir, tokenized / "train"),
+        eval_dataset_dir=override(train and train.eval_dataset_dir, tokenized / "test"),
+        checkpoints_dir=override(train and train.checkpoint_dir, _resolve(root, run.paths.checkpoint_dir) / run.name),
+        train_run_dir=train_run_dir,
+        adapter_dir=train_run_dir / "adapter",
+        merged_dir=train_run_dir / "merged",
+        results_dir=_resolve(root, run.paths.results_dir),
+    )
 
 
 def _describe(error: ValidationError) -> str:

@@ -1,11 +1,14 @@
 """The pipeline's job chain for a stack: which stages run, in what order, from where, with which inputs.
 
-Pure functions: a StackConfig and a RunConfig in, a list of JobSpec out. The Pulumi program and
-`ftstack run` both turn the same specs into SlurmJob submissions, so the two paths cannot drift.
+A StackConfig and a RunConfig in, a list of JobSpec out. Two inputs come from this machine: the
+workload code's hash (`code_hash` reads the files) and, on the local stack, where it lives (`placement_for`
+reads SLURM_CONF); `pipeline_jobs` itself only computes. The Pulumi program and `ftstack run` both turn
+the same specs into SlurmJob submissions, so the two paths cannot drift.
 
-A stage's fingerprint covers the workload code (run configs excluded) and only the sections of the
-run config that stage reads. Changing the `train` section therefore replaces train and, through its
-job id, eval; prepare keeps its job.
+A stage's fingerprint covers the workload code (run configs excluded), only the sections of the
+run config that stage reads, and, for stages that read the data, the content fingerprint of a `file:`
+data source (infra.pipeline.datasource). Changing the `train` section therefore replaces train and,
+through its job id, eval; prepare keeps its job. Replacing the data file replaces prepare and all after it.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from pydantic import BaseModel, ConfigDict
 from infra.catalog import get_platform, get_preset
 from infra.config import StackConfig
 from infra.pipeline.bundle import PACKAGE, bundle_files
-from workloads.config import RunConfig
+from workloads.config import RunConfig, RunPaths
+from workloads.eval.report import report_name
+from workloads.train.metrics import METRICS_NAME
 
 Stage = Literal["prepare", "readiness", "train", "eval", "serve"]
 
@@ -87,11 +92,12 @@ def code_hash(source_dir: str | Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def stage_fingerprint(stage: Stage, code: str, run: RunConfig) -> str:
-    """What a stage's result depends on: the code and the run config sections it reads."""
+def stage_fingerprint(stage: Stage, code: str, run: RunConfig, data_sha256: str | None = None) -> str:
+    """What a stage's result depends on: the code, the run config sections it reads and the data content."""
     document = run.model_dump(mode="json")
     sliced = {key: document.get(key) for key in SECTIONS[stage]}
-    payload = json.dumps({"stage": stage, "code": code, "config": sliced}, sort_keys=True)
+    content = {"data_sha256": data_sha256} if data_sha256 and "data" in SECTIONS[stage] else {}
+    payload = json.dumps({"stage": stage, "code": code, "config": sliced, **content}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -108,13 +114,24 @@ def placement_for(stack: StackConfig, run: RunConfig, repo_root: Path) -> Placem
     return Placement(code_root=CLUSTER_CODE_ROOT, python=stack.pipeline.python, env={}, slurm_env={})
 
 
-def _run_root(run: RunConfig, placement: Placement) -> Path:
-    return Path(placement.env.get("FT_ROOT") or run.paths.root)
+def run_paths_at(run: RunConfig, placement: Placement) -> RunPaths:
+    """The run's paths on the Slurm machine: under FT_ROOT of the placement (local stack), else paths.root."""
+    return run.locate(placement.env.get("FT_ROOT") or run.paths.root)
 
 
-def _resolve(run: RunConfig, placement: Placement, value: str) -> str:
-    path = Path(value)
-    return str(path if path.is_absolute() else _run_root(run, placement) / path)
+def run_root(run: RunConfig, placement: Placement) -> Path:
+    """The run root as the jobs see it (relative run-config paths resolve against it)."""
+    return run_paths_at(run, placement).root
+
+
+def check_run_config_path(run_config_path: str) -> None:
+    """Only `workloads/` is shipped to the cluster: a relative run config elsewhere would not be found by
+    the jobs, so it is refused before anything is submitted."""
+    path = Path(run_config_path)
+    if not path.is_absolute() and (not path.parts or path.parts[0] != PACKAGE or ".." in path.parts):
+        raise ValueError(f"run config {run_config_path!r} is outside {PACKAGE}/, which is all that is shipped to "
+                         f"the cluster: move it under {CONFIGS_DIR}/ (and set pipeline.runConfig to that path), "
+                         "or give an absolute path that exists where the jobs run")
 
 
 def worker_shape(stack: StackConfig) -> tuple[int, int]:
@@ -157,12 +174,14 @@ def _readiness_expectations(stack: StackConfig) -> list[str]:
 
 
 def pipeline_jobs(
-    stack: StackConfig, run: RunConfig, run_config_path: str, code: str, placement: Placement, *, serve: bool = False
+    stack: StackConfig, run: RunConfig, run_config_path: str, code: str, placement: Placement, *, serve: bool = False,
+    data_sha256: str | None = None,
 ) -> list[JobSpec]:
     """The chain prepare -> readiness -> train -> eval (+ serve), each stage with its inputs."""
+    check_run_config_path(run_config_path)
     config_arg = Path(run_config_path).as_posix()
-    results_dir = _resolve(run, placement, run.paths.results_dir)
-    train_dir = _resolve(run, placement, run.paths.output_dir) + f"/{run.name}"
+    paths = run_paths_at(run, placement)
+    results_dir, train_dir = paths.results_dir.as_posix(), paths.train_run_dir.as_posix()
     stages: list[Stage] = [*CHAIN, *(["serve"] if serve else [])]
     env = {"FT_PYTHON": placement.python, **placement.env}
     jobs = []
@@ -174,11 +193,11 @@ def pipeline_jobs(
             env=env,
             extra_args=_extra_args(stage, stack, run),
             depends_on=list(DEPENDS_ON[stage]),
-            fingerprint=stage_fingerprint(stage, code, run),
+            fingerprint=stage_fingerprint(stage, code, run, data_sha256),
             output=f"{results_dir}/logs/{run.name}-{stage}-%j.out",
             results_path=train_dir if stage in ("train", "serve") else results_dir,
-            metrics_path=f"{train_dir}/metrics.jsonl" if stage == "train" else None,
-            result_file=f"{results_dir}/evaluator_{{job_id}}.json" if stage == "eval" else None,
+            metrics_path=f"{train_dir}/{METRICS_NAME}" if stage == "train" else None,
+            result_file=f"{results_dir}/{report_name('{job_id}')}" if stage == "eval" else None,
         ))
     return jobs
 
@@ -192,7 +211,7 @@ def job_arguments(job: JobSpec, *, bundle_path: Any, dependencies: list[Any], tr
                   slurm_env: dict[str, str], wait: bool) -> dict[str, Any]:
     """SlurmJob's keyword arguments for a spec (see infra.pipeline.jobs.job_inputs)."""
     return {
-        "script": job.script, "bundle_path": bundle_path, "bundle_hash": job.fingerprint, "transport": transport,
+        "script": job.script, "bundle_path": bundle_path, "fingerprint": job.fingerprint, "transport": transport,
         "args": job.args, "env": job.env, "dependencies": dependencies, "job_name": f"ft-{job.stage}",
         "output": job.output, "extra_args": job.extra_args, "slurm_env": slurm_env, "wait": wait,
         "metrics_path": job.metrics_path, "results_path": job.results_path, "result_file": job.result_file,

@@ -12,10 +12,12 @@ the restarting position ids.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:
+    import torch
 
 VARLEN = "ft_varlen"  # no "flash" in the name: transformers would look for a flash-attn package
 Backend = Literal["flash", "default"]
@@ -50,6 +52,7 @@ def varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
                      **kwargs: Any) -> tuple[torch.Tensor, None]:
     """transformers attention function over one packed row: (1, heads, tokens, dim) in, (1, tokens, heads, dim)
     out. Without sequence boundaries (generation, a padded batch) it falls back to SDPA."""
+    import torch
     from torch.nn.attention.varlen import varlen_attn
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 

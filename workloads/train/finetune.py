@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PrinterCallback, Trainer
 
-from workloads.common.atomic import atomic_dir, read_manifest
+from workloads.common.atomic import atomic_dir
 from workloads.config import ConfigError, RunConfig, load_run_config
 from workloads.train import attention, checkpoints, fused_loss
 from workloads.train.batching import REAL_TOKENS, PackedCollator, PackedDataset, PaddedCollator, batch_tokens
@@ -36,16 +36,19 @@ from workloads.train.config import (
     train_paths,
 )
 from workloads.train.manifest import (
+    RUN_MANIFEST_NAME,
+    RunManifest,
     config_hash,
     dataset_hash,
     finish_attempt,
     git_commit,
     model_hash,
     package_versions,
+    read_run_manifest,
     start_attempt,
     training_fingerprint,
 )
-from workloads.train.metrics import MetricsCallback, TokenCounter, plot_loss, truncate_metrics
+from workloads.train.metrics import METRICS_NAME, MetricsCallback, TokenCounter, plot_loss, truncate_metrics
 from workloads.train.model_shapes import shape_from_hf_config
 from workloads.train.sizing import BatchPlan, plan_batches
 from workloads.train.preemption import INTERRUPTED_EXIT, STOP_FILE_ENV, PreemptionCallback, StopRequest
@@ -53,7 +56,7 @@ from workloads.train.preemption import INTERRUPTED_EXIT, STOP_FILE_ENV, Preempti
 log = logging.getLogger("workloads.train.finetune")
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-METRICS, PLOT, MANIFEST = "metrics.jsonl", "loss.png", "run_manifest.json"
+PLOT = "loss.png"
 
 
 class FinetuneTrainer(Trainer):
@@ -179,8 +182,8 @@ def batch_plan(run: RunConfig, model_dir: Path) -> BatchPlan:
 
 
 def is_done(manifest_file: Path, adapter: Path, digest: str) -> bool:
-    manifest = read_manifest(manifest_file) or {}
-    return manifest.get("status") == "completed" and manifest.get("config_sha256") == digest and (
+    manifest = read_run_manifest(manifest_file)
+    return manifest is not None and manifest.status == "completed" and manifest.config_sha256 == digest and (
         adapter / "adapter_model.safetensors"
     ).is_file()
 
@@ -191,7 +194,7 @@ def train_run(run: RunConfig) -> int:
     paths = train_paths(run)
     digest = config_hash(run.model_dump(mode="json"))
     fingerprint = training_fingerprint(run.model_dump(mode="json"))
-    manifest_file = paths.run_dir / MANIFEST
+    manifest_file = paths.run_dir / RUN_MANIFEST_NAME
     if is_done(manifest_file, paths.adapter_dir, digest):
         log.info("%s: this config already trained to completion; nothing to do", paths.run_dir)
         return 0
@@ -204,8 +207,8 @@ def train_run(run: RunConfig) -> int:
     rank0 = args.process_index == 0
     resume = checkpoints.latest_complete(paths.checkpoint_dir, fingerprint)
     resumed_step = checkpoints.checkpoint_step(resume) if resume else 0
-    metrics_file = paths.run_dir / METRICS
-    manifest: dict[str, Any] = {}
+    metrics_file = paths.run_dir / METRICS_NAME
+    manifest: RunManifest | None = None
     if rank0:
         paths.run_dir.mkdir(parents=True, exist_ok=True)
         truncate_metrics(metrics_file, resumed_step or 0)
