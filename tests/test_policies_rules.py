@@ -70,9 +70,9 @@ def test_filesystem_quota_seed_001(mocked):
 
 
 def test_monthly_budget(mocked):
-    assert rules.monthly_budget(_ctx(mocked, maxMonthlyUsd=19_100)) == []
-    [message] = rules.monthly_budget(_ctx(mocked, maxMonthlyUsd=19_000))
-    assert "$19,040" in message
+    assert rules.monthly_budget(_ctx(mocked, maxMonthlyUsd=19_000)) == []
+    [message] = rules.monthly_budget(_ctx(mocked, maxMonthlyUsd=18_900))
+    assert "$18,958" in message
 
 
 def test_presets_and_gpu_workers(mocked):
