@@ -12,9 +12,10 @@ import json
 import sys
 from typing import Any
 
-from infra.commands import plan_cost
+from infra.commands import plan_extras
 from infra.config import StackConfigError, load_stack_config
 from infra.mocks import MockResource, MockRun, run_under_mocks
+from workloads.config import ConfigError
 
 _KEY_PROPERTIES = (
     "name", "platform", "preset", "fixedNodeCount", "autoscaling", "type", "sizeGibibytes",
@@ -32,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--stack", required=True, help="stack name (stacks/Pulumi.<stack>.yaml)")
     parser.add_argument("--config-dir", default="stacks", help="directory of the stack files (default: stacks)")
     parser.add_argument("--json", action="store_true", help="print resources and outputs as JSON")
-    plan_cost.add_arguments(parser)
+    plan_extras.add_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -99,8 +100,12 @@ def run(args: argparse.Namespace) -> int:
     except StackConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
-    result = run_under_mocks(cfg)
-    extras = plan_cost.plan_extras(cfg, result, args)
+    try:
+        result = run_under_mocks(cfg)
+    except ConfigError as exc:
+        print(f"ftstack plan: {exc}", file=sys.stderr)
+        return 2
+    extras = plan_extras.plan_extras(cfg, result, args)
     if args.json:
         print(json.dumps(plan_document(result) | extras.document, indent=2))
     else:
