@@ -28,7 +28,7 @@ from infra.nebius.layout import Layout, layout
 from infra.nebius.network import Network, NetworkArgs
 from infra.soperator import Soperator, SoperatorArgs
 from infra.soperator_values import BackupTarget, release_plan
-from infra.state import nebius_s3_endpoint
+from infra.backends import nebius_s3_endpoint
 from workloads.config import load_run_config
 
 PIPELINE_KEY_CONFIG = SECRET_KEYS[0]
