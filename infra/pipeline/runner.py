@@ -28,6 +28,7 @@ from infra.pipeline.run_lock import stack_lock
 from infra.pipeline.slurm import JobNotFound, SlurmClient, SlurmJobFailed
 from infra.pipeline.connect import open_transport
 from workloads.config import load_run_config
+from workloads.eval.report import EvaluatorReport
 
 Progress = Callable[[str], None]
 PASSPHRASE_ENV = "FT_SSH_KEY_PASSPHRASE"
@@ -56,7 +57,14 @@ class PipelineState(BaseModel):
     bundle: dict[str, Any] | None = None
     data_source: SourceFingerprint | None = None
     stages: dict[str, StageRecord] = {}
-    evaluation: dict[str, float] | None = None
+    evaluation: EvaluatorReport | None = None
+    """the eval job's report, read once when the waited chain finished."""
+
+    @field_validator("evaluation", mode="before")
+    @classmethod
+    def _summary_of_old_state(cls, value: Any) -> Any:
+        """State written before the report was typed kept a flat summary: treated as not yet read."""
+        return None if isinstance(value, dict) and "base_model" not in value else value
 
 
 class PipelineRun(BaseModel):
@@ -68,7 +76,7 @@ class PipelineRun(BaseModel):
     submitted: list[str]
     kept: list[str]
     jobs: dict[str, dict[str, Any]]
-    evaluation: dict[str, float] | None = None
+    evaluation: EvaluatorReport | None = None
 
 
 def state_path(repo_root: Path, stack: str) -> Path:
@@ -208,7 +216,7 @@ def wait_chain(
     *,
     progress: Progress = print,
 ) -> PipelineState:
-    """Wait for the chain in order with progress; record final states and the evaluation summary."""
+    """Wait for the chain in order with progress; record final states and the eval job's report."""
     channel = open_transport(transport)
     client = SlurmClient(channel, env=state.slurm_env, poll_s=2.0)
     chain = [job for job in jobs if job.stage != "serve"]
