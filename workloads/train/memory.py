@@ -37,11 +37,15 @@ Tokens per step = micro_batch x max_length (padding to the longest sequence is t
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from workloads.train.config import require_train
 from workloads.train.model_shapes import ModelShape
+
+if TYPE_CHECKING:
+    from workloads.config import RunConfig
 
 GIB = 1024**3
 NF4_BLOCK = 64
@@ -187,43 +191,27 @@ def estimate(shape: ModelShape, inp: MemoryInputs) -> MemoryEstimate:
     )
 
 
-def _first(obj: object, *names: str, default: object = None) -> object:
-    for name in names:
-        value = getattr(obj, name, None)
-        if value is not None:
-            return value
-    return default
-
-
 def _dtype(name: str) -> str:
     """bf16/fp16/fp32 from a precision name; ``auto`` is bf16, what GPU training picks on L40S/H100."""
     return {"auto": "bf16", "bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(name, name)
 
 
-def inputs_from_run(run: object) -> MemoryInputs:
-    """MemoryInputs from a RunConfig's ``train`` and ``data`` sections.
-
-    Method: qlora when quantization is 4bit/8bit with LoRA, lora when unquantized with LoRA, full otherwise.
-    """
-    train = getattr(run, "train")
-    lora = getattr(train, "lora", None)
-    has_lora = lora is not None or getattr(train, "lora_r", None) is not None
-    quantization = str(_first(train, "quantization", default="none"))
-    method = "full" if not has_lora else ("lora" if quantization == "none" else "qlora")
-    targets = _first(lora, "target_modules", default=None) or _first(train, "lora_target_modules", default=ALL_LINEAR)
-    if targets == "all-linear":
-        targets = ALL_LINEAR
-    optim = str(_first(train, "optim", "optimizer", default="adamw"))
+def inputs_from_run(run: RunConfig) -> MemoryInputs:
+    """MemoryInputs from a RunConfig's ``train`` and ``data`` sections: QLoRA on a 4/8-bit base, LoRA on an
+    unquantized one (the run config always trains an adapter); double quantization and AdamW as finetune uses them."""
+    train = require_train(run)
+    method = "lora" if train.quantization == "none" else "qlora"
+    targets = ALL_LINEAR if train.lora.target_modules == ["all-linear"] else tuple(train.lora.target_modules)
     return MemoryInputs(
         method=method,
-        quantization=quantization if method == "qlora" else "none",
-        double_quant=bool(_first(train, "double_quant", "bnb_4bit_use_double_quant", default=True)),
-        dtype=_dtype(str(_first(train, "precision", "dtype", "compute_dtype", default="bf16"))),
-        lora_r=int(_first(lora, "r", default=None) or _first(train, "lora_r", default=16)),
+        quantization=train.quantization if method == "qlora" else "none",
+        double_quant=True,
+        dtype=_dtype(train.precision),
+        lora_r=train.lora.r,
         lora_target_modules=tuple(targets),
-        lora_dropout=float(_first(lora, "dropout", "lora_dropout", default=_first(train, "lora_dropout", default=0.05))),
-        micro_batch=int(_first(train, "micro_batch", "micro_batch_size", "per_device_train_batch_size", default=1)),
-        max_length=int(_first(train, "max_length", default=None) or run.data.max_length),
-        gradient_checkpointing=bool(_first(train, "gradient_checkpointing", default=True)),
-        optimizer="adamw_8bit" if "8bit" in optim else "adamw",
+        lora_dropout=train.lora.dropout,
+        micro_batch=train.micro_batch_size,
+        max_length=train.max_length or run.data.max_length,
+        gradient_checkpointing=train.gradient_checkpointing,
+        optimizer="adamw",
     )
