@@ -460,7 +460,7 @@ def store_for_stack(
     """
     if stack_config.target == "local":
         return local_store(repo_root)
-    from infra.state import nebius_s3_endpoint
+    from infra.backends import nebius_s3_endpoint
 
     bucket = bucket or os.environ.get(ARTIFACTS_BUCKET_ENV)
     if not bucket:

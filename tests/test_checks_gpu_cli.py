@@ -12,10 +12,11 @@ import torch
 
 from infra.pipeline.slurm import SlurmClient, SlurmJobFailed
 from workloads.checks import gpu, measure
+from workloads.checks.readiness import ReadinessReport
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL_CONFIG = ROOT / "workloads" / "configs" / "local.json"
-REPORT_KEYS = {"ok", "created_at", "slurm_job_id", "world_size", "backend", "interconnect", "config", "floors", "nodes",
+REPORT_KEYS = {"version", "ok", "created_at", "slurm_job_id", "world_size", "backend", "interconnect", "config", "floors", "nodes",
                "measurements", "allreduce", "checks", "failures"}
 
 
@@ -29,7 +30,8 @@ def test_cpu_only_fails_without_allow_cpu(tmp_path: Path, capsys: pytest.Capture
     out = tmp_path / "r.json"
     assert gpu.main(["--json-out", str(out)]) == 1
     report = json.loads(out.read_text())
-    assert set(report) == REPORT_KEYS
+    assert set(report) == REPORT_KEYS and report["version"] == 1
+    ReadinessReport.model_validate(report)
     assert not report["ok"] and report["failures"][0].startswith("gpu_present")
     assert report["nodes"][0]["gpus"] == [] and report["nodes"][0]["source"] == "none"
     assert "readiness: FAIL" in capsys.readouterr().out

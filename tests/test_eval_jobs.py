@@ -15,7 +15,7 @@ import pytest
 from eval_fixtures import ROOT
 
 from workloads.config import RunConfig
-from workloads.eval.report import check_report
+from workloads.eval.report import EvaluatorReport
 from workloads.serve.process import free_port
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -57,8 +57,7 @@ def test_eval_job_writes_the_report_named_after_the_job(slurm, trained_run: RunC
     state = _wait(job, 900)
     assert state == "COMPLETED", err.read_text()[-3000:]
     document = json.loads(out.read_text())
-    check_report(document)
-    assert document["job_id"] == job
+    assert EvaluatorReport.model_validate(document).job_id == job
     assert json.loads((trained_run.results_dir / f"evaluator_{job}.json").read_text()) == document
     assert (trained_run.results_dir / f"evaluator_{job}.png").is_file()
 

@@ -67,7 +67,7 @@ def test_requeued_training_resumes_from_its_checkpoint(slurm: str, tiny_prepared
     assert first["status"] == "interrupted" and first["global_step"] > 0
     assert second["resumed_from_step"] == first["global_step"] > 0
     assert second["slurm_restart_count"] == 1 and second["slurm_job_id"] == job
-    steps = [r["step"] for r in read_metrics(metrics) if "loss" in r]
+    steps = [r.step for r in read_metrics(metrics) if r.loss is not None]
     assert steps == list(range(1, 41)), steps
     assert (run.adapter_dir / "adapter_model.safetensors").is_file()
     assert (run.train_run_dir / "loss.png").is_file()

@@ -9,7 +9,7 @@ import sys
 from botocore.exceptions import BotoCoreError, ClientError
 
 from infra.config import StackConfigError, load_stack_config
-from infra.state import (
+from infra.backends import (
     S3_CREDENTIAL_ENV,
     LOCAL_STATE_DIR,
     StateError,

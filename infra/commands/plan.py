@@ -12,7 +12,7 @@ import json
 import sys
 from typing import Any
 
-from infra.commands import plan_cost
+from infra.commands import plan_extras
 from infra.config import StackConfigError, load_stack_config
 from infra.mocks import MockResource, MockRun, run_under_mocks
 
@@ -32,7 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--stack", required=True, help="stack name (stacks/Pulumi.<stack>.yaml)")
     parser.add_argument("--config-dir", default="stacks", help="directory of the stack files (default: stacks)")
     parser.add_argument("--json", action="store_true", help="print resources and outputs as JSON")
-    plan_cost.add_arguments(parser)
+    plan_extras.add_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         print(exc, file=sys.stderr)
         return 2
     result = run_under_mocks(cfg)
-    extras = plan_cost.plan_extras(cfg, result, args)
+    extras = plan_extras.plan_extras(cfg, result, args)
     if args.json:
         print(json.dumps(plan_document(result) | extras.document, indent=2))
     else:

@@ -15,7 +15,7 @@ from infra.artifacts import ArtifactError, ArtifactStore, list_runs, parse_metri
 from infra.config import StackConfig, StackConfigError, load_stack_config
 from infra.dashboard import build, write_dashboard
 from infra.dashboard.model import unwrap_outputs
-from infra.state import find_repo_root
+from infra.backends import find_repo_root
 
 ARTIFACTS_BUCKET_OUTPUT = "artifacts_bucket_name"
 

@@ -24,8 +24,9 @@ from infra.pipeline.results import SUMMARY_KEYS
 from infra.program import stack_outputs
 from infra.pipeline.runner import PipelineRun, run_pipeline, state_path, transport_spec
 from infra.pipeline.slurm import SlurmError
-from infra.pipeline.transport import TransportError, open_transport
-from infra.state import find_repo_root
+from infra.pipeline.connect import open_transport
+from infra.pipeline.transport import TransportError
+from infra.backends import find_repo_root
 from workloads.config import ConfigError
 
 

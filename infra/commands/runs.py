@@ -10,7 +10,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from infra.artifacts import ArtifactError, RunIndex, list_runs, store_for_stack
 from infra.config import StackConfigError, load_stack_config
-from infra.state import find_repo_root
+from infra.backends import find_repo_root
 
 COLUMNS = ("run", "started", "finished", "ppl base", "ppl tuned", "ppl gain %", "tokens/s", "cost $", "jobs")
 

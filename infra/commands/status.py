@@ -10,7 +10,7 @@ from infra.commands.run import add_transport_arguments, open_spec
 from infra.config import StackConfigError, load_stack_config
 from infra.pipeline.runner import status
 from infra.pipeline.transport import TransportError
-from infra.state import find_repo_root
+from infra.backends import find_repo_root
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -17,7 +17,8 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
 
-from infra.pipeline.transport import Transport, open_transport
+from infra.pipeline.connect import open_transport
+from infra.pipeline.transport import Transport
 
 PACKAGE = "workloads"
 _SKIP_DIRS = {"__pycache__", ".pytest_cache"}

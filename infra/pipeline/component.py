@@ -20,7 +20,7 @@ class PipelineArgs:
     code_root: str
     """Where bundles land on the Slurm machine (`<code_root>/<hash>`, `<code_root>/current`)."""
     transport: pulumi.Input[dict]
-    """Transport spec (see infra.pipeline.transport.open_transport); secret when it holds a key."""
+    """Transport spec (see infra.pipeline.connect.open_transport); secret when it holds a key."""
     jobs: list[JobSpec]
     """The chain from infra.pipeline.chain.pipeline_jobs, in submission order."""
     slurm_env: dict[str, str] = field(default_factory=dict)

@@ -16,7 +16,8 @@ from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, Resou
 
 from infra.pipeline.results import parse_evaluation
 from infra.pipeline.slurm import JobInfo, SlurmClient
-from infra.pipeline.transport import Transport, open_transport
+from infra.pipeline.connect import open_transport
+from infra.pipeline.transport import Transport
 
 REPLACING = ("script", "args", "env", "bundle_hash", "dependencies", "job_name", "output",
              "extra_args", "transport", "slurm_env")

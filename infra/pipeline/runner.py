@@ -22,7 +22,7 @@ from infra.pipeline.bundle import upload_bundle
 from infra.pipeline.chain import JobSpec, code_hash, job_arguments, log_dirs, pipeline_jobs, placement_for
 from infra.pipeline.jobs import SlurmJobProvider, job_inputs, read_result
 from infra.pipeline.slurm import JobNotFound, SlurmClient, SlurmJobFailed
-from infra.pipeline.transport import open_transport
+from infra.pipeline.connect import open_transport
 from workloads.config import load_run_config
 
 Progress = Callable[[str], None]

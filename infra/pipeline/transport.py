@@ -157,21 +157,3 @@ class LocalTransport:
             return Path(path).read_bytes().decode(errors="replace")
         except FileNotFoundError:
             raise FileNotFoundError(f"{path} does not exist on this machine") from None
-
-
-def open_transport(spec: Mapping[str, object]) -> Transport:
-    """A transport from a plain spec: {"kind": "local"} or {"kind": "ssh", "host", "private_key", ...}
-    (the other keys are SshTransport's keyword arguments). Used by the dynamic providers, whose inputs
-    must be plain data."""
-    kind = spec.get("kind", "local")
-    if kind == "local":
-        return LocalTransport()
-    if kind == "ssh":
-        from infra.pipeline.ssh import SshTransport
-
-        options = {k: v for k, v in spec.items() if k != "kind" and v is not None}
-        host = options.pop("host", None)
-        if not host:
-            raise ValueError("transport spec of kind 'ssh' needs 'host'")
-        return SshTransport(str(host), **options)
-    raise ValueError(f"transport kind must be 'local' or 'ssh', got {kind!r}")

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import socket
 import subprocess
 import sys
-import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -26,12 +24,15 @@ from workloads.checks import measure
 from workloads.checks.config import ReadinessConfig
 from workloads.checks.readiness import (
     BUSBW_FLOORS_GBS,
-    CheckResult,
     GpuPerf,
     NodeInventory,
+    ReadinessFloors,
+    ReadinessReport,
+    check_line,
     evaluate,
     floors_for,
 )
+from workloads.common.atomic import write_text_atomic
 
 _FLAGS = {
     "expect_gpu_model": str,
@@ -133,7 +134,7 @@ def _merge_nodes(inventories: list[NodeInventory]) -> list[NodeInventory]:
     return list(best.values())
 
 
-def run_checks(cfg: ReadinessConfig) -> dict:
+def run_checks(cfg: ReadinessConfig) -> ReadinessReport:
     """Measure on every rank, judge on rank 0; every rank returns the same report."""
     rank, world, local_rank = rank_layout()
     gpus = torch.cuda.is_available() and torch.cuda.device_count() > 0
@@ -157,42 +158,31 @@ def run_checks(cfg: ReadinessConfig) -> dict:
         nodes = _merge_nodes(inventories)
         checks = evaluate(nodes, perf, reduced, cfg, interconnect)
         failed = [c for c in checks if c.status == "fail"]
-        return {
-            "ok": not failed,
-            "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
-            "world_size": world,
-            "backend": backend if world > 1 else None,
-            "interconnect": interconnect,
-            "config": cfg.model_dump(),
-            "floors": {
-                "gpu": {p.name: floors_for(p.name) for p in perf},
-                "busbw_gbs": cfg.min_busbw_gbs or BUSBW_FLOORS_GBS[interconnect],
-            },
-            "nodes": [n.model_dump() for n in nodes],
-            "measurements": [p.model_dump() for p in perf],
-            "allreduce": reduced.model_dump() if reduced else None,
-            "checks": [c.model_dump() for c in checks],
-            "failures": [_line(c) for c in failed],
-        }
+        return ReadinessReport(
+            ok=not failed,
+            created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            slurm_job_id=os.environ.get("SLURM_JOB_ID"),
+            world_size=world,
+            backend=backend if world > 1 else None,
+            interconnect=interconnect,
+            config=cfg,
+            floors=ReadinessFloors(
+                gpu={p.name: floors_for(p.name) for p in perf},
+                busbw_gbs=cfg.min_busbw_gbs or BUSBW_FLOORS_GBS[interconnect],
+            ),
+            nodes=nodes,
+            measurements=perf,
+            allreduce=reduced,
+            checks=checks,
+            failures=[check_line(c) for c in failed],
+        )
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
-def _line(check: CheckResult) -> str:
-    where = "/".join(str(x) for x in (check.node, check.gpu) if x is not None)
-    value = "" if check.value is None else f" {check.value}{' ' + check.unit if check.unit else ''}"
-    limit = "" if check.threshold is None else f" (threshold {check.threshold})"
-    return f"{check.name}{' [' + where + ']' if where else ''}: {check.status}{value}{limit}{' - ' + check.detail if check.detail else ''}"
-
-
-def write_report(report: dict, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as fh:
-        json.dump(report, fh, indent=2)
-        fh.write("\n")
-    os.replace(fh.name, path)
+def write_report(report: ReadinessReport, path: Path) -> None:
+    write_text_atomic(path, report.model_dump_json(indent=2) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -200,13 +190,13 @@ def main(argv: list[str] | None = None) -> int:
     cfg, out = settings(args)
     report = run_checks(cfg)
     if rank_layout()[0] == 0:
-        for check in report["checks"]:
-            print(_line(CheckResult.model_validate(check)), flush=True)
-        print(f"readiness: {'PASS' if report['ok'] else 'FAIL'} ({len(report['failures'])} failed)", flush=True)
+        for check in report.checks:
+            print(check_line(check), flush=True)
+        print(f"readiness: {'PASS' if report.ok else 'FAIL'} ({len(report.failures)} failed)", flush=True)
         if out is not None:
             write_report(report, out)
             print(f"readiness: report written to {out}", flush=True)
-    return 0 if report["ok"] else 1
+    return 0 if report.ok else 1
 
 
 if __name__ == "__main__":

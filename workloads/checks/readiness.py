@@ -2,6 +2,9 @@
 
 Floors are fractions of datasheet peaks (dense tensor-core TFLOP/s, HBM/GDDR bandwidth), low enough
 that a healthy GPU clears them with margin and a throttled, mis-clocked or degraded one does not.
+
+`ReadinessReport` is the one definition of the report rank 0 writes (`<results_dir>/readiness-<job id>.json`);
+the operator's side reads it with `infra.documents.read_readiness_report`.
 """
 
 from __future__ import annotations
@@ -92,6 +95,53 @@ class CheckResult(BaseModel):
     threshold: int | float | str | None = None
     unit: str | None = None
     detail: str = ""
+
+
+class GpuFloors(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    matmul_bf16_tflops: float
+    matmul_fp16_tflops: float
+    memory_bandwidth_gbs: float
+
+
+class ReadinessFloors(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    gpu: dict[str, GpuFloors | None] = {}
+    """per measured GPU name; None where the table has no floor for it."""
+    busbw_gbs: float
+
+
+class ReadinessReport(BaseModel):
+    """Every check of one readiness job; `ok` is False when any check failed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: Literal[1] = 1
+    ok: bool
+    created_at: str
+    slurm_job_id: str | None = None
+    world_size: int
+    backend: str | None = None
+    """torch.distributed backend of the all-reduce; None for one rank."""
+    interconnect: Literal["infiniband", "ethernet"]
+    config: ReadinessConfig
+    floors: ReadinessFloors
+    nodes: list[NodeInventory]
+    measurements: list[GpuPerf]
+    allreduce: AllReduceResult | None = None
+    checks: list[CheckResult]
+    failures: list[str]
+    """one line per failed check (see `check_line`)."""
+
+
+def check_line(check: CheckResult) -> str:
+    """One check as the job log prints it: name [node/gpu]: status value unit (threshold) - detail."""
+    where = "/".join(str(x) for x in (check.node, check.gpu) if x is not None)
+    value = "" if check.value is None else f" {check.value}{' ' + check.unit if check.unit else ''}"
+    limit = "" if check.threshold is None else f" (threshold {check.threshold})"
+    return f"{check.name}{' [' + where + ']' if where else ''}: {check.status}{value}{limit}{' - ' + check.detail if check.detail else ''}"
 
 
 def gpu_key(name: str) -> str | None:

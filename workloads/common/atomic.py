@@ -33,7 +33,10 @@ def atomic_file(target: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path beside `target`; on success it replaces `target`, on error it is removed."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as error:
+        raise OSError(error.errno, error.strerror, str(target)) from None
     os.close(fd)
     tmp = Path(name)
     try:
@@ -49,13 +52,26 @@ def atomic_dir(target: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield an empty temporary folder beside `target`; on success it takes the place of `target`."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    except OSError as error:
+        raise OSError(error.errno, error.strerror, str(target)) from None
     try:
         yield tmp
         _make_readable(tmp)
         replace_dir(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextmanager
+def os_errors_as(error_type: type[Exception], path: str | os.PathLike[str]) -> Iterator[None]:
+    """Turn an OSError (full disk, read-only folder) into `error_type` with one line: the path the OS names,
+    else `path` (the output being written), and the cause."""
+    try:
+        yield
+    except OSError as error:
+        raise error_type(f"{error.filename or path}: {error.strerror or error}") from None
 
 
 def _make_readable(folder: Path) -> None:

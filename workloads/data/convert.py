@@ -20,12 +20,14 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from workloads.common.atomic import atomic_file, build_manifest, is_current, manifest_path, sha256_file, write_json_atomic
+from workloads.common.atomic import (atomic_file, build_manifest, is_current, manifest_path, os_errors_as, sha256_file,
+                                     write_json_atomic)
 
 log = logging.getLogger("workloads.data.convert")
 
 REQUIRED = ("user", "assistant")
 FIRST_BAD = 10
+PARQUET_MAGIC = b"PAR1"
 
 
 class ConvertError(ValueError):
@@ -84,6 +86,33 @@ def _json_rows(path: Path) -> Iterator[Item]:
         yield number, row, None
 
 
+def _json_array_in_lines(path: Path) -> bool:
+    """A .jsonl file that is one JSON array (on one line, or spread over many) rather than one object per line."""
+    with open(path, "rb") as handle:
+        first = next((line for line in handle if line.strip()), b"")
+        more = next((line for line in handle if line.strip()), None) is not None
+    if not first.lstrip().startswith(b"["):
+        return False
+    try:
+        return isinstance(json.loads(first), list) and not more
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return True
+
+
+def _mislabelled(path: Path, suffix: str) -> str | None:
+    """What the file really is when its content contradicts its name, else None."""
+    with open(path, "rb") as handle:
+        head = handle.read(64).lstrip()
+    is_parquet = head.startswith(PARQUET_MAGIC)
+    if suffix == ".parquet" and not is_parquet and head[:1] in (b"{", b"["):
+        return "holds JSON text, not a Parquet file; rename it to .json (one array) or .jsonl (one object per line)"
+    if suffix in (".json", ".jsonl") and is_parquet:
+        return "is a Parquet file, not JSON; rename it to .parquet"
+    if suffix == ".jsonl" and _json_array_in_lines(path):
+        return "is one JSON array, not JSON lines (one object per line); rename it to .json"
+    return None
+
+
 def read_rows(path: Path) -> Iterator[Item]:
     """(row number, row, parse problem) for each row of a .parquet, .json or .jsonl file."""
     if not path.is_file():
@@ -91,6 +120,8 @@ def read_rows(path: Path) -> Iterator[Item]:
     if path.stat().st_size == 0:
         raise ConvertError(f"{path}: file is empty")
     suffix = path.suffix.lower()
+    if problem := _mislabelled(path, suffix):
+        raise ConvertError(f"{path}: {problem}")
     if suffix == ".parquet":
         return _parquet_rows(path)
     if suffix == ".jsonl":
@@ -130,7 +161,11 @@ def convert(
     input_path: str | Path, output: str | Path, max_bad_fraction: float = 0.01, limit: int | None = None
 ) -> dict[str, Any]:
     """Convert `input_path` to chat JSONL at `output` (atomic); returns the report. No-op if current."""
-    input_path, output = Path(input_path), Path(output)
+    with os_errors_as(ConvertError, output):
+        return _convert(Path(input_path), Path(output), max_bad_fraction, limit)
+
+
+def _convert(input_path: Path, output: Path, max_bad_fraction: float, limit: int | None) -> dict[str, Any]:
     if not 0.0 <= max_bad_fraction <= 1.0:
         raise ConvertError(f"max_bad_fraction must be within [0, 1], got {max_bad_fraction}")
     params = {"max_bad_fraction": max_bad_fraction, "limit": limit}

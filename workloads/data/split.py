@@ -16,7 +16,8 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from workloads.common.atomic import atomic_file, build_manifest, is_current, manifest_path, sha256_file, write_json_atomic
+from workloads.common.atomic import (atomic_file, build_manifest, is_current, manifest_path, os_errors_as, sha256_file,
+                                     write_json_atomic)
 
 log = logging.getLogger("workloads.data.split")
 
@@ -73,6 +74,11 @@ def assign(lines: list[str], ratio: float, shuffle: bool, seed: int) -> tuple[li
 def split(input_path: str | Path, ratio: float, shuffle: bool = False, seed: int = 0) -> dict[str, Any]:
     """Write the two splits (atomic, with manifests) and return the report. No-op if current."""
     input_path = Path(input_path)
+    with os_errors_as(SplitError, input_path.with_name(f"{input_path.stem}_{{train,test}}.jsonl")):
+        return _split(input_path, ratio, shuffle, seed)
+
+
+def _split(input_path: Path, ratio: float, shuffle: bool, seed: int) -> dict[str, Any]:
     if not 0.0 < ratio < 1.0:
         raise SplitError(f"ratio must be between 0 and 1 (exclusive), got {ratio}")
     train_path, test_path = split_paths(input_path)
@@ -91,7 +97,8 @@ def split(input_path: str | Path, ratio: float, shuffle: bool = False, seed: int
     with ExitStack() as stack:
         for path, rows in ((train_path, train), (test_path, test)):
             tmp = stack.enter_context(atomic_file(path))
-            tmp.write_text("".join(row + "\n" for row in rows), encoding="utf-8")
+            with os_errors_as(SplitError, path):
+                tmp.write_text("".join(row + "\n" for row in rows), encoding="utf-8")
     for path, side, rows in ((train_path, "train", train), (test_path, "test", test)):
         write_json_atomic(manifest_path(path), build_manifest("split", inputs, {**params, "side": side},
                                                               output_sha256=sha256_file(path), rows=len(rows)))

@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Literal
 
-from workloads.common.atomic import MANIFEST_NAME, atomic_dir, build_manifest, is_current, write_json_atomic
+from workloads.common.atomic import MANIFEST_NAME, atomic_dir, build_manifest, is_current, os_errors_as, write_json_atomic
 
 log = logging.getLogger("workloads.data.tokenize")
 
@@ -88,17 +88,38 @@ def label_spans(ids: list[int], offsets: list[tuple[int, int]], spans: list[tupl
     return labels
 
 
+def max_token_chars(tokenizer: Any) -> int:
+    """The most characters one token can stand for: its vocabulary string's length (byte-level and
+    sentencepiece vocabularies spell each byte or space as one character)."""
+    return max(1, *(len(token) for token in tokenizer.get_vocab()))
+
+
+def cap_messages(messages: list[dict[str, str]], max_chars: int) -> tuple[list[dict[str, str]], bool]:
+    """The conversation cut after its first `max_chars` characters of content, and whether it was cut.
+    With `max_chars` = max_length x the longest token, text past the cut cannot be among the first
+    max_length tokens, so one enormous row is never tokenized (or rendered) whole."""
+    kept, left = [], max_chars
+    for message in messages:
+        if len(message["content"]) > left:
+            return kept + ([{**message, "content": message["content"][:left]}] if left else []), True
+        kept.append(message)
+        left -= len(message["content"])
+    return kept, False
+
+
 def encode_batch(
-    batch: dict[str, list[Any]], tokenizer: Any, max_length: int, overlong: Overlong
+    batch: dict[str, list[Any]], tokenizer: Any, max_length: int, overlong: Overlong, max_chars: int
 ) -> dict[str, list[Any]]:
     """Tokenize a batch of conversations; `status` says kept, truncated or why a row is dropped."""
-    texts = [tokenizer.apply_chat_template(m, tokenize=False) for m in batch["messages"]]
+    capped = [cap_messages(m, max_chars) for m in batch["messages"]]
+    conversations = [messages for messages, _ in capped]
+    texts = [tokenizer.apply_chat_template(m, tokenize=False) for m in conversations]
     encoded = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
     out: dict[str, list[Any]] = {"input_ids": [], "attention_mask": [], "labels": [], "length": [], "status": []}
-    for messages, text, ids, offsets in zip(batch["messages"], texts, encoded["input_ids"], encoded["offset_mapping"]):
+    for (messages, cut), text, ids, offsets in zip(capped, texts, encoded["input_ids"], encoded["offset_mapping"]):
         labels = label_spans(ids, offsets, assistant_spans(tokenizer, messages, text))
         status = "kept"
-        if len(ids) > max_length:
+        if cut or len(ids) > max_length:
             status = "dropped_overlong" if overlong == "drop" else "truncated"
             ids, labels = ids[:max_length], labels[:max_length]
         if status != "dropped_overlong" and all(label == IGNORE for label in labels):
@@ -139,9 +160,14 @@ def tokenize(
     batch_size: int = 256,
 ) -> dict[str, Any]:
     """Tokenize `input_path` into the `datasets` folder `out` (atomic, manifest inside); no-op if current."""
+    with os_errors_as(TokenizeError, out):
+        return _tokenize(Path(input_path), Path(model), max_length, Path(out), overlong, num_proc, batch_size)
+
+
+def _tokenize(input_path: Path, model: Path, max_length: int, out: Path, overlong: Overlong, num_proc: int,
+              batch_size: int) -> dict[str, Any]:
     from datasets import Dataset, disable_caching
 
-    input_path, model, out = Path(input_path), Path(model), Path(out)
     if max_length < 1:
         raise TokenizeError(f"max_length must be positive, got {max_length}")
     if overlong not in ("truncate", "drop"):
@@ -161,7 +187,8 @@ def tokenize(
         batch_size=batch_size,
         num_proc=num_proc if num_proc > 1 and len(dataset) >= 2 * batch_size else None,
         remove_columns=["messages"],
-        fn_kwargs={"tokenizer": tokenizer, "max_length": max_length, "overlong": overlong},
+        fn_kwargs={"tokenizer": tokenizer, "max_length": max_length, "overlong": overlong,
+                   "max_chars": max_length * max_token_chars(tokenizer)},
         desc=f"tokenize {input_path.name}",
     )
     counts = Counter(mapped["status"])

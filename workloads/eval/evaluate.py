@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import logging
 import os
 import sys
@@ -21,7 +20,7 @@ from workloads.eval.config import EvalConfig
 from workloads.eval.generation import Prompt, generate_all, read_prompts
 from workloads.eval.metrics import compare, text_scores
 from workloads.eval.perplexity import assistant_perplexity, load_tokenized
-from workloads.eval.report import check_report, write_chart, write_report
+from workloads.eval.report import Comparison, EvalSettings, EvaluatorReport, SideReport, write_chart, write_report
 
 log = logging.getLogger("workloads.eval")
 
@@ -89,7 +88,7 @@ def measure(model, tokenizer, dataset, prompts: list[Prompt], cfg: EvalConfig, n
     }
 
 
-def evaluate(run: RunConfig, job_id: str) -> dict[str, Any]:
+def evaluate(run: RunConfig, job_id: str) -> EvaluatorReport:
     from transformers import AutoTokenizer
 
     cfg = run.eval or EvalConfig()
@@ -105,23 +104,23 @@ def evaluate(run: RunConfig, job_id: str) -> dict[str, Any]:
         sides[side] = measure(model, tokenizer, dataset, prompts, cfg, side)
         del model
         gc.collect()
-    return {
-        "job_id": job_id,
-        "run": run.name,
-        "finetuned_kind": kind,
-        "base_model": sides["base"],
-        "finetuned_model": sides["finetuned"],
-        "comparison": compare(sides["base"], sides["finetuned"]),
-        "settings": {
-            "device": device,
-            "dtype": str(dtype).removeprefix("torch."),
-            "test_rows_perplexity": len(dataset),
-            "prompts": len(prompts),
-            "max_new_tokens": cfg.max_new_tokens,
-            "seed": cfg.seed,
-            "decoding": "greedy",
-        },
-    }
+    return EvaluatorReport(
+        job_id=job_id,
+        run=run.name,
+        finetuned_kind=kind,
+        base_model=SideReport.model_validate(sides["base"]),
+        finetuned_model=SideReport.model_validate(sides["finetuned"]),
+        comparison=Comparison.model_validate(compare(sides["base"], sides["finetuned"])),
+        settings=EvalSettings(
+            device=device,
+            dtype=str(dtype).removeprefix("torch."),
+            test_rows_perplexity=len(dataset),
+            prompts=len(prompts),
+            max_new_tokens=cfg.max_new_tokens,
+            seed=cfg.seed,
+            decoding="greedy",
+        ),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,7 +131,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run = load_run_config(args.config)
         report = evaluate(run, os.environ.get("SLURM_JOB_ID") or "local")
-        check_report(report)
         path = write_report(report, run.results_dir)
         if (run.eval or EvalConfig()).chart:
             write_chart(report, path.with_suffix(".png"))
@@ -140,8 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"evaluate: {error}", file=sys.stderr)
         return 2
     log.info("wrote %s", path)
-    json.dump(report, sys.stdout, indent=2, ensure_ascii=False)
-    sys.stdout.write("\n")
+    sys.stdout.write(report.model_dump_json(indent=2) + "\n")
     return 0
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PrinterCallback, Trainer
 
-from workloads.common.atomic import atomic_dir, read_manifest
+from workloads.common.atomic import atomic_dir
 from workloads.config import ConfigError, RunConfig, load_run_config
 from workloads.train import checkpoints
 from workloads.train.batching import PackedCollator, PackedDataset, PaddedCollator, batch_tokens
@@ -35,12 +35,14 @@ from workloads.train.config import (
     train_paths,
 )
 from workloads.train.manifest import (
+    RunManifest,
     config_hash,
     dataset_hash,
     finish_attempt,
     git_commit,
     model_hash,
     package_versions,
+    read_run_manifest,
     start_attempt,
     training_fingerprint,
 )
@@ -152,8 +154,8 @@ def load_datasets(paths: TrainPaths, train: TrainConfig, length: int, tokenizer:
 
 
 def is_done(manifest_file: Path, adapter: Path, digest: str) -> bool:
-    manifest = read_manifest(manifest_file) or {}
-    return manifest.get("status") == "completed" and manifest.get("config_sha256") == digest and (
+    manifest = read_run_manifest(manifest_file)
+    return manifest is not None and manifest.status == "completed" and manifest.config_sha256 == digest and (
         adapter / "adapter_model.safetensors"
     ).is_file()
 
@@ -175,7 +177,7 @@ def train_run(run: RunConfig) -> int:
     resume = checkpoints.latest_complete(paths.checkpoint_dir, fingerprint)
     resumed_step = checkpoints.checkpoint_step(resume) if resume else 0
     metrics_file = paths.run_dir / METRICS
-    manifest: dict[str, Any] = {}
+    manifest: RunManifest | None = None
     if rank0:
         paths.run_dir.mkdir(parents=True, exist_ok=True)
         truncate_metrics(metrics_file, resumed_step or 0)

@@ -1,4 +1,8 @@
-"""run_manifest.json: what a training run was made from (config, data, base model, code, packages) and when."""
+"""run_manifest.json: what a training run was made from (config, data, base model, code, packages) and when.
+
+`RunManifest` is the one definition of the document; the train job writes it and the operator's side reads
+it with `infra.documents.read_run_manifest`. New facts are new optional fields.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +12,73 @@ import os
 import subprocess
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from workloads.common.atomic import MANIFEST_NAME, read_manifest, sha256_file, utc_now, write_json_atomic
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from workloads.common.atomic import MANIFEST_NAME, read_manifest, sha256_file, utc_now, write_text_atomic
+
+MANIFEST_VERSION = 1
+RunStatus = Literal["running", "interrupted", "completed"]
+
+
+class _Document(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class DatasetDigest(_Document):
+    path: str
+    sha256: str
+    """sha256 over the per-file sha256 of the dataset's arrow files."""
+    prepare_manifest_sha256: str | None = None
+
+
+class ModelDigest(_Document):
+    path: str
+    sha256: str
+    """sha256 over the per-file sha256 of the weights."""
+    digest_from: Literal["prepare manifest", "computed"] = Field(alias="from")
+    source: str | None = None
+    """the prepare stage's model source (e.g. `gguf:...`, `hub:...`), when it left a manifest."""
+
+
+class Attempt(_Document):
+    """One (re)start of the run, e.g. after a requeue."""
+
+    started: str
+    resumed_from_step: int
+    slurm_job_id: str | None = None
+    slurm_restart_count: int = 0
+    ended: str | None = None
+    status: RunStatus | None = None
+    global_step: int | None = None
+
+
+class RunManifest(_Document):
+    version: Literal[1] = MANIFEST_VERSION
+    run: str
+    config_sha256: str
+    config: dict[str, Any]
+    precision: str
+    dataset: DatasetDigest
+    base_model: ModelDigest
+    packages: dict[str, str | None]
+    git_commit: str | None = None
+    world_size: int
+    nodes: int
+    started: str | None = None
+    """first start of this config (kept across attempts)."""
+    ended: str | None = None
+    """set when the run completed."""
+    status: RunStatus
+    attempts: list[Attempt] = []
+    global_step: int | None = None
+    adapter: str | None = None
+    """the saved adapter folder, once completed."""
+
+    def json_text(self) -> str:
+        return self.model_dump_json(indent=2, by_alias=True) + "\n"
+
 
 PACKAGES = ("torch", "transformers", "peft", "bitsandbytes", "accelerate", "datasets", "safetensors")
 
@@ -81,27 +149,41 @@ def package_versions() -> dict[str, str | None]:
     return versions
 
 
-def start_attempt(path: Path, base: dict[str, Any], resumed_from: int) -> dict[str, Any]:
+def read_run_manifest(path: Path) -> RunManifest | None:
+    """The run's manifest so far, None when absent or unreadable (a fresh start); node side, for resume."""
+    try:
+        return RunManifest.model_validate_json(path.read_text(encoding="utf-8"))
+    except (OSError, ValidationError):
+        return None
+
+
+def start_attempt(path: Path, base: dict[str, Any], resumed_from: int) -> RunManifest:
     """Manifest for a run (re)starting now: the first start is kept, each (re)start is one attempt."""
-    previous = read_manifest(path) or {}
-    same = previous.get("config_sha256") == base["config_sha256"]
-    attempts = previous.get("attempts", []) if same else []
-    attempts.append({
-        "started": utc_now(),
-        "resumed_from_step": resumed_from,
-        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
-        "slurm_restart_count": int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
+    previous = read_run_manifest(path)
+    same = previous is not None and previous.config_sha256 == base["config_sha256"]
+    attempts = list(previous.attempts) if same else []
+    attempts.append(Attempt(
+        started=utc_now(),
+        resumed_from_step=resumed_from,
+        slurm_job_id=os.environ.get("SLURM_JOB_ID"),
+        slurm_restart_count=int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
+    ))
+    manifest = RunManifest.model_validate({
+        **base, "started": previous.started if same else utc_now(), "ended": None, "status": "running",
+        "attempts": attempts,
     })
-    manifest = {**base, "started": previous.get("started") if same else utc_now(), "ended": None,
-                "status": "running", "attempts": attempts}
-    write_json_atomic(path, manifest)
+    write_text_atomic(path, manifest.json_text())
     return manifest
 
 
-def finish_attempt(path: Path, manifest: dict[str, Any], status: str, step: int, **extra: Any) -> dict[str, Any]:
-    manifest = {**manifest, **extra, "status": status, "global_step": step}
-    manifest["attempts"][-1].update({"ended": utc_now(), "status": status, "global_step": step})
-    if status == "completed":
-        manifest["ended"] = utc_now()
-    write_json_atomic(path, manifest)
+def finish_attempt(path: Path, manifest: RunManifest, status: RunStatus, step: int,
+                   adapter: str | None = None) -> RunManifest:
+    now = utc_now()
+    last = manifest.attempts[-1].model_copy(update={"ended": now, "status": status, "global_step": step})
+    manifest = manifest.model_copy(update={
+        "status": status, "global_step": step, "attempts": [*manifest.attempts[:-1], last],
+        **({"adapter": adapter} if adapter is not None else {}),
+        **({"ended": now} if status == "completed" else {}),
+    })
+    write_text_atomic(path, manifest.json_text())
     return manifest

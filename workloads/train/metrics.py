@@ -1,21 +1,52 @@
-"""Training metrics: one JSON line per logged step (rank 0), step logs, and the loss-curve PNG."""
+"""Training metrics: one `MetricsRecord` JSON line per logged step (rank 0), step logs, and the loss-curve PNG.
+
+`MetricsRecord` is the one definition of a `metrics.jsonl` line; the operator's side reads the file with
+`infra.documents.read_metrics`. New figures are new optional fields.
+"""
 
 from __future__ import annotations
 
-import json
 import logging
 import resource
 import time
 from pathlib import Path
-from typing import Any
+from typing import Literal
 
 import torch
 import torch.distributed as dist
+from pydantic import BaseModel, ConfigDict, ValidationError
 from transformers import TrainerCallback
 
 from workloads.common.atomic import atomic_file, write_text_atomic
 
 log = logging.getLogger("workloads.train.metrics")
+
+METRICS_VERSION = 1
+
+
+class MetricsRecord(BaseModel):
+    """One logged optimizer step: training figures (a `loss` step), the eval loss (an eval step), or both."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: Literal[1] = METRICS_VERSION
+    step: int
+    epoch: float
+    loss: float | None = None
+    lr: float | None = None
+    grad_norm: float | None = None
+    tokens_per_s: float | None = None
+    """real (non-padding) tokens per second over every rank since the previous record."""
+    tokens: int | None = None
+    """real tokens over every rank since the previous record."""
+    padding_efficiency: float | None = None
+    memory_mb: float | None = None
+    gpu_util: float | None = None
+    tokens_per_second_per_gpu: float | None = None
+    eval_loss: float | None = None
+
+    def line(self) -> str:
+        return self.model_dump_json(exclude_none=True) + "\n"
 
 
 class TokenCounter:
@@ -60,8 +91,6 @@ class MetricsCallback(TrainerCallback):
         self.path = path
         self.counter = counter
         self.last_time = time.perf_counter()
-        self.real_total = 0
-        self.processed_total = 0
 
     def on_train_begin(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201
         self.last_time = time.perf_counter()
@@ -70,55 +99,56 @@ class MetricsCallback(TrainerCallback):
         logs = logs or {}
         if "loss" not in logs and "eval_loss" not in logs:
             return
-        record: dict[str, Any] = {"step": state.global_step, "epoch": round(state.epoch or 0.0, 4)}
+        fields: dict[str, float | int | None] = {"step": state.global_step, "epoch": round(state.epoch or 0.0, 4)}
         if "loss" in logs:
             device = args.device if torch.cuda.is_available() else "cpu"
             real, processed = self.counter.take_global(device)
             now = time.perf_counter()
             elapsed, self.last_time = now - self.last_time, now
-            self.real_total += real
-            self.processed_total += processed
-            record.update({
+            tokens_per_s = round(real / elapsed, 2) if elapsed > 0 else None
+            util = gpu_utilization()
+            fields.update({
                 "loss": logs["loss"],
                 "lr": logs.get("learning_rate"),
                 "grad_norm": logs.get("grad_norm"),
-                "tokens_per_s": round(real / elapsed, 2) if elapsed > 0 else None,
+                "tokens_per_s": tokens_per_s,
                 "tokens": real,
                 "padding_efficiency": round(real / processed, 4) if processed else None,
                 "memory_mb": round(peak_memory_mb(), 1),
+                "gpu_util": util,
+                "tokens_per_second_per_gpu": round(tokens_per_s / args.world_size, 2)
+                if util is not None and tokens_per_s is not None else None,
             })
-            util = gpu_utilization()
-            if util is not None:
-                record["gpu_util"] = util
-                if record["tokens_per_s"] is not None:
-                    record["tokens_per_second_per_gpu"] = round(record["tokens_per_s"] / args.world_size, 2)
         if "eval_loss" in logs:
-            record["eval_loss"] = logs["eval_loss"]
+            fields["eval_loss"] = logs["eval_loss"]
+        record = MetricsRecord.model_validate(fields)
         if not state.is_world_process_zero:
             return
         with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
+            handle.write(record.line())
+        shown = record.model_dump(exclude={"version", "step"}, exclude_none=True)
         log.info("step %d/%d %s", state.global_step, state.max_steps,
-                 " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()
-                          if k not in ("step",) and v is not None))
+                 " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items()))
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
+def read_metrics(path: Path) -> list[MetricsRecord]:
+    """This run's records so far; a line torn by a crash is skipped with a warning (the node-side reader,
+    used to resume and plot; the operator's side uses infra.documents.read_metrics, which is strict)."""
     if not path.is_file():
         return []
     rows = []
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
+            rows.append(MetricsRecord.model_validate_json(line))
+        except ValidationError:
             log.warning("%s: skipping a torn line", path)
     return rows
 
 
 def truncate_metrics(path: Path, step: int) -> None:
     """Keep only records up to `step` (the checkpoint a run resumes from), so resumed steps are not doubled."""
-    kept = [r for r in read_metrics(path) if r.get("step", 0) <= step]
-    write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
+    kept = [r for r in read_metrics(path) if r.step <= step]
+    write_text_atomic(path, "".join(r.line() for r in kept))
 
 
 def plot_loss(metrics: Path, png: Path) -> None:
@@ -129,8 +159,8 @@ def plot_loss(metrics: Path, png: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows = read_metrics(metrics)
-    train = [(r["step"], r["loss"]) for r in rows if r.get("loss") is not None]
-    evals = [(r["step"], r["eval_loss"]) for r in rows if r.get("eval_loss") is not None]
+    train = [(r.step, r.loss) for r in rows if r.loss is not None]
+    evals = [(r.step, r.eval_loss) for r in rows if r.eval_loss is not None]
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
     if train:
         ax.plot(*zip(*train), marker=".", label="train loss")
