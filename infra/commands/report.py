@@ -60,7 +60,7 @@ def mock_outputs(stack: StackConfig) -> dict[str, Any]:
 
 def line_details(stack: StackConfig) -> dict[str, dict[str, str]]:
     """Labels, quantities and unit prices of the cost lines (pure: from the stack file and price data)."""
-    if stack.target == "local":
+    if stack.target != "nebius":
         return {}
     monthly = cost.monthly_cost(stack, stack.pricing)
     return {l.key: {"label": l.label, "quantity": l.quantity, "unit_price": l.unit_price} for l in monthly.lines}
@@ -89,7 +89,7 @@ def latest_run(store: ArtifactStore, stack: str, run_id: str | None) -> dict[str
 
 def stored_run(stack: StackConfig, root: Path, bucket: Any, run_id: str | None) -> tuple[dict[str, Any] | None, str | None]:
     """The run to show and, when the artifacts store cannot be read, why (the page still renders)."""
-    if stack.target != "local" and not isinstance(bucket, str):
+    if stack.target == "nebius" and not isinstance(bucket, str):
         return None, None
     try:
         store = store_for_stack(stack, root, bucket=bucket)
