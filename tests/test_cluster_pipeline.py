@@ -130,7 +130,7 @@ def test_second_run_submits_nothing_and_status_reads_over_ssh(cluster_run: dict[
     assert {job["state"] for job in jobs.values()} == {"COMPLETED"}
 
 
-def test_artifacts_come_back_and_are_listed(cluster_run: dict[str, Any], local_cluster: Cluster) -> None:
+def test_artifacts_come_back_listed_and_reported(cluster_run: dict[str, Any], tmp_path: Path) -> None:
     assert "artifacts stored in" in cluster_run["first"].stderr
     listed = subprocess.run([FTSTACK, "runs", "--stack", STACK, "--config-dir", str(cluster_run["config_dir"]), "--json"],
                             cwd=REPO, capture_output=True, text=True, timeout=120)
@@ -145,3 +145,7 @@ def test_artifacts_come_back_and_are_listed(cluster_run: dict[str, Any], local_c
     assert (stored / "train/metrics.jsonl").read_bytes() == remote.read_bytes()
     for chart in (cluster_run["root"] / "outputs/ctiny").glob("*.png"):
         assert (stored / "train" / chart.name).read_bytes() == chart.read_bytes()
+    report = subprocess.run([FTSTACK, "report", "--stack", STACK, "--config-dir", str(cluster_run["config_dir"]),
+                             "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0, report.stderr
+    assert index["run_id"] in (tmp_path / "index.html").read_text()

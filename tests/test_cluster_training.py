@@ -26,9 +26,11 @@ from workloads.train.metrics import read_metrics
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-LOSS_REL_TOL = 1e-5
-"""2 nodes x 1 process against 1 node x 2 processes: same ranks, same shards, gloo sums of 2 terms (commutative in
-float32), one thread per process on both; the losses agree to float32 rounding, and this bound leaves room for it."""
+LOSS_REL_TOL = 1e-4
+"""2 nodes x 1 process against 1 node x 2 processes: same ranks, same data shards, same initial weights, one thread
+per process on both. The first step's loss (before any update) is the same float32 number; after updates the two
+layouts drift by float32 rounding (measured on the 2-core reference machine: 1.6e-6, 8.1e-6 and 2.1e-5 relative at
+steps 2-4), so 4 steps are held to a relative 1e-4, five times the largest drift seen."""
 
 
 def sbatch(cluster: Cluster, config: Path, log: Path, nodes: int) -> str:
@@ -58,6 +60,12 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str, log: Path
     pytest.fail(f"timed out waiting for {what}; job log:\n{tail}")
 
 
+def release_requeued(cluster: Cluster, job: str) -> None:
+    """A requeued job waits about two minutes (BeginTime) before it may start again; let it start now."""
+    subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], capture_output=True,
+                   env={**os.environ, "SLURM_CONF": str(cluster.slurm_conf)})
+
+
 def finished(cluster: Cluster, job: str) -> bool:
     return job_field(cluster, job, "JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
 
@@ -83,6 +91,7 @@ def test_two_nodes_match_one_node_with_two_processes(local_cluster: Cluster, tin
     assert json.loads((across.train_run_dir / "run_manifest.json").read_text())["nodes"] == 2
     assert json.loads((within.train_run_dir / "run_manifest.json").read_text())["nodes"] == 1
     assert len(two_nodes) == len(one_node) == 4
+    assert two_nodes[0] == one_node[0]
     for step, (a, b) in enumerate(zip(two_nodes, one_node), start=1):
         assert math.isclose(a, b, rel_tol=LOSS_REL_TOL), f"step {step}: 2x1 loss {a} vs 1x2 loss {b}"
 
@@ -102,6 +111,7 @@ def test_requeue_signal_checkpoints_every_rank_and_resumes_on_both_nodes(
         wait_for(lambda: metrics.is_file() and len(read_metrics(metrics)) >= 3, 600, "three logged steps", log)
         subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True, env=env)
         wait_for(lambda: job_field(local_cluster, job, "Restarts") == "1", 180, "the job to requeue itself", log)
+        release_requeued(local_cluster, job)
         wait_for(lambda: finished(local_cluster, job), 600, "the requeued job to finish", log)
     finally:
         subprocess.run(["scancel", job], capture_output=True, env=env)
@@ -137,6 +147,7 @@ def test_lost_node_is_requeued_and_resumes_from_the_last_checkpoint(
         wait_for(lambda: job_field(local_cluster, job, "Restarts") == "1", 180, "Slurm to requeue the job", log)
         back = local_cluster.script("start", "--nodes", "2")
         assert back.returncode == 0, back.stderr
+        release_requeued(local_cluster, job)
         wait_for(lambda: finished(local_cluster, job), 600, "the requeued job to finish", log)
     finally:
         subprocess.run(["scancel", job], capture_output=True, env=env)
