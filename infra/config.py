@@ -28,6 +28,8 @@ from infra import catalog
 from infra.pricing import PricingConfig
 
 PROJECT = "soperator-finetune"
+# Config namespaces a stack file may use: this project's and those of the providers the program creates.
+KNOWN_NAMESPACES = (PROJECT, "pulumi", "nebius", "kubernetes", "command")
 SECRET_KEYS = ("pipelineSshPrivateKey",)
 DiskType = Literal["NETWORK_SSD", "NETWORK_SSD_NON_REPLICATED", "NETWORK_SSD_IO_M3", "NETWORK_HDD"]
 FilesystemType = Literal["NETWORK_SSD", "NETWORK_HDD"]
@@ -228,6 +230,16 @@ class PipelineConfig(_Model):
     login_host_key: str | None = Field(
         None, description="Pinned OpenSSH public host key of the login node; recorded on first use when unset."
     )
+    require_pinned_host_key: bool = Field(
+        False, description="Connect only to the pinned loginHostKey: no trust on first use, no known_hosts."
+    )
+
+    @model_validator(mode="after")
+    def _pin_given_when_required(self) -> PipelineConfig:
+        if self.require_pinned_host_key and not self.login_host_key:
+            raise ValueError("requirePinnedHostKey is set but loginHostKey is empty: pin the login node's "
+                             "public host key (ssh-keyscan -t ecdsa,ed25519 <login address>)")
+        return self
 
 
 class ExistingCluster(_Model):
@@ -351,6 +363,10 @@ def split_namespace(config: dict[str, Any], source: str) -> tuple[dict[str, Any]
     """Project keys (namespace stripped) and the names of the ``secure:`` ones among them."""
     values: dict[str, Any] = {}
     secrets: set[str] = set()
+    unknown = sorted(str(k) for k in config if str(k).partition(":")[0] not in KNOWN_NAMESPACES)
+    if unknown:
+        raise StackConfigError(f"{source}: keys under an unknown namespace: {', '.join(unknown)} "
+                               f"(this project's keys start with '{PROJECT}:'; known: {', '.join(KNOWN_NAMESPACES)})")
     for full_key, value in config.items():
         namespace, _, key = full_key.partition(":")
         if namespace != PROJECT:
@@ -383,6 +399,8 @@ def read_stack_file(stack: str, config_dir: str | Path = "stacks") -> tuple[Stac
         document = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
         raise StackConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(document, dict):
+        raise StackConfigError(f"{path}: the file must be a mapping with a 'config' key, not a {type(document).__name__}")
     config = document.get("config") or {}
     if not isinstance(config, dict):
         raise StackConfigError(f"{path}: 'config' must be a mapping")

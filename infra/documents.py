@@ -8,6 +8,7 @@ Each document is one pydantic model defined next to its writer in ``workloads/``
 | ``metrics.jsonl`` | ``workloads.train.metrics.MetricsRecord`` (a line) | ``read_metrics`` |
 | ``run_manifest.json`` | ``workloads.train.manifest.RunManifest`` | ``read_run_manifest`` |
 | ``readiness-<job>.json`` | ``workloads.checks.readiness.ReadinessReport`` | ``read_readiness_report`` |
+| ``prepare.json`` | ``workloads.data.summary.PrepareSummary`` | ``read_prepare_summary`` |
 
 Every reader takes the text and where it came from (a path, an SSH path, an artifact key) and raises
 ``DocumentError`` naming that origin and the field (or line) at fault.
@@ -20,6 +21,7 @@ from typing import TypeVar
 from pydantic import BaseModel, ValidationError
 
 from workloads.checks.readiness import ReadinessReport
+from workloads.data.summary import PrepareSummary
 from workloads.eval.report import EvaluatorReport
 from workloads.train.manifest import RunManifest
 from workloads.train.metrics import MetricsRecord
@@ -44,6 +46,10 @@ def _parse(model: type[Document], text: str | bytes, origin: str, what: str) -> 
 
 def read_evaluator_report(text: str | bytes, origin: str) -> EvaluatorReport:
     return _parse(EvaluatorReport, text, origin, "evaluator report")
+
+
+def read_prepare_summary(text: str | bytes, origin: str) -> PrepareSummary:
+    return _parse(PrepareSummary, text, origin, "prepare summary")
 
 
 def read_run_manifest(text: str | bytes, origin: str) -> RunManifest:

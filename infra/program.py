@@ -13,7 +13,9 @@ from typing import Any
 import pulumi
 
 from infra.config import PROJECT, SECRET_KEYS, StackConfig
-from infra.pipeline.chain import code_hash, pipeline_jobs, placement_for
+from infra.pipeline.chain import code_hash, pipeline_jobs, placement_for, run_root
+from infra.pipeline.datasource import fingerprint_source
+from infra.pipeline.transport import LocalTransport
 from infra.pipeline.component import Pipeline, PipelineArgs
 from infra.cost import MonthlyCost, chat_scenarios
 from infra.cost_report import cost_report
@@ -177,6 +179,7 @@ def pipeline_transport(cfg: StackConfig, platform: Platform | None) -> pulumi.In
     return pulumi.Output.secret({
         "kind": "ssh", "host": platform.network.login_address, "user": cfg.pipeline.ssh_user,
         "port": cfg.pipeline.ssh_port, "private_key": key, "host_key": cfg.pipeline.login_host_key,
+        **({"require_pinned": True} if cfg.pipeline.require_pinned_host_key else {}),
     })
 
 
@@ -187,7 +190,11 @@ def build_pipeline(cfg: StackConfig, platform: Platform | None) -> Pipeline | No
         return None
     run = load_run_config(REPO_ROOT / cfg.pipeline.run_config)
     placement = placement_for(cfg, run, REPO_ROOT)
-    jobs = pipeline_jobs(cfg, run, cfg.pipeline.run_config, code_hash(REPO_ROOT), placement, serve=cfg.pipeline.serve)
+    # the data file's content joins the fingerprints where it can be read at plan time (this machine);
+    # on cloud stacks `ftstack run` reads it over SSH
+    data = fingerprint_source(LocalTransport(), run, run_root(run, placement)) if cfg.target == "local" else None
+    jobs = pipeline_jobs(cfg, run, cfg.pipeline.run_config, code_hash(REPO_ROOT), placement, serve=cfg.pipeline.serve,
+                         data_sha256=data.sha256 if data else None)
     after = list(platform.soperator.releases.values()) if platform is not None else []
     return Pipeline(f"{cfg.cluster_name}-pipeline", PipelineArgs(
         source_dir=str(REPO_ROOT), code_root=placement.code_root, transport=transport, jobs=jobs,

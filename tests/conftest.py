@@ -94,7 +94,8 @@ def tiny_run_config(root: Path, model_dir: Path, rows: int = 64, **data: object)
         "name": "tiny",
         "paths": {"root": str(root)},
         "model": {"source": f"dir:{model_dir}"},
-        "data": {"source": "sample", "rows": rows, "seed": 0, "max_length": 256, **data},
+        # truncate: at 256 tokens some synthetic answers are longer than the limit; cutting them keeps every row
+        "data": {"source": "sample", "rows": rows, "seed": 0, "max_length": 256, "overlong": "truncate", **data},
     }, "tiny_run_config")
 
 

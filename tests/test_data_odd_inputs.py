@@ -126,7 +126,7 @@ def test_parquet_named_jsonl_says_what_the_file_is(tmp_path: Path) -> None:
 _PEAK = """
 import json, resource, sys
 from workloads.data.tokenize import tokenize
-tokenize(sys.argv[1], sys.argv[2], 64, sys.argv[3])
+tokenize(sys.argv[1], sys.argv[2], 64, sys.argv[3], "truncate")
 print(json.dumps({"peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
 """
 

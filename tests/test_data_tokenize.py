@@ -73,9 +73,11 @@ def test_labels_match_the_chat_template_token_by_token(tiny_model_dir: Path, tok
     dataset = load_from_disk(str(tmp_path / "tok"))
     conversations = [json.loads(line)["messages"] for line in source.read_text().splitlines()]
     assert len(dataset) == len(conversations)
-    assert dataset.column_names == ["input_ids", "attention_mask", "labels", "length"]
-    for row, messages in zip(dataset, conversations):
-        assert row["input_ids"] == _template_ids(tokenizer, messages)
+    assert dataset.column_names == ["input_ids", "attention_mask", "labels", "length", "prompt_length", "row"]
+    for index, (row, messages) in enumerate(zip(dataset, conversations)):
+        assert row["input_ids"] == _template_ids(tokenizer, messages) and row["row"] == index
+        prompt = tokenizer.apply_chat_template(messages[:-1], add_generation_prompt=True, tokenize=True)
+        assert row["prompt_length"] == len(prompt["input_ids"])
         expected, turns = _expected_labels(tokenizer, row["input_ids"])
         assert row["labels"] == expected
         replies = [m["content"] for m in messages if m["role"] == "assistant"]
@@ -114,8 +116,8 @@ def test_overlong_rows_are_truncated_or_dropped_and_counted(tiny_model_dir: Path
 
 def test_parallel_map_gives_the_same_dataset(tiny_model_dir: Path, tmp_path: Path) -> None:
     source = _conversations(tmp_path, 80)
-    tokenize(source, tiny_model_dir, 256, tmp_path / "one", batch_size=16)
-    tokenize(source, tiny_model_dir, 256, tmp_path / "two", num_proc=2, batch_size=16)
+    tokenize(source, tiny_model_dir, 128, tmp_path / "one", batch_size=16)
+    tokenize(source, tiny_model_dir, 128, tmp_path / "two", num_proc=2, batch_size=16)
     assert load_from_disk(str(tmp_path / "one")).to_dict() == load_from_disk(str(tmp_path / "two")).to_dict()
 
 
@@ -166,5 +168,5 @@ def test_cli(tiny_model_dir: Path, tmp_path: Path) -> None:
                            "--out", str(tmp_path / "tok"), "--overlong", "drop"], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout.strip().splitlines()[-1])
-    assert summary["rows_written"] + summary["dropped_overlong"] == 12
+    assert summary["rows_read"] == 12 and summary["rows_kept"] + summary["dropped"]["overlong"] == 12
     assert "tokenize conv.jsonl" in done.stderr

@@ -7,6 +7,7 @@ changed train section resubmitting train and eval but not prepare.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -98,3 +99,43 @@ def test_failing_prepare_stops_the_chain_with_its_log(slurm: str, tmp_path: Path
     state = load_state(state_path(repo, "t"), "t")
     assert state.stages["prepare"].outs["state"] == "FAILED"
     assert {state.stages[s].outs["state"] for s in ("readiness", "train", "eval")} == {"CANCELLED"}
+
+
+def test_replaced_data_file_reruns_prepare_and_after_and_an_unchanged_one_submits_nothing(
+        slurm: str, tmp_path: Path) -> None:
+    repo = make_repo(tmp_path)
+    (repo / "work" / "results").mkdir(parents=True)
+    config = json.loads((repo / "workloads" / "configs" / "t.json").read_text())
+    config["data"] = {"source": "file:data/qa.jsonl"}
+    (repo / "workloads" / "configs" / "t.json").write_text(json.dumps(config))
+    data = repo / "work" / "data" / "qa.jsonl"
+    data.parent.mkdir(parents=True)
+    data.write_text('{"user": "What was revenue in 2021?", "assistant": "$5 million"}\n')
+    first = run_pipeline(stack(), repo, {"kind": "local"}, wait=True, progress=lambda _: None)
+    assert first.submitted == ["prepare", "readiness", "train", "eval"]
+    recorded = load_state(state_path(repo, "t"), "t").data_source
+    assert recorded.path == str(data) and recorded.size == data.stat().st_size
+    assert recorded.sha256 == hashlib.sha256(data.read_bytes()).hexdigest()
+
+    data.write_text(data.read_text())  # rewritten with the same bytes: a new mtime, the same content
+    same = run_pipeline(stack(), repo, {"kind": "local"}, wait=True, progress=lambda _: None)
+    assert same.submitted == [] and len(ran(repo, "prepare")) == 1
+
+    data.write_text('{"user": "What was revenue in 2022?", "assistant": "$6 million"}\n')
+    replaced = run_pipeline(stack(), repo, {"kind": "local"}, wait=True, progress=lambda _: None)
+    assert replaced.submitted == ["prepare", "readiness", "train", "eval"]
+    assert [len(ran(repo, s)) for s in ("prepare", "readiness", "train", "eval")] == [2, 2, 2, 2]
+
+    data.unlink()
+    with pytest.raises(ValueError, match=r"data source file:data/qa.jsonl: cannot read .*qa.jsonl"):
+        run_pipeline(stack(), repo, {"kind": "local"}, wait=False, progress=lambda _: None)
+
+
+def test_relative_run_config_outside_workloads_is_refused_before_submission(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path)
+    (repo / "configs").mkdir()
+    (repo / "configs" / "t.json").write_text((repo / "workloads" / "configs" / "t.json").read_text())
+    outside = StackConfig(stack="t", target="local", pipeline=PipelineConfig(run_config="configs/t.json"))
+    with pytest.raises(ValueError, match=r"run config 'configs/t.json' is outside workloads/.*workloads/configs/"):
+        run_pipeline(outside, repo, {"kind": "local"}, wait=False, progress=lambda _: None)
+    assert not state_path(repo, "t").exists()

@@ -30,7 +30,7 @@ def test_prepared_outputs_follow_the_contract(tiny_prepared: RunConfig) -> None:
     assert len(train_lines) + len(test_lines) == 64 and not set(train_lines) & set(test_lines)
     for directory, lines in ((config.train_tokenized_dir, train_lines), (config.test_tokenized_dir, test_lines)):
         dataset = load_from_disk(str(directory))
-        assert dataset.column_names == ["input_ids", "attention_mask", "labels", "length"]
+        assert dataset.column_names == ["input_ids", "attention_mask", "labels", "length", "prompt_length", "row"]
         assert len(dataset) == len(lines) and max(dataset["length"]) <= config.data.max_length
         assert json.loads((directory / "manifest.json").read_text())["params"]["max_length"] == config.data.max_length
 
@@ -50,7 +50,7 @@ def test_file_source_converts_a_local_file_with_row_limit(tiny_model_dir: Path, 
                               for i in range(30)))
     config = tiny_run_config(tmp_path / "run", tiny_model_dir, rows=20, source=f"file:{source}")
     summary = run(config)
-    assert summary["rows_converted"] == 20 and summary["train_rows"] == 18 and summary["test_rows"] == 2
+    assert summary.convert.rows_kept == 20 and summary.split.train_rows == 18 and summary.split.test_rows == 2
     assert not config.raw_data_file.exists()
 
 

@@ -89,7 +89,8 @@ def test_cancel_running_job(slurm_client: SlurmClient, tmp_path: Path) -> None:
 
 def test_wait_reports_training_progress_from_metrics(slurm_client: SlurmClient, tmp_path: Path) -> None:
     metrics = tmp_path / "metrics.jsonl"
-    body = "".join(f'echo \'{{"step": {s}, "loss": {3.0 / s:.3f}}}\' >> {metrics}; sleep 0.7\n' for s in range(1, 6))
+    body = "".join(f'echo "{{\\"step\\": {s}, \\"loss\\": {3.0 / s:.3f}, \\"job_id\\": \\"$SLURM_JOB_ID\\"}}" >> {metrics}; '
+                   'sleep 0.7\n' for s in range(1, 6))
     job = slurm_client.submit(_script(tmp_path / "train.sh", body), job_name="ft-train", output=str(tmp_path / "t-%j.out"))
     messages: list[str] = []
     slurm_client.wait(job, timeout=WAIT, progress=messages.append, metrics_path=str(metrics))

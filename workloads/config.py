@@ -18,7 +18,7 @@ from workloads.train.config import TrainConfig
 ROOT_ENV = "FT_ROOT"
 
 MODEL_SOURCE = re.compile(r"^(gguf|hub|dir):(.+)$")
-DATA_SOURCE = re.compile(r"^(sample|file:.+|hub:[^/\s]+/[^/\s]+)$")
+DATA_SOURCE = re.compile(r"^(sample|sample:qa|file:.+|hub:[^/\s]+/[^/\s]+)$")
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
 
@@ -61,13 +61,19 @@ class ModelConfig(_Section):
 class DataConfig(_Section):
     """Training data: where it comes from and how it is converted, split and tokenized."""
 
-    source: str = Field("sample", description="sample (synthetic) | file:PATH (.parquet/.json/.jsonl) | hub:ORG/NAME")
+    source: str = Field("sample", description="sample (synthetic conversations) | sample:qa (synthetic long-context "
+                        "QA) | file:PATH (.parquet/.json/.jsonl) | hub:ORG/NAME")
     rows: int | None = Field(None, gt=0, description="rows to generate (sample) or keep from the start (file/hub)")
     seed: int = Field(0, ge=0, description="seed for the generator and the shuffle")
     split_ratio: float = Field(0.9, gt=0.0, lt=1.0, description="fraction of rows in the train split")
     shuffle: bool = Field(True, description="shuffle before splitting")
     max_length: int = Field(512, ge=16, description="token limit per conversation")
-    overlong: Literal["truncate", "drop"] = Field("truncate", description="what to do with longer conversations")
+    group_by: str | None = Field(None, description="column whose rows stay on one side of the split (e.g. doc_id)")
+    overlong: Literal["context", "truncate", "drop"] = Field(
+        "context", description="longer conversations: context (shorten the context, keep the answer), truncate "
+        "(cut the end), drop")
+    max_lost_fraction: float = Field(0.05, ge=0.0, le=1.0,
+                                     description="tokenize fails when more than this share of rows is dropped")
     max_bad_fraction: float = Field(0.01, ge=0.0, le=1.0, description="convert fails above this share of bad rows")
     num_proc: int = Field(1, ge=1, description="CPU processes for tokenization")
 
@@ -75,13 +81,13 @@ class DataConfig(_Section):
     @classmethod
     def _source(cls, value: str) -> str:
         if not DATA_SOURCE.match(value):
-            raise ValueError(f"must be sample, file:PATH or hub:ORG/NAME, got {value!r}")
+            raise ValueError(f"must be sample, sample:qa, file:PATH or hub:ORG/NAME, got {value!r}")
         return value
 
     @model_validator(mode="after")
     def _rows_for_sample(self) -> DataConfig:
-        if self.source == "sample" and self.rows is None:
-            raise ValueError("rows is required when source is 'sample'")
+        if self.source.startswith("sample") and self.rows is None:
+            raise ValueError(f"rows is required when source is {self.source!r}")
         return self
 
 

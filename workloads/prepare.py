@@ -1,25 +1,27 @@
-"""The `prepare` stage from a run config: base model, then data (sample or fetch, convert, split, tokenize).
+"""The `prepare` stage from a run config: data source, convert and split first (cheap checks of the user's
+data), then the base model, then tokenize.
 
     python -m workloads.prepare --config workloads/configs/local.json
 
-Every step is atomic and skipped when its manifest shows the same inputs and parameters.
+Every step is atomic and skipped when its manifest shows the same inputs and parameters. The summary
+(stdout, and `<results_dir>/prepare.json` for the operator's side) counts every row lost on the way.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any
 
 from workloads.config import ConfigError, RunConfig, load_run_config
 from workloads.data.convert import ConvertError, convert
 from workloads.data.fetch import FetchError, fetch
 from workloads.data.sample import sample
 from workloads.data.split import SplitError, split
-from workloads.data.tokenize import TokenizeError, tokenize
+from workloads.data.summary import (ConvertLosses, DataSettings, PrepareSummary, SplitCounts, TokenizeLosses,
+                                    write_summary)
+from workloads.data.tokenize import TokenizeError, loss_summary, tokenize
 from workloads.model.folder import ModelFolderError
 from workloads.model.prepare import PrepareError, prepare_model
 from workloads.model.source import SourceError
@@ -32,45 +34,49 @@ ERRORS = (ConfigError, ConvertError, FetchError, SplitError, TokenizeError, Mode
 def source_file(config: RunConfig) -> Path:
     """The file `convert` reads: generated, a local file (relative to the run root) or downloaded."""
     data = config.data
-    if data.source == "sample":
+    if data.source.startswith("sample"):
         assert data.rows is not None
-        return sample(data.rows, data.seed, config.raw_data_file)
+        return sample(data.rows, data.seed, config.raw_data_file, "qa" if data.source == "sample:qa" else "conversations")
     if data.source.startswith("file:"):
         return config.resolve_path(data.source[len("file:"):])
     return fetch(data.source[len("hub:"):], config.raw_data_file)
 
 
-def run(config: RunConfig) -> dict[str, Any]:
+def run(config: RunConfig) -> PrepareSummary:
     data = config.data
-    log.info("[1/5] base model %s -> %s", config.model.source, config.base_model_dir)
-    model = prepare_model(config.model.source, config.base_model_dir, revision=config.model.revision)
-    log.info("[2/5] data source %s", data.source)
+    log.info("[1/5] data source %s", data.source)
     raw = source_file(config)
-    log.info("[3/5] convert %s -> %s", raw, config.conversations_file)
-    limit = None if data.source == "sample" else data.rows
-    converted = convert(raw, config.conversations_file, data.max_bad_fraction, limit)
-    log.info("[4/5] split ratio %s", data.split_ratio)
-    parts = split(config.conversations_file, data.split_ratio, data.shuffle, data.seed)
-    log.info("[5/5] tokenize (max_length %d, %s)", data.max_length, data.overlong)
+    log.info("[2/5] convert %s -> %s", raw, config.conversations_file)
+    limit = None if data.source.startswith("sample") else data.rows
+    keep = (data.group_by,) if data.group_by else ()
+    converted = convert(raw, config.conversations_file, data.max_bad_fraction, limit, keep)
+    log.info("[3/5] split ratio %s%s", data.split_ratio, f", grouped by {data.group_by}" if data.group_by else "")
+    parts = split(config.conversations_file, data.split_ratio, data.shuffle, data.seed, data.group_by)
+    log.info("[4/5] base model %s -> %s", config.model.source, config.base_model_dir)
+    model = prepare_model(config.model.source, config.base_model_dir, revision=config.model.revision)
+    log.info("[5/5] tokenize (max_length %d, overlong %s, max_lost_fraction %s)", data.max_length, data.overlong,
+             data.max_lost_fraction)
     tokenized = {
-        side: tokenize(source, config.base_model_dir, data.max_length, out, data.overlong, data.num_proc)
+        side: tokenize(source, config.base_model_dir, data.max_length, out, data.overlong, data.num_proc,
+                       max_lost_fraction=data.max_lost_fraction)
         for side, source, out in (("train", config.train_jsonl, config.train_tokenized_dir),
                                   ("test", config.test_jsonl, config.test_tokenized_dir))
     }
-    return {
-        "base_model_dir": str(config.base_model_dir),
-        "parameters": model.get("parameters"),
-        "conversations": str(config.conversations_file),
-        "rows_converted": converted["rows_written"],
-        "rows_skipped": converted["rows_skipped"],
-        "train_rows": parts["train_rows"],
-        "test_rows": parts["test_rows"],
-        "duplicate_rows": parts["duplicate_rows"],
-        "train_tokenized_dir": str(config.train_tokenized_dir),
-        "test_tokenized_dir": str(config.test_tokenized_dir),
-        "tokenized": {side: {k: m[k] for k in ("rows_written", "truncated", "dropped_overlong", "mean_tokens")}
-                      for side, m in tokenized.items()},
-    }
+    return PrepareSummary(
+        base_model_dir=str(config.base_model_dir),
+        parameters=model.get("parameters"),
+        conversations=str(config.conversations_file),
+        convert=ConvertLosses(rows_read=converted["rows_read"], rows_kept=converted["rows_written"],
+                              skipped=converted["skipped_by_reason"]),
+        split=SplitCounts(**{k: parts[k] for k in SplitCounts.model_fields if k in parts}),
+        tokenized={side: TokenizeLosses.model_validate({**loss_summary(m), "mean_tokens": m["mean_tokens"]})
+                   for side, m in tokenized.items()},
+        train_tokenized_dir=str(config.train_tokenized_dir),
+        test_tokenized_dir=str(config.test_tokenized_dir),
+        settings=DataSettings(max_length=data.max_length, overlong=data.overlong,
+                              max_lost_fraction=data.max_lost_fraction, max_bad_fraction=data.max_bad_fraction,
+                              group_by=data.group_by),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,11 +85,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="run config JSON")
     args = parser.parse_args(argv)
     try:
-        summary = run(load_run_config(args.config))
+        config = load_run_config(args.config)
+        summary = run(config)
+        write_summary(summary, config.results_dir)
     except ERRORS as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    print(json.dumps(summary, indent=2))
+    for line in summary.lines():
+        log.info("%s", line)
+    print(summary.model_dump_json(indent=2))
     return 0
 
 

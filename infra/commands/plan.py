@@ -15,6 +15,7 @@ from typing import Any
 from infra.commands import plan_extras
 from infra.config import StackConfigError, load_stack_config
 from infra.mocks import MockResource, MockRun, run_under_mocks
+from workloads.config import ConfigError
 
 _KEY_PROPERTIES = (
     "name", "platform", "preset", "fixedNodeCount", "autoscaling", "type", "sizeGibibytes",
@@ -99,7 +100,11 @@ def run(args: argparse.Namespace) -> int:
     except StackConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
-    result = run_under_mocks(cfg)
+    try:
+        result = run_under_mocks(cfg)
+    except ConfigError as exc:
+        print(f"ftstack plan: {exc}", file=sys.stderr)
+        return 2
     extras = plan_extras.plan_extras(cfg, result, args)
     if args.json:
         print(json.dumps(plan_document(result) | extras.document, indent=2))

@@ -18,18 +18,21 @@ from pathlib import Path
 from typing import Any
 
 from infra.artifacts import ARTIFACTS_BUCKET_ENV, ArtifactError, ArtifactStore, list_runs, store_for_stack, upload_run
-from infra.config import StackConfig, StackConfigError, load_stack_config
+from infra.config import StackConfig, StackConfigError, load_stack_config, stack_file
+from infra.documents import DocumentError, read_prepare_summary
 from infra.cost import chat_scenarios
 from infra.cost_report import cost_report, render_chat_table
 from infra.pipeline.results import SUMMARY_KEYS
 from infra.program import stack_outputs
-from infra.pipeline.runner import PipelineRun, run_pipeline, state_path, transport_spec
 from infra.pipeline.fetch import fetch_run
+from infra.pipeline.run_lock import StackBusy
+from infra.pipeline.runner import PipelineRun, load_state, run_pipeline, state_path, transport_spec
 from infra.pipeline.slurm import SlurmError
 from infra.pipeline.connect import open_transport
 from infra.pipeline.transport import TransportError
 from infra.backends import find_repo_root
 from workloads.config import ConfigError
+from workloads.data.summary import SUMMARY_NAME
 
 
 def add_transport_arguments(parser: argparse.ArgumentParser) -> None:
@@ -119,12 +122,16 @@ def run(args: argparse.Namespace) -> int:
     repo = find_repo_root()
     try:
         stack = load_stack_config(args.stack, repo / args.config_dir)
+        cost_stack = cost_stack_config(args.cost_stack, repo, repo / args.config_dir) if args.cost_stack else stack
         spec = open_spec(args, stack)
         result = run_pipeline(stack, repo, spec, wait=args.wait, serve=args.serve or stack.pipeline.serve,
                               progress=lambda line: print(line, file=sys.stderr, flush=True))
-    except (StackConfigError, ConfigError, ValueError, SlurmError, TransportError, OSError) as error:
+    except (StackConfigError, ConfigError, ValueError, SlurmError, TransportError, OSError, StackBusy) as error:
         print(f"ftstack run: {error}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(interrupted_text(repo, args.stack), file=sys.stderr)
+        return 130
     outputs = {**stack_outputs(stack), **cost_report(stack).outputs(), **flat_outputs(result)}
     path = outputs_path(repo, stack.stack)
     write_outputs(path, outputs)
@@ -143,10 +150,41 @@ def run(args: argparse.Namespace) -> int:
     for stage, job in result.jobs.items():
         elapsed = f"{job['elapsed_s']}s" if job["elapsed_s"] is not None else "-"
         print(f"{stage:<10} job {job['job_id']:<8} {job['state']:<12} {elapsed}")
+    if args.wait and "prepare" in result.jobs:
+        print(data_summary_text(spec, result))
     if result.evaluation is not None:
-        cost_stack = load_stack_config(args.cost_stack, repo / args.config_dir) if args.cost_stack else stack
         print(evaluation_summary_text(stack, spec, result, cost_stack))
     return 0
+
+
+def cost_stack_config(name: str, repo: Path, config_dir: Path) -> StackConfig:
+    """The stack to price on: from `config_dir` when its file is there, else from the repository's stacks/
+    (a user's own stack folder need not copy the shipped cloud stacks)."""
+    folder = config_dir if stack_file(name, config_dir).is_file() else repo / "stacks"
+    return load_stack_config(name, folder)
+
+
+def data_summary_text(spec: dict[str, Any], result: PipelineRun) -> str:
+    """Where the rows went in the prepare stage (read from its prepare.json), one line per step."""
+    path = f"{result.jobs['prepare']['results_path']}/{SUMMARY_NAME}"
+    try:
+        summary = read_prepare_summary(open_transport(spec).read_file(path), path)
+    except (TransportError, OSError, DocumentError) as error:
+        return f"\ndata: no prepare summary ({error})"
+    return "\n".join([f"\nData ({path}):", *(f"  {line}" for line in summary.lines())])
+
+
+def interrupted_text(repo: Path, stack: str) -> str:
+    """What Ctrl-C left behind: the submitted jobs go on in Slurm; how to follow them or wait again."""
+    try:
+        jobs = {name: record.outs["job_id"] for name, record in load_state(state_path(repo, stack), stack).stages.items()}
+    except ValueError:
+        jobs = {}
+    listed = ", ".join(f"{name} {job}" for name, job in jobs.items()) or "none recorded yet"
+    return (f"\nftstack run: interrupted. Submitted jobs keep running in Slurm ({listed}); nothing was cancelled.\n"
+            f"  follow them:   ftstack status --stack {stack}\n"
+            f"  wait again:    ftstack run --stack {stack} --wait   (resubmits nothing that is unchanged)\n"
+            f"  stop them:     scancel <job id>")
 
 
 def evaluation_summary_text(stack: StackConfig, spec: dict[str, Any], result: PipelineRun,

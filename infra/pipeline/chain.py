@@ -3,9 +3,10 @@
 Pure functions: a StackConfig and a RunConfig in, a list of JobSpec out. The Pulumi program and
 `ftstack run` both turn the same specs into SlurmJob submissions, so the two paths cannot drift.
 
-A stage's fingerprint covers the workload code (run configs excluded) and only the sections of the
-run config that stage reads. Changing the `train` section therefore replaces train and, through its
-job id, eval; prepare keeps its job.
+A stage's fingerprint covers the workload code (run configs excluded), only the sections of the
+run config that stage reads, and, for stages that read the data, the content fingerprint of a `file:`
+data source (infra.pipeline.datasource). Changing the `train` section therefore replaces train and,
+through its job id, eval; prepare keeps its job. Replacing the data file replaces prepare and all after it.
 """
 
 from __future__ import annotations
@@ -87,11 +88,12 @@ def code_hash(source_dir: str | Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def stage_fingerprint(stage: Stage, code: str, run: RunConfig) -> str:
-    """What a stage's result depends on: the code and the run config sections it reads."""
+def stage_fingerprint(stage: Stage, code: str, run: RunConfig, data_sha256: str | None = None) -> str:
+    """What a stage's result depends on: the code, the run config sections it reads and the data content."""
     document = run.model_dump(mode="json")
     sliced = {key: document.get(key) for key in SECTIONS[stage]}
-    payload = json.dumps({"stage": stage, "code": code, "config": sliced}, sort_keys=True)
+    content = {"data_sha256": data_sha256} if data_sha256 and "data" in SECTIONS[stage] else {}
+    payload = json.dumps({"stage": stage, "code": code, "config": sliced, **content}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -111,6 +113,21 @@ def placement_for(stack: StackConfig, run: RunConfig, repo_root: Path) -> Placem
         return Placement(code_root=str(jail / CLUSTER_CODE_ROOT.lstrip("/")), python=stack.pipeline.python,
                          env={"FT_ROOT": str(jail / run.paths.root)}, slurm_env={})
     return Placement(code_root=CLUSTER_CODE_ROOT, python=stack.pipeline.python, env={}, slurm_env={})
+
+
+def run_root(run: RunConfig, placement: Placement) -> Path:
+    """The run root as the jobs see it (relative run-config paths resolve against it)."""
+    return _run_root(run, placement)
+
+
+def check_run_config_path(run_config_path: str) -> None:
+    """Only `workloads/` is shipped to the cluster: a relative run config elsewhere would not be found by
+    the jobs, so it is refused before anything is submitted."""
+    path = Path(run_config_path)
+    if not path.is_absolute() and (not path.parts or path.parts[0] != PACKAGE or ".." in path.parts):
+        raise ValueError(f"run config {run_config_path!r} is outside {PACKAGE}/, which is all that is shipped to "
+                         f"the cluster: move it under {CONFIGS_DIR}/ (and set pipeline.runConfig to that path), "
+                         "or give an absolute path that exists where the jobs run")
 
 
 def _run_root(run: RunConfig, placement: Placement) -> Path:
@@ -169,9 +186,11 @@ def _readiness_expectations(stack: StackConfig) -> list[str]:
 
 
 def pipeline_jobs(
-    stack: StackConfig, run: RunConfig, run_config_path: str, code: str, placement: Placement, *, serve: bool = False
+    stack: StackConfig, run: RunConfig, run_config_path: str, code: str, placement: Placement, *, serve: bool = False,
+    data_sha256: str | None = None,
 ) -> list[JobSpec]:
     """The chain prepare -> readiness -> train -> eval (+ serve), each stage with its inputs."""
+    check_run_config_path(run_config_path)
     config_arg = Path(run_config_path).as_posix()
     results_dir = _resolve(run, placement, run.paths.results_dir)
     train_dir = _resolve(run, placement, run.paths.output_dir) + f"/{run.name}"
@@ -186,7 +205,7 @@ def pipeline_jobs(
             env=env,
             extra_args=_extra_args(stage, stack, run),
             depends_on=list(DEPENDS_ON[stage]),
-            fingerprint=stage_fingerprint(stage, code, run),
+            fingerprint=stage_fingerprint(stage, code, run, data_sha256),
             output=f"{results_dir}/logs/{run.name}-{stage}-%j.out",
             results_path=train_dir if stage in ("train", "serve") else results_dir,
             metrics_path=f"{train_dir}/metrics.jsonl" if stage == "train" else None,

@@ -9,6 +9,7 @@ run with nothing changed submits nothing.
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from datetime import datetime, timezone
 from collections.abc import Callable
@@ -16,18 +17,22 @@ from pathlib import Path
 from typing import Any
 
 import paramiko
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError, field_validator
 
 from infra.config import StackConfig
 from infra.pipeline.bundle import upload_bundle
-from infra.pipeline.chain import JobSpec, code_hash, job_arguments, log_dirs, pipeline_jobs, placement_for
+from infra.pipeline.chain import (JobSpec, check_run_config_path, code_hash, job_arguments, log_dirs, pipeline_jobs,
+                                  placement_for, run_root)
+from infra.pipeline.datasource import SourceFingerprint, fingerprint_source
 from infra.pipeline.jobs import SlurmJobProvider, job_inputs, read_result
+from infra.pipeline.run_lock import stack_lock
 from infra.pipeline.slurm import JobNotFound, SlurmClient, SlurmJobFailed
 from infra.pipeline.connect import open_transport
 from infra.pipeline.transport import TransportError
 from workloads.config import load_run_config
 
 Progress = Callable[[str], None]
+PASSPHRASE_ENV = "FT_SSH_KEY_PASSPHRASE"
 RECONNECTS = 5
 LINK_ERRORS = (TransportError, paramiko.SSHException, EOFError, ConnectionError, TimeoutError)
 RETRY_STATES = {"FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
@@ -39,12 +44,21 @@ class StageRecord(BaseModel):
     stage: str
     outs: dict[str, Any]
 
+    @field_validator("outs")
+    @classmethod
+    def _names_its_job(cls, outs: dict[str, Any]) -> dict[str, Any]:
+        job_id = outs.get("job_id")
+        if not isinstance(job_id, str) or not re.fullmatch(r"\d+", job_id):
+            raise ValueError(f"'job_id' must be a Slurm job id such as \"1234\", got {job_id!r}")
+        return outs
+
 
 class PipelineState(BaseModel):
     stack: str
     slurm_env: dict[str, str] = {}
     started_at: str | None = None
     bundle: dict[str, Any] | None = None
+    data_source: SourceFingerprint | None = None
     stages: dict[str, StageRecord] = {}
     evaluation: dict[str, float] | None = None
 
@@ -69,9 +83,15 @@ def load_state(path: Path, stack: str) -> PipelineState:
     if not path.exists():
         return PipelineState(stack=stack)
     try:
-        return PipelineState.model_validate_json(path.read_text())
-    except ValueError as error:
-        raise ValueError(f"{path}: unreadable pipeline state ({error}); move it aside to start afresh") from None
+        state = PipelineState.model_validate_json(path.read_text())
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'document'}: {e['msg'].removeprefix('Value error, ')}"
+                             for e in error.errors())
+        raise ValueError(f"{path}: damaged pipeline state: {problems}; move it aside to start afresh "
+                         "(the jobs it recorded are not cancelled)") from None
+    if state.stack != stack:
+        raise ValueError(f"{path}: pipeline state of stack {state.stack!r}, not {stack!r}")
+    return state
 
 
 def save_state(path: Path, state: PipelineState) -> None:
@@ -95,20 +115,23 @@ def transport_spec(stack: StackConfig, *, login_host: str | None = None, private
             f"stack {stack.stack!r} runs over SSH: give the login address (--login-host or FT_LOGIN_HOST) "
             "and the pipeline key (--ssh-key FILE or FT_SSH_PRIVATE_KEY)"
         )
-    if stack.cluster is not None:
-        return {
-            "kind": "ssh", "host": login_host, "user": stack.cluster.user, "port": stack.cluster.login_port,
-            "private_key": private_key, "host_key": stack.cluster.pinned_host_key(repo_root), "known_hosts": known_hosts,
-        }
-    return {
+    spec: dict[str, Any] = {
         "kind": "ssh", "host": login_host, "user": stack.pipeline.ssh_user, "port": stack.pipeline.ssh_port,
         "private_key": private_key, "host_key": stack.pipeline.login_host_key, "known_hosts": known_hosts,
     }
+    if stack.cluster is not None:
+        spec.update(user=stack.cluster.user, port=stack.cluster.login_port,
+                    host_key=stack.cluster.pinned_host_key(repo_root))
+    if stack.pipeline.require_pinned_host_key:
+        spec["require_pinned"] = True
+    if os.environ.get(PASSPHRASE_ENV):
+        spec["passphrase"] = os.environ[PASSPHRASE_ENV]
+    return spec
 
 
 def redacted(transport: dict[str, Any]) -> dict[str, Any]:
-    """The transport spec as the state file keeps it: no private key."""
-    return {k: v for k, v in transport.items() if k != "private_key"}
+    """The transport spec as the state file keeps it: no private key, no passphrase."""
+    return {k: v for k, v in transport.items() if k not in ("private_key", "passphrase")}
 
 
 def _reusable(provider: SlurmJobProvider, record: StageRecord | None, props: dict[str, Any], live_state: str) -> bool:
@@ -138,16 +161,21 @@ def submit_chain(
 ) -> tuple[PipelineState, PipelineRun, list[JobSpec]]:
     """Upload the bundle and submit every stage whose inputs changed or whose last job failed."""
     run_config_path = stack.pipeline.run_config
+    check_run_config_path(run_config_path)
     run = load_run_config(repo_root / run_config_path)
     placement = placement_for(stack, run, repo_root)
     state_file = state_path(repo_root, stack.stack)
     state = load_state(state_file, stack.stack)
     state.slurm_env = placement.slurm_env
     channel = open_transport(transport)
+    state.data_source = fingerprint_source(channel, run, run_root(run, placement), state.data_source)
+    if state.data_source is not None:
+        progress(f"data {run.data.source}: sha256 {state.data_source.sha256[:16]} ({state.data_source.size} bytes)")
     bundle = upload_bundle(channel, repo_root, placement.code_root)
     progress(f"bundle {bundle['content_hash']} {'uploaded to' if bundle['uploaded'] else 'already at'} {bundle['path']}")
     state.bundle = {k: bundle[k] for k in ("content_hash", "path")}
-    jobs = pipeline_jobs(stack, run, run_config_path, code_hash(repo_root), placement, serve=serve)
+    jobs = pipeline_jobs(stack, run, run_config_path, code_hash(repo_root), placement, serve=serve,
+                         data_sha256=state.data_source.sha256 if state.data_source else None)
     channel.run(["mkdir", "-p", *log_dirs(jobs)], timeout=60).check()
 
     provider = SlurmJobProvider()
@@ -240,15 +268,17 @@ def run_pipeline(
     serve: bool = False,
     progress: Progress = print,
 ) -> PipelineRun:
-    """Submit what changed; with wait, follow the chain to the end (a failed job raises SlurmJobFailed)."""
-    state, result, jobs = submit_chain(stack, repo_root, transport, serve=serve, progress=progress)
-    if not wait:
-        return result
-    if not result.submitted and state.evaluation is not None:
-        progress("nothing changed since the last run; its results stand")
-        return result
-    state = wait_chain(stack, repo_root, transport, jobs, state, progress=progress)
-    return result.model_copy(update={"jobs": _public_jobs(state), "evaluation": state.evaluation})
+    """Submit what changed; with wait, follow the chain to the end (a failed job raises SlurmJobFailed).
+    The stack's lock is held throughout: a second run of the same stack raises StackBusy naming this one."""
+    with stack_lock(state_path(repo_root, stack.stack), stack.stack):
+        state, result, jobs = submit_chain(stack, repo_root, transport, serve=serve, progress=progress)
+        if not wait:
+            return result
+        if not result.submitted and state.evaluation is not None:
+            progress("nothing changed since the last run; its results stand")
+            return result
+        state = wait_chain(stack, repo_root, transport, jobs, state, progress=progress)
+        return result.model_copy(update={"jobs": _public_jobs(state), "evaluation": state.evaluation})
 
 
 def status(stack: StackConfig, repo_root: Path, transport: dict[str, Any]) -> dict[str, dict[str, Any]]:

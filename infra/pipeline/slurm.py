@@ -75,18 +75,20 @@ class JobInfo(BaseModel):
 class SlurmJobFailed(SlurmError):
     """A job failed, was cancelled, timed out, or can never run."""
 
-    def __init__(self, info: JobInfo, log_tail: str, note: str = "") -> None:
+    def __init__(self, info: JobInfo, log_tail: str, note: str = "", errors: Mapping[str, str] | None = None) -> None:
         self.info = info
         self.log_tail = log_tail
-        super().__init__(describe_failure(info, log_tail) + (f"\n{note}" if note else ""))
+        self.errors = dict(errors or {})
+        super().__init__(describe_failure(info, log_tail, self.errors) + (f"\n{note}" if note else ""))
 
 
 class SlurmWaitTimeout(SlurmError):
     """wait() gave up; the job itself is left as it is."""
 
 
-def describe_failure(info: JobInfo, log_tail: str) -> str:
-    """One readable paragraph: what happened to the job, its exit code, and its log's last lines."""
+def describe_failure(info: JobInfo, log_tail: str, errors: Mapping[str, str] | None = None) -> str:
+    """One readable paragraph: what happened to the job, its exit code, the first exception of each rank,
+    and its log's last lines."""
     if info.never_runs or (info.state == "CANCELLED" and info.reason in NEVER_RUNS_REASONS):
         head = f"Slurm {info.label} can never run: {info.reason}"
         if info.dependency:
@@ -99,6 +101,10 @@ def describe_failure(info: JobInfo, log_tail: str) -> str:
             head += f" (signal {info.signal})"
     if info.reason and info.reason != "None":
         head += f", reason {info.reason}"
+    if errors:
+        head += "; first error of " + ("each rank" if len(errors) > 1 else "the job") + ":\n" + "\n".join(
+            f"  {who}: {line}" for who, line in errors.items())
+        head += "\n"
     return head + (f"; last lines of its log:\n{log_tail}" if log_tail.strip() else "; its log is empty or missing")
 
 
@@ -183,17 +189,44 @@ def info_from_sacct(line: str) -> JobInfo:
     )
 
 
-def latest_metrics(lines: Iterable[str]) -> dict | None:
-    """The last JSON record with a 'loss' in metrics.jsonl lines (partial or bad lines are skipped)."""
+def latest_metrics(lines: Iterable[str], job_id: str | None = None) -> dict | None:
+    """The last JSON record with a 'loss' in metrics.jsonl lines (partial or bad lines are skipped); with
+    `job_id`, only that job's records (the file also holds the lines of earlier runs of the stage)."""
     latest = None
     for line in lines:
         try:
             record = json.loads(line)
         except ValueError:
             continue
-        if isinstance(record, dict) and isinstance(record.get("loss"), int | float):
+        if not isinstance(record, dict) or not isinstance(record.get("loss"), int | float):
+            continue
+        if job_id is None or record.get("job_id") == job_id:
             latest = record
     return latest
+
+
+_RANK_LINE = re.compile(r"^(?:(?P<node>\d+): )?(?:\[(?:default|rank)(?P<rank>\d+)\]:)?(?P<text>.*)$")
+
+
+def first_exceptions(log: str) -> dict[str, str]:
+    """The first exception line of each rank's output in a job log: after a `Traceback` line, the first
+    unindented line from the same rank (torchrun --tee prefixes `[defaultN]:`, srun --label `N: `). Without
+    prefixes the key is "log". torchrun's own ChildFailedError is left out when the ranks said more."""
+    pending: set[str] = set()
+    found: dict[str, str] = {}
+    for line in log.splitlines():
+        match = _RANK_LINE.match(line)
+        node, rank, text = match["node"], match["rank"], match["text"]
+        who = f"rank {rank}" + (f" on node {node}" if node else "") if rank else (f"node {node}" if node else "log")
+        if text.startswith("Traceback (most recent call last)"):
+            if who not in found:
+                pending.add(who)
+        elif who in pending and text.strip() and not text[0].isspace():
+            found[who] = text.strip()
+            pending.discard(who)
+    if len(found) > 1:
+        found.pop("log", None)
+    return found
 
 
 def format_metrics(record: Mapping) -> str:
@@ -332,9 +365,18 @@ class SlurmClient:
             parts.append(f"==> {path} <==\n{text}" if len(paths) > 1 else text)
         return "\n".join(parts)
 
-    def read_metrics(self, path: str, lines: int = 50) -> dict | None:
+    def read_metrics(self, path: str, lines: int = 50, job_id: str | None = None) -> dict | None:
         result = self._run(["tail", "-n", str(lines), path])
-        return latest_metrics(result.stdout.splitlines()) if result.ok else None
+        return latest_metrics(result.stdout.splitlines(), job_id) if result.ok else None
+
+    def log_errors(self, info: JobInfo, lines: int = 5000) -> dict[str, str]:
+        """The first exception of each rank in the job's log (see first_exceptions)."""
+        found: dict[str, str] = {}
+        for path in dict.fromkeys([info.stdout, info.stderr]):
+            result = self._run(["tail", "-n", str(lines), path]) if path else None
+            if result is not None and result.ok:
+                found.update({k: v for k, v in first_exceptions(result.stdout).items() if k not in found})
+        return found
 
     def wait(
         self,
@@ -361,7 +403,7 @@ class SlurmClient:
                     reason = f" ({info.reason})" if info.reason and info.reason != "None" else ""
                     progress(f"{info.label}: {info.state}{reason}")
             if metrics_path and info.state in ("RUNNING", "COMPLETING", SUCCESS):
-                record = self.read_metrics(metrics_path)
+                record = self.read_metrics(metrics_path, job_id=job_id)
                 if record and record != last_metrics:
                     last_metrics = record
                     if progress:
@@ -373,7 +415,7 @@ class SlurmClient:
                     if progress and info.elapsed_s is not None:
                         progress(f"{info.label}: finished in {info.elapsed_s}s")
                     return info
-                raise SlurmJobFailed(info, self.log_tail(info, log_lines))
+                raise SlurmJobFailed(info, self.log_tail(info, log_lines), errors=self.log_errors(info))
             if deadline is not None and time.monotonic() > deadline:
                 raise SlurmWaitTimeout(f"gave up waiting for {info.label} after {timeout:g}s; it is {info.state}")
             time.sleep(self.poll_s)
@@ -405,6 +447,7 @@ class SlurmClient:
             except SlurmJobFailed as failure:
                 later = [self.state(j) for j in job_ids[i + 1 :]]
                 note = ", ".join(f"{j.label} {j.state}" for j in later)
-                raise SlurmJobFailed(failure.info, failure.log_tail, f"later jobs: {note}" if note else "") from None
+                raise SlurmJobFailed(failure.info, failure.log_tail, f"later jobs: {note}" if note else "",
+                                     failure.errors) from None
         return done
 

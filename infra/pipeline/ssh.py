@@ -5,7 +5,12 @@ Security rules:
   it is never logged, never in repr, and the transport refuses to be pickled;
 - the server's host key is checked before authenticating: against a pinned key when one is given,
   otherwise against a known_hosts file, where an unknown host is recorded on first use (trust on
-  first use) and enforced from then on; a different key is refused.
+  first use) and enforced from then on; a different key is refused. A stack may require the pin
+  (no trust on first use). The server is asked for the key type that is pinned or recorded, so a
+  server with several host keys is checked against the right one;
+- known_hosts belongs to the user: it is only ever appended to (mode kept; a new file is 0600), and
+  lines this transport does not use (comments, @cert-authority, unparseable lines) are left alone;
+  a key listed under @revoked is refused.
 """
 
 from __future__ import annotations
@@ -64,6 +69,9 @@ def load_private_key(text: str, passphrase: str | None = None) -> paramiko.PKey:
             raise TransportError("the SSH private key is encrypted and no passphrase was given") from None
         except (paramiko.SSHException, ValueError) as e:
             errors.append(f"{cls.__name__}: {type(e).__name__}")
+    if passphrase:
+        raise TransportError(f"the SSH private key could not be decrypted with the given passphrase (wrong "
+                             f"passphrase?) or parsed ({'; '.join(errors)})")
     raise TransportError(f"the SSH private key could not be parsed ({'; '.join(errors)})")
 
 
@@ -82,6 +90,61 @@ def parse_public_key(line: str) -> paramiko.PKey:
 
 def _looks_like_key_type(token: str) -> bool:
     return token.startswith(("ssh-", "ecdsa-", "sk-"))
+
+
+def key_types(key: paramiko.PKey) -> list[str]:
+    """The host key algorithms that produce `key` (an RSA key signs with SHA-2 or SHA-1)."""
+    name = key.get_name()
+    return ["rsa-sha2-512", "rsa-sha2-256", "ssh-rsa"] if name == "ssh-rsa" else [name]
+
+
+class KnownHosts:
+    """The entries of a known_hosts file this transport uses: plain host keys and @revoked keys.
+    Comments, @cert-authority lines (host certificates are not used here) and lines that do not parse
+    are skipped, never rewritten."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.keys = paramiko.HostKeys()
+        self.revoked = paramiko.HostKeys()
+        if not path.exists():
+            return
+        for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), start=1):
+            text = line.strip()
+            if not text or text.startswith("#"):
+                continue
+            marker = None
+            if text.startswith("@"):
+                marker, _, text = text.partition(" ")
+            try:
+                entry = paramiko.hostkeys.HostKeyEntry.from_line(text.strip(), lineno=number)
+            except (paramiko.hostkeys.InvalidHostKey, paramiko.SSHException, ValueError):
+                entry = None
+            if entry is None or entry.key is None:
+                log.debug("%s:%d: not a host key line this transport uses; left as it is", path, number)
+                continue
+            if marker in (None, "@revoked"):
+                for name in entry.hostnames:
+                    (self.keys if marker is None else self.revoked).add(name, entry.key.get_name(), entry.key)
+
+    def recorded(self, entry: str) -> list[paramiko.PKey]:
+        return list((self.keys.lookup(entry) or {}).values())
+
+    def is_revoked(self, entry: str, key: paramiko.PKey) -> bool:
+        return any(k == key for k in (self.revoked.lookup(entry) or {}).values())
+
+    def append(self, entry: str, key: paramiko.PKey) -> None:
+        """Add one line at the end; the file keeps its other lines and its mode (0600 when new)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "rb+") as handle:
+            size = handle.seek(0, os.SEEK_END)
+            if size:
+                handle.seek(size - 1)
+                lead = b"" if handle.read(1) == b"\n" else b"\n"
+            else:
+                lead = b""
+            handle.write(lead + f"{entry} {key.get_name()} {key.get_base64()}\n".encode())
 
 
 def fingerprint(key: paramiko.PKey) -> str:
@@ -108,6 +171,7 @@ class SshTransport:
         host_key: str | None = None,
         known_hosts: str | Path | None = None,
         trust_on_first_use: bool = True,
+        require_pinned: bool = False,
         connect_timeout: float = 10.0,
         attempts: int = 5,
         backoff_s: float = 0.5,
@@ -120,6 +184,9 @@ class SshTransport:
         self.user = user
         self._pkey = load_private_key(private_key, passphrase)
         self._pinned = parse_public_key(host_key) if host_key else None
+        if require_pinned and self._pinned is None:
+            raise UnknownHostKey(f"{user}@{host_entry(host, port)}: this stack requires a pinned login host key "
+                                 "(pipeline.loginHostKey) and none is set; trust on first use is off")
         self.known_hosts = Path(known_hosts).expanduser() if known_hosts else Path.home() / ".ssh" / "known_hosts"
         self.trust_on_first_use = trust_on_first_use
         self.connect_timeout = connect_timeout
@@ -170,6 +237,7 @@ class SshTransport:
                 last = e
                 continue
             conn = paramiko.Transport(sock)
+            self._ask_for_expected_key_type(conn)
             try:
                 conn.start_client(timeout=self.connect_timeout)
             except (paramiko.SSHException, EOFError, OSError) as e:
@@ -199,8 +267,25 @@ class SshTransport:
         if not conn.is_authenticated():
             raise SshAuthError(f"SSH authentication as {self.target} did not complete")
 
+    def _expected_keys(self) -> list[paramiko.PKey]:
+        if self._pinned is not None:
+            return [self._pinned]
+        return KnownHosts(self.known_hosts).recorded(host_entry(self.host, self.port))
+
+    def _ask_for_expected_key_type(self, conn: paramiko.Transport) -> None:
+        """Offer only the pinned (or recorded) key's algorithms, so that a server with an ed25519 and an
+        ECDSA key shows the one we can check."""
+        options = conn.get_security_options()
+        wanted = [t for key in self._expected_keys() for t in key_types(key) if t in options.key_types]
+        if wanted:
+            options.key_types = list(dict.fromkeys(wanted))
+
     def _verify_host_key(self, key: paramiko.PKey) -> None:
         entry = host_entry(self.host, self.port)
+        known = KnownHosts(self.known_hosts)
+        if known.is_revoked(entry, key):
+            raise HostKeyMismatch(f"host key of {entry} ({key.get_name()} {fingerprint(key)}) is marked @revoked in "
+                                  f"{self.known_hosts}; refusing to connect")
         if self._pinned is not None:
             if key != self._pinned:
                 raise HostKeyMismatch(
@@ -208,14 +293,11 @@ class SshTransport:
                     f"{self._pinned.get_name()} {fingerprint(self._pinned)}; refusing to connect"
                 )
             return
-        known = paramiko.HostKeys()
-        if self.known_hosts.exists():
-            known.load(str(self.known_hosts))
-        recorded = known.lookup(entry)
+        recorded = known.recorded(entry)
         if recorded:
-            if recorded.get(key.get_name()) == key:
+            if key in recorded:
                 return
-            have = ", ".join(f"{k.get_name()} {fingerprint(k)}" for k in recorded.values())
+            have = ", ".join(f"{k.get_name()} {fingerprint(k)}" for k in recorded)
             raise HostKeyMismatch(
                 f"host key of {entry} is {key.get_name()} {fingerprint(key)}, but {self.known_hosts} records {have}; "
                 "refusing to connect (if the host was rebuilt, remove its line from that file)"
@@ -225,15 +307,8 @@ class SshTransport:
                 f"host {entry} is not in {self.known_hosts} and no host key is pinned; "
                 f"its key is {key.get_name()} {fingerprint(key)}"
             )
-        known.add(entry, key.get_name(), key)
-        self._write_known_hosts(known)
+        known.append(entry, key)
         log.info("recorded host key of %s (%s) in %s", entry, fingerprint(key), self.known_hosts)
-
-    def _write_known_hosts(self, known: paramiko.HostKeys) -> None:
-        self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
-        staging = self.known_hosts.with_name(f".{self.known_hosts.name}.tmp-{uuid.uuid4().hex[:8]}")
-        known.save(str(staging))
-        os.replace(staging, self.known_hosts)
 
     def run(
         self,

@@ -37,14 +37,14 @@ class ConvertError(ValueError):
 Item = tuple[int, Any, str | None]
 
 
-def _parquet_rows(path: Path) -> Iterator[Item]:
+def _parquet_rows(path: Path, keep: tuple[str, ...] = ()) -> Iterator[Item]:
     try:
         handle = pq.ParquetFile(path)
         names = set(handle.schema_arrow.names)
-        missing = [c for c in REQUIRED if c not in names]
+        missing = [c for c in (*REQUIRED, *keep) if c not in names]
         if missing:
             raise ConvertError(f"{path}: missing column(s) {', '.join(missing)}; found {sorted(names)}")
-        columns = [c for c in ("system", *REQUIRED) if c in names]
+        columns = [c for c in ("system", *REQUIRED, *keep) if c in names]
         number = 0
         for batch in handle.iter_batches(columns=columns, batch_size=4096):
             for row in batch.to_pylist():
@@ -113,7 +113,7 @@ def _mislabelled(path: Path, suffix: str) -> str | None:
     return None
 
 
-def read_rows(path: Path) -> Iterator[Item]:
+def read_rows(path: Path, keep: tuple[str, ...] = ()) -> Iterator[Item]:
     """(row number, row, parse problem) for each row of a .parquet, .json or .jsonl file."""
     if not path.is_file():
         raise ConvertError(f"{path}: file not found")
@@ -123,7 +123,7 @@ def read_rows(path: Path) -> Iterator[Item]:
     if problem := _mislabelled(path, suffix):
         raise ConvertError(f"{path}: {problem}")
     if suffix == ".parquet":
-        return _parquet_rows(path)
+        return _parquet_rows(path, keep)
     if suffix == ".jsonl":
         return _jsonl_rows(path)
     if suffix == ".json":
@@ -131,10 +131,13 @@ def read_rows(path: Path) -> Iterator[Item]:
     raise ConvertError(f"{path}: unsupported file type {suffix!r} (use .parquet, .json or .jsonl)")
 
 
-def row_problem(row: Any) -> str | None:
-    """Why a parsed row cannot become a conversation, or None."""
+def row_problem(row: Any, keep: tuple[str, ...] = ()) -> str | None:
+    """Why a parsed row cannot become a conversation (or lacks a kept column), or None."""
     if not isinstance(row, dict):
         return "not_an_object"
+    for field in keep:
+        if row.get(field) is None:
+            return f"{field}_missing"
     for field in REQUIRED:
         if field not in row or row[field] is None:
             return f"{field}_missing"
@@ -158,17 +161,22 @@ def report_path(output: Path) -> Path:
 
 
 def convert(
-    input_path: str | Path, output: str | Path, max_bad_fraction: float = 0.01, limit: int | None = None
+    input_path: str | Path, output: str | Path, max_bad_fraction: float = 0.01, limit: int | None = None,
+    keep: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """Convert `input_path` to chat JSONL at `output` (atomic); returns the report. No-op if current."""
+    """Convert `input_path` to chat JSONL at `output` (atomic); returns the report. No-op if current.
+    Columns in `keep` (e.g. a document id to split by) are carried beside `messages`, as strings."""
     with os_errors_as(ConvertError, output):
-        return _convert(Path(input_path), Path(output), max_bad_fraction, limit)
+        return _convert(Path(input_path), Path(output), max_bad_fraction, limit, tuple(keep))
 
 
-def _convert(input_path: Path, output: Path, max_bad_fraction: float, limit: int | None) -> dict[str, Any]:
+def _convert(input_path: Path, output: Path, max_bad_fraction: float, limit: int | None,
+             keep: tuple[str, ...]) -> dict[str, Any]:
     if not 0.0 <= max_bad_fraction <= 1.0:
         raise ConvertError(f"max_bad_fraction must be within [0, 1], got {max_bad_fraction}")
-    params = {"max_bad_fraction": max_bad_fraction, "limit": limit}
+    if clash := [c for c in keep if c == "messages"]:
+        raise ConvertError(f"cannot keep a column named {clash[0]!r} (the conversation's own field)")
+    params = {"max_bad_fraction": max_bad_fraction, "limit": limit, **({"keep": list(keep)} if keep else {})}
     if input_path.is_file() and is_current(output, "convert", {"input": input_path}, params):
         log.info("%s is up to date", output)
         return json.loads(report_path(output).read_text(encoding="utf-8"))
@@ -178,19 +186,20 @@ def _convert(input_path: Path, output: Path, max_bad_fraction: float, limit: int
     total = written = 0
     with atomic_file(output) as tmp:
         with open(tmp, "w", encoding="utf-8") as out:
-            for number, row, problem in read_rows(input_path):
+            for number, row, problem in read_rows(input_path, keep):
                 if limit is not None and total >= limit:
                     break
                 total += 1
                 if isinstance(row, dict):
                     seen_columns.update(row)
-                problem = problem or row_problem(row)
+                problem = problem or row_problem(row, keep)
                 if problem:
                     reasons[problem] += 1
                     if len(first_bad) < FIRST_BAD:
                         first_bad.append({"row": number, "reason": problem})
                     continue
-                out.write(json.dumps({"messages": to_messages(row)}, ensure_ascii=False) + "\n")
+                kept = {column: str(row[column]) for column in keep}
+                out.write(json.dumps({"messages": to_messages(row), **kept}, ensure_ascii=False) + "\n")
                 written += 1
         if total == 0:
             raise ConvertError(f"{input_path}: no rows")
@@ -228,9 +237,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", required=True, help="output .jsonl file")
     parser.add_argument("--max-bad-fraction", type=float, default=0.01, help="fail above this share of bad rows")
     parser.add_argument("--limit", type=int, help="convert only the first N rows")
+    parser.add_argument("--keep", action="append", default=[], metavar="COLUMN",
+                        help="carry this column beside messages (e.g. a document id for split --group-by)")
     args = parser.parse_args(argv)
     try:
-        report = convert(args.input, args.output, args.max_bad_fraction, args.limit)
+        report = convert(args.input, args.output, args.max_bad_fraction, args.limit, tuple(args.keep))
     except ConvertError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

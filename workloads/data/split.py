@@ -1,8 +1,10 @@
 """Split a chat JSONL file into FILE_train.jsonl and FILE_test.jsonl beside it.
 
-    python -m workloads.data.split --input conversations.jsonl --ratio 0.9 [--shuffle --seed 0]
+    python -m workloads.data.split --input conversations.jsonl --ratio 0.9 [--shuffle --seed 0] [--group-by COLUMN]
 
-Exact duplicates always land on the same side; the report (FILE_split.report.json) counts them.
+Exact duplicates always land on the same side, and with --group-by so do all rows sharing a value of
+COLUMN (e.g. the document several questions are about); the report (FILE_split.report.json) counts
+rows, groups and duplicates on each side.
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ def split_paths(input_path: Path) -> tuple[Path, Path]:
     return (input_path.with_name(f"{input_path.stem}_train.jsonl"), input_path.with_name(f"{input_path.stem}_test.jsonl"))
 
 
-def read_lines(path: Path) -> list[str]:
-    """Non-empty lines, each checked to be a JSON object with a `messages` list."""
+def read_lines(path: Path, group_by: str | None = None) -> list[str]:
+    """Non-empty lines, each checked to be a JSON object with a `messages` list (and a `group_by` value)."""
     if not path.is_file():
         raise SplitError(f"{path}: file not found")
     lines = []
@@ -46,51 +48,85 @@ def read_lines(path: Path) -> list[str]:
                 raise SplitError(f"{path}:{number}: not a JSON line: {error}") from None
             if not isinstance(row, dict) or not isinstance(row.get("messages"), list):
                 raise SplitError(f"{path}:{number}: expected an object with a 'messages' list")
+            if group_by is not None and row.get(group_by) is None:
+                raise SplitError(f"{path}:{number}: no {group_by!r} value to group by (convert with --keep {group_by})")
             lines.append(line)
     if not lines:
         raise SplitError(f"{path}: no rows")
     return lines
 
 
-def assign(lines: list[str], ratio: float, shuffle: bool, seed: int) -> tuple[list[str], list[str], dict[str, int]]:
-    """Train and test rows. Identical rows form one group; groups, not rows, are cut at `ratio`."""
-    groups: dict[str, list[str]] = {}
+def _groups(lines: list[str], group_by: str | None) -> tuple[list[list[str]], dict[str, int]]:
+    """Rows that must stay together: identical rows, and rows sharing a `group_by` value (joined when an
+    identical row links two values). Groups keep the order of their first row."""
+    parent: dict[str, str] = {}
+
+    def root(key: str) -> str:
+        while parent.setdefault(key, key) != key:
+            key = parent[key] = parent[parent[key]]
+        return key
+
+    contents = []
     for line in lines:
-        key = json.dumps(json.loads(line), sort_keys=True, ensure_ascii=False)
-        groups.setdefault(key, []).append(line)
-    order = list(groups)
+        row = json.loads(line)
+        content = "c" + json.dumps(row, sort_keys=True, ensure_ascii=False)
+        contents.append(content)
+        if group_by is not None:
+            parent[root(content)] = root("g" + str(row[group_by]))
+        root(content)
+    same: dict[str, list[str]] = {}
+    for content in contents:
+        same.setdefault(content, []).append(content)
+    groups: dict[str, list[str]] = {}
+    for line, content in zip(lines, contents):
+        groups.setdefault(root(content), []).append(line)
+    duplicates = {"duplicate_groups": sum(1 for g in same.values() if len(g) > 1),
+                  "duplicate_rows": sum(len(g) - 1 for g in same.values())}
+    return list(groups.values()), duplicates
+
+
+def assign(lines: list[str], ratio: float, shuffle: bool, seed: int, group_by: str | None = None
+           ) -> tuple[list[str], list[str], dict[str, Any]]:
+    """Train and test rows. Groups (identical rows; rows sharing a `group_by` value), not rows, are cut at
+    `ratio`: a group lands whole on one side."""
+    groups, counts = _groups(lines, group_by)
     if shuffle:
-        random.Random(seed).shuffle(order)
+        random.Random(seed).shuffle(groups)
     target = round(len(lines) * ratio)
     train: list[str] = []
     test: list[str] = []
-    for key in order:
-        (train if len(train) < target else test).extend(groups[key])
-    duplicates = {"duplicate_groups": sum(1 for g in groups.values() if len(g) > 1),
-                  "duplicate_rows": sum(len(g) - 1 for g in groups.values())}
-    return train, test, duplicates
+    sides = {"train": 0, "test": 0}
+    for group in groups:
+        side = "train" if len(train) < target else "test"
+        (train if side == "train" else test).extend(group)
+        sides[side] += 1
+    counts.update({"groups": len(groups), "train_groups": sides["train"], "test_groups": sides["test"],
+                   "group_by": group_by})
+    return train, test, counts
 
 
-def split(input_path: str | Path, ratio: float, shuffle: bool = False, seed: int = 0) -> dict[str, Any]:
+def split(input_path: str | Path, ratio: float, shuffle: bool = False, seed: int = 0,
+          group_by: str | None = None) -> dict[str, Any]:
     """Write the two splits (atomic, with manifests) and return the report. No-op if current."""
     input_path = Path(input_path)
     with os_errors_as(SplitError, input_path.with_name(f"{input_path.stem}_{{train,test}}.jsonl")):
-        return _split(input_path, ratio, shuffle, seed)
+        return _split(input_path, ratio, shuffle, seed, group_by)
 
 
-def _split(input_path: Path, ratio: float, shuffle: bool, seed: int) -> dict[str, Any]:
+def _split(input_path: Path, ratio: float, shuffle: bool, seed: int, group_by: str | None) -> dict[str, Any]:
     if not 0.0 < ratio < 1.0:
         raise SplitError(f"ratio must be between 0 and 1 (exclusive), got {ratio}")
     train_path, test_path = split_paths(input_path)
     report_file = input_path.with_name(f"{input_path.stem}_split.report.json")
-    params = {"ratio": ratio, "shuffle": shuffle, "seed": seed if shuffle else None}
+    params = {"ratio": ratio, "shuffle": shuffle, "seed": seed if shuffle else None,
+              **({"group_by": group_by} if group_by else {})}
     inputs = {"input": input_path}
     if input_path.is_file() and all(is_current(p, "split", inputs, {**params, "side": side})
                                     for p, side in ((train_path, "train"), (test_path, "test"))):
         log.info("%s and %s are up to date", train_path, test_path)
         return json.loads(report_file.read_text(encoding="utf-8"))
-    lines = read_lines(input_path)
-    train, test, duplicates = assign(lines, ratio, shuffle, seed)
+    lines = read_lines(input_path, group_by)
+    train, test, duplicates = assign(lines, ratio, shuffle, seed, group_by)
     if not train or not test:
         raise SplitError(f"{input_path}: {len(lines)} rows at ratio {ratio} leave the "
                          f"{'train' if not train else 'test'} split empty")
@@ -105,8 +141,9 @@ def _split(input_path: Path, ratio: float, shuffle: bool, seed: int) -> dict[str
     report = {"input": str(input_path.resolve()), "train": str(train_path.resolve()), "test": str(test_path.resolve()),
               "rows": len(lines), "train_rows": len(train), "test_rows": len(test), **duplicates, **params}
     write_json_atomic(report_file, report)
-    log.info("split %d rows: %d train, %d test (%d duplicate rows kept together)",
-             len(lines), len(train), len(test), duplicates["duplicate_rows"])
+    log.info("split %d rows in %d groups: %d rows (%d groups) train, %d rows (%d groups) test "
+             "(%d duplicate rows kept together)", len(lines), duplicates["groups"], len(train),
+             duplicates["train_groups"], len(test), duplicates["test_groups"], duplicates["duplicate_rows"])
     return report
 
 
@@ -117,9 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ratio", type=float, required=True, help="fraction of rows in the train split, e.g. 0.9")
     parser.add_argument("--shuffle", action="store_true", help="shuffle before splitting")
     parser.add_argument("--seed", type=int, default=0, help="shuffle seed")
+    parser.add_argument("--group-by", metavar="COLUMN", help="keep rows with the same value of this field on one side")
     args = parser.parse_args(argv)
     try:
-        report = split(args.input, args.ratio, args.shuffle, args.seed)
+        report = split(args.input, args.ratio, args.shuffle, args.seed, args.group_by)
     except SplitError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -1,10 +1,11 @@
 """Tokenize chat JSONL with the model's chat template into a `datasets` folder for assistant-only training.
 
     python -m workloads.data.tokenize --input conversations_train.jsonl --model model/base --max-length 512 \
-        --out tokenized/train [--num-proc 2] [--overlong truncate|drop]
+        --out tokenized/train [--num-proc 2] [--overlong context|truncate|drop] [--max-lost-fraction 0.05]
 
-Columns: input_ids, attention_mask, labels, length. Labels are -100 except the assistant's tokens, which
-include the end-of-turn token (the tokenizer's eos token, <|im_end|> for ChatML models).
+Columns: input_ids, attention_mask, labels, length, prompt_length (tokens before the final answer: the
+generation prompt the evaluator uses) and row (line of the input, counted from 0, non-empty lines only).
+Labels are -100 except the assistant's tokens, which include the end-of-turn token (the tokenizer's eos token, <|im_end|> for ChatML models).
 """
 
 from __future__ import annotations
@@ -19,12 +20,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 from workloads.common.atomic import MANIFEST_NAME, atomic_dir, build_manifest, is_current, os_errors_as, write_json_atomic
+from workloads.data.shorten import Messages, cap_context, fit_context, token_count
 
 log = logging.getLogger("workloads.data.tokenize")
 
 IGNORE = -100
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
-Overlong = Literal["truncate", "drop"]
+Overlong = Literal["context", "truncate", "drop"]
+OVERLONG = ("context", "truncate", "drop")
+DROPPED = ("dropped_overlong", "dropped_answer_too_long", "dropped_no_assistant_tokens")
 
 
 class TokenizeError(ValueError):
@@ -107,27 +111,63 @@ def cap_messages(messages: list[dict[str, str]], max_chars: int) -> tuple[list[d
     return kept, False
 
 
-def encode_batch(
-    batch: dict[str, list[Any]], tokenizer: Any, max_length: int, overlong: Overlong, max_chars: int
-) -> dict[str, list[Any]]:
-    """Tokenize a batch of conversations; `status` says kept, truncated or why a row is dropped."""
-    capped = [cap_messages(m, max_chars) for m in batch["messages"]]
-    conversations = [messages for messages, _ in capped]
+def _encode(tokenizer: Any, conversations: list[Messages]) -> list[tuple[list[int], list[int], int]]:
+    """(input_ids, labels, prompt_length) per conversation; prompt_length is where the final answer starts."""
     texts = [tokenizer.apply_chat_template(m, tokenize=False) for m in conversations]
     encoded = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
-    out: dict[str, list[Any]] = {"input_ids": [], "attention_mask": [], "labels": [], "length": [], "status": []}
-    for (messages, cut), text, ids, offsets in zip(capped, texts, encoded["input_ids"], encoded["offset_mapping"]):
-        labels = label_spans(ids, offsets, assistant_spans(tokenizer, messages, text))
-        status = "kept"
-        if cut or len(ids) > max_length:
+    rows = []
+    for messages, text, ids, offsets in zip(conversations, texts, encoded["input_ids"], encoded["offset_mapping"]):
+        spans = assistant_spans(tokenizer, messages, text)
+        labels = label_spans(ids, offsets, spans)
+        start = bisect.bisect_right([end for _, end in offsets], spans[-1][0]) if spans else len(ids)
+        rows.append((ids, labels, start))
+    return rows
+
+
+def _shortened(tokenizer: Any, messages: list[Messages], max_length: int, max_chars: int
+               ) -> list[tuple[Messages | None, bool]]:
+    """`context` mode: each conversation fitted to max_length (None: its answer alone is too long) and
+    whether its context was shortened."""
+    capped = [cap_context(m, max_chars) for m in messages]
+    fitted = []
+    for original, conversation in zip(messages, capped):
+        if conversation is None:
+            fitted.append((None, True))
+        elif token_count(tokenizer, conversation) > max_length:
+            fitted.append((fit_context(tokenizer, conversation, max_length), True))
+        else:
+            fitted.append((conversation, conversation != original))
+    return fitted
+
+
+def encode_batch(
+    batch: dict[str, list[Any]], indices: list[int], tokenizer: Any, max_length: int, overlong: Overlong,
+    max_chars: int,
+) -> dict[str, list[Any]]:
+    """Tokenize a batch of conversations; `status` says kept, truncated or why a row is dropped."""
+    if overlong == "context":
+        fitted = _shortened(tokenizer, batch["messages"], max_length, max_chars)
+    else:
+        fitted = [(m, cut) for m, cut in (cap_messages(m, max_chars) for m in batch["messages"])]
+    encoded = iter(_encode(tokenizer, [m for m, _ in fitted if m is not None]))
+    out: dict[str, list[Any]] = {key: [] for key in ("input_ids", "attention_mask", "labels", "length",
+                                                     "prompt_length", "row", "status")}
+    for index, (messages, cut) in zip(indices, fitted):
+        ids, labels, start = next(encoded) if messages is not None else ([], [], 0)
+        status = "truncated" if cut else "kept"
+        if messages is None:
+            status = "dropped_answer_too_long"
+        elif len(ids) > max_length:
             status = "dropped_overlong" if overlong == "drop" else "truncated"
             ids, labels = ids[:max_length], labels[:max_length]
-        if status != "dropped_overlong" and all(label == IGNORE for label in labels):
+        if status not in DROPPED and all(label == IGNORE for label in labels):
             status = "dropped_no_assistant_tokens"
         out["input_ids"].append(ids)
         out["attention_mask"].append([1] * len(ids))
         out["labels"].append(labels)
         out["length"].append(len(ids))
+        out["prompt_length"].append(min(start, len(ids)))
+        out["row"].append(index)
         out["status"].append(status)
     return out
 
@@ -150,30 +190,59 @@ def load_tokenizer(model: Path) -> Any:
     return tokenizer
 
 
+def loss_summary(stats: dict[str, Any]) -> dict[str, Any]:
+    """What a stage summary shows of a tokenize manifest: rows read, kept, truncated, dropped by reason."""
+    return {"rows_read": stats["rows_read"], "rows_kept": stats["rows_written"], "truncated": stats["truncated"],
+            "dropped": {reason.removeprefix("dropped_"): stats[reason] for reason in DROPPED},
+            "lost_fraction": stats["lost_fraction"]}
+
+
+def check_losses(input_path: Path, counts: Counter, rows: int, overlong: str, max_length: int,
+                 max_lost_fraction: float) -> None:
+    """Fail when more than `max_lost_fraction` of the rows were dropped, naming the causes and the settings."""
+    lost = sum(counts[reason] for reason in DROPPED)
+    if lost <= max_lost_fraction * rows:
+        return
+    causes = ", ".join(f"{counts[r]} {r.removeprefix('dropped_').replace('_', ' ')}" for r in DROPPED if counts[r])
+    fixes = {"dropped_overlong": "overlong: context",
+             "dropped_no_assistant_tokens": "overlong: context (cuts the context, not the answer)",
+             "dropped_answer_too_long": f"a larger max_length (now {max_length})"}
+    hint = "; ".join(dict.fromkeys(fixes[r] for r in DROPPED if counts[r]))
+    raise TokenizeError(
+        f"{input_path}: {lost} of {rows} rows ({lost / rows:.1%}) lost at max_length {max_length}, "
+        f"overlong {overlong} ({causes}); more than data.max_lost_fraction {max_lost_fraction} "
+        f"(--max-lost-fraction). Fix: {hint}, or raise max_lost_fraction to accept the loss")
+
+
 def tokenize(
     input_path: str | Path,
     model: str | Path,
     max_length: int,
     out: str | Path,
-    overlong: Overlong = "truncate",
+    overlong: Overlong = "context",
     num_proc: int = 1,
     batch_size: int = 256,
+    max_lost_fraction: float = 1.0,
 ) -> dict[str, Any]:
-    """Tokenize `input_path` into the `datasets` folder `out` (atomic, manifest inside); no-op if current."""
+    """Tokenize `input_path` into the `datasets` folder `out` (atomic, manifest inside); no-op if current.
+    Fails, writing nothing, when more than `max_lost_fraction` of the rows would be dropped."""
     with os_errors_as(TokenizeError, out):
-        return _tokenize(Path(input_path), Path(model), max_length, Path(out), overlong, num_proc, batch_size)
+        return _tokenize(Path(input_path), Path(model), max_length, Path(out), overlong, num_proc, batch_size,
+                         max_lost_fraction)
 
 
 def _tokenize(input_path: Path, model: Path, max_length: int, out: Path, overlong: Overlong, num_proc: int,
-              batch_size: int) -> dict[str, Any]:
+              batch_size: int, max_lost_fraction: float) -> dict[str, Any]:
     from datasets import Dataset, disable_caching
 
     if max_length < 1:
         raise TokenizeError(f"max_length must be positive, got {max_length}")
-    if overlong not in ("truncate", "drop"):
-        raise TokenizeError(f"overlong must be 'truncate' or 'drop', got {overlong!r}")
+    if overlong not in OVERLONG:
+        raise TokenizeError(f"overlong must be one of {', '.join(OVERLONG)}, got {overlong!r}")
+    if not 0.0 <= max_lost_fraction <= 1.0:
+        raise TokenizeError(f"max_lost_fraction must be between 0 and 1, got {max_lost_fraction}")
     inputs = {"input": input_path, **{name: model / name for name in TOKENIZER_FILES if (model / name).is_file()}}
-    params = {"max_length": max_length, "overlong": overlong}
+    params = {"max_length": max_length, "overlong": overlong, "max_lost_fraction": max_lost_fraction}
     if input_path.is_file() and is_current(out, "tokenize", inputs, params):
         log.info("%s is up to date", out)
         return json.loads((out / MANIFEST_NAME).read_text(encoding="utf-8"))
@@ -184,6 +253,7 @@ def _tokenize(input_path: Path, model: Path, max_length: int, out: Path, overlon
     mapped = dataset.map(
         encode_batch,
         batched=True,
+        with_indices=True,
         batch_size=batch_size,
         num_proc=num_proc if num_proc > 1 and len(dataset) >= 2 * batch_size else None,
         remove_columns=["messages"],
@@ -192,6 +262,7 @@ def _tokenize(input_path: Path, model: Path, max_length: int, out: Path, overlon
         desc=f"tokenize {input_path.name}",
     )
     counts = Counter(mapped["status"])
+    check_losses(input_path, counts, len(dataset), overlong, max_length, max_lost_fraction)
     kept = mapped.filter(lambda s: [x in ("kept", "truncated") for x in s], input_columns="status", batched=True)
     kept = kept.remove_columns("status")
     if len(kept) == 0:
@@ -201,8 +272,8 @@ def _tokenize(input_path: Path, model: Path, max_length: int, out: Path, overlon
         "rows_read": len(dataset),
         "rows_written": len(kept),
         "truncated": counts["truncated"],
-        "dropped_overlong": counts["dropped_overlong"],
-        "dropped_no_assistant_tokens": counts["dropped_no_assistant_tokens"],
+        **{reason: counts[reason] for reason in DROPPED},
+        "lost_fraction": round(sum(counts[r] for r in DROPPED) / len(dataset), 4),
         "tokens": sum(lengths),
         "max_tokens": max(lengths),
         "mean_tokens": round(sum(lengths) / len(lengths), 1),
@@ -211,8 +282,8 @@ def _tokenize(input_path: Path, model: Path, max_length: int, out: Path, overlon
         kept.save_to_disk(str(tmp))
         manifest = build_manifest("tokenize", inputs, params, model=str(model.resolve()), **stats)
         write_json_atomic(tmp / MANIFEST_NAME, manifest)
-    log.info("wrote %d rows to %s (%d truncated, %d dropped overlong, %d dropped without assistant tokens)",
-             len(kept), out, stats["truncated"], stats["dropped_overlong"], stats["dropped_no_assistant_tokens"])
+    log.info("wrote %d of %d rows to %s (%d truncated (%s), dropped: %s)", len(kept), len(dataset), out,
+             stats["truncated"], overlong, loss_summary(stats)["dropped"])
     return manifest
 
 
@@ -223,18 +294,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", required=True, help="model folder with tokenizer and chat template")
     parser.add_argument("--max-length", type=int, required=True, help="token limit per conversation")
     parser.add_argument("--out", required=True, help="output datasets folder")
-    parser.add_argument("--overlong", choices=("truncate", "drop"), default="truncate", help="rows over the limit")
+    parser.add_argument("--overlong", choices=OVERLONG, default="context",
+                        help="rows over the limit: context (shorten the context, keep the answer), truncate "
+                             "(cut the end), drop")
+    parser.add_argument("--max-lost-fraction", type=float, default=1.0,
+                        help="fail when more than this share of rows is dropped (default 1: never)")
     parser.add_argument("--num-proc", type=int, default=1, help="CPU processes")
     parser.add_argument("--batch-size", type=int, default=256, help="conversations per map batch")
     args = parser.parse_args(argv)
     try:
         manifest = tokenize(args.input, args.model, args.max_length, args.out, args.overlong, args.num_proc,
-                            args.batch_size)
+                            args.batch_size, args.max_lost_fraction)
     except TokenizeError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    print(json.dumps({"output": str(Path(args.out).resolve()),
-                      **{k: manifest[k] for k in ("rows_read", "rows_written", "truncated", "dropped_overlong")}}))
+    print(json.dumps({"output": str(Path(args.out).resolve()), **loss_summary(manifest)}))
     return 0
 
 

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import resource
 import time
 from pathlib import Path
@@ -44,6 +45,8 @@ class MetricsRecord(BaseModel):
     gpu_util: float | None = None
     tokens_per_second_per_gpu: float | None = None
     eval_loss: float | None = None
+    job_id: str | None = None
+    """the Slurm job that wrote the record: a resubmitted job's progress ignores its predecessors' lines."""
 
     def line(self) -> str:
         return self.model_dump_json(exclude_none=True) + "\n"
@@ -99,7 +102,8 @@ class MetricsCallback(TrainerCallback):
         logs = logs or {}
         if "loss" not in logs and "eval_loss" not in logs:
             return
-        fields: dict[str, float | int | None] = {"step": state.global_step, "epoch": round(state.epoch or 0.0, 4)}
+        fields: dict[str, float | int | str | None] = {"step": state.global_step, "epoch": round(state.epoch or 0.0, 4),
+                                                       "job_id": os.environ.get("SLURM_JOB_ID")}
         if "loss" in logs:
             device = args.device if torch.cuda.is_available() else "cpu"
             real, processed = self.counter.take_global(device)

@@ -1,0 +1,60 @@
+"""What `ftstack run --wait` shows about a job, against the real local Slurm: the first exception of every
+torchrun rank (not torchrun's empty "Root Cause" block), and only this job's training metrics."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from infra.pipeline.slurm import SlurmClient, SlurmJobFailed
+
+pytestmark = pytest.mark.slurm
+WAIT = 300
+
+RANK_SCRIPT = """
+import os
+from huggingface_hub.utils import validate_repo_id
+
+rank = int(os.environ["RANK"])
+print(f"rank {rank} loading the base model", flush=True)
+validate_repo_id(f"models//base-{rank}")
+"""
+
+
+def _script(path: Path, body: str) -> str:
+    path.write_text("#!/bin/bash\nset -euo pipefail\n" + body)
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_failed_torchrun_job_names_each_ranks_first_exception(slurm_client: SlurmClient, tmp_path: Path) -> None:
+    (tmp_path / "ranks.py").write_text(RANK_SCRIPT)
+    job = slurm_client.submit(
+        _script(tmp_path / "train.sh", f"{sys.executable} -m torch.distributed.run --nproc_per_node=2 --tee=3 "
+                                       f"--master_port=0 {tmp_path / 'ranks.py'}\n"),
+        job_name="ft-train", output=str(tmp_path / "train-%j.out"), workdir=str(tmp_path))
+    with pytest.raises(SlurmJobFailed) as err:
+        slurm_client.wait(job, timeout=WAIT, progress=None)
+    text = str(err.value)
+    log = (tmp_path / f"train-{job}.out").read_text()
+    assert "Root Cause" in log and "HFValidationError" in log
+    for rank in (0, 1):
+        assert f"rank {rank}: " in text and f"models//base-{rank}" in text, text
+    assert "HFValidationError" in text.split("last lines of its log")[0], text
+
+
+def test_progress_reads_only_this_jobs_metrics(slurm_client: SlurmClient, tmp_path: Path) -> None:
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text(json.dumps({"step": 30, "loss": 0.5, "job_id": "1"}) + "\n"
+                       + json.dumps({"step": 31, "loss": 0.4}) + "\n")
+    record = '{"step": 2, "loss": 1.25, "job_id": "%s"}'
+    job = slurm_client.submit(
+        _script(tmp_path / "train.sh", f"sleep 2\nprintf '{record}\\n' \"$SLURM_JOB_ID\" >> {metrics}\nsleep 2\n"),
+        job_name="ft-train", output=str(tmp_path / "t-%j.out"), workdir=str(tmp_path))
+    seen: list[str] = []
+    slurm_client.wait(job, timeout=WAIT, progress=seen.append, metrics_path=str(metrics))
+    steps = [line for line in seen if "loss" in line]
+    assert steps and all("step 2 " in line for line in steps), seen
