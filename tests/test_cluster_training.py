@@ -60,9 +60,12 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str, log: Path
     pytest.fail(f"timed out waiting for {what}; job log:\n{tail}")
 
 
-def release_requeued(cluster: Cluster, job: str) -> None:
-    """A requeued job waits about two minutes (BeginTime) before it may start again; let it start now."""
-    subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], capture_output=True,
+def release_requeued(cluster: Cluster, job: str, log: Path) -> None:
+    """Slurm holds a requeued job back for two minutes (BeginTime) before it may start again; once it is back in
+    the queue, let it start now (an operator's `scontrol update`; the requeue itself is Slurm's)."""
+    wait_for(lambda: (job_field(cluster, job, "JobState"), job_field(cluster, job, "Reason")) == ("PENDING", "BeginTime"),
+             180, "the job to be back in the queue", log)
+    subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], capture_output=True, check=True,
                    env={**os.environ, "SLURM_CONF": str(cluster.slurm_conf)})
 
 
@@ -111,7 +114,7 @@ def test_requeue_signal_checkpoints_every_rank_and_resumes_on_both_nodes(
         wait_for(lambda: metrics.is_file() and len(read_metrics(metrics)) >= 3, 600, "three logged steps", log)
         subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True, env=env)
         wait_for(lambda: job_field(local_cluster, job, "Restarts") == "1", 180, "the job to requeue itself", log)
-        release_requeued(local_cluster, job)
+        release_requeued(local_cluster, job, log)
         wait_for(lambda: finished(local_cluster, job), 600, "the requeued job to finish", log)
     finally:
         subprocess.run(["scancel", job], capture_output=True, env=env)
@@ -147,7 +150,7 @@ def test_lost_node_is_requeued_and_resumes_from_the_last_checkpoint(
         wait_for(lambda: job_field(local_cluster, job, "Restarts") == "1", 180, "Slurm to requeue the job", log)
         back = local_cluster.script("start", "--nodes", "2")
         assert back.returncode == 0, back.stderr
-        release_requeued(local_cluster, job)
+        release_requeued(local_cluster, job, log)
         wait_for(lambda: finished(local_cluster, job), 600, "the requeued job to finish", log)
     finally:
         subprocess.run(["scancel", job], capture_output=True, env=env)
