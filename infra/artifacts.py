@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import mimetypes
 import os
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -19,6 +18,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
+
+from infra.documents import DocumentError, read_evaluator_report, read_metrics
+from workloads.common.atomic import atomic_file
+from workloads.train.manifest import RUN_MANIFEST_NAME
+from workloads.train.metrics import METRICS_NAME
 
 RUNS_PREFIX = "runs"
 INDEX_NAME = "run.json"
@@ -63,16 +67,8 @@ class LocalStore:
         return path
 
     def put_bytes(self, key: str, data: bytes) -> None:
-        target = self._path(key)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_file(self._path(key)) as tmp:
+            tmp.write_bytes(data)
 
     def put_file(self, key: str, path: Path) -> None:
         self.put_bytes(key, Path(path).read_bytes())
@@ -239,25 +235,11 @@ def run_prefix(stack: str, run_id: str) -> str:
     return f"{RUNS_PREFIX}/{stack}/{run_id}"
 
 
-def _read_json(path: Path) -> Any:
+def _read_text(path: Path) -> str:
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ArtifactError(f"{path}: not readable JSON: {exc}") from exc
-
-
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _first_number(mapping: Mapping[str, Any] | None, *keys: str) -> float | None:
-    for key in keys:
-        node: Any = mapping
-        for part in key.split("."):
-            node = node.get(part) if isinstance(node, Mapping) else None
-        if (number := _number(node)) is not None:
-            return number
-    return None
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ArtifactError(f"{path}: not readable: {exc}") from exc
 
 
 def collect_run_files(
@@ -269,7 +251,7 @@ def collect_run_files(
     """Artifact name -> local file, for the files of one run that exist on disk."""
     files: dict[str, Path] = {"config/" + Path(run_config_path).name: Path(run_config_path)}
     if train_run_dir is not None and train_run_dir.is_dir():
-        for name in ("run_manifest.json", "metrics.jsonl"):
+        for name in (RUN_MANIFEST_NAME, METRICS_NAME):
             if (train_run_dir / name).is_file():
                 files[f"train/{name}"] = train_run_dir / name
         for chart in sorted(train_run_dir.glob("*.png")) + sorted(train_run_dir.glob("*.svg")):
@@ -299,25 +281,16 @@ def build_index(
     run_name: str | None = None,
     job_durations_s: Mapping[str, float] | None = None,
 ) -> RunIndex:
-    """Key figures read from the run's evaluator JSON, run manifest and metrics."""
-    evaluator = next((_read_json(p) for n, p in files.items() if n.startswith("eval/") and n.endswith(".json")), None)
-    manifest = _read_json(files["train/run_manifest.json"]) if "train/run_manifest.json" in files else None
-    base = _first_number(evaluator, "base_model.perplexity")
-    tuned = _first_number(evaluator, "finetuned_model.perplexity")
-    improvement = _first_number(evaluator, "comparison.perplexity")
-    if improvement is None and base and tuned is not None:
-        improvement = (base - tuned) / base * 100.0
-    tokens_per_s = _first_number(
-        manifest, "tokens_per_s", "train_tokens_per_s", "throughput.tokens_per_s", "metrics.tokens_per_s",
-        "summary.tokens_per_s",
-    )
-    final_loss = _first_number(manifest, "final_loss", "train_loss", "metrics.train_loss", "summary.final_loss")
-    if (tokens_per_s is None or final_loss is None) and "train/metrics.jsonl" in files:
-        records = read_metrics(files["train/metrics.jsonl"])
-        if tokens_per_s is None:
-            tokens_per_s = next((_number(r.get("tokens_per_s")) for r in reversed(records) if _number(r.get("tokens_per_s")) is not None), None)
-        if final_loss is None:
-            final_loss = next((_number(r.get("loss")) for r in reversed(records) if _number(r.get("loss")) is not None), None)
+    """Key figures read from the run's evaluator report and metrics records."""
+    report_file = next((p for n, p in files.items() if n.startswith("eval/") and n.endswith(".json")), None)
+    metrics_file = files.get(f"train/{METRICS_NAME}")
+    try:
+        evaluator = read_evaluator_report(_read_text(report_file), str(report_file)) if report_file else None
+        records = read_metrics(_read_text(metrics_file), str(metrics_file)) if metrics_file else []
+    except DocumentError as exc:
+        raise ArtifactError(str(exc)) from None
+    tokens_per_s = next((r.tokens_per_s for r in reversed(records) if r.tokens_per_s is not None), None)
+    final_loss = next((r.loss for r in reversed(records) if r.loss is not None), None)
     return RunIndex(
         stack=stack,
         run_id=run_id,
@@ -328,34 +301,14 @@ def build_index(
         job_ids=dict(job_ids or {}),
         job_states=dict(job_states or {}),
         job_durations_s=dict(job_durations_s or {}),
-        perplexity_base=base,
-        perplexity_finetuned=tuned,
-        perplexity_improvement_pct=improvement,
+        perplexity_base=evaluator.base_model.perplexity if evaluator else None,
+        perplexity_finetuned=evaluator.finetuned_model.perplexity if evaluator else None,
+        perplexity_improvement_pct=evaluator.comparison.perplexity if evaluator else None,
         tokens_per_s=tokens_per_s,
         train_loss_final=final_loss,
         cost_usd=cost_usd,
         files=sorted(files),
     )
-
-
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """metrics.jsonl records (one JSON object a line); a bad line is an error naming the line."""
-    return parse_metrics(Path(path).read_text(), str(path))
-
-
-def parse_metrics(text: str, path: str) -> list[dict[str, Any]]:
-    records: list[dict[str, Any]] = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ArtifactError(f"{path}:{number}: not a JSON object: {exc}") from exc
-        if not isinstance(record, dict):
-            raise ArtifactError(f"{path}:{number}: expected a JSON object")
-        records.append(record)
-    return records
 
 
 def upload_files(store: ArtifactStore, prefix: str, files: Mapping[str, Path]) -> tuple[list[str], dict[str, str]]:

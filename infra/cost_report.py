@@ -1,10 +1,12 @@
 """A stack's cost report: gathers what the pure model in ``infra/cost.py`` needs (run config, dataset
-tokens, measured throughputs), returns the flat stack outputs and renders the table ``ftstack plan`` prints.
+tokens, the training throughput), returns the flat stack outputs and renders the table ``ftstack plan`` prints.
+
+The ``measured`` cost-per-chat scenario is not here: it comes from the eval job's report
+(``infra.outputs.measured_scenario``), on the stack that ran it, never from files on this machine.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -16,17 +18,19 @@ from infra.cost import (
     MonthlyCost,
     TrainingRun,
     chat_scenarios,
-    flat_outputs,
     monthly_cost,
     training_run,
     worker_gpus,
     workers_hourly_usd,
 )
+from infra.documents import read_metrics
+from infra.outputs import cost_outputs
 from infra.pricing import PriceBook
+from workloads.config import RunConfig
+from workloads.train.config import TrainConfig
+from workloads.train.metrics import METRICS_NAME
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-_TPS_KEYS = ("train_tokens_per_second_per_gpu", "tokens_per_second_per_gpu")
-_TOTAL_TPS_KEYS = ("train_tokens_per_second", "tokens_per_second")
 
 
 class CostReport(BaseModel):
@@ -38,10 +42,10 @@ class CostReport(BaseModel):
     notes: list[str]
 
     def outputs(self) -> dict[str, float | str]:
-        return flat_outputs(self.monthly, self.training, self.chats)
+        return cost_outputs(self.monthly, self.training, self.chats)
 
 
-def load_run(cfg: StackConfig, root: Path = REPO_ROOT) -> Any | None:
+def load_run(cfg: StackConfig, root: Path = REPO_ROOT) -> RunConfig | None:
     """The stack's run config, or None where it is not readable here."""
     from workloads.config import load_run_config
 
@@ -67,81 +71,73 @@ def tokenized_tokens(tokenized_dir: Path) -> int | None:
     return total
 
 
-def last_metric(metrics_file: Path, keys: tuple[str, ...]) -> float | None:
-    """The last value of any of ``keys`` in a JSON-lines metrics file."""
+def training_throughput(metrics_file: Path) -> float | None:
+    """tokens/s per GPU of the newest record of a finished (or running) training run that has one."""
     if not metrics_file.is_file():
         return None
-    value = None
-    for line in metrics_file.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        for key in keys:
-            if isinstance(record, dict) and isinstance(record.get(key), (int, float)) and record[key] > 0:
-                value = float(record[key])
-    return value
+    records = read_metrics(metrics_file.read_text(encoding="utf-8"), str(metrics_file), live=True)
+    return next((r.tokens_per_second_per_gpu for r in reversed(records) if r.tokens_per_second_per_gpu), None)
 
 
-def measured_generation_tps(results_dir: Path) -> float | None:
-    """Fine-tuned model's generation tokens/s from the newest evaluator_<job>.json, when evaluation ran."""
-    files = sorted(results_dir.glob("evaluator_*.json"), key=lambda p: p.stat().st_mtime) if results_dir.is_dir() else []
-    for file in reversed(files):
-        try:
-            doc = json.loads(file.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        model = doc.get("finetuned_model", {}) if isinstance(doc, dict) else {}
-        for key in ("tokens_per_second", "generation_tokens_per_second", "tokens_per_sec"):
-            value = model.get(key)
-            if isinstance(value, (int, float)) and value > 0:
-                return float(value)
-    return None
+def step_tokens(train: TrainConfig, gpus: int, tokens_per_row: float, max_length: int) -> float:
+    """Tokens one optimizer step takes in: gradient accumulation x data-parallel ranks (one per GPU) x a
+    micro-batch (packed: micro_batch_size x max_length tokens at most; padded: micro_batch_size rows)."""
+    micro = train.micro_batch_size * (max_length if train.batching == "packed" else tokens_per_row)
+    return train.gradient_accumulation_steps * max(gpus, 1) * micro
 
 
-def _train_field(train: Any, *names: str, default: Any = None) -> Any:
-    for name in names:
-        if train is not None and getattr(train, name, None) is not None:
-            return getattr(train, name)
-    return default
+def passes(train: TrainConfig | None, tokens: float, rows: float | None, gpus: int, max_length: int,
+           notes: list[str]) -> float:
+    """Passes over the data the run makes: `epochs`, or as far as `max_steps` reaches when it is set (the
+    trainer stops at max_steps, inside the first epoch or after several)."""
+    if train is None:
+        return 1.0
+    if train.max_steps is None:
+        return float(train.epochs)
+    per_step = step_tokens(train, gpus, tokens / rows if rows else max_length, max_length)
+    epochs = train.max_steps * per_step / tokens
+    notes.append(f"training run: max_steps {train.max_steps} x {per_step:,.0f} tokens/step = {epochs:.3g} "
+                 f"passes over {tokens:,.0f} tokens")
+    return epochs
 
 
-def training_estimate(cfg: StackConfig, run: Any, book: PriceBook, notes: list[str]) -> TrainingRun | None:
+def training_estimate(cfg: StackConfig, run: RunConfig | None, book: PriceBook, notes: list[str]) -> TrainingRun | None:
     if run is None:
         notes.append(f"training run: run config {cfg.pipeline.run_config} not found here")
         return None
-    train = getattr(run, "train", None)
-    epochs = float(_train_field(train, "epochs", "num_train_epochs", default=1))
-    tokens = tokenized_tokens(run.train_tokenized_dir)
-    if tokens is None and run.data.rows is None:
+    paths = run.locate()
+    max_length = (run.train.max_length if run.train else None) or run.data.max_length
+    rows = run.data.rows * run.data.split_ratio if run.data.rows is not None else None
+    tokens = tokenized_tokens(paths.train_dataset_dir)
+    if tokens is None and rows is None:
         notes.append("training run: dataset size unknown (no tokenized dataset here and data.rows unset)")
         return None
     if tokens is None:
-        rows = run.data.rows * run.data.split_ratio
         per_row = cfg.pricing.training.avg_tokens_per_row or run.data.max_length
         tokens = rows * per_row
         basis = "tokens/row from pricing.training.avgTokensPerRow" if cfg.pricing.training.avg_tokens_per_row \
             else "data.max_length tokens/row (upper bound)"
         notes.append(f"training tokens: {rows:g} train rows x {per_row:g} ({basis})")
+    gpus = worker_gpus(cfg)
+    epochs = passes(run.train, tokens, rows, gpus, max_length, notes)
     tps, source = cfg.pricing.training.tokens_per_second_per_gpu, "pricing.training.tokensPerSecondPerGpu"
     if tps is None:
-        metrics = run.train_run_dir / "metrics.jsonl"
-        tps, source = last_metric(metrics, _TPS_KEYS), f"{metrics}"
+        metrics = paths.train_run_dir / METRICS_NAME
+        tps, source = training_throughput(metrics), f"{metrics}"
     if tps is None:
         notes.append("training run: no throughput (set pricing.training.tokensPerSecondPerGpu or run training once)")
         source = "unknown"
-    return training_run(tokens, epochs, tps, source, worker_gpus(cfg), workers_hourly_usd(cfg, book))
+    return training_run(tokens, epochs, tps, source, gpus, workers_hourly_usd(cfg, book))
 
 
 def cost_report(cfg: StackConfig, root: Path = REPO_ROOT) -> CostReport:
-    """Monthly TCO, training-run cost and cost per chat of a stack."""
+    """Monthly TCO, training-run cost and the fixed cost-per-chat scenarios of a stack."""
     book = PriceBook(cfg.pricing.overrides)
     monthly = monthly_cost(cfg, cfg.pricing, book)
     notes = [line.note and f"{line.label}: {line.note}" for line in monthly.lines if line.note]
     run = load_run(cfg, root)
     training = training_estimate(cfg, run, book, notes) if cfg.target == "nebius" else None
-    measured = measured_generation_tps(run.results_dir) if run is not None else None
-    chats = chat_scenarios(monthly, cfg.pricing.chat, measured) if monthly.usd_high > 0 else []
+    chats = chat_scenarios(monthly, cfg.pricing.chat) if monthly.usd_high > 0 else []
     return CostReport(monthly=monthly, training=training, chats=chats, notes=[n for n in notes if n])
 
 

@@ -17,7 +17,6 @@ from infra.pipeline.chain import code_hash, pipeline_jobs, placement_for, run_ro
 from infra.pipeline.datasource import fingerprint_source
 from infra.pipeline.transport import LocalTransport
 from infra.pipeline.component import Pipeline, PipelineArgs
-from infra.cost import MonthlyCost, chat_scenarios
 from infra.cost_report import cost_report
 from infra.kubeconfig import kubeconfig
 from infra.nebius.buckets import Buckets, BucketsArgs
@@ -25,6 +24,7 @@ from infra.nebius.cluster import Mk8sCluster, Mk8sClusterArgs
 from infra.nebius.filesystems import SharedFilesystems, SharedFilesystemsArgs
 from infra.nebius.layout import filesystem_specs, node_group_specs
 from infra.nebius.network import Network, NetworkArgs
+from infra.outputs import measured_chat_outputs
 from infra.soperator import Soperator, SoperatorArgs
 from infra.soperator_values import release_plan
 from workloads.config import load_run_config
@@ -213,20 +213,8 @@ def build_stack(cfg: StackConfig) -> dict[str, Any]:
     pipeline = build_pipeline(cfg, platform)
     if pipeline is not None:
         outputs.update(pipeline.outputs())
-        if report.chats and "cost_per_chat_measured_usd" not in outputs:
-            outputs.update(measured_chat_outputs(cfg, report.monthly, pipeline))
+        if report.chats:
+            measured = pipeline.evaluation.apply(lambda e: measured_chat_outputs(report.monthly, cfg.pricing.chat, e))
+            outputs.update({key: measured.apply(lambda d, k=key: d[k])
+                            for key in measured_chat_outputs(report.monthly, cfg.pricing.chat, None)})
     return outputs
-
-
-def measured_chat_outputs(cfg: StackConfig, monthly: MonthlyCost, pipeline: Pipeline) -> dict[str, Any]:
-    """Cost per chat at the fine-tuned model's measured tokens/s, once the waited eval job reported it."""
-    def scenario(result: dict | None, field: str) -> float | None:
-        tps = (result or {}).get("tokens_per_second_finetuned")
-        return getattr(chat_scenarios(monthly, cfg.pricing.chat, tps)[-1], field) if tps else None
-
-    result = pipeline.jobs["eval"].result
-    return {
-        f"cost_per_chat_measured_{name}": result.apply(lambda r, f=field: scenario(r, f))
-        for name, field in (("tokens_per_second", "tokens_per_second"),
-                            ("conversations_per_day", "conversations_per_day"), ("usd", "usd_per_chat"))
-    }

@@ -6,9 +6,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from document_fixtures import evaluator_report, side
+
 from infra.artifacts import ArtifactStore, upload_run
 from infra.config import load_stack_config
 from infra.mocks import run_under_mocks
+from workloads.train.metrics import MetricsRecord
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
@@ -16,14 +19,12 @@ CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]
-EVALUATOR = {
-    "base_model": {"perplexity": 7.033111572265625, "message_length_avg": 671.0, "tokens_per_second": 41.5},
-    "finetuned_model": {
-        "perplexity": 4.704128742218018, "message_length_avg": 125.1, "tokens_per_second": 38.2,
-        "sample_generations": [{"input": "Question:\nWhat does a <b>bond</b> coupon mean?",
-                                "reference": "The periodic interest payment.", "generated": "It is the interest."}],
-    },
-}
+SAMPLE = {"input": "Question:\nWhat does a <b>bond</b> coupon mean?", "reference": "The periodic interest payment.",
+          "generated": "It is the interest."}
+"""markup in a sample must show as text on the page, never as markup."""
+EVALUATOR = evaluator_report(
+    "104", side(7.033111572265625, 41.5, message_length_avg=671.0),
+    side(4.704128742218018, 38.2, message_length_avg=125.1, sample_generations=[SAMPLE]), run="local")
 
 
 def stack_outputs(stack: str) -> dict[str, Any]:
@@ -38,16 +39,16 @@ def store_run(store: ArtifactStore, stack: str, work: Path, run_id: str = "20260
     config.write_text(json.dumps({"name": "local"}))
     train = work / "outputs" / "local"
     train.mkdir(parents=True)
-    metrics = [{"step": s, "loss": round(2.9 * 0.9**s, 4), "tokens_per_s": 512.0} for s in range(1, 21)]
-    metrics.append({"step": 20, "eval_loss": 1.234})
-    (train / "metrics.jsonl").write_text("\n".join(json.dumps(m) for m in metrics) + "\n")
-    (train / "run_manifest.json").write_text(json.dumps({"name": "local", "steps": 20}))
+    metrics = [MetricsRecord(step=s, epoch=s / 20, loss=round(2.9 * 0.9**s, 4), tokens_per_s=512.0) for s in range(1, 21)]
+    metrics.append(MetricsRecord(step=20, epoch=1.0, eval_loss=1.234))
+    (train / "metrics.jsonl").write_text("".join(m.line() for m in metrics))
+    (train / "run_manifest.json").write_text(json.dumps({"run": "local", "status": "completed"}))
     results = work / "results"
     results.mkdir()
-    (results / "evaluator_104.json").write_text(json.dumps(EVALUATOR))
+    (results / "evaluator_104.json").write_text(EVALUATOR.model_dump_json())
     upload_run(store, stack, run_id, config, train, results,
                job_ids={"prepare": "101", "readiness": "102", "train": "103", "eval": "104"},
                job_states={"prepare": "COMPLETED", "readiness": "COMPLETED", "train": "COMPLETED", "eval": "COMPLETED"},
                job_durations_s={"prepare": 42.0, "readiness": 3.0, "train": 3725.0, "eval": 95.0},
                cost_usd=0.0, started_at="2026-03-01T12:00:00+00:00")
-    return {"metrics": metrics, "final_loss": metrics[-2]["loss"]}
+    return {"metrics": metrics, "final_loss": metrics[-2].loss}

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 from artifacts_fixtures import S3Server, s3_server, start_server  # noqa: F401
+from document_fixtures import evaluator_report, side
 from moto.server import ThreadedMotoServer
 
+from workloads.train.metrics import MetricsRecord
 from infra.artifacts import (
     ArtifactError,
     ArtifactUploadError,
@@ -27,18 +29,16 @@ def make_run(tmp_path: Path, base_ppl: float = 7.03, tuned_ppl: float = 4.70, ev
     config.write_text(json.dumps({"name": "demo", "paths": {"root": str(tmp_path)}}))
     train = tmp_path / "out" / "demo"
     train.mkdir(parents=True)
-    (train / "metrics.jsonl").write_text(
-        "\n".join(json.dumps({"step": s, "loss": 3.0 - 0.4 * s, "tokens_per_s": 100.0 + s}) for s in range(1, 5))
-    )
-    (train / "run_manifest.json").write_text(json.dumps({"name": "demo", "steps": 4}))
+    (train / "metrics.jsonl").write_text("".join(
+        MetricsRecord(step=s, epoch=s / 4, loss=3.0 - 0.4 * s, tokens_per_s=100.0 + s).line() for s in range(1, 5)))
+    (train / "run_manifest.json").write_text(json.dumps({"run": "demo", "status": "completed"}))
     (train / "loss.png").write_bytes(b"\x89PNG\r\n\x1a\nfake")
     results = tmp_path / "results"
     results.mkdir()
-    (results / f"evaluator_{eval_job}.json").write_text(
-        json.dumps({"base_model": {"perplexity": base_ppl}, "finetuned_model": {"perplexity": tuned_ppl}})
-    )
+    report = evaluator_report(eval_job, side(base_ppl, 30.0), side(tuned_ppl, 28.0))
+    (results / f"evaluator_{eval_job}.json").write_text(report.model_dump_json())
     (results / f"evaluator_{eval_job}.png").write_bytes(b"\x89PNG\r\n\x1a\nchart")
-    (results / "evaluator_7.json").write_text(json.dumps({"base_model": {"perplexity": 99.0}}))
+    (results / "evaluator_7.json").write_text(evaluator_report("7", side(99.0, 30.0)).model_dump_json())
     return {"run_config_path": config, "train_run_dir": train, "results_dir": results,
             "job_ids": {"prepare": "39", "train": "40", "eval": eval_job}}
 
@@ -71,9 +71,8 @@ def test_local_store_layout_index_and_listing(tmp_path: Path) -> None:
 
 def test_bad_metrics_line_is_named(tmp_path: Path) -> None:
     run = make_run(tmp_path)
-    (run["train_run_dir"] / "run_manifest.json").write_text("{}")
-    (run["train_run_dir"] / "metrics.jsonl").write_text('{"loss": 1}\nnot json\n')
-    with pytest.raises(ArtifactError, match=r"metrics.jsonl:2"):
+    (run["train_run_dir"] / "metrics.jsonl").write_text(MetricsRecord(step=1, epoch=1, loss=1).line() + "not json\n")
+    with pytest.raises(ArtifactError, match=r"metrics.jsonl:2: not a metrics record"):
         upload_run(LocalStore(tmp_path / "a"), "local", "r", **run)
 
 
@@ -155,13 +154,25 @@ def test_upload_run_finds_files_through_the_run_config(tmp_path: Path, monkeypat
     monkeypatch.setenv("FT_ROOT", str(tmp_path / "work"))
     config = load_run_config(config_path)
     config.train_run_dir.mkdir(parents=True)
-    (config.train_run_dir / "metrics.jsonl").write_text('{"step": 1, "loss": 2.5}\n')
+    (config.train_run_dir / "metrics.jsonl").write_text(MetricsRecord(step=1, epoch=1, loss=2.5).line())
     config.results_dir.mkdir(parents=True)
-    (config.results_dir / "evaluator_local.json").write_text(json.dumps({"base_model": {"perplexity": 9.0}}))
+    (config.results_dir / "evaluator_local.json").write_text(evaluator_report("local", side(9.0, 3.0)).model_dump_json())
     (config.results_dir / "evaluator_local.png").write_bytes(b"png")
     store = LocalStore(tmp_path / "artifacts")
     result = upload_run(store, "local", "r1", config_path, job_ids={"eval": "local"})
     assert result.uploaded == ["config/local.json", "eval/evaluator_local.json", "eval/evaluator_local.png",
                                "train/metrics.jsonl"]
     assert result.index.run_name == config.name and result.index.train_loss_final == 2.5
-    assert result.index.perplexity_base == 9.0 and result.index.perplexity_finetuned is None
+    assert result.index.perplexity_base == 9.0 and result.index.perplexity_finetuned == 6.0
+
+
+def test_upload_run_follows_the_train_sections_output_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config_path = tmp_path / "run.json"
+    config_path.write_text(json.dumps({"name": "moved", "paths": {"root": str(tmp_path / "work")},
+                                       "model": {"source": "dir:/m"}, "data": {"source": "sample", "rows": 10},
+                                       "train": {"output_dir": str(tmp_path / "elsewhere")}}))
+    monkeypatch.delenv("FT_ROOT", raising=False)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "metrics.jsonl").write_text(MetricsRecord(step=3, epoch=1, loss=1.25).line())
+    result = upload_run(LocalStore(tmp_path / "artifacts"), "dev", "r1", config_path, job_ids={"eval": "9"})
+    assert result.uploaded == ["config/run.json", "train/metrics.jsonl"] and result.index.train_loss_final == 1.25

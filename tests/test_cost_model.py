@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import json
+import re
 
 import pytest
 
 from infra.config import load_stack_config
 from infra.cost import chat_scenario, chat_scenarios, monthly_cost, node_price, training_run
-from infra.cost_report import cost_report, last_metric, render_table, tokenized_tokens
+from infra.cost_report import cost_report, render_table, tokenized_tokens, training_throughput
 from infra.mocks import run_under_mocks
 from infra.pricing import CATALOG, PriceBook, PriceOverride, PricingConfig
+from workloads.train.metrics import MetricsRecord
 
 # seed 000, "Total Cost of Ownership": line key -> (low, high) in whole dollars as printed.
 SEED_TABLE = {
@@ -149,10 +150,24 @@ def test_tokens_from_a_saved_dataset_and_throughput_from_metrics(tmp_path):
     assert tokenized_tokens(tmp_path / "ds") == 8
     assert tokenized_tokens(tmp_path / "missing") is None
     metrics = tmp_path / "metrics.jsonl"
-    metrics.write_text("\n".join(json.dumps(r) for r in (
-        {"step": 1, "train_tokens_per_second_per_gpu": 90.0}, {"step": 2, "loss": 1.0},
-        {"step": 3, "train_tokens_per_second_per_gpu": 110.0})) + "\nnot json\n")
-    assert last_metric(metrics, ("train_tokens_per_second_per_gpu",)) == 110.0
+    metrics.write_text("".join(r.line() for r in (
+        MetricsRecord(step=1, epoch=0.1, loss=2.0, tokens_per_second_per_gpu=90.0),
+        MetricsRecord(step=2, epoch=0.2, loss=1.0, tokens_per_second_per_gpu=110.0),
+        MetricsRecord(step=2, epoch=0.2, eval_loss=1.5))) + '{"step": 3, "lo')
+    assert training_throughput(metrics) == 110.0
+    assert training_throughput(tmp_path / "none.jsonl") is None
+
+
+def test_dev_training_run_stops_at_max_steps():
+    """dev.json: 200 steps x 8 accumulated micro-batches x one packed micro-batch of 1,024 tokens on 1 L40S."""
+    cfg = load_stack_config("dev")
+    assert cfg.pipeline.run_config == "workloads/configs/dev.json"
+    report = cost_report(cfg.model_copy(update={"pricing": cfg.pricing.model_copy(update={
+        "training": cfg.pricing.training.model_copy(update={"tokens_per_second_per_gpu": 800.0})})}))
+    assert report.training.tokens * report.training.epochs == pytest.approx(200 * 8 * 1024)
+    assert report.training.gpu_hours == pytest.approx(200 * 8 * 1024 / 800 / 3600)
+    assert report.outputs()["training_run_tokens"] == pytest.approx(1_638_400)
+    assert any("max_steps 200" in note for note in report.notes)
 
 
 def test_stack_outputs_are_flat_and_numeric():
@@ -160,12 +175,26 @@ def test_stack_outputs_are_flat_and_numeric():
     cost = {k: v for k, v in run.outputs.items() if k.startswith(("cost_", "training_run_"))}
     assert cost["cost_monthly_usd_high"] == pytest.approx(19054, rel=0.01)
     assert cost["cost_per_chat_tps_60_usd"] == pytest.approx(0.2449, abs=1e-4)
-    assert all(isinstance(v, (int, float)) for k, v in cost.items() if k != "cost_pricing_date")
+    texts = {k for k in cost if k == "cost_pricing_date" or k.endswith(("_category", "_label", "_quantity", "_unit_price"))}
+    assert all(isinstance(v, (int, float)) for k, v in cost.items() if k not in texts)
+    assert all(isinstance(cost[k], str) for k in texts)
+    assert cost["cost_line_compute_worker_worker_label"] == "Worker nodes worker (gpu-l40s-d, 2gpu-64vcpu-384gb)"
+    assert cost["cost_line_compute_worker_worker_quantity"] == "5 nodes"
     assert cost["cost_pricing_date"][:2] == "20"
 
 
+def _dollars(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
 def test_rendered_table_carries_the_seed_totals():
+    """The printed table against seed 000: totals within 1 %, cost per chat within 2 % (as the tests above)."""
     text = render_table(cost_report(load_stack_config("demo")))
-    assert "$18,116 to $19,040" in text
-    assert "$4.57/node/hour" in text and "$3.87" in text
+    low, high = re.search(r"Total monthly cost .* \$([\d,]+) to \$([\d,]+)", text).groups()
+    assert _dollars(low) == pytest.approx(18_124, rel=0.01) and _dollars(high) == pytest.approx(19_054, rel=0.01)
+    assert "$4.57/node/hour" in text
+    chat = {m["tps"]: _dollars(m["usd"]) for m in re.finditer(r"^  tps_\S+\s+(?P<tps>[\d.]+)\s.*\$(?P<usd>[\d.]+)$", text, re.M)}
+    assert chat.keys() == {"3.8", "60", "200"}
+    for tps, printed in (("3.8", 3.86), ("60", 0.24), ("200", 0.07)):
+        assert _close_to_printed(chat[tps], printed, 0.02, 0.005), (tps, chat[tps])
     assert render_table(cost_report(load_stack_config("local"))).startswith("Monthly cost: $0")

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from dashboard_fixtures import EVALUATOR, REPO, stack_outputs
+from dashboard_fixtures import EVALUATOR, REPO, SAMPLE, stack_outputs
 
 from infra import cost
 from infra.config import load_stack_config
-from infra.dashboard.model import build, chat_label, comparison, loss_curves, unwrap_outputs
+from infra.artifacts import RunIndex
+from infra.dashboard.model import StoredRun, build, chat_label, comparison, loss_curves, unwrap_outputs
+from infra.dashboard.render import render_html
+from workloads.train.metrics import MetricsRecord
 
 
 @pytest.mark.parametrize("stack", ["demo", "dev", "h100"])
@@ -17,6 +20,11 @@ def test_sections_match_the_cost_model_and_the_program(stack: str) -> None:
     outputs = stack_outputs(stack)
     data = build(stack, outputs, cfg)
     assert data.target == "nebius"
+    by_key = {line.key: line for line in monthly.lines}
+    for row in data.lines:
+        line = by_key[row.key]
+        assert (row.label, row.category, row.quantity, row.unit_price) == (
+            line.label, line.category, line.quantity, line.unit_price)
     assert data.monthly_low == pytest.approx(monthly.usd_low, abs=1e-3)
     assert data.monthly_high == pytest.approx(monthly.usd_high, abs=1e-3)
     assert sum(r.usd_low for r in data.categories) == pytest.approx(monthly.usd_low, abs=0.01)
@@ -48,32 +56,40 @@ def test_local_stack_has_no_cloud_sections() -> None:
 
 
 def test_run_sections_and_unknown_outputs() -> None:
-    metrics = [{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.5}, {"step": 2, "eval_loss": 1.7}, {"epoch": 1}]
-    run = {"index": {"run_id": "r9", "job_ids": {"train": "5", "eval": "6"}, "job_states": {"train": "COMPLETED"},
-                     "job_durations_s": {"train": 61.0}}, "metrics": metrics, "evaluator": EVALUATOR}
+    metrics = [MetricsRecord(step=1, epoch=0.5, loss=2.0), MetricsRecord(step=2, epoch=1, loss=1.5),
+               MetricsRecord(step=2, epoch=1, eval_loss=1.7)]
+    index = RunIndex(stack="local", run_id="r9", uploaded_at="2026-03-01T12:00:00+00:00",
+                     job_ids={"train": "5", "eval": "6"}, job_states={"train": "COMPLETED"}, job_durations_s={"train": 61.0})
+    run = StoredRun(index=index, metrics=metrics, evaluator=EVALUATOR)
     outputs = {"cluster_name": "local", "pipeline_bundle_hash": "abc", "pipeline_train_job_id": "77",
                "pipeline_train_state": "RUNNING", "pipeline_train_elapsed_s": None}
-    data = build("local", outputs, None, None, run)
+    data = build("local", outputs, None, run)
     assert [(j.stage, j.job_id, j.state, j.duration_s) for j in data.jobs] == [("train", "77", "RUNNING", None)]
     assert data.other_outputs == {"cluster_name": "local", "pipeline_bundle_hash": "abc"}
     assert data.loss_curve == [(1.0, 2.0), (2.0, 1.5)] and data.eval_loss_curve == [(2.0, 1.7)]
-    no_job_outputs = build("local", {}, None, None, run)
+    no_job_outputs = build("local", {}, None, run)
     assert [(j.stage, j.state, j.duration_s) for j in no_job_outputs.jobs] == [
         ("train", "COMPLETED", 61.0), ("eval", "unknown", None)]
     result = comparison(EVALUATOR)
     label, base, tuned, change = result.metrics[0]
-    assert label.startswith("Perplexity") and base == EVALUATOR["base_model"]["perplexity"]
+    assert label.startswith("Perplexity") and base == EVALUATOR.base_model.perplexity
     assert change == pytest.approx((tuned - base) / base * 100)
-    assert result.samples[0]["input"].startswith("Question:")
+    assert result.samples == [SAMPLE]
+
+
+def test_markup_in_a_sample_is_escaped_on_the_page() -> None:
+    index = RunIndex(stack="local", run_id="r9", uploaded_at="2026-03-01T12:00:00+00:00")
+    page = render_html(build("local", {}, None, StoredRun(index=index, metrics=[], evaluator=EVALUATOR)), "test")
+    assert "What does a &lt;b&gt;bond&lt;/b&gt; coupon mean?" in page and "<b>bond</b>" not in page
 
 
 def test_helpers() -> None:
-    assert chat_label("tps_3_8") == "3.8 tokens/s" and chat_label("tps_200") == "200 tokens/s"
-    assert chat_label("measured") == "Measured"
+    assert chat_label("tps_3_8", 3.8) == "3.8 tokens/s" and chat_label("tps_200", 200.0) == "200 tokens/s"
+    assert chat_label("measured", 41.0) == "Measured (fine-tuned model)"
     assert unwrap_outputs({"outputs": {"a": 1}}) == {"a": 1}
     with pytest.raises(ValueError, match="plan.json: expected a JSON object"):
         unwrap_outputs([1, 2], "plan.json")
-    assert loss_curves([{"loss": 3}, {"loss": "x"}]) == ([(0.0, 3.0)], [])
+    assert loss_curves([MetricsRecord(step=4, epoch=1, loss=3), MetricsRecord(step=4, epoch=1)]) == ([(4.0, 3.0)], [])
 
 
 def test_comparison_from_flat_eval_outputs_when_no_run_is_stored() -> None:

@@ -10,8 +10,13 @@ from typing import Any
 
 import pytest
 
+from document_fixtures import evaluator_report, side
+
+from infra.commands.run import run_outputs
 from infra.config import StackConfig, load_stack_config
+from infra.cost_report import cost_report
 from infra.mocks import SECRET, run_under_mocks
+from infra.pipeline.runner import PipelineRun
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "README.md"
@@ -70,7 +75,29 @@ def produced() -> dict[str, dict[str, Any]]:
     gpu_stack = next(n for n in STACKS if n != "local" and "training_run_gpus" in runs[n])
     runs[f"{gpu_stack}+throughput"] = run_under_mocks(
         with_training_throughput(load_stack_config(gpu_stack, REPO / "stacks"))).outputs
+    runs[f"{gpu_stack}+waited"] = waited_outputs(load_stack_config(gpu_stack, REPO / "stacks"))
     return runs
+
+
+def waited_outputs(cfg: StackConfig) -> dict[str, Any]:
+    """The outputs `ftstack run --wait` writes once the chain finished and the eval job reported."""
+    jobs = {stage: {"job_id": str(100 + i), "state": "COMPLETED", "exit_code": 0, "elapsed_s": 30 + i}
+            for i, stage in enumerate(("prepare", "readiness", "train", "eval"))}
+    result = PipelineRun(stack=cfg.stack, started_at=None, bundle_hash="0123456789abcdef", submitted=list(jobs),
+                         kept=[], jobs=jobs, evaluation=evaluator_report("103", side(9.0, 20.0), side(6.0, 41.5)))
+    return run_outputs(cfg, cost_report(cfg), result)
+
+
+def test_a_waited_pipeline_fills_eval_elapsed_and_measured_keys_with_numbers(produced: dict[str, dict[str, Any]]) -> None:
+    waited = next(outputs for name, outputs in produced.items() if name.endswith("+waited"))
+    filled = {k: v for k, v in waited.items()
+              if k.startswith(("eval_", "cost_per_chat_measured_")) or (k.startswith("pipeline_") and k.endswith("_elapsed_s"))}
+    assert len([k for k in filled if k.startswith("eval_")]) == 8 and len([k for k in filled if "measured" in k]) == 3
+    assert len([k for k in filled if k.endswith("_elapsed_s")]) == 4
+    assert all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in filled.values()), filled
+    assert waited["eval_tokens_per_second_finetuned"] == waited["cost_per_chat_measured_tokens_per_second"] == 41.5
+    daily = waited["cost_monthly_usd_high"] / 30
+    assert waited["cost_per_chat_measured_usd"] == pytest.approx(daily / (41.5 * 86_400 / 2000), rel=1e-3)
 
 
 def match(rows: list[Row], key: str) -> Row | None:

@@ -80,3 +80,17 @@ def test_mock_run_wires_the_chain_in_order(stack: str) -> None:
     if stack != "local":
         releases = {r.urn for r in run.resources if r.type == "kubernetes:helm.sh/v3:Release"}
         assert releases <= set(jobs["bundle"].dependencies)
+
+
+def test_train_section_folders_move_the_chain_paths_with_them() -> None:
+    demo = load_stack_config("demo", REPO / "stacks")
+    run = load_run_config(REPO / demo.pipeline.run_config)
+    moved = run.model_copy(update={"train": run.train.model_copy(update={
+        "output_dir": "/mnt/model/elsewhere", "dataset_dir": "/mnt/data/tok", "checkpoint_dir": "/mnt/chkpt/x"})})
+    jobs = {j.stage: j for j in pipeline_jobs(demo, moved, demo.pipeline.run_config, "c", placement_for(demo, moved, REPO))}
+    assert jobs["train"].metrics_path == "/mnt/model/elsewhere/metrics.jsonl"
+    assert jobs["train"].results_path == "/mnt/model/elsewhere"
+    paths = moved.locate("/")
+    assert (paths.adapter_dir, paths.merged_dir) == (Path("/mnt/model/elsewhere/adapter"), Path("/mnt/model/elsewhere/merged"))
+    assert paths.train_dataset_dir == Path("/mnt/data/tok") and paths.train_tokenized_dir != paths.train_dataset_dir
+    assert paths.checkpoints_dir == Path("/mnt/chkpt/x")

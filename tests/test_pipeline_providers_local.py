@@ -90,7 +90,7 @@ def bundle(tmp_path: Path) -> dict:
 
 def _job(bundle: dict, slurm: str, tmp_path: Path, script: str, **kw) -> dict:
     return {
-        "script": f"workloads/jobs/{script}", "bundle_path": bundle["path"], "bundle_hash": bundle["content_hash"],
+        "script": f"workloads/jobs/{script}", "bundle_path": bundle["path"], "fingerprint": bundle["content_hash"],
         "transport": LOCAL, "args": [], "env": {}, "dependencies": [], "job_name": f"ft-{script.split('.')[0]}",
         "output": str(tmp_path / "logs-%j.out"), "extra_args": [], "slurm_env": {"SLURM_CONF": slurm}, "wait": False,
         "wait_timeout": 180, "metrics_path": None, "results_path": str(tmp_path / "results"), "poll_s": 0.5, **kw,
@@ -110,7 +110,9 @@ def test_job_create_waits_read_diff_update(bundle: dict, slurm: str, tmp_path: P
 
     assert provider.diff(created.id, outs, props).changes is False
     assert provider.diff(created.id, outs, {**props, "args": ["c"]}).replaces == ["args"]
-    assert provider.diff(created.id, outs, {**props, "bundle_hash": "0" * 16}).replaces == ["bundle_hash"]
+    assert provider.diff(created.id, outs, {**props, "fingerprint": "0" * 16}).replaces == ["fingerprint"]
+    renamed = {k if k != "fingerprint" else "bundle_hash": v for k, v in outs.items()}
+    assert provider.diff(created.id, renamed, props).replaces == []
     assert provider.diff(created.id, outs, {**props, "dependencies": ["99"]}).replaces == ["dependencies"]
     soft = provider.diff(created.id, outs, {**props, "wait_timeout": 60})
     assert soft.changes and soft.replaces == []

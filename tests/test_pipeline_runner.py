@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
+from document_fixtures import evaluator_report, side
 
 from infra.config import PipelineConfig, StackConfig
 from infra.pipeline.runner import load_state, run_pipeline, state_path, status
@@ -27,12 +28,9 @@ mkdir -p "$root/ran"
 echo "$SLURM_JOB_ID" >> "$root/ran/{stage}"
 {body}
 """
-EVAL_BODY = """python3 - "$root" "$SLURM_JOB_ID" <<'PY'
-import json, sys
-side = {"perplexity": 3.0, "tokens_per_second": 10.0, "time_to_first_token": 0.1, "rouge_l": 20.0}
-doc = {"base_model": side, "finetuned_model": {**side, "perplexity": 2.0}}
-json.dump(doc, open(f"{sys.argv[1]}/results/evaluator_{sys.argv[2]}.json", "w"))
-PY"""
+EVAL_BODY = f"""cat > "$root/results/evaluator_$SLURM_JOB_ID.json" <<'JSON'
+{evaluator_report("stand-in", side(3.0, 10.0), side(2.0, 10.0)).model_dump_json()}
+JSON"""
 
 
 def make_repo(root: Path, fail: str | None = None) -> Path:
@@ -74,7 +72,7 @@ def test_chain_runs_in_order_then_a_second_run_submits_nothing(slurm: str, tmp_p
     assert all(job["state"] == "COMPLETED" for job in first.jobs.values())
     ids = [int(first.jobs[s]["job_id"]) for s in ("prepare", "readiness", "train", "eval")]
     assert ids == sorted(ids) and [ran(repo, s) for s in first.jobs] == [[str(i)] for i in ids]
-    assert first.evaluation["perplexity_finetuned"] < first.evaluation["perplexity_base"]
+    assert first.evaluation.finetuned_model.perplexity == 2.0 and first.evaluation.base_model.perplexity == 3.0
 
     second = run_pipeline(stack(), repo, {"kind": "local"}, wait=True, progress=lambda _: None)
     assert second.submitted == [] and second.kept == ["prepare", "readiness", "train", "eval"]

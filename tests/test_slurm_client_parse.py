@@ -74,8 +74,11 @@ def test_describe_failure_has_exit_code_and_log_tail() -> None:
 
 
 def test_latest_metrics_skips_bad_and_partial_lines() -> None:
-    lines = ['{"step": 1, "loss": 2.5}', "garbage", '{"step": 2, "loss": 2.0, "epoch": 0.5}', '{"eval": 1}', '{"step": 3, "lo']
-    record = latest_metrics(lines)
-    assert record == {"step": 2, "loss": 2.0, "epoch": 0.5}
+    lines = ['p": 1, "epoch": 0.2, "loss": 2.5}', '{"step": 1, "epoch": 0.25, "loss": 2.5}', "garbage",
+             '{"step": 2, "loss": 2.0, "epoch": 0.5}', '{"step": 2, "epoch": 0.5, "eval_loss": 1.9}', '{"step": 3, "lo']
+    record = latest_metrics("\n".join(lines), "m.jsonl")
+    assert (record.step, record.loss, record.epoch) == (2, 2.0, 0.5)
     assert format_metrics(record) == "step 2 loss 2.0000 epoch 0.50"
-    assert latest_metrics(["{}", "[]"]) is None
+    assert latest_metrics("{}\n[]", "m.jsonl") is None
+    two_jobs = '{"step": 5, "epoch": 1, "loss": 1.0, "job_id": "7"}\n{"step": 1, "epoch": 0.1, "loss": 3.0, "job_id": "8"}'
+    assert latest_metrics(two_jobs, "m.jsonl", job_id="7").step == 5

@@ -109,64 +109,141 @@ class RunConfig(_Section):
 
     def resolve_path(self, value: str) -> Path:
         """`value` as an absolute path; relative values resolve against the run root."""
-        path = Path(value).expanduser()
-        return path if path.is_absolute() else self.root / path
+        return _resolve(self.root, value)
+
+    def locate(self, root: str | os.PathLike[str] | None = None) -> RunPaths:
+        """Every path of the run, resolved once: under `root` when given (where the run lives on another
+        machine), else under this machine's run root (env FT_ROOT, else paths.root)."""
+        return run_paths(self, Path(root) if root is not None else self.root)
 
     @property
     def model_dir(self) -> Path:
-        return self.resolve_path(self.paths.model_dir)
+        return self.locate().model_dir
 
     @property
     def data_dir(self) -> Path:
-        return self.resolve_path(self.paths.data_dir)
+        return self.locate().data_dir
 
     @property
     def base_model_dir(self) -> Path:
-        return self.model_dir / "base"
+        return self.locate().base_model_dir
 
     @property
     def raw_data_file(self) -> Path:
-        return self.data_dir / "raw.parquet"
+        return self.locate().raw_data_file
 
     @property
     def conversations_file(self) -> Path:
-        return self.data_dir / "conversations.jsonl"
+        return self.locate().conversations_file
 
     @property
     def train_jsonl(self) -> Path:
-        return self.data_dir / "conversations_train.jsonl"
+        return self.locate().train_jsonl
 
     @property
     def test_jsonl(self) -> Path:
-        return self.data_dir / "conversations_test.jsonl"
+        return self.locate().test_jsonl
 
     @property
     def train_tokenized_dir(self) -> Path:
-        return self.data_dir / "tokenized" / "train"
+        return self.locate().train_tokenized_dir
 
     @property
     def test_tokenized_dir(self) -> Path:
-        return self.data_dir / "tokenized" / "test"
+        return self.locate().test_tokenized_dir
 
     @property
     def checkpoints_dir(self) -> Path:
-        return self.resolve_path(self.paths.checkpoint_dir) / self.name
+        return self.locate().checkpoints_dir
 
     @property
     def train_run_dir(self) -> Path:
-        return self.resolve_path(self.paths.output_dir) / self.name
+        return self.locate().train_run_dir
 
     @property
     def adapter_dir(self) -> Path:
-        return self.train_run_dir / "adapter"
+        return self.locate().adapter_dir
 
     @property
     def merged_dir(self) -> Path:
-        return self.train_run_dir / "merged"
+        return self.locate().merged_dir
 
     @property
     def results_dir(self) -> Path:
-        return self.resolve_path(self.paths.results_dir)
+        return self.locate().results_dir
+
+
+class RunPaths(BaseModel):
+    """Absolute locations of one run. The `train` section's folders, where set, take the place of the derived
+    ones, so every stage and the operator's tools (chain, cost report, artifacts) agree on them."""
+
+    model_config = ConfigDict(frozen=True)
+
+    root: Path
+    model_dir: Path
+    data_dir: Path
+    base_model_dir: Path
+    """where the prepare stage saves the base model."""
+    train_model_dir: Path
+    """the base model training starts from: train.model_dir, else base_model_dir."""
+    raw_data_file: Path
+    conversations_file: Path
+    train_jsonl: Path
+    test_jsonl: Path
+    train_tokenized_dir: Path
+    """where the prepare stage writes the tokenized train split."""
+    test_tokenized_dir: Path
+    train_dataset_dir: Path
+    """what training reads: train.dataset_dir, else train_tokenized_dir."""
+    eval_dataset_dir: Path
+    """what training evaluates on: train.eval_dataset_dir, else test_tokenized_dir."""
+    checkpoints_dir: Path
+    """train.checkpoint_dir, else <checkpoint_dir>/<name>."""
+    train_run_dir: Path
+    """train.output_dir, else <output_dir>/<name>: metrics.jsonl, run_manifest.json, loss.png, adapter/, merged/."""
+    adapter_dir: Path
+    merged_dir: Path
+    results_dir: Path
+    """evaluator and readiness reports, job logs."""
+
+
+def _resolve(root: Path, value: str) -> Path:
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else root / path
+
+
+def run_paths(run: RunConfig, root: Path) -> RunPaths:
+    """The one place a run's paths are derived (see RunConfig.locate)."""
+    train = run.train
+    model_dir = _resolve(root, run.paths.model_dir)
+    data_dir = _resolve(root, run.paths.data_dir)
+    tokenized = data_dir / "tokenized"
+
+    def override(value: str | None, default: Path) -> Path:
+        return _resolve(root, value) if value else default
+
+    base_model_dir = model_dir / "base"
+    train_run_dir = override(train and train.output_dir, _resolve(root, run.paths.output_dir) / run.name)
+    return RunPaths(
+        root=root,
+        model_dir=model_dir,
+        data_dir=data_dir,
+        base_model_dir=base_model_dir,
+        train_model_dir=override(train and train.model_dir, base_model_dir),
+        raw_data_file=data_dir / "raw.parquet",
+        conversations_file=data_dir / "conversations.jsonl",
+        train_jsonl=data_dir / "conversations_train.jsonl",
+        test_jsonl=data_dir / "conversations_test.jsonl",
+        train_tokenized_dir=tokenized / "train",
+        test_tokenized_dir=tokenized / "test",
+        train_dataset_dir=override(train and train.dataset_dir, tokenized / "train"),
+        eval_dataset_dir=override(train and train.eval_dataset_dir, tokenized / "test"),
+        checkpoints_dir=override(train and train.checkpoint_dir, _resolve(root, run.paths.checkpoint_dir) / run.name),
+        train_run_dir=train_run_dir,
+        adapter_dir=train_run_dir / "adapter",
+        merged_dir=train_run_dir / "merged",
+        results_dir=_resolve(root, run.paths.results_dir),
+    )
 
 
 def _describe(error: ValidationError) -> str:

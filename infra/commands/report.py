@@ -10,14 +10,14 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from infra import cost
-from infra.artifacts import ArtifactError, ArtifactStore, list_runs, parse_metrics, run_prefix, store_for_stack
+from infra.artifacts import ArtifactError, ArtifactStore, list_runs, run_prefix, store_for_stack
 from infra.config import StackConfig, StackConfigError, load_stack_config
 from infra.dashboard import build, write_dashboard
-from infra.dashboard.model import unwrap_outputs
+from infra.dashboard.model import StoredRun, unwrap_outputs
+from infra.documents import DocumentError, read_evaluator_report, read_metrics
+from infra.outputs import ARTIFACTS_BUCKET
+from workloads.train.metrics import METRICS_NAME
 from infra.backends import find_repo_root
-
-ARTIFACTS_BUCKET_OUTPUT = "artifacts_bucket_name"
 
 
 class RunNotFoundError(ArtifactError):
@@ -58,16 +58,8 @@ def mock_outputs(stack: StackConfig) -> dict[str, Any]:
     return dict(run_under_mocks(stack).outputs)
 
 
-def line_details(stack: StackConfig) -> dict[str, dict[str, str]]:
-    """Labels, quantities and unit prices of the cost lines (pure: from the stack file and price data)."""
-    if stack.target != "nebius":
-        return {}
-    monthly = cost.monthly_cost(stack, stack.pricing)
-    return {l.key: {"label": l.label, "quantity": l.quantity, "unit_price": l.unit_price} for l in monthly.lines}
-
-
-def latest_run(store: ArtifactStore, stack: str, run_id: str | None) -> dict[str, Any] | None:
-    """run.json, metrics and evaluator JSON of one stored run (the latest unless `run_id`)."""
+def latest_run(store: ArtifactStore, stack: str, run_id: str | None) -> StoredRun | None:
+    """Index, metrics and evaluator report of one stored run (the latest unless `run_id`)."""
     runs = list_runs(store, stack)
     if run_id is not None:
         runs = [r for r in runs if r.run_id == run_id]
@@ -77,17 +69,20 @@ def latest_run(store: ArtifactStore, stack: str, run_id: str | None) -> dict[str
         return None
     index = runs[-1]
     prefix = run_prefix(stack, index.run_id)
-    metrics = evaluator = None
-    if "train/metrics.jsonl" in index.files:
-        key = f"{prefix}/train/metrics.jsonl"
-        metrics = parse_metrics(store.get_bytes(key).decode(), store.describe(key))
-    eval_json = next((f for f in index.files if f.startswith("eval/") and f.endswith(".json")), None)
-    if eval_json:
-        evaluator = json.loads(store.get_bytes(f"{prefix}/{eval_json}"))
-    return {"index": index.model_dump(), "metrics": metrics, "evaluator": evaluator}
+    metrics_key = f"{prefix}/train/{METRICS_NAME}"
+    report_name = next((f for f in index.files if f.startswith("eval/") and f.endswith(".json")), None)
+    report_key = f"{prefix}/{report_name}"
+    try:
+        metrics = read_metrics(store.get_bytes(metrics_key), store.describe(metrics_key)) \
+            if f"train/{METRICS_NAME}" in index.files else []
+        evaluator = read_evaluator_report(store.get_bytes(report_key), store.describe(report_key)) \
+            if report_name else None
+    except DocumentError as exc:
+        raise ArtifactError(str(exc)) from None
+    return StoredRun(index=index, metrics=metrics, evaluator=evaluator)
 
 
-def stored_run(stack: StackConfig, root: Path, bucket: Any, run_id: str | None) -> tuple[dict[str, Any] | None, str | None]:
+def stored_run(stack: StackConfig, root: Path, bucket: Any, run_id: str | None) -> tuple[StoredRun | None, str | None]:
     """The run to show and, when the artifacts store cannot be read, why (the page still renders)."""
     if stack.target == "nebius" and not isinstance(bucket, str):
         return None, None
@@ -108,8 +103,8 @@ def run(args: argparse.Namespace) -> int:
             outputs, source = read_outputs(args.outputs), str(args.outputs)
         else:
             outputs, source = mock_outputs(stack), f"the mock run of stacks/Pulumi.{args.stack}.yaml"
-        run_data, warning = stored_run(stack, root, args.bucket or outputs.get(ARTIFACTS_BUCKET_OUTPUT), args.run)
-        data = build(args.stack, outputs, stack, line_details(stack), run_data)
+        run_data, warning = stored_run(stack, root, args.bucket or outputs.get(ARTIFACTS_BUCKET), args.run)
+        data = build(args.stack, outputs, stack, run_data)
         if warning:
             print(f"ftstack report: warning: {warning}", file=sys.stderr)
             data.warnings.append(warning)

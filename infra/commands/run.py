@@ -19,20 +19,21 @@ from typing import Any
 
 from infra.artifacts import ARTIFACTS_BUCKET_ENV, ArtifactError, ArtifactStore, list_runs, store_for_stack, upload_run
 from infra.config import StackConfig, StackConfigError, load_stack_config, stack_file
+from infra.cost_report import CostReport, cost_report, render_chat_table
 from infra.documents import DocumentError, read_prepare_summary
-from infra.cost import chat_scenarios
-from infra.cost_report import cost_report, render_chat_table
-from infra.pipeline.results import SUMMARY_KEYS
+from infra.outputs import measured_chat_outputs, measured_scenario, pipeline_outputs
 from infra.program import stack_outputs
 from infra.pipeline.fetch import fetch_run
 from infra.pipeline.run_lock import StackBusy
+from infra.pipeline.connect import open_transport
 from infra.pipeline.runner import PipelineRun, load_state, run_pipeline, state_path, transport_spec
 from infra.pipeline.slurm import SlurmError
-from infra.pipeline.connect import open_transport
 from infra.pipeline.transport import TransportError
 from infra.backends import find_repo_root
+from workloads.common.atomic import write_text_atomic
 from workloads.config import ConfigError
 from workloads.data.summary import SUMMARY_NAME
+from workloads.eval.report import report_name
 
 
 def add_transport_arguments(parser: argparse.ArgumentParser) -> None:
@@ -61,15 +62,12 @@ def open_spec(args: argparse.Namespace, stack: StackConfig) -> dict[str, Any]:
                           repo_root=find_repo_root())
 
 
-def flat_outputs(result: PipelineRun) -> dict[str, Any]:
-    """The run in the stack-output shape (see the README's stack outputs contract): pipeline_* and eval_* keys."""
-    out: dict[str, Any] = {"pipeline_bundle_hash": result.bundle_hash}
-    for stage, job in result.jobs.items():
-        out[f"pipeline_{stage}_job_id"] = job["job_id"]
-        out[f"pipeline_{stage}_state"] = job["state"]
-        out[f"pipeline_{stage}_elapsed_s"] = job["elapsed_s"]
-    for key in SUMMARY_KEYS:
-        out[f"eval_{key}"] = (result.evaluation or {}).get(key)
+def run_outputs(stack: StackConfig, cost: CostReport, result: PipelineRun) -> dict[str, Any]:
+    """The run in the stack-output shape (the README's stack outputs contract), as the program writes it."""
+    out = {**stack_outputs(stack), **cost.outputs(),
+           **pipeline_outputs(result.bundle_hash, result.jobs, result.evaluation)}
+    if cost.chats:
+        out.update(measured_chat_outputs(cost.monthly, stack.pricing.chat, result.evaluation))
     return out
 
 
@@ -78,12 +76,11 @@ def outputs_path(repo: Path, stack: str) -> Path:
 
 
 def write_outputs(path: Path, outputs: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(outputs, indent=2) + "\n")
-    tmp.replace(path)
+    write_text_atomic(path, json.dumps(outputs, indent=2) + "\n")
 
 
-def store_artifacts(stack: StackConfig, repo: Path, result: PipelineRun, spec: dict[str, Any]) -> str | None:
+def store_artifacts(stack: StackConfig, repo: Path, result: PipelineRun, outputs: dict[str, Any],
+                    spec: dict[str, Any]) -> str | None:
     """Copy the finished run's files to the artifacts store, once per eval job; returns where they went.
 
     Local stack: straight from this machine. Cluster and cloud stacks: fetched first through the transport
@@ -100,11 +97,11 @@ def store_artifacts(stack: StackConfig, repo: Path, result: PipelineRun, spec: d
             train_dir, results_dir = fetch_run(open_transport(spec), result.jobs["train"]["results_path"],
                                                result.jobs["eval"]["results_path"], eval_job, Path(tmp))
             folders = {"train_run_dir": train_dir, "results_dir": results_dir}
-        return _upload(store, stack, repo, result, eval_job, folders)
+        return _upload(store, stack, repo, result, eval_job, folders, outputs)
 
 
 def _upload(store: ArtifactStore, stack: StackConfig, repo: Path, result: PipelineRun, eval_job: str,
-            folders: dict[str, Path]) -> str:
+            folders: dict[str, Path], outputs: dict[str, Any]) -> str:
     run_id = f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{eval_job}"
     uploaded = upload_run(
         store, stack.stack, run_id, repo / stack.pipeline.run_config, **folders,
@@ -113,7 +110,7 @@ def _upload(store: ArtifactStore, stack: StackConfig, repo: Path, result: Pipeli
         job_durations_s={s: j["elapsed_s"] for s, j in result.jobs.items() if j["elapsed_s"] is not None},
         started_at=result.started_at,
         finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        outputs=flat_outputs(result),
+        outputs=outputs,
     )
     return uploaded.store
 
@@ -132,12 +129,12 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(interrupted_text(repo, args.stack), file=sys.stderr)
         return 130
-    outputs = {**stack_outputs(stack), **cost_report(stack).outputs(), **flat_outputs(result)}
+    outputs = run_outputs(stack, cost_report(stack), result)
     path = outputs_path(repo, stack.stack)
     write_outputs(path, outputs)
     if args.wait and result.evaluation is not None:
         try:
-            where = store_artifacts(stack, repo, result, spec)
+            where = store_artifacts(stack, repo, result, outputs, spec)
         except (ArtifactError, TransportError) as error:
             print(f"ftstack run: artifacts not stored (local copies kept): {error}", file=sys.stderr)
             return 1
@@ -153,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     if args.wait and "prepare" in result.jobs:
         print(data_summary_text(spec, result))
     if result.evaluation is not None:
-        print(evaluation_summary_text(stack, spec, result, cost_stack))
+        print(evaluation_summary_text(stack, result, cost_stack))
     return 0
 
 
@@ -187,19 +184,19 @@ def interrupted_text(repo: Path, stack: str) -> str:
             f"  stop them:     scancel <job id>")
 
 
-def evaluation_summary_text(stack: StackConfig, spec: dict[str, Any], result: PipelineRun,
-                            cost_stack: StackConfig) -> str:
+def evaluation_summary_text(stack: StackConfig, result: PipelineRun, cost_stack: StackConfig) -> str:
     """The evaluator's comparison block and the cost-per-chat table with the measured throughput."""
+    assert result.evaluation is not None
     eval_job = result.jobs["eval"]
-    path = f"{eval_job['results_path']}/evaluator_{eval_job['job_id']}.json"
-    report = json.loads(open_transport(spec).read_file(path))
-    lines = [f"\nEvaluation ({path}), fine-tuned side: {report.get('finetuned_kind')}", "comparison:",
-             json.dumps(report["comparison"], indent=2)]
+    path = f"{eval_job['results_path']}/{report_name(eval_job['job_id'])}"
+    lines = [f"\nEvaluation ({path}), fine-tuned side: {result.evaluation.finetuned_kind}", "comparison:",
+             result.evaluation.comparison.model_dump_json(indent=2)]
     cost = cost_report(cost_stack)
-    if cost.monthly.usd_high <= 0:
+    measured = measured_scenario(cost.monthly, cost_stack.pricing.chat, result.evaluation)
+    if measured is None:
         lines.append(f"\nstack {cost_stack.stack!r} has no cloud cost; price cost per chat with --cost-stack demo")
         return "\n".join(lines)
-    scenarios = chat_scenarios(cost.monthly, cost_stack.pricing.chat, result.evaluation["tokens_per_second_finetuned"])
     lines += [f"\nOn stack {cost_stack.stack!r} (monthly ${cost.monthly.usd_high:,.0f}); 'measured' is the "
-              f"fine-tuned model's generation speed in this run ({stack.stack} stack):", render_chat_table(scenarios)]
+              f"fine-tuned model's generation speed in this run ({stack.stack} stack):",
+              render_chat_table([*cost.chats, measured])]
     return "\n".join(lines)

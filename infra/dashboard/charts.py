@@ -11,6 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from infra.outputs import MEASURED
 from infra.dashboard.model import ChatRow, Comparison, CostRow  # noqa: E402
 
 BLUE, ORANGE, GREY = "#2f6db3", "#e07b39", "#9aa5b1"
@@ -67,7 +68,7 @@ def chat_costs(rows: Sequence[ChatRow], salt: str) -> str:
         fig, ax = plt.subplots(figsize=(7.2, 0.9 + 0.35 * len(shown)))
         labels = [r.label for r in shown][::-1]
         values = [r.usd_per_chat for r in shown][::-1]
-        colors = [ORANGE if r.name == "measured" else BLUE for r in shown][::-1]
+        colors = [ORANGE if r.name == MEASURED else BLUE for r in shown][::-1]
         ax.barh(labels, values, color=colors)
         top = max(values) if values else 1.0
         for y, value in enumerate(values):

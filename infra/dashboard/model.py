@@ -1,11 +1,19 @@
-"""Pure functions: stack outputs (+ stack config, + the latest run's artifacts) -> what the dashboard shows."""
+"""Pure functions: stack outputs (+ stack config, + the latest stored run) -> what the dashboard shows.
+
+Output keys are read through the patterns of ``infra/outputs.py``; cost lines carry their own category,
+label, quantity and unit price, so nothing is recomputed here.
+"""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from infra import outputs as keys
+from infra.artifacts import RunIndex
+from workloads.eval.report import EvaluatorReport
+from workloads.train.metrics import MetricsRecord
 
 CATEGORY_LABELS = {
     "compute": "Compute",
@@ -14,21 +22,6 @@ CATEGORY_LABELS = {
     "object_storage": "Object storage",
     "networking": "Networking",
 }
-_LINE_PREFIXES = (
-    ("compute_", "compute"),
-    ("boot_disk_", "boot_disks"),
-    ("shared_fs_", "shared_fs"),
-    ("object_storage_", "object_storage"),
-    ("networking_", "networking"),
-)
-_CATEGORY = re.compile(r"^cost_category_(?P<name>.+)_usd_(?P<bound>low|high)$")
-_LINE = re.compile(r"^cost_line_(?P<name>.+)_usd_(?P<bound>low|high)$")
-_CHAT = re.compile(r"^cost_per_chat_(?P<name>.+)_(?P<field>tokens_per_second|conversations_per_day|usd)$")
-_TRAINING = re.compile(r"^training_run_(?P<field>.+)$")
-_JOB = re.compile(r"^pipeline_(?P<stage>[a-z0-9]+)_(?P<field>job_id|state|elapsed_s)$")
-_EVAL = re.compile(r"^eval_(?P<metric>.+)_(?P<side>base|finetuned)$")
-_EVAL_METRICS = {"time_to_first_token_s": "time_to_first_token"}
-
 
 @dataclass(frozen=True)
 class CostRow:
@@ -82,6 +75,15 @@ class Comparison:
     samples: list[dict[str, str]]
 
 
+@dataclass(frozen=True)
+class StoredRun:
+    """One run from the artifacts store: its index, training metrics and evaluator report."""
+
+    index: RunIndex
+    metrics: list[MetricsRecord]
+    evaluator: EvaluatorReport | None
+
+
 @dataclass
 class DashboardData:
     stack: str
@@ -126,71 +128,67 @@ def unwrap_outputs(document: Any, source: str = "outputs") -> dict[str, Any]:
     return dict(document)
 
 
-def line_category(key: str) -> str:
-    return next((cat for prefix, cat in _LINE_PREFIXES if key.startswith(prefix)), "other")
-
-
 def humanize(key: str) -> str:
     text = key.replace("_", " ").strip()
     return text[:1].upper() + text[1:]
 
 
-def chat_label(name: str) -> str:
-    match = re.fullmatch(r"tps_(\d+)(?:_(\d+))?", name)
-    if match:
-        number = match.group(1) + (f".{match.group(2)}" if match.group(2) else "")
-        return f"{number} tokens/s"
-    return humanize(name)
+def chat_label(name: str, tokens_per_second: float | None) -> str:
+    if name == keys.MEASURED:
+        return "Measured (fine-tuned model)"
+    return f"{tokens_per_second:g} tokens/s" if tokens_per_second is not None else humanize(name)
 
 
-def cost_rows(outputs: Mapping[str, Any], line_details: Mapping[str, Mapping[str, str]] | None = None
-              ) -> tuple[list[CostRow], list[CostRow]]:
-    """Per-category and per-line rows (low/high) from the flat cost_* outputs."""
-    details = line_details or {}
-    found: dict[tuple[str, str], dict[str, float]] = {}
+def cost_rows(outputs: Mapping[str, Any]) -> tuple[list[CostRow], list[CostRow]]:
+    """Per-category and per-line rows (low/high, and each line's own category, label, quantity, unit price)."""
+    categories: dict[str, dict[str, float]] = {}
+    lines: dict[str, dict[str, Any]] = {}
     for key, value in outputs.items():
-        for kind, pattern in (("category", _CATEGORY), ("line", _LINE)):
-            match = pattern.match(key)
-            if match and (number := _num(value)) is not None:
-                found.setdefault((kind, match["name"]), {})[match["bound"]] = number
-    categories, lines = [], []
-    for (kind, name), bounds in found.items():
-        low = bounds.get("low", bounds.get("high", 0.0))
-        high = bounds.get("high", low)
-        if kind == "category":
-            categories.append(CostRow(name, CATEGORY_LABELS.get(name, humanize(name)), name, low, high))
-        else:
-            info = details.get(name, {})
-            lines.append(CostRow(
-                name, info.get("label") or humanize(name.split("_", 1)[-1] if "_" in name else name),
-                line_category(name), low, high, info.get("quantity", ""), info.get("unit_price", ""),
-            ))
+        if (match := keys.CATEGORY.match(key)) and (number := _num(value)) is not None:
+            categories.setdefault(match["name"], {})[match["bound"]] = number
+        elif match := keys.LINE.match(key):
+            lines.setdefault(match["name"], {})[match["field"]] = value
+    category_rows = [
+        CostRow(name, CATEGORY_LABELS.get(name, humanize(name)), name, *_bounds(b.get("low"), b.get("high")))
+        for name, b in categories.items()
+    ]
+    line_rows = [
+        CostRow(name, str(f.get("label") or humanize(name)), str(f.get("category") or "other"),
+                *_bounds(_num(f.get("usd_low")), _num(f.get("usd_high"))),
+                str(f.get("quantity") or ""), str(f.get("unit_price") or ""))
+        for name, f in lines.items() if _num(f.get("usd_low")) is not None or _num(f.get("usd_high")) is not None
+    ]
     order = list(CATEGORY_LABELS)
-    categories.sort(key=lambda r: (order.index(r.category) if r.category in order else len(order), r.key))
-    lines.sort(key=lambda r: (order.index(r.category) if r.category in order else len(order), -r.usd_high, r.key))
-    return categories, lines
+    category_rows.sort(key=lambda r: (order.index(r.category) if r.category in order else len(order), r.key))
+    line_rows.sort(key=lambda r: (order.index(r.category) if r.category in order else len(order), -r.usd_high, r.key))
+    return category_rows, line_rows
+
+
+def _bounds(low: float | None, high: float | None) -> tuple[float, float]:
+    low = low if low is not None else (high if high is not None else 0.0)
+    return low, high if high is not None else low
 
 
 def chat_rows(outputs: Mapping[str, Any]) -> list[ChatRow]:
     found: dict[str, dict[str, float | None]] = {}
     for key, value in outputs.items():
-        if match := _CHAT.match(key):
+        if match := keys.CHAT.match(key):
             found.setdefault(match["name"], {})[match["field"]] = _num(value)
     rows = [
-        ChatRow(name, chat_label(name), f.get("tokens_per_second"), f.get("conversations_per_day"), f.get("usd"))
+        ChatRow(name, chat_label(name, f.get("tokens_per_second")), f.get("tokens_per_second"), f.get("conversations_per_day"), f.get("usd"))
         for name, f in found.items()
     ]
-    return sorted(rows, key=lambda r: (r.name == "measured", r.tokens_per_second or 0.0))
+    return sorted(rows, key=lambda r: (r.name == keys.MEASURED, r.tokens_per_second or 0.0))
 
 
 def training_figures(outputs: Mapping[str, Any]) -> dict[str, float]:
-    return {m["field"]: n for k, v in outputs.items() if (m := _TRAINING.match(k)) and (n := _num(v)) is not None}
+    return {m["field"]: n for k, v in outputs.items() if (m := keys.TRAINING.match(k)) and (n := _num(v)) is not None}
 
 
 def job_rows_from_outputs(outputs: Mapping[str, Any]) -> list[JobRow]:
     found: dict[str, dict[str, Any]] = {}
     for key, value in outputs.items():
-        if match := _JOB.match(key):
+        if match := keys.JOB.match(key):
             found.setdefault(match["stage"], {})[match["field"]] = value
     return [
         JobRow(stage, str(f.get("job_id") or "-"), str(f.get("state") or "unknown"), _num(f.get("elapsed_s")))
@@ -198,35 +196,16 @@ def job_rows_from_outputs(outputs: Mapping[str, Any]) -> list[JobRow]:
     ]
 
 
-def evaluator_from_outputs(outputs: Mapping[str, Any]) -> dict[str, Any] | None:
-    """An evaluator-shaped document from the flat `eval_<metric>_<side>` outputs (None when none has a value)."""
-    sides: dict[str, dict[str, float]] = {"base_model": {}, "finetuned_model": {}}
-    for key, value in outputs.items():
-        if (match := _EVAL.match(key)) and (number := _num(value)) is not None:
-            metric = _EVAL_METRICS.get(match["metric"], match["metric"])
-            sides[f"{match['side']}_model"][metric] = number
-    return sides if any(sides.values()) else None
-
-
-def job_rows_from_run(job_ids: Mapping[str, str], states: Mapping[str, str],
-                      durations: Mapping[str, float]) -> list[JobRow]:
-    return [JobRow(stage, str(job), states.get(stage, "unknown"), durations.get(stage)) for stage, job in job_ids.items()]
-
-
-NODE_GROUP_FIELDS = ("id", "platform", "preset", "nodes", "max_nodes", "gpus_per_node", "boot_disk_gib")
-FILESYSTEM_FIELDS = ("id", "size_gib")
-
-
-def _names(outputs: Mapping[str, Any], prefix: str, marker: str) -> list[str]:
-    """Entity names of flat keys `<prefix><name>_<marker>`, in output order."""
-    return [k[len(prefix):-len(marker) - 1] for k in outputs if k.startswith(prefix) and k.endswith("_" + marker)]
+def job_rows_from_run(index: RunIndex) -> list[JobRow]:
+    return [JobRow(stage, str(job), index.job_states.get(stage, "unknown"), index.job_durations_s.get(stage))
+            for stage, job in index.job_ids.items()]
 
 
 def node_rows(outputs: Mapping[str, Any]) -> list[NodeRow]:
-    """One row per `node_group_<name>_*` group; workers first."""
+    """One row per node group (`node_group_<name>_*`); workers first."""
     rows = []
-    for name in _names(outputs, "node_group_", "platform"):
-        get = lambda field: outputs.get(f"node_group_{name}_{field}")  # noqa: E731
+    for name in keys.names(outputs, keys.NODE_GROUP_PREFIX, "platform"):
+        get = lambda field: outputs.get(keys.node_group_key(name, field))  # noqa: E731
         low, high = get("nodes"), get("max_nodes")
         count = "-" if low is None else str(low) if high in (None, low) else f"{low}-{high}"
         gpus = _num(get("gpus_per_node"))
@@ -237,11 +216,11 @@ def node_rows(outputs: Mapping[str, Any]) -> list[NodeRow]:
 
 
 def filesystem_rows(outputs: Mapping[str, Any], mount_paths: Mapping[str, str] | None = None) -> list[FilesystemRow]:
-    """One row per `filesystem_<tag>_*` filesystem; mount paths from the stack config where known."""
+    """One row per filesystem (`filesystem_<tag>_*`); mount paths from the stack config where known."""
     paths = mount_paths or {}
     rows = []
-    for tag in _names(outputs, "filesystem_", "size_gib"):
-        size = _num(outputs.get(f"filesystem_{tag}_size_gib"))
+    for tag in keys.names(outputs, keys.FILESYSTEM_PREFIX, "size_gib"):
+        size = _num(outputs.get(keys.filesystem_key(tag, "size_gib")))
         name = tag.removeprefix("jail_submount_")
         default = "/ (jail root)" if tag == "jail" else "-"
         rows.append(FilesystemRow(name, paths.get(tag, default), None if size is None else int(size)))
@@ -253,19 +232,13 @@ def mount_paths(stack_config: Any) -> dict[str, str]:
     filesystems = getattr(stack_config, "filesystems", None)
     if filesystems is None:
         return {}
-    return {f"jail_submount_{s.name.replace('-', '_')}": s.mount_path for s in filesystems.submounts}
+    return {keys.flat_name(f"jail_submount_{s.name}"): s.mount_path for s in filesystems.submounts}
 
 
-def loss_curves(records: Sequence[Mapping[str, Any]]) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
-    """(step, train loss) and (step, eval loss) points from metrics.jsonl records."""
-    train, evaluation = [], []
-    for i, record in enumerate(records):
-        step = _num(record.get("step", record.get("global_step", i)))
-        step = float(i) if step is None else step
-        if (loss := _num(record.get("loss", record.get("train_loss")))) is not None:
-            train.append((step, loss))
-        if (eval_loss := _num(record.get("eval_loss"))) is not None:
-            evaluation.append((step, eval_loss))
+def loss_curves(records: Sequence[MetricsRecord]) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    """(step, train loss) and (step, eval loss) points of a run's metrics records."""
+    train = [(float(r.step), r.loss) for r in records if r.loss is not None]
+    evaluation = [(float(r.step), r.eval_loss) for r in records if r.eval_loss is not None]
     return train, evaluation
 
 
@@ -278,49 +251,56 @@ _COMPARED = (
     ("bleu", "BLEU"),
     ("chrf", "chrF"),
 )
+"""SideReport field -> label, in the order the page shows them."""
 
 
-def comparison(evaluator: Mapping[str, Any] | None) -> Comparison | None:
-    """Base vs fine-tuned figures from an evaluator JSON (base_model / finetuned_model / comparison)."""
-    if not evaluator:
-        return None
-    base = evaluator.get("base_model") or {}
-    tuned = evaluator.get("finetuned_model") or {}
-    rows: list[tuple[str, float | None, float | None, float | None]] = []
-    for key, label in _COMPARED:
-        b, t = _num(base.get(key)), _num(tuned.get(key))
+def _comparison_rows(figures: Mapping[str, tuple[float | None, float | None]]
+                     ) -> list[tuple[str, float | None, float | None, float | None]]:
+    rows = []
+    for field_name, label in _COMPARED:
+        b, t = figures.get(field_name, (None, None))
         if b is None and t is None:
             continue
         delta = (t - b) / b * 100.0 if b not in (None, 0) and t is not None else None
         rows.append((label, b, t, delta))
-    samples = []
-    for sample in (tuned.get("sample_generations") or [])[:3]:
-        if isinstance(sample, Mapping):
-            samples.append({k: str(sample.get(k, "")) for k in ("input", "reference", "generated")})
-    return Comparison(rows, samples) if rows or samples else None
+    return rows
 
 
-_KNOWN = (_CATEGORY, _LINE, _CHAT, _TRAINING, _JOB, _EVAL)
-_SHOWN_ELSEWHERE = ("cost_monthly_usd_low", "cost_monthly_usd_high", "cost_pricing_date", "cost_hours_per_month")
+def comparison(report: EvaluatorReport | None) -> Comparison | None:
+    """Base vs fine-tuned figures and the fine-tuned side's first sample generations, from the report."""
+    if report is None:
+        return None
+    figures = {f: (getattr(report.base_model, f), getattr(report.finetuned_model, f)) for f, _ in _COMPARED}
+    samples = [s.model_dump() for s in report.finetuned_model.sample_generations[:3]]
+    return Comparison(_comparison_rows(figures), samples)
 
 
-def build(
-    stack: str,
-    outputs: Mapping[str, Any],
-    stack_config: Any = None,
-    line_details: Mapping[str, Mapping[str, str]] | None = None,
-    run: Mapping[str, Any] | None = None,
-) -> DashboardData:
-    """Everything the page shows. `run`: {"index": run.json dict, "metrics": [...], "evaluator": {...}}."""
-    categories, lines = cost_rows(outputs, line_details)
+def comparison_from_outputs(outputs: Mapping[str, Any]) -> Comparison | None:
+    """The comparison from the flat `eval_<figure>_<side>` outputs (None when none has a value)."""
+    figures: dict[str, list[float | None]] = {}
+    for key, value in outputs.items():
+        if (match := keys.EVAL.match(key)) and (number := _num(value)) is not None:
+            pair = figures.setdefault(keys.EVAL_FIGURES[match["figure"]], [None, None])
+            pair[keys.SIDES.index(match["side"])] = number
+    rows = _comparison_rows({f: (b, t) for f, (b, t) in figures.items()})
+    return Comparison(rows, []) if rows else None
+
+
+_KNOWN = (keys.CATEGORY, keys.LINE, keys.CHAT, keys.TRAINING, keys.JOB, keys.EVAL)
+_SHOWN_ELSEWHERE = (keys.MONTHLY_LOW, keys.MONTHLY_HIGH, keys.PRICING_DATE, keys.HOURS_PER_MONTH)
+
+
+def build(stack: str, outputs: Mapping[str, Any], stack_config: Any = None, run: StoredRun | None = None) -> DashboardData:
+    """Everything the page shows."""
+    categories, lines = cost_rows(outputs)
     if all(r.usd_high == 0 for r in categories + lines):
         categories, lines = [], []
     data = DashboardData(
         stack=stack,
         target=str(outputs.get("target") or getattr(stack_config, "target", "?")),
-        pricing_date=outputs.get("cost_pricing_date"),
-        monthly_low=_num(outputs.get("cost_monthly_usd_low")),
-        monthly_high=_num(outputs.get("cost_monthly_usd_high")),
+        pricing_date=outputs.get(keys.PRICING_DATE),
+        monthly_low=_num(outputs.get(keys.MONTHLY_LOW)),
+        monthly_high=_num(outputs.get(keys.MONTHLY_HIGH)),
         categories=categories,
         lines=lines,
         chats=chat_rows(outputs),
@@ -331,16 +311,15 @@ def build(
         other_outputs={
             k: v for k, v in sorted(outputs.items())
             if not any(p.match(k) for p in _KNOWN) and k not in _SHOWN_ELSEWHERE
-            and not k.startswith(("node_group_", "filesystem_"))
+            and not k.startswith((keys.NODE_GROUP_PREFIX, keys.FILESYSTEM_PREFIX))
         },
     )
-    if run:
-        index = run.get("index") or {}
-        data.run_id = index.get("run_id")
-        if not data.jobs and index.get("job_ids"):
-            data.jobs = job_rows_from_run(index["job_ids"], index.get("job_states", {}), index.get("job_durations_s", {}))
-        data.loss_curve, data.eval_loss_curve = loss_curves(run.get("metrics") or [])
-        data.comparison = comparison(run.get("evaluator"))
+    if run is not None:
+        data.run_id = run.index.run_id
+        if not data.jobs and run.index.job_ids:
+            data.jobs = job_rows_from_run(run.index)
+        data.loss_curve, data.eval_loss_curve = loss_curves(run.metrics)
+        data.comparison = comparison(run.evaluator)
     if data.comparison is None:
-        data.comparison = comparison(evaluator_from_outputs(outputs))
+        data.comparison = comparison_from_outputs(outputs)
     return data

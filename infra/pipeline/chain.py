@@ -1,7 +1,9 @@
 """The pipeline's job chain for a stack: which stages run, in what order, from where, with which inputs.
 
-Pure functions: a StackConfig and a RunConfig in, a list of JobSpec out. The Pulumi program and
-`ftstack run` both turn the same specs into SlurmJob submissions, so the two paths cannot drift.
+A StackConfig and a RunConfig in, a list of JobSpec out. Two inputs come from this machine: the
+workload code's hash (`code_hash` reads the files) and, on the local stack, where it lives (`placement_for`
+reads SLURM_CONF); `pipeline_jobs` itself only computes. The Pulumi program and `ftstack run` both turn
+the same specs into SlurmJob submissions, so the two paths cannot drift.
 
 A stage's fingerprint covers the workload code (run configs excluded), only the sections of the
 run config that stage reads, and, for stages that read the data, the content fingerprint of a `file:`
@@ -22,7 +24,9 @@ from pydantic import BaseModel, ConfigDict
 from infra.catalog import get_platform, get_preset
 from infra.config import StackConfig
 from infra.pipeline.bundle import PACKAGE, bundle_files
-from workloads.config import RunConfig
+from workloads.config import RunConfig, RunPaths
+from workloads.eval.report import report_name
+from workloads.train.metrics import METRICS_NAME
 
 Stage = Literal["prepare", "readiness", "train", "eval", "serve"]
 
@@ -115,9 +119,14 @@ def placement_for(stack: StackConfig, run: RunConfig, repo_root: Path) -> Placem
     return Placement(code_root=CLUSTER_CODE_ROOT, python=stack.pipeline.python, env={}, slurm_env={})
 
 
+def run_paths_at(run: RunConfig, placement: Placement) -> RunPaths:
+    """The run's paths on the Slurm machine: under FT_ROOT of the placement (local stack), else paths.root."""
+    return run.locate(placement.env.get("FT_ROOT") or run.paths.root)
+
+
 def run_root(run: RunConfig, placement: Placement) -> Path:
     """The run root as the jobs see it (relative run-config paths resolve against it)."""
-    return _run_root(run, placement)
+    return run_paths_at(run, placement).root
 
 
 def check_run_config_path(run_config_path: str) -> None:
@@ -128,15 +137,6 @@ def check_run_config_path(run_config_path: str) -> None:
         raise ValueError(f"run config {run_config_path!r} is outside {PACKAGE}/, which is all that is shipped to "
                          f"the cluster: move it under {CONFIGS_DIR}/ (and set pipeline.runConfig to that path), "
                          "or give an absolute path that exists where the jobs run")
-
-
-def _run_root(run: RunConfig, placement: Placement) -> Path:
-    return Path(placement.env.get("FT_ROOT") or run.paths.root)
-
-
-def _resolve(run: RunConfig, placement: Placement, value: str) -> str:
-    path = Path(value)
-    return str(path if path.is_absolute() else _run_root(run, placement) / path)
 
 
 def worker_shape(stack: StackConfig) -> tuple[int, int]:
@@ -192,8 +192,8 @@ def pipeline_jobs(
     """The chain prepare -> readiness -> train -> eval (+ serve), each stage with its inputs."""
     check_run_config_path(run_config_path)
     config_arg = Path(run_config_path).as_posix()
-    results_dir = _resolve(run, placement, run.paths.results_dir)
-    train_dir = _resolve(run, placement, run.paths.output_dir) + f"/{run.name}"
+    paths = run_paths_at(run, placement)
+    results_dir, train_dir = paths.results_dir.as_posix(), paths.train_run_dir.as_posix()
     stages: list[Stage] = [*CHAIN, *(["serve"] if serve else [])]
     env = {"FT_PYTHON": placement.python, **placement.env}
     jobs = []
@@ -208,8 +208,8 @@ def pipeline_jobs(
             fingerprint=stage_fingerprint(stage, code, run, data_sha256),
             output=f"{results_dir}/logs/{run.name}-{stage}-%j.out",
             results_path=train_dir if stage in ("train", "serve") else results_dir,
-            metrics_path=f"{train_dir}/metrics.jsonl" if stage == "train" else None,
-            result_file=f"{results_dir}/evaluator_{{job_id}}.json" if stage == "eval" else None,
+            metrics_path=f"{train_dir}/{METRICS_NAME}" if stage == "train" else None,
+            result_file=f"{results_dir}/{report_name('{job_id}')}" if stage == "eval" else None,
         ))
     return jobs
 
@@ -223,7 +223,7 @@ def job_arguments(job: JobSpec, *, bundle_path: Any, dependencies: list[Any], tr
                   slurm_env: dict[str, str], wait: bool) -> dict[str, Any]:
     """SlurmJob's keyword arguments for a spec (see infra.pipeline.jobs.job_inputs)."""
     return {
-        "script": job.script, "bundle_path": bundle_path, "bundle_hash": job.fingerprint, "transport": transport,
+        "script": job.script, "bundle_path": bundle_path, "fingerprint": job.fingerprint, "transport": transport,
         "args": job.args, "env": job.env, "dependencies": dependencies, "job_name": f"ft-{job.stage}",
         "output": job.output, "extra_args": job.extra_args, "slurm_env": slurm_env, "wait": wait,
         "metrics_path": job.metrics_path, "results_path": job.results_path, "result_file": job.result_file,

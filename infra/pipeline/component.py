@@ -9,8 +9,9 @@ import pulumi
 
 from infra.pipeline.bundle import WorkloadBundle
 from infra.pipeline.chain import JobSpec, job_arguments
-from infra.pipeline.jobs import SlurmJob
-from infra.pipeline.results import SUMMARY_KEYS
+from infra.outputs import pipeline_keys, pipeline_outputs
+from infra.pipeline.jobs import SlurmJob, job_report
+from workloads.eval.report import EvaluatorReport
 
 
 @dataclass
@@ -56,15 +57,19 @@ class Pipeline(pulumi.ComponentResource):
             )
         self.register_outputs({"bundle_hash": self.bundle_hash})
 
+    @property
+    def evaluation(self) -> pulumi.Output[EvaluatorReport | None]:
+        """The eval job's report once the waited job finished (None before, or without an eval stage)."""
+        if "eval" not in self.jobs:
+            return pulumi.Output.from_input(None)
+        return self.jobs["eval"].result.apply(job_report)
+
     def outputs(self) -> dict[str, Any]:
-        """Flat stack outputs: bundle hash, each job's id/state/elapsed time, and the evaluation summary."""
-        out: dict[str, Any] = {"pipeline_bundle_hash": self.bundle_hash}
-        for stage, job in self.jobs.items():
-            out[f"pipeline_{stage}_job_id"] = job.job_id
-            out[f"pipeline_{stage}_state"] = job.state
-            out[f"pipeline_{stage}_elapsed_s"] = job.elapsed_s
-        if "eval" in self.jobs:
-            result = self.jobs["eval"].result
-            for key in SUMMARY_KEYS:
-                out[f"eval_{key}"] = result.apply(lambda r, k=key: (r or {}).get(k))
-        return out
+        """Flat stack outputs (infra.outputs.pipeline_outputs): bundle hash, each job's id/state/elapsed
+        time, and the evaluation figures."""
+        jobs = {stage: pulumi.Output.all(job_id=job.job_id, state=job.state, elapsed_s=job.elapsed_s)
+                for stage, job in self.jobs.items()}
+        flat = pulumi.Output.all(bundle_hash=self.bundle_hash, jobs=pulumi.Output.all(**jobs),
+                                 evaluation=self.evaluation).apply(
+            lambda v: pipeline_outputs(v["bundle_hash"], v["jobs"], v["evaluation"]))
+        return {key: flat.apply(lambda d, k=key: d[k]) for key in pipeline_keys(self.jobs)}

@@ -1,8 +1,8 @@
 """SlurmJob: one pipeline stage submitted to Slurm, as a Pulumi dynamic resource.
 
-Inputs: the stage's sbatch script (relative to the bundle), its args and environment, the bundle
-hash (for pipeline stages: the stage's fingerprint, see infra.pipeline.chain) and the ids of the jobs
-it depends on. Any change of these replaces the job, and through the dependency ids every job after
+Inputs: the stage's sbatch script (relative to the bundle), its args and environment, its fingerprint
+(what its result depends on, see infra.pipeline.chain.stage_fingerprint) and the ids of the jobs it
+depends on. Any change of these replaces the job, and through the dependency ids every job after
 it. The bundle path is where a new submission runs from; a newer upload alone replaces nothing. Create submits (and optionally waits); refresh
 reads the live state; delete cancels a queued or running job and never deletes its outputs.
 """
@@ -14,12 +14,13 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
 
-from infra.pipeline.results import parse_evaluation
+from infra.documents import read_evaluator_report
 from infra.pipeline.slurm import JobInfo, SlurmClient
+from workloads.eval.report import EvaluatorReport
 from infra.pipeline.connect import open_transport
 from infra.pipeline.transport import Transport
 
-REPLACING = ("script", "args", "env", "bundle_hash", "dependencies", "job_name", "output",
+REPLACING = ("script", "args", "env", "fingerprint", "dependencies", "job_name", "output",
              "extra_args", "transport", "slurm_env")
 _RESULT_KEYS = ("job_id", "state", "exit_code", "elapsed_s")
 
@@ -49,17 +50,26 @@ def submit_stage(props: dict[str, Any]) -> dict[str, Any]:
     )
     if props.get("wait"):
         info = client.wait(job_id, timeout=props.get("wait_timeout"), metrics_path=props.get("metrics_path"))
-        result = read_result(client.transport, props.get("result_file"), job_id)
-        return {**_result(info), **({"result": result} if result is not None else {})}
+        report = read_result(client.transport, props.get("result_file"), job_id)
+        return {**_result(info), **({"result": report.model_dump(mode="json")} if report is not None else {})}
     return _result(client.state(job_id))
 
 
-def read_result(transport: Transport, result_file: str | None, job_id: str) -> dict[str, float] | None:
-    """The evaluation summary a finished job wrote to result_file ("{job_id}" filled in), if it has one."""
+def read_result(transport: Transport, result_file: str | None, job_id: str) -> EvaluatorReport | None:
+    """The report a finished job wrote to result_file ("{job_id}" filled in), if the stage has one."""
     if not result_file:
         return None
     path = result_file.format(job_id=job_id)
-    return parse_evaluation(transport.read_file(path), path)
+    return read_evaluator_report(transport.read_file(path), path)
+
+
+def job_report(result: dict[str, Any] | None) -> EvaluatorReport | None:
+    """The typed report back from a SlurmJob's `result` output (the report as read_result returned it).
+    A result recorded before the report was typed held only a summary: it counts as none (the next waited
+    run reads the report again)."""
+    if not result or "base_model" not in result:
+        return None
+    return EvaluatorReport.model_validate(result)
 
 
 class SlurmJobProvider(ResourceProvider):
@@ -68,12 +78,14 @@ class SlurmJobProvider(ResourceProvider):
         return CreateResult(id_=outs["job_id"], outs={**props, **outs})
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        if "fingerprint" not in olds and "bundle_hash" in olds:
+            olds = {**olds, "fingerprint": olds["bundle_hash"]}  # the input's name in state written before 2026-11
         replaces = [k for k in REPLACING if (olds.get(k) or None) != (news.get(k) or None)]
         others = [k for k in ("wait", "wait_timeout", "metrics_path", "results_path", "result_file", "poll_s") if olds.get(k) != news.get(k)]
         return DiffResult(changes=bool(replaces or others), replaces=replaces, delete_before_replace=True)
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
-        outs = {**news, **{k: olds.get(k) for k in _RESULT_KEYS}}
+        outs = {**news, **{k: olds.get(k) for k in (*_RESULT_KEYS, "result")}}
         if news.get("wait") and olds.get("job_id"):
             outs.update(_result(_client(news).wait(olds["job_id"], timeout=news.get("wait_timeout"),
                                                    metrics_path=news.get("metrics_path"))))
@@ -90,7 +102,7 @@ def job_inputs(
     *,
     script: str,
     bundle_path: pulumi.Input[str],
-    bundle_hash: pulumi.Input[str],
+    fingerprint: pulumi.Input[str],
     transport: pulumi.Input[dict],
     args: pulumi.Input[list] | None = None,
     env: pulumi.Input[dict] | None = None,
@@ -108,7 +120,7 @@ def job_inputs(
 ) -> dict[str, Any]:
     """The provider's inputs, with the outputs it fills in set to None (SlurmJob and `ftstack run` share it)."""
     return {
-        "script": script, "bundle_path": bundle_path, "bundle_hash": bundle_hash, "transport": transport,
+        "script": script, "bundle_path": bundle_path, "fingerprint": fingerprint, "transport": transport,
         "args": args or [], "env": env or {}, "dependencies": dependencies or [], "job_name": job_name,
         "output": output, "extra_args": extra_args or [], "slurm_env": slurm_env or {}, "wait": wait,
         "wait_timeout": wait_timeout, "metrics_path": metrics_path, "results_path": results_path,
@@ -119,7 +131,8 @@ def job_inputs(
 
 class SlurmJob(Resource):
     """A submitted stage; outputs job_id, state, exit_code, elapsed_s, results_path and, for a waited
-    job with a result_file, `result` (the evaluation summary). Keyword arguments: see job_inputs."""
+    job with a result_file, `result` (the evaluator report; `job_report` types it). Keyword arguments: see
+    job_inputs."""
 
     job_id: pulumi.Output[str]
     state: pulumi.Output[str]

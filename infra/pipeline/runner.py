@@ -30,6 +30,7 @@ from infra.pipeline.slurm import JobNotFound, SlurmClient, SlurmJobFailed
 from infra.pipeline.connect import open_transport
 from infra.pipeline.transport import TransportError
 from workloads.config import load_run_config
+from workloads.eval.report import EvaluatorReport
 
 Progress = Callable[[str], None]
 PASSPHRASE_ENV = "FT_SSH_KEY_PASSPHRASE"
@@ -60,7 +61,14 @@ class PipelineState(BaseModel):
     bundle: dict[str, Any] | None = None
     data_source: SourceFingerprint | None = None
     stages: dict[str, StageRecord] = {}
-    evaluation: dict[str, float] | None = None
+    evaluation: EvaluatorReport | None = None
+    """the eval job's report, read once when the waited chain finished."""
+
+    @field_validator("evaluation", mode="before")
+    @classmethod
+    def _summary_of_old_state(cls, value: Any) -> Any:
+        """State written before the report was typed kept a flat summary: treated as not yet read."""
+        return None if isinstance(value, dict) and "base_model" not in value else value
 
 
 class PipelineRun(BaseModel):
@@ -72,7 +80,7 @@ class PipelineRun(BaseModel):
     submitted: list[str]
     kept: list[str]
     jobs: dict[str, dict[str, Any]]
-    evaluation: dict[str, float] | None = None
+    evaluation: EvaluatorReport | None = None
 
 
 def state_path(repo_root: Path, stack: str) -> Path:
@@ -218,7 +226,7 @@ def wait_chain(
     *,
     progress: Progress = print,
 ) -> PipelineState:
-    """Wait for the chain in order with progress; record final states and the evaluation summary.
+    """Wait for the chain in order with progress; record final states and the eval job's report.
 
     A connection that drops while waiting (the SSH link to a login node) is opened again and the wait goes on
     with the same job ids, up to RECONNECTS times: waiting only reads, so nothing is ever resubmitted."""

@@ -8,15 +8,16 @@ its exit code and the last lines of its log.
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
+from infra.documents import read_metrics
 from infra.pipeline.transport import Transport
+from workloads.train.metrics import MetricsRecord
 
 SUCCESS = "COMPLETED"
 FAILED_STATES = frozenset(
@@ -189,20 +190,11 @@ def info_from_sacct(line: str) -> JobInfo:
     )
 
 
-def latest_metrics(lines: Iterable[str], job_id: str | None = None) -> dict | None:
-    """The last JSON record with a 'loss' in metrics.jsonl lines (partial or bad lines are skipped); with
+def latest_metrics(text: str, origin: str, job_id: str | None = None) -> MetricsRecord | None:
+    """The newest training record (one with a loss) in the tail of a metrics.jsonl being written; with
     `job_id`, only that job's records (the file also holds the lines of earlier runs of the stage)."""
-    latest = None
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(record, dict) or not isinstance(record.get("loss"), int | float):
-            continue
-        if job_id is None or record.get("job_id") == job_id:
-            latest = record
-    return latest
+    records = read_metrics(text, origin, live=True)
+    return next((r for r in reversed(records) if r.loss is not None and (job_id is None or r.job_id == job_id)), None)
 
 
 _RANK_LINE = re.compile(r"^(?:(?P<node>\d+): )?(?:\[(?:default|rank)(?P<rank>\d+)\]:)?(?P<text>.*)$")
@@ -229,11 +221,8 @@ def first_exceptions(log: str) -> dict[str, str]:
     return found
 
 
-def format_metrics(record: Mapping) -> str:
-    parts = [f"step {record['step']}" if "step" in record else None, f"loss {record['loss']:.4f}"]
-    if isinstance(record.get("epoch"), int | float):
-        parts.append(f"epoch {record['epoch']:.2f}")
-    return " ".join(p for p in parts if p)
+def format_metrics(record: MetricsRecord) -> str:
+    return f"step {record.step} loss {record.loss:.4f} epoch {record.epoch:.2f}"
 
 
 def _check_id(job_id: str) -> str:
@@ -365,9 +354,9 @@ class SlurmClient:
             parts.append(f"==> {path} <==\n{text}" if len(paths) > 1 else text)
         return "\n".join(parts)
 
-    def read_metrics(self, path: str, lines: int = 50, job_id: str | None = None) -> dict | None:
+    def read_metrics(self, path: str, lines: int = 50, job_id: str | None = None) -> MetricsRecord | None:
         result = self._run(["tail", "-n", str(lines), path])
-        return latest_metrics(result.stdout.splitlines(), job_id) if result.ok else None
+        return latest_metrics(result.stdout, path, job_id) if result.ok else None
 
     def log_errors(self, info: JobInfo, lines: int = 5000) -> dict[str, str]:
         """The first exception of each rank in the job's log (see first_exceptions)."""
@@ -394,7 +383,7 @@ class SlurmClient:
         job_id = _check_id(job_id)
         deadline = None if timeout is None else time.monotonic() + timeout
         seen: tuple[str, str | None] | None = None
-        last_metrics: dict | None = None
+        last_metrics: MetricsRecord | None = None
         while True:
             info = self.state(job_id)
             if (info.state, info.reason) != seen:

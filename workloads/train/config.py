@@ -120,16 +120,16 @@ class TrainPaths:
 
 
 def train_paths(run: RunConfig) -> TrainPaths:
-    train = require_train(run)
-    eval_dir = run.resolve_path(train.eval_dataset_dir) if train.eval_dataset_dir else run.test_tokenized_dir
-    run_dir = run.resolve_path(train.output_dir) if train.output_dir else run.train_run_dir
+    require_train(run)
+    paths = run.locate()
+    eval_dir = paths.eval_dataset_dir
     return TrainPaths(
-        model_dir=run.resolve_path(train.model_dir) if train.model_dir else run.base_model_dir,
-        dataset_dir=run.resolve_path(train.dataset_dir) if train.dataset_dir else run.train_tokenized_dir,
-        eval_dataset_dir=eval_dir if train.eval_steps and eval_dir.exists() else None,
-        run_dir=run_dir,
-        adapter_dir=run_dir / "adapter",
-        checkpoint_dir=run.resolve_path(train.checkpoint_dir) if train.checkpoint_dir else run.checkpoints_dir,
+        model_dir=paths.train_model_dir,
+        dataset_dir=paths.train_dataset_dir,
+        eval_dataset_dir=eval_dir if run.train.eval_steps and eval_dir.exists() else None,
+        run_dir=paths.train_run_dir,
+        adapter_dir=paths.adapter_dir,
+        checkpoint_dir=paths.checkpoints_dir,
     )
 
 

@@ -35,6 +35,7 @@ from workloads.train.config import (
     train_paths,
 )
 from workloads.train.manifest import (
+    RUN_MANIFEST_NAME,
     RunManifest,
     config_hash,
     dataset_hash,
@@ -46,13 +47,13 @@ from workloads.train.manifest import (
     start_attempt,
     training_fingerprint,
 )
-from workloads.train.metrics import MetricsCallback, TokenCounter, plot_loss, truncate_metrics
+from workloads.train.metrics import METRICS_NAME, MetricsCallback, TokenCounter, plot_loss, truncate_metrics
 from workloads.train.preemption import INTERRUPTED_EXIT, STOP_FILE_ENV, PreemptionCallback, StopRequest
 
 log = logging.getLogger("workloads.train.finetune")
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-METRICS, PLOT, MANIFEST = "metrics.jsonl", "loss.png", "run_manifest.json"
+PLOT = "loss.png"
 
 
 class FinetuneTrainer(Trainer):
@@ -166,7 +167,7 @@ def train_run(run: RunConfig) -> int:
     paths = train_paths(run)
     digest = config_hash(run.model_dump(mode="json"))
     fingerprint = training_fingerprint(run.model_dump(mode="json"))
-    manifest_file = paths.run_dir / MANIFEST
+    manifest_file = paths.run_dir / RUN_MANIFEST_NAME
     if is_done(manifest_file, paths.adapter_dir, digest):
         log.info("%s: this config already trained to completion; nothing to do", paths.run_dir)
         return 0
@@ -176,7 +177,7 @@ def train_run(run: RunConfig) -> int:
     rank0 = args.process_index == 0
     resume = checkpoints.latest_complete(paths.checkpoint_dir, fingerprint)
     resumed_step = checkpoints.checkpoint_step(resume) if resume else 0
-    metrics_file = paths.run_dir / METRICS
+    metrics_file = paths.run_dir / METRICS_NAME
     manifest: RunManifest | None = None
     if rank0:
         paths.run_dir.mkdir(parents=True, exist_ok=True)

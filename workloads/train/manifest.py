@@ -19,6 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from workloads.common.atomic import MANIFEST_NAME, read_manifest, sha256_file, utc_now, write_text_atomic
 
 MANIFEST_VERSION = 1
+RUN_MANIFEST_NAME = "run_manifest.json"
+"""the file's name in the run's train_run_dir."""
 RunStatus = Literal["running", "interrupted", "completed"]
 
 

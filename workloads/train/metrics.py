@@ -23,6 +23,8 @@ from workloads.common.atomic import atomic_file, write_text_atomic
 log = logging.getLogger("workloads.train.metrics")
 
 METRICS_VERSION = 1
+METRICS_NAME = "metrics.jsonl"
+"""the file's name in the run's train_run_dir."""
 
 
 class MetricsRecord(BaseModel):
