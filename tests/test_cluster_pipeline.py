@@ -139,7 +139,7 @@ def test_artifacts_come_back_listed_and_reported(cluster_run: dict[str, Any], tm
     eval_job = cluster_run["run"]["jobs"]["eval"]["job_id"]
     assert index["job_ids"]["eval"] == eval_job
     assert {"train/metrics.jsonl", "train/run_manifest.json", f"eval/evaluator_{eval_job}.json"} <= set(index["files"])
-    assert index["perplexity_finetuned"] == cluster_run["run"]["evaluation"]["perplexity_finetuned"]
+    assert index["perplexity_finetuned"] == cluster_run["run"]["evaluation"]["finetuned_model"]["perplexity"]
     stored = REPO / ".local/artifacts/runs" / STACK / index["run_id"]
     remote = cluster_run["root"] / "outputs/ctiny/metrics.jsonl"
     assert (stored / "train/metrics.jsonl").read_bytes() == remote.read_bytes()

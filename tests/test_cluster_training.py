@@ -28,9 +28,10 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 LOSS_REL_TOL = 1e-4
 """2 nodes x 1 process against 1 node x 2 processes: same ranks, same data shards, same initial weights, one thread
-per process on both. The first step's loss (before any update) is the same float32 number; after updates the two
-layouts drift by float32 rounding (measured on the 2-core reference machine: 1.6e-6, 8.1e-6 and 2.1e-5 relative at
-steps 2-4), so 4 steps are held to a relative 1e-4, five times the largest drift seen."""
+per process on both. The first step's loss (before any update) is the same float32 number; after updates the losses
+drift by float32 rounding, which is not even bitwise repeatable between two runs of one layout here (measured on the
+2-core reference machine, relative differences at steps 2-4: 1.6e-6, 8.1e-6, 2.1e-5 in one pair of runs, 1.9e-6,
+3.1e-6, 4.9e-6 in another), so 4 steps are held to a relative 1e-4, five times the largest drift seen."""
 
 
 def sbatch(cluster: Cluster, config: Path, log: Path, nodes: int) -> str:
