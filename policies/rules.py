@@ -132,31 +132,30 @@ def gpu_workers_have_gpu_presets(ctx: Context) -> list[str]:
     return found
 
 
-def _train_value(train: Any, *names: str, default: Any = None) -> Any:
-    for name in names:
-        value = getattr(train, name, None)
-        if value is not None:
-            return value
-    return default
-
-
 def model_fits(ctx: Context) -> list[str]:
     """The run config's model, method, micro-batch and length fit each GPU worker's memory."""
-    from workloads.train.memory import inputs_from_run, estimate
+    from workloads.train.memory import estimate
     from workloads.train.model_shapes import UnknownModel, shape_for_source
+    from workloads.train.sizing import DoesNotFit, plan_batches, plan_inputs
 
-    if ctx.run is None or getattr(ctx.run, "train", None) is None or ctx.cfg.nodes is None:
+    if ctx.run is None or ctx.run.train is None or ctx.cfg.nodes is None:
         return []
     try:
         shape = shape_for_source(ctx.run.model.source)
     except UnknownModel as exc:
         return [str(exc)]
-    inputs = inputs_from_run(ctx.run)
-    need = estimate(shape, inputs)
     found = []
     for w in ctx.cfg.nodes.workers:
         platform = catalog.get_platform(w.platform)
-        if platform.is_gpu and not need.fits(platform.gpu_memory_gib):
+        if not platform.is_gpu:
+            continue
+        try:  # the same sizing the trainer does on that GPU (train.micro_batch_tokens / gradient_checkpointing auto)
+            inputs = plan_inputs(ctx.run, plan_batches(ctx.run, shape, platform.gpu_memory_gib))
+        except DoesNotFit as exc:
+            found.append(f"worker set {w.name}: {exc}")
+            continue
+        need = estimate(shape, inputs)
+        if not need.fits(platform.gpu_memory_gib):
             found.append(
                 f"worker set {w.name}: {inputs.method} of {ctx.run.model.source} at micro_batch {inputs.micro_batch} x "
                 f"{inputs.max_length} tokens needs ~{need.total_gib:.1f} GiB per GPU, {platform.gpu_model} has "
@@ -219,9 +218,9 @@ def preemptible_needs_resume(ctx: Context) -> list[str]:
     spot = [w.name for w in ctx.cfg.nodes.workers if w.preemptible]
     if not spot:
         return []
-    train = getattr(ctx.run, "train", None) if ctx.run is not None else None
-    save_steps = _train_value(train, "save_steps", "checkpoint_steps", default=0)
-    requeue = bool(_train_value(train, "requeue", default=False))
+    train = ctx.run.train if ctx.run is not None else None
+    save_steps = train.save_steps if train is not None else 0
+    requeue = train.requeue if train is not None else False
     if not save_steps or not requeue:
         return [f"worker sets {', '.join(spot)} are preemptible but the run config's train section has "
                 f"save_steps={save_steps!r}, requeue={requeue!r}: set both so a preempted job resumes"]

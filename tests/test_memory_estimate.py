@@ -154,16 +154,17 @@ def test_full_fine_tuning_peak_matches_a_measured_cpu_run(checkpointing):
 
 
 def test_method_and_settings_from_a_run_config():
-    from types import SimpleNamespace as NS
-
+    from workloads.config import parse_run_config
     from workloads.train.memory import inputs_from_run
 
-    data = NS(max_length=2048)
-    lora = NS(r=8, target_modules=["q_proj", "v_proj"], dropout=0.0)
-    qlora = inputs_from_run(NS(train=NS(quantization="4bit", lora=lora, micro_batch=4), data=data))
-    assert (qlora.method, qlora.lora_r, qlora.lora_target_modules, qlora.lora_dropout) == (
-        "qlora", 8, ("q_proj", "v_proj"), 0.0)
-    assert (qlora.micro_batch, qlora.max_length) == (4, 2048)
-    assert inputs_from_run(NS(train=NS(quantization="none", lora=lora), data=data)).method == "lora"
-    full = inputs_from_run(NS(train=NS(quantization="4bit", lora=None, max_length=512), data=data))
-    assert (full.method, full.quantization, full.max_length) == ("full", "none", 512)
+    def run(**train):
+        return parse_run_config({"name": "m", "model": {"source": "dir:/m"}, "data": {"source": "sample", "rows": 10, "max_length": 2048},
+                                 "train": train})
+
+    qlora = inputs_from_run(run(quantization="4bit", micro_batch_size=4, precision="fp16",
+                                lora={"r": 8, "target_modules": ["q_proj", "v_proj"], "dropout": 0.0}))
+    assert (qlora.method, qlora.lora_r, qlora.lora_target_modules, qlora.lora_dropout, qlora.dtype) == (
+        "qlora", 8, ("q_proj", "v_proj"), 0.0, "fp16")
+    assert (qlora.micro_batch, qlora.max_length, qlora.quantization) == (4, 2048, "4bit")
+    lora = inputs_from_run(run(quantization="none", max_length=512, gradient_checkpointing=False))
+    assert (lora.method, lora.quantization, lora.max_length, lora.gradient_checkpointing) == ("lora", "none", 512, False)

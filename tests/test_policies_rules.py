@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -50,7 +49,7 @@ def _replace(resources, name, **changes):
 
 
 def _with_train(run, **train):
-    return SimpleNamespace(model=run.model, data=run.data, train=SimpleNamespace(**train))
+    return run.model_copy(update={"train": run.train.model_copy(update=train)})
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -87,17 +86,16 @@ def test_presets_and_gpu_workers(mocked):
     assert "has no GPU" in rules.gpu_workers_have_gpu_presets(_ctx(mocked, resources=cpu_worker))[0]
 
 
-def test_model_fits_qlora_but_not_full_fine_tuning_on_l40s(mocked):
+def test_model_fits_qlora_but_not_unquantized_without_checkpointing_on_l40s(mocked):
     cfg, _ = mocked("demo")
     run = load_run(cfg, ROOT)
-    qlora = _with_train(run, quantization="4bit", lora=SimpleNamespace(r=16, target_modules=None), micro_batch=2,
-                        gradient_checkpointing=True)
-    full = _with_train(run, quantization="none", lora=None, micro_batch=1, gradient_checkpointing=True)
+    qlora = _with_train(run, quantization="4bit", micro_batch_size=2, gradient_checkpointing=True)
+    heavy = _with_train(run, quantization="none", micro_batch_size=4, gradient_checkpointing=False)
     assert run.model.source == "hub:Qwen/Qwen3-14B"
     assert rules.model_fits(_ctx(mocked, run=qlora)) == []
-    [message] = rules.model_fits(_ctx(mocked, run=full))
-    assert "full of hub:Qwen/Qwen3-14B" in message and "48 GiB" in message
-    assert rules.model_fits(_ctx(mocked, "h100", run=full)), "full fine-tuning of 14B exceeds 80 GiB too"
+    [message] = rules.model_fits(_ctx(mocked, run=heavy))
+    assert "lora of hub:Qwen/Qwen3-14B" in message and "48 GiB" in message
+    assert rules.model_fits(_ctx(mocked, "h100", run=heavy)), "bf16 LoRA of 14B at micro-batch 4 without checkpointing exceeds 80 GiB too"
 
 
 def test_login_access(mocked):

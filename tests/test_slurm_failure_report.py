@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -58,3 +59,34 @@ def test_progress_reads_only_this_jobs_metrics(slurm_client: SlurmClient, tmp_pa
     slurm_client.wait(job, timeout=WAIT, progress=seen.append, metrics_path=str(metrics))
     steps = [line for line in seen if "loss" in line]
     assert steps and all("step 2 " in line for line in steps), seen
+
+
+def test_train_job_refuses_a_checkpoint_folder_a_live_job_is_writing(slurm_client: SlurmClient, tmp_path: Path) -> None:
+    """Two train jobs over one checkpoint folder (two stacks sharing a run config): the second stops at once."""
+    from workloads.config import parse_run_config
+    from workloads.train.config import train_paths
+
+    root = Path(__file__).resolve().parents[1]
+    run = parse_run_config({"name": "shared", "paths": {"root": str(tmp_path / "run")}, "model": {"source": "dir:/m"},
+                            "data": {"source": "sample", "rows": 4}, "train": {"max_steps": 1}}, "test")
+    config = tmp_path / "run.json"
+    config.write_text(run.model_dump_json())
+    checkpoints = train_paths(run).checkpoint_dir
+    checkpoints.mkdir(parents=True)
+    writer = slurm_client.submit(_script(tmp_path / "writer.sh", "sleep 300\n"), job_name="ft-train",
+                                 output=str(tmp_path / "w-%j.out"))
+    try:
+        (checkpoints / ".writer-job").write_text(writer + "\n")
+        for _ in range(600):
+            if slurm_client.state(writer).state == "RUNNING":
+                break
+            time.sleep(0.5)
+        second = slurm_client.submit(str(root / "workloads" / "jobs" / "train.sbatch"), [str(config)],
+                                     job_name="ft-train", output=str(tmp_path / "t-%j.out"), workdir=str(root),
+                                     env={"FT_PYTHON": sys.executable, "FT_CODE_DIR": str(root)})
+        with pytest.raises(SlurmJobFailed) as err:
+            slurm_client.wait(second, timeout=WAIT, progress=None)
+        assert f"being written by live job {writer}" in str(err.value), str(err.value)
+        assert (checkpoints / ".writer-job").read_text().strip() == writer
+    finally:
+        slurm_client.cancel(writer)
