@@ -12,13 +12,19 @@ i.e. everything the evaluator now spends on generation per model.
 
 from __future__ import annotations
 
-import argparse
-import json
-import tempfile
-import time
+import sys
 from pathlib import Path
 
-import torch
+# bench/ holds tokenize.py, which would shadow the standard library module of that name.
+HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+import torch  # noqa: E402
 
 
 def main() -> None:
