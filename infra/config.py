@@ -33,6 +33,7 @@ KNOWN_NAMESPACES = (PROJECT, "pulumi", "nebius", "kubernetes", "command")
 SECRET_KEYS = ("pipelineSshPrivateKey",)
 DiskType = Literal["NETWORK_SSD", "NETWORK_SSD_NON_REPLICATED", "NETWORK_SSD_IO_M3", "NETWORK_HDD"]
 FilesystemType = Literal["NETWORK_SSD", "NETWORK_HDD"]
+GpuDrivers = Literal["nebius-preset", "gpu-operator"]
 _RESERVED_NODESETS = {"system", "controller", "login", "accounting"}
 _RESERVED_MOUNTS = {"/", "/proc", "/sys", "/dev", "/run", "/tmp", "/mnt/jail"}
 
@@ -54,6 +55,9 @@ class NebiusConfig(_Model):
     network_id: str | None = Field(None, description="VPC network for a new subnet.")
     k8s_version: str = Field("1.31", alias="k8sVersion", description="Managed Kubernetes control-plane version.")
     public_endpoint: bool = Field(True, description="Give the k8s API a public address.")
+    tenant_id: str | None = Field(
+        None, description="Nebius tenant id; its 'editors' group lets the backup service account write the bucket."
+    )
 
     @model_validator(mode="after")
     def _subnet_or_network(self) -> NebiusConfig:
@@ -110,6 +114,30 @@ class WorkerSet(NodeSet):
     name: str = Field(pattern=r"^[a-z][a-z0-9-]{0,30}$")
     fabric: str | None = Field(None, description="InfiniBand fabric, e.g. fabric-6; None for none.")
     preemptible: bool = False
+    gpu_drivers: GpuDrivers = Field(
+        "nebius-preset",
+        description="nebius-preset: drivers in the node image (gpu_settings.drivers_preset); "
+        "gpu-operator: plain image plus the NVIDIA GPU operator (Nebius application).",
+    )
+    drivers_preset: str | None = Field(
+        None, description="Nebius drivers preset; default: the platform's (infra/catalog.py)."
+    )
+
+    @model_validator(mode="after")
+    def _drivers(self) -> WorkerSet:
+        gpu = self.shape.gpus > 0
+        if not gpu and self.drivers_preset is not None:
+            raise ValueError(f"driversPreset: {self.platform} has no GPU")
+        if self.gpu_drivers == "gpu-operator" and self.drivers_preset is not None:
+            raise ValueError("driversPreset: only with gpuDrivers nebius-preset (the GPU operator brings its own)")
+        return self
+
+    @property
+    def node_drivers_preset(self) -> str | None:
+        """The drivers preset of this worker set's node group, None where the image has no drivers."""
+        if self.shape.gpus == 0 or self.gpu_drivers != "nebius-preset":
+            return None
+        return self.drivers_preset or catalog.get_platform(self.platform).drivers_preset
 
     @field_validator("name")
     @classmethod
@@ -128,9 +156,13 @@ class WorkerSet(NodeSet):
         return value
 
 
+class ControllerNodeSet(NodeSet):
+    size: int = Field(1, ge=1, le=1, description="One node: Soperator runs a single slurmctld.")
+
+
 class NodeSets(_Model):
     system: AutoscaledNodeSet
-    controller: NodeSet
+    controller: ControllerNodeSet
     login: NodeSet
     accounting: NodeSet | None = None
     workers: list[WorkerSet]
@@ -195,7 +227,9 @@ class Filesystems(_Model):
 class BackupBucket(_Model):
     enabled: bool = True
     protect: bool = True
-    retention_days: int = Field(7, gt=0)
+    retention_days: int = Field(7, gt=0, description="Daily backups kept (k8up prune keepDaily) and bucket expiry.")
+    schedule: str = Field("@daily-random", min_length=1, description="k8up backup schedule (cron or @daily-random).")
+    prune_schedule: str = Field("@daily-random", min_length=1, description="k8up prune schedule.")
     copy_size_gib: int | None = Field(None, gt=0, description="Size of one backup; default jail size.")
 
 
@@ -216,6 +250,7 @@ class SoperatorConfig(_Model):
     cert_manager_version: str = "v1.19.1"
     kruise_version: str = "1.8.0"
     mariadb_operator_version: str = "25.10.2"
+    k8up_version: str = "4.8.3"
     registry: str = "cr.eu-north1.nebius.cloud/soperator"
     namespace: str | None = Field(None, description="Slurm cluster namespace; default clusterName.")
 
@@ -324,6 +359,13 @@ class StackConfig(_Model):
             raise ValueError(f"cluster: only a cluster stack reaches an existing Slurm cluster; remove it from a {self.target} stack")
         if self.nodes and self.filesystems and self.filesystems.accounting and not self.nodes.accounting:
             raise ValueError("filesystems.accounting: set but nodes.accounting is not")
+        if self.nodes and self.filesystems and self.nodes.accounting and not self.filesystems.accounting:
+            raise ValueError("filesystems.accounting: required with nodes.accounting (MariaDB keeps its data there)")
+        if self.target == "nebius" and self.buckets and self.buckets.backups.enabled and not (
+            self.nebius and self.nebius.tenant_id
+        ):
+            raise ValueError("nebius.tenantId: required for jail backups (the backup service account joins "
+                             "the tenant's editors group)")
         return self
 
     @property
