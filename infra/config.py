@@ -277,10 +277,52 @@ class PipelineConfig(_Model):
         return self
 
 
+class ExistingCluster(_Model):
+    """A Slurm cluster that already runs elsewhere (plain Slurm or Soperator), reached over SSH to its login node.
+
+    The pipeline's private key is the Pulumi secret ``pipelineSshPrivateKey`` (``ftstack``: ``--ssh-key FILE``)."""
+
+    login_host: str = Field(min_length=1, description="Address of the login node.")
+    login_port: int = Field(22, gt=0, lt=65536, description="SSH port of the login node.")
+    user: str = Field("root", min_length=1, description="User the pipeline logs in and submits jobs as.")
+    host_key: str | None = Field(None, description="Pinned OpenSSH public host key of the login node.")
+    host_key_file: str | None = Field(
+        None, description="File holding the pinned host key (relative to the repository), instead of hostKey."
+    )
+    jail_root: str = Field("/", description="Where the shared filesystem (the jail) is mounted on login and workers.")
+    nodes: int = Field(1, gt=0, description="Worker nodes the readiness checks and training spread over.")
+    gpus_per_node: int = Field(0, ge=0, description="GPUs per worker node (0: CPU training with gloo).")
+
+    @field_validator("jail_root")
+    @classmethod
+    def _absolute_jail(cls, value: str) -> str:
+        if not PurePosixPath(value).is_absolute():
+            raise ValueError(f"jail root {value!r} must be an absolute path on the cluster")
+        return str(PurePosixPath(value))
+
+    @model_validator(mode="after")
+    def _pinned(self) -> ExistingCluster:
+        if (self.host_key is None) == (self.host_key_file is None):
+            raise ValueError("pin the login node's host key: set exactly one of hostKey and hostKeyFile")
+        return self
+
+    def pinned_host_key(self, repo_root: Path) -> str:
+        """The pinned host key line, read from hostKeyFile when that is how it is given."""
+        if self.host_key is not None:
+            return self.host_key
+        path = Path(self.host_key_file or "")
+        path = path if path.is_absolute() else repo_root / path
+        try:
+            return path.read_text().strip()
+        except OSError as error:
+            raise StackConfigError(f"cluster.hostKeyFile {path}: cannot read the pinned host key ({error.strerror})") from None
+
+
 class StackConfig(_Model):
     stack: str
-    target: Literal["nebius", "local"]
+    target: Literal["nebius", "local", "cluster"]
     nebius: NebiusConfig | None = None
+    cluster: ExistingCluster | None = None
     cluster_name: str = Field("slurm", pattern=r"^[a-z][a-z0-9-]{0,40}$")
     nodes: NodeSets | None = None
     filesystems: Filesystems | None = None
@@ -310,7 +352,11 @@ class StackConfig(_Model):
         else:
             for key in (*cloud, "buckets"):
                 if getattr(self, key) is not None:
-                    raise ValueError(f"{key}: a local stack creates no cloud resources; remove this key")
+                    raise ValueError(f"{key}: a {self.target} stack creates no cloud resources; remove this key")
+        if self.target == "cluster" and self.cluster is None:
+            raise ValueError("cluster: required on a cluster stack (the existing Slurm cluster's login node)")
+        if self.target != "cluster" and self.cluster is not None:
+            raise ValueError(f"cluster: only a cluster stack reaches an existing Slurm cluster; remove it from a {self.target} stack")
         if self.nodes and self.filesystems and self.filesystems.accounting and not self.nodes.accounting:
             raise ValueError("filesystems.accounting: set but nodes.accounting is not")
         if self.nodes and self.filesystems and self.nodes.accounting and not self.filesystems.accounting:

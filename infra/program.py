@@ -137,7 +137,7 @@ def stack_outputs(cfg: StackConfig) -> dict[str, Any]:
         "stack": cfg.stack,
         "target": cfg.target,
         "cluster_name": cfg.cluster_name,
-        "slurm_target": "local" if cfg.target == "local" else "soperator",
+        "slurm_target": {"local": "local", "cluster": "existing"}.get(cfg.target, "soperator"),
         "run_config": cfg.pipeline.run_config,
     }
 
@@ -185,11 +185,18 @@ def platform_outputs(cfg: StackConfig, plan: Layout, platform: Platform) -> dict
 def pipeline_transport(cfg: StackConfig, platform: Platform | None) -> pulumi.Input[dict] | None:
     """This machine for the local stack; SSH to the login node with the pipeline key on cloud stacks
     (None when no key is configured: the platform is built, the pipeline is not)."""
-    if platform is None:
+    if cfg.target == "local":
         return {"kind": "local"}
     key = pulumi.Config(PROJECT).get_secret(PIPELINE_KEY_CONFIG)
     if key is None:
         return None
+    if cfg.cluster is not None:
+        cluster = cfg.cluster
+        return pulumi.Output.secret({
+            "kind": "ssh", "host": cluster.login_host, "user": cluster.user, "port": cluster.login_port,
+            "private_key": key, "host_key": cluster.pinned_host_key(REPO_ROOT),
+        })
+    assert platform is not None
     return pulumi.Output.secret({
         "kind": "ssh", "host": platform.network.login_address, "user": cfg.pipeline.ssh_user,
         "port": cfg.pipeline.ssh_port, "private_key": key, "host_key": cfg.pipeline.login_host_key,
