@@ -21,8 +21,8 @@ class EvalConfig(BaseModel):
     num_samples: int = Field(3, ge=0, description="sample_generations kept in the report")
     max_new_tokens: int = Field(128, gt=0, description="generation limit per prompt (greedy)")
     generation_batch_size: int = Field(16, gt=0, description="prompts generated together (left-padded batches)")
-    timing_runs: int = Field(3, gt=0, description="single-prompt timed generations after one warm-up; speed and "
-                             "time to first token are their medians")
+    timing_runs: int = Field(3, gt=0, description="prompts generated one at a time and timed after a warm-up (the "
+                             "first ones); speed and time to first token are their medians")
     numeric_tolerance: float = Field(0.01, ge=0.0, description="numeric match: largest relative difference accepted")
     seed: int = Field(0, ge=0, description="torch seed before each model's generation")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when available")

@@ -21,7 +21,7 @@ from workloads.eval.config import EvalConfig
 from workloads.common.atomic import MANIFEST_NAME
 from workloads.data.summary import TokenizeLosses
 from workloads.data.tokenize import loss_summary
-from workloads.eval.generation import Prompt, generate_all, read_prompts, time_generation
+from workloads.eval.generation import Prompt, generate_all, read_prompts
 from workloads.eval.metrics import answer_scores, compare, text_scores
 from workloads.eval.perplexity import assistant_perplexity, load_tokenized
 from workloads.eval.report import Comparison, EvalSettings, EvaluatorReport, SideReport, write_chart, write_report
@@ -72,9 +72,8 @@ def load_model(run: RunConfig, side: str, kind: str, device: str, dtype: torch.d
 def measure(model, tokenizer, dataset, prompts: list[Prompt], cfg: EvalConfig, name: str) -> dict[str, Any]:
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     ppl, scored = assistant_perplexity(model, dataset, cfg.batch_size, pad_id, desc=f"{name}: perplexity")
-    outputs, total = generate_all(model, tokenizer, prompts, cfg.max_new_tokens, cfg.generation_batch_size, cfg.seed,
-                                  desc=f"{name}: generation")
-    timing = time_generation(model, tokenizer, prompts, cfg.max_new_tokens, cfg.timing_runs, desc=f"{name}: timing")
+    outputs, total, timing = generate_all(model, tokenizer, prompts, cfg.max_new_tokens, cfg.generation_batch_size,
+                                          cfg.timing_runs, cfg.seed, desc=f"{name}: generation")
     n = len(outputs)
     references, replies = [p.reference for p in prompts], [o.text for o in outputs]
     return {

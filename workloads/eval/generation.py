@@ -2,10 +2,10 @@
 
 A prompt is the tokenized test row up to its final answer (`prompt_length`), so generation sees the context
 exactly as training and perplexity saw it (shortened the same way when it was over max_length); the
-reference is that row's final answer from the test JSONL. Replies come from left-padded batches of
-`generation_batch_size` prompts. Speed comes separately from `timing_runs` single-prompt generations after
-one warm-up, each forced to `max_new_tokens` new tokens so both models do the same work; the report keeps
-their medians, so one stalled run cannot swing the comparison.
+reference is that row's final answer from the test JSONL. After a one-token warm-up, the first
+`timing_runs` prompts are generated one at a time and timed (time to first token, tokens per second), the
+others in left-padded batches of `generation_batch_size`; the report keeps the timed runs' medians, so one
+stalled prompt cannot swing the comparison, and the timing costs no generation beyond the warm-up.
 """
 
 from __future__ import annotations
@@ -96,19 +96,28 @@ def generate_batch(model, tokenizer, prompts: list[Prompt], max_new_tokens: int)
     return [_reply(tokenizer, output[i, width:].tolist()) for i in range(len(prompts))]
 
 
-def generate_all(model, tokenizer, prompts: list[Prompt], max_new_tokens: int, batch_size: int, seed: int,
-                 desc: str) -> tuple[list[Generation], float]:
-    """Replies in prompt order, from batches of similar lengths; and the seconds all batches took."""
+def generate_all(model, tokenizer, prompts: list[Prompt], max_new_tokens: int, batch_size: int, timing_runs: int,
+                 seed: int, desc: str) -> tuple[list[Generation], float, Timing]:
+    """Replies in prompt order, the seconds generation took, and the timing: after a one-token warm-up, the
+    first `timing_runs` prompts are generated one at a time and timed (their replies are kept), the rest in
+    batches of similar lengths."""
     torch.manual_seed(seed)
     model.eval()
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i].ids))
-    replies: dict[int, Generation] = {}
+    timed = min(timing_runs, len(prompts))
     start = time.perf_counter()
+    _timed(model, tokenizer, min(prompts, key=lambda p: len(p.ids)), 1)
+    replies: dict[int, Generation] = {}
+    runs = []
+    for index in tqdm(range(timed), desc=f"{desc} (timed)", unit="prompt"):
+        replies[index], ttft, speed = _timed(model, tokenizer, prompts[index], max_new_tokens)
+        runs.append((ttft, speed))
+    order = sorted(range(timed, len(prompts)), key=lambda i: len(prompts[i].ids))
     for first in tqdm(range(0, len(order), batch_size), desc=desc, unit="batch"):
         chunk = order[first: first + batch_size]
         for index, reply in zip(chunk, generate_batch(model, tokenizer, [prompts[i] for i in chunk], max_new_tokens)):
             replies[index] = reply
-    return [replies[i] for i in range(len(prompts))], time.perf_counter() - start
+    timing = Timing(statistics.median(t for t, _ in runs), statistics.median(s for _, s in runs), len(runs))
+    return [replies[i] for i in range(len(prompts))], time.perf_counter() - start, timing
 
 
 class _FirstTokenClock(BaseStreamer):
@@ -129,23 +138,14 @@ class _FirstTokenClock(BaseStreamer):
 
 
 @torch.no_grad()
-def _timed(model, tokenizer, prompt: Prompt, new_tokens: int) -> tuple[float, float]:
-    """(seconds to the first token, tokens per second) of one greedy generation of exactly `new_tokens`."""
+def _timed(model, tokenizer, prompt: Prompt, max_new_tokens: int) -> tuple[Generation, float, float]:
+    """One greedy reply, the seconds to its first token, and its tokens per second (prefill included)."""
     device = next(model.parameters()).device
     ids = torch.tensor([prompt.ids], device=device)
     clock = _FirstTokenClock()
     start = time.perf_counter()
     output = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                            max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=_pad_id(tokenizer),
-                            streamer=clock)
+                            max_new_tokens=max_new_tokens, pad_token_id=_pad_id(tokenizer), streamer=clock)
     total = time.perf_counter() - start
-    return clock.first_token_at - start, (output.shape[1] - ids.shape[1]) / total
-
-
-def time_generation(model, tokenizer, prompts: list[Prompt], max_new_tokens: int, runs: int, desc: str) -> Timing:
-    """One untimed warm-up, then `runs` timed generations cycling through the prompts; medians."""
-    model.eval()
-    _timed(model, tokenizer, prompts[0], min(4, max_new_tokens))
-    measured = [_timed(model, tokenizer, prompts[i % len(prompts)], max_new_tokens)
-                for i in tqdm(range(runs), desc=desc, unit="run")]
-    return Timing(statistics.median(t for t, _ in measured), statistics.median(s for _, s in measured), runs)
+    reply = _reply(tokenizer, output[0, ids.shape[1]:].tolist())
+    return reply, clock.first_token_at - start, reply.tokens / total

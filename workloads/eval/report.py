@@ -38,9 +38,9 @@ class SideReport(_Document):
     time_to_first_token: float
     """median seconds to the first generated token over the timed runs (after a warm-up)."""
     tokens_per_second: float
-    """median tokens per second of the timed single-prompt runs, each generating max_new_tokens."""
+    """median tokens per second (prefill included) of the timed single-prompt runs."""
     total_time: float
-    """seconds the batched generation of every prompt took."""
+    """seconds generating every prompt took (warm-up, timed runs and batches)."""
     message_length_avg: float
     """mean reply length in characters."""
     message_tokens_avg: float
