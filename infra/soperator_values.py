@@ -22,7 +22,6 @@ from infra.nebius.layout import (
     NodeGroupSpec,
     node_group_specs,
     submount_tag,
-    worker_nodeset_name,
 )
 
 ALLOCATION_ANNOTATION = "nebius.com/load-balancer-allocation-id"
@@ -180,7 +179,7 @@ def slurm_cluster_values(cfg: StackConfig, allocation_id: Any) -> dict[str, Any]
     nodes, fs = cfg.nodes, cfg.filesystems
     assert nodes is not None and fs is not None
     specs = node_group_specs(cfg)
-    first_worker = worker_nodeset_name(nodes.workers[0])
+    first_worker = nodes.workers[0].name
     return {
         "clusterName": cfg.cluster_name,
         "k8sNodeFilters": [node_filter(s) for s in specs],
@@ -227,7 +226,7 @@ def nodeset_values(cfg: StackConfig, worker: WorkerSet) -> dict[str, Any]:
     fs = cfg.filesystems
     assert fs is not None
     res = slurmd_resources(worker)
-    name = worker_nodeset_name(worker)
+    name = worker.name
     gpu = res.gpus > 0
     spec = next(s for s in node_group_specs(cfg) if s.name == name)
     slurmd_res: dict[str, Any] = {

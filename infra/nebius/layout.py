@@ -137,13 +137,9 @@ def _system(cfg: StackConfig, ns: AutoscaledNodeSet) -> NodeGroupSpec:
     )
 
 
-def worker_nodeset_name(worker: WorkerSet) -> str:
-    return worker.name
-
-
 def _worker(cfg: StackConfig, w: WorkerSet) -> NodeGroupSpec:
     gpus = w.shape.gpus
-    name = worker_nodeset_name(w)
+    name = w.name
     return NodeGroupSpec(
         name=name, role="worker", platform=w.platform, preset=w.preset, boot_disk=w.boot_disk,
         fixed_size=w.size, min_size=None, max_size=None, mount_tags=_mounts(cfg, "worker"),

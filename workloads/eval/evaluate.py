@@ -10,7 +10,6 @@ import gc
 import logging
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 import torch
