@@ -1,11 +1,24 @@
-"""Training throughput: this trainer (packed batches) against a naive HF Trainer (every row padded to max length).
+"""Training throughput and memory: this trainer against TRL's SFTTrainer and a naive padded HF Trainer.
 
-    python bench/train.py [--config workloads/configs/local.json] [--steps 6]
+    python bench/train.py [--config workloads/configs/local.json] [--steps 6] [--warmup 1]
+                          [--arms naive,packed,trl] [--model-dir DIR] [--dataset-dir DIR] [--train JSON]
+                          [--random-base Qwen/Qwen3-14B --tokenizer DIR]     # GPU: random weights, known shape
 
-Both arms load the same base (the run config's quantization and LoRA), read the same tokenized train split and
-run the same number of optimizer steps with the same micro-batch setting, each in its own process (so peak
-memory is per arm). Prints JSON: effective tokens/s (non-padding tokens per second of training), padding
-efficiency (real tokens / processed tokens) and peak memory of each arm, and the ratio of effective tokens/s.
+Every arm loads the same base (the run config's quantization and LoRA), reads the same tokenized train split
+(assistant-only labels) and runs the same number of optimizer steps of the same global batch
+(micro_batch_size x gradient_accumulation_steps x max_length tokens), each in its own process, so peak memory
+is per arm:
+
+- `naive`: HF Trainer, every row padded to max_length, micro_batch_size rows per micro-batch (SDPA).
+- `packed`: this trainer: packed micro-batches of one fixed token length from the batch plan (`auto` sizing on
+  a GPU), varlen flash attention on CUDA; `packed_fused` adds the fused linear + cross-entropy (CUDA).
+- `trl`: TRL's SFTTrainer with packing (best-fit decreasing) and padding-free batches, max_length set to the
+  packed arm's micro-batch tokens, on the same labels (its own chunked LM head).
+
+The first `--warmup` steps are excluded from the timings. Prints JSON: per arm effective tokens/s (tokens that
+are not padding, per second), processed tokens/s, padding efficiency, peak memory (allocated and reserved on
+GPU, resident on CPU), the memory estimate, final and mean losses, and on a GPU the MFU on the 6 x parameters
+basis; then the ratios of the packed arm to the others.
 """
 
 from __future__ import annotations
@@ -17,8 +30,10 @@ from pathlib import Path
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 import argparse  # noqa: E402
+import dataclasses  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
+import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -27,88 +42,218 @@ from typing import Any  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+ARMS = ("naive", "packed", "packed_fused", "trl")
+PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "L40S": 362.0}  # dense bf16 datasheet figures
 
-def run_arm(arm: str, config: str, steps: int) -> dict[str, Any]:
+
+def build_random_base(name: str, out: Path, tokenizer_dir: Path) -> Path:
+    """A base model folder with random weights in the shape of `name` (a known model) plus the given tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+
+    from workloads.train.model_shapes import KNOWN
+
+    if (out / "config.json").is_file():
+        return out
+    shape = KNOWN[name]
+    kind = Qwen3Config if shape.qk_norm else LlamaConfig
+    config = kind(vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
+                  num_hidden_layers=shape.layers, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
+                  head_dim=shape.head_dim, tie_word_embeddings=shape.tied_embeddings, max_position_embeddings=40960)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    staging = out.with_name(out.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    model.save_pretrained(staging, max_shard_size="4GB")
+    for item in tokenizer_dir.iterdir():
+        if item.name.startswith("tokenizer") or item.name in ("chat_template.jinja", "special_tokens_map.json"):
+            shutil.copy2(item, staging / item.name)
+    staging.rename(out)
+    return out
+
+
+def load_run(options: argparse.Namespace) -> Any:
+    from workloads.config import load_run_config, parse_run_config
+
+    run = load_run_config(options.config)
+    data = run.model_dump(mode="json")
+    train = {**data["train"], **json.loads(options.train or "{}")}
+    if options.model_dir:
+        train["model_dir"] = str(Path(options.model_dir).resolve())
+    if options.dataset_dir:
+        train["dataset_dir"] = str(Path(options.dataset_dir).resolve())
+    train.update({"max_steps": options.steps, "save_steps": options.steps * 10, "eval_steps": None,
+                  "logging_steps": 1})
+    return parse_run_config({**data, "train": train}, options.config)
+
+
+def run_arm(arm: str, options: argparse.Namespace) -> dict[str, Any]:
     import torch
     from datasets import load_from_disk
-    from transformers import AutoTokenizer, Trainer
+    from transformers import AutoTokenizer, Trainer, TrainerCallback
 
-    from workloads.config import load_run_config
+    from workloads.train import attention
     from workloads.train.batching import PackedCollator, PackedDataset, PaddedCollator, batch_tokens
     from workloads.train.config import create_training_arguments, detect_precision, max_length, train_paths
-    from workloads.train.finetune import FinetuneTrainer, load_model
+    from workloads.train.finetune import FinetuneTrainer, batch_plan, load_model
     from workloads.train.metrics import TokenCounter, peak_memory_mb
+    from workloads.train.model_shapes import shape_from_hf_config
 
-    class NaiveTrainer(Trainer):
-        """Plain HF Trainer; only counts the tokens of the batches it trains on."""
-
-        def training_step(self, model, inputs, num_items_in_batch=None):  # noqa: ANN001, ANN202
-            counter.add(*batch_tokens(inputs))
-            return super().training_step(model, inputs, num_items_in_batch)
-
-    run = load_run_config(config)
-    train = run.train.model_copy(update={"max_steps": steps, "save_steps": steps * 10, "eval_steps": None,
-                                         "logging_steps": steps})
+    run = load_run(options)
+    if arm == "packed_fused":
+        run = run.model_copy(update={"train": run.train.model_copy(update={"fused_loss": True})})
+    train = run.train
     paths = train_paths(run)
     length = max_length(run)
     precision = detect_precision(train.precision)
+    cuda = torch.cuda.is_available()
+    plan = batch_plan(run, paths.model_dir)
     tokenizer = AutoTokenizer.from_pretrained(paths.model_dir)
     rows = load_from_disk(str(paths.dataset_dir))
-    model = load_model(paths.model_dir, train, precision, 0)
+    packed = arm in ("packed", "packed_fused", "trl")
+    choice = attention.choose(cuda, packed)
+    model = load_model(paths.model_dir, train, precision, 0, choice, plan.gradient_checkpointing)
     counter = TokenCounter()
+    marks: list[tuple[int, float, int, int]] = []
+
+    class Clock(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201
+            if cuda:
+                torch.cuda.synchronize()
+            marks.append((state.global_step, time.perf_counter(), counter.real, counter.processed))
+
+    def counted(cls: type) -> type:
+        class Counted(cls):  # type: ignore[misc, valid-type]
+            def training_step(self, model, inputs, num_items_in_batch=None):  # noqa: ANN001, ANN202
+                counter.add(*batch_tokens(inputs))
+                return super().training_step(model, inputs, num_items_in_batch)
+
+        return Counted
+
     with tempfile.TemporaryDirectory() as scratch:
-        args = create_training_arguments(train, Path(scratch), precision)
+        args = create_training_arguments(train, Path(scratch), precision,
+                                         gradient_accumulation_steps=plan.gradient_accumulation_steps)
         args.save_strategy = "no"
-        if arm == "packed":
-            data = PackedDataset(rows, train.micro_batch_size * length, length, train.seed)
+        if arm in ("packed", "packed_fused"):
+            data = PackedDataset(rows, plan.micro_batch_tokens, length, train.seed)
+            pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
             trainer: Trainer = FinetuneTrainer(model=model, args=args, train_dataset=data,
-                                               data_collator=PackedCollator(), counter=counter, keep=1)
-        else:
+                                               data_collator=PackedCollator(plan.micro_batch_tokens, pad or 0),
+                                               counter=counter, keep=1, callbacks=[Clock()])
+        elif arm == "naive":
             args.per_device_train_batch_size = train.micro_batch_size
-            args.train_sampling_strategy = "random"
+            args.gradient_accumulation_steps = train.gradient_accumulation_steps
             data = rows.filter(lambda n: n <= length, input_columns="length")
-            trainer = NaiveTrainer(model=model, args=args, train_dataset=data,
-                                   data_collator=PaddedCollator(tokenizer, pad_to=length))
-        start = time.perf_counter()
+            trainer = counted(Trainer)(model=model, args=args, train_dataset=data, callbacks=[Clock()],
+                                       data_collator=PaddedCollator(tokenizer, pad_to=length))
+        else:
+            from trl import SFTConfig, SFTTrainer
+
+            same = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init}
+            config = SFTConfig(**same, max_length=plan.micro_batch_tokens, packing=True, packing_strategy="bfd",
+                               padding_free=True, dataset_num_proc=1)
+            data = rows.select_columns(["input_ids", "labels"])
+            trainer = counted(SFTTrainer)(model=model, args=config, train_dataset=data, processing_class=tokenizer,
+                                          callbacks=[Clock()])
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
         trainer.train()
-        elapsed = time.perf_counter() - start
-    return {
+    warm = marks[options.warmup - 1]
+    last = marks[-1]
+    seconds = last[1] - warm[1]
+    real, processed = last[2] - warm[2], last[3] - warm[3]
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    shape = shape_from_hf_config(json.loads((paths.model_dir / "config.json").read_text()))
+    result: dict[str, Any] = {
         "steps": trainer.state.global_step,
-        "seconds": round(elapsed, 2),
-        "real_tokens": counter.real,
-        "processed_tokens": counter.processed,
-        "effective_tokens_per_s": round(counter.real / elapsed, 2),
-        "padding_efficiency": round(counter.real / counter.processed, 4),
-        "peak_memory_mb": round(peak_memory_mb(), 1),
+        "timed_steps": last[0] - warm[0],
+        "seconds": round(seconds, 2),
+        "real_tokens": real,
+        "processed_tokens": processed,
+        "effective_tokens_per_s": round(real / seconds, 2),
+        "processed_tokens_per_s": round(processed / seconds, 2),
+        "padding_efficiency": round(real / processed, 4),
+        "final_loss": round(losses[-1], 4) if losses else None,
+        "mean_loss_second_half": round(sum(losses[len(losses) // 2:]) / len(losses[len(losses) // 2:]), 4)
+        if losses else None,
+        "micro_batch_tokens": plan.micro_batch_tokens if arm != "naive" else train.micro_batch_size * length,
+        "gradient_accumulation_steps": args.gradient_accumulation_steps,
+        "gradient_checkpointing": plan.gradient_checkpointing,
+        "attention": choice.model_dump(),
         "threads": torch.get_num_threads(),
     }
+    if cuda:
+        name = torch.cuda.get_device_name()
+        peak = next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
+        result.update({
+            "device": name,
+            "peak_allocated_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+            "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 2),
+            "params": shape.params,
+            "mfu_6n": round(6 * shape.params * real / seconds / (peak * 1e12), 4) if peak else None,
+        })
+        if arm in ("packed", "packed_fused"):
+            result["estimate_gib"] = plan.estimate_gib
+    else:
+        result["peak_memory_mb"] = round(peak_memory_mb(), 1)
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", default=str(ROOT / "workloads" / "configs" / "local.json"))
     parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--arm", choices=["packed", "naive"], help=argparse.SUPPRESS)
+    parser.add_argument("--warmup", type=int, default=1, help="optimizer steps left out of the timings")
+    parser.add_argument("--arms", default="naive,packed,trl", help=f"comma-separated, from {', '.join(ARMS)}")
+    parser.add_argument("--model-dir", help="base model folder (default: the run config's)")
+    parser.add_argument("--dataset-dir", help="tokenized train folder (default: the run config's)")
+    parser.add_argument("--train", help="JSON object merged into the run config's train section")
+    parser.add_argument("--random-base", help="build --model-dir with random weights in this known model's shape")
+    parser.add_argument("--tokenizer", help="tokenizer folder copied into a --random-base model")
+    parser.add_argument("--out", help="also write the JSON here")
+    parser.add_argument("--arm", choices=ARMS, help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
+    if not 1 <= options.warmup < options.steps:
+        parser.error("--warmup must be at least 1 and below --steps")
     if options.arm:
-        print(json.dumps(run_arm(options.arm, options.config, options.steps)))
+        print(json.dumps(run_arm(options.arm, options)))
         return 0
-    results: dict[str, Any] = {"config": options.config, "steps": options.steps}
-    for arm in ("naive", "packed"):
+    arms = [a.strip() for a in options.arms.split(",") if a.strip()]
+    unknown = sorted(set(arms) - set(ARMS))
+    if unknown:
+        parser.error(f"unknown arms {unknown}; choose from {', '.join(ARMS)}")
+    if options.random_base:
+        if not (options.model_dir and options.tokenizer):
+            parser.error("--random-base needs --model-dir and --tokenizer")
+        build_random_base(options.random_base, Path(options.model_dir), Path(options.tokenizer))
+    results: dict[str, Any] = {"config": options.config, "steps": options.steps, "warmup": options.warmup,
+                               "train": json.loads(options.train or "{}"), "random_base": options.random_base}
+    forwarded = [a for a in sys.argv[1:] if a not in ("--random-base", options.random_base)] if argv is None else argv
+    for arm in arms:
         print(f"bench/train.py: running the {arm} arm ({options.steps} steps)", file=sys.stderr, flush=True)
-        proc = subprocess.run(
-            [sys.executable, __file__, "--config", options.config, "--steps", str(options.steps), "--arm", arm],
-            capture_output=True, text=True, env={**os.environ, "TQDM_DISABLE": "1"},
-        )
+        proc = subprocess.run([sys.executable, __file__, *forwarded, "--arm", arm], capture_output=True, text=True,
+                              env={**os.environ, "TQDM_DISABLE": "1"})
         if proc.returncode != 0:
-            print(proc.stderr[-4000:], file=sys.stderr)
-            return proc.returncode
+            print(proc.stderr[-6000:], file=sys.stderr)
+            results[arm] = {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "failed"}
+            continue
         results[arm] = json.loads(proc.stdout.strip().splitlines()[-1])
-    results["ratio_effective_tokens_per_s"] = round(
-        results["packed"]["effective_tokens_per_s"] / results["naive"]["effective_tokens_per_s"], 2
-    )
-    print(json.dumps(results, indent=2))
-    return 0
+    packed = results.get("packed", {}).get("effective_tokens_per_s")
+    for other in ("naive", "trl", "packed_fused"):
+        rate = results.get(other, {}).get("effective_tokens_per_s")
+        if packed and rate:
+            results[f"packed_over_{other}"] = round(packed / rate, 3)
+    naive = results.get("naive", {}).get("processed_tokens_per_s")
+    if packed and naive:
+        results["packed_over_naive_per_processed_token"] = round(
+            results["packed"]["processed_tokens_per_s"] / naive, 3)
+    text = json.dumps(results, indent=2)
+    if options.out:
+        Path(options.out).write_text(text + "\n", encoding="utf-8")
+    print(text)
+    return 0 if all("error" not in results[a] for a in arms) else 1
 
 
 if __name__ == "__main__":

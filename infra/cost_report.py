@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from infra import catalog
 from infra.config import StackConfig
 from infra.cost import (
     ChatScenario,
@@ -101,6 +102,22 @@ def passes(train: TrainConfig | None, tokens: float, rows: float | None, gpus: i
     return epochs
 
 
+def _measured(cfg: StackConfig, run: RunConfig) -> tuple[float | None, str]:
+    """Benchmark throughput recorded for the workers' GPU model, this model and method (infra/throughput.py)."""
+    from infra.throughput import measured_throughput
+    from workloads.train.memory import inputs_from_run
+
+    if cfg.nodes is None or run.train is None:
+        return None, "unknown"
+    method = inputs_from_run(run).method
+    for worker in cfg.nodes.workers:
+        gpu = catalog.get_platform(worker.platform).gpu_model
+        figure = measured_throughput(gpu, run.model.source, method) if gpu else None
+        if figure is not None:
+            return figure.tokens_per_second_per_gpu, f"measured on {figure.device}, {figure.date} ({figure.source})"
+    return None, "unknown"
+
+
 def training_estimate(cfg: StackConfig, run: RunConfig | None, book: PriceBook, notes: list[str]) -> TrainingRun | None:
     if run is None:
         notes.append(f"training run: run config {cfg.pipeline.run_config} not found here")
@@ -124,6 +141,8 @@ def training_estimate(cfg: StackConfig, run: RunConfig | None, book: PriceBook, 
     if tps is None:
         metrics = paths.train_run_dir / METRICS_NAME
         tps, source = training_throughput(metrics), f"{metrics}"
+    if tps is None:
+        tps, source = _measured(cfg, run)
     if tps is None:
         notes.append("training run: no throughput (set pricing.training.tokensPerSecondPerGpu or run training once)")
         source = "unknown"

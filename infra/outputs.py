@@ -21,6 +21,8 @@ EVAL_FIGURES: dict[str, str] = {
     "tokens_per_second": "tokens_per_second",
     "time_to_first_token_s": "time_to_first_token",
     "rouge_l": "rouge_l",
+    "exact_match": "exact_match",
+    "numeric_match": "numeric_match",
 }
 """figure in the output key -> field of workloads.eval.report.SideReport."""
 JOB_FIELDS = ("job_id", "state", "elapsed_s")
@@ -153,7 +155,8 @@ def eval_outputs(evaluation: EvaluatorReport | None) -> dict[str, float | None]:
     for side in SIDES:
         report = getattr(evaluation, f"{side}_model") if evaluation is not None else None
         for figure, field in EVAL_FIGURES.items():
-            out[eval_key(figure, side)] = float(getattr(report, field)) if report is not None else None
+            value = getattr(report, field) if report is not None else None
+            out[eval_key(figure, side)] = float(value) if value is not None else None
     return out
 
 

@@ -134,8 +134,9 @@ def gpu_workers_have_gpu_presets(ctx: Context) -> list[str]:
 
 def model_fits(ctx: Context) -> list[str]:
     """The run config's model, method, micro-batch and length fit each GPU worker's memory."""
-    from workloads.train.memory import inputs_from_run, estimate
+    from workloads.train.memory import estimate
     from workloads.train.model_shapes import UnknownModel, shape_for_source
+    from workloads.train.sizing import DoesNotFit, plan_batches, plan_inputs
 
     if ctx.run is None or ctx.run.train is None or ctx.cfg.nodes is None:
         return []
@@ -143,12 +144,18 @@ def model_fits(ctx: Context) -> list[str]:
         shape = shape_for_source(ctx.run.model.source)
     except UnknownModel as exc:
         return [str(exc)]
-    inputs = inputs_from_run(ctx.run)
-    need = estimate(shape, inputs)
     found = []
     for w in ctx.cfg.nodes.workers:
         platform = catalog.get_platform(w.platform)
-        if platform.is_gpu and not need.fits(platform.gpu_memory_gib):
+        if not platform.is_gpu:
+            continue
+        try:  # the same sizing the trainer does on that GPU (train.micro_batch_tokens / gradient_checkpointing auto)
+            inputs = plan_inputs(ctx.run, plan_batches(ctx.run, shape, platform.gpu_memory_gib))
+        except DoesNotFit as exc:
+            found.append(f"worker set {w.name}: {exc}")
+            continue
+        need = estimate(shape, inputs)
+        if not need.fits(platform.gpu_memory_gib):
             found.append(
                 f"worker set {w.name}: {inputs.method} of {ctx.run.model.source} at micro_batch {inputs.micro_batch} x "
                 f"{inputs.max_length} tokens needs ~{need.total_gib:.1f} GiB per GPU, {platform.gpu_model} has "

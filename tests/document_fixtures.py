@@ -14,6 +14,7 @@ def side(perplexity: float, tokens_per_second: float, **figures: Any) -> dict[st
         "perplexity": perplexity, "perplexity_tokens": 1200, "time_to_first_token": 0.05,
         "tokens_per_second": tokens_per_second, "total_time": 12.0, "message_length_avg": 240.0,
         "message_tokens_avg": 60.0, "rouge_l": 20.0, "bleu": 5.0, "chrf": 30.0, "sample_generations": [],
+        "prompts_scored": 3, "exact_match": 0.0, "numeric_match": 50.0, "numeric_scored": 2,
         **figures,
     }
 

@@ -198,3 +198,28 @@ def test_rendered_table_carries_the_seed_totals():
     for tps, printed in (("3.8", 3.86), ("60", 0.24), ("200", 0.07)):
         assert _close_to_printed(chat[tps], printed, 0.02, 0.005), (tps, chat[tps])
     assert render_table(cost_report(load_stack_config("local"))).startswith("Monthly cost: $0")
+
+
+def test_training_cost_uses_the_throughput_measured_for_the_gpu_model(tmp_path):
+    """h100 stack with a QLoRA run of Qwen3-14B and no throughput of its own: the H100 benchmark figure
+    (infra/training_throughput.json) prices the run; unquantized LoRA has no figure and says so."""
+    from infra.cost_report import load_run, training_estimate
+    from infra.throughput import measured_throughput
+
+    cfg = load_stack_config("h100")
+    run = load_run(cfg)
+    data = run.model_dump(mode="json")
+    data["paths"] = {"root": str(tmp_path)}
+    data["data"]["rows"] = 10_000  # no tokenized data here: the size comes from the row count
+    qlora = type(run).model_validate({**data, "train": {**data["train"], "quantization": "4bit"}})
+    figure = measured_throughput("NVIDIA H100 SXM", "hub:Qwen/Qwen3-14B", "qlora")
+    assert figure is not None and figure.date and figure.source
+    notes: list[str] = []
+    estimate = training_estimate(cfg, qlora, PriceBook(cfg.pricing.overrides), notes)
+    assert estimate.tokens_per_second_per_gpu == figure.tokens_per_second_per_gpu
+    assert figure.date in estimate.throughput_source and "H100" in estimate.throughput_source
+    assert estimate.gpu_hours == pytest.approx(estimate.tokens * estimate.epochs / figure.tokens_per_second_per_gpu / 3600)
+    lora = type(run).model_validate({**data, "train": {**data["train"], "quantization": "none"}})
+    notes = []
+    assert training_estimate(cfg, lora, PriceBook(cfg.pricing.overrides), notes).usd is None
+    assert any("no throughput" in n for n in notes)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import pytest
 from dashboard_fixtures import EVALUATOR, REPO, SAMPLE, stack_outputs
+from document_fixtures import evaluator_report, side
 
 from infra import cost
 from infra.config import load_stack_config
 from infra.artifacts import RunIndex
 from infra.dashboard.model import StoredRun, build, chat_label, comparison, loss_curves, unwrap_outputs
 from infra.dashboard.render import render_html
+from workloads.data.summary import TokenizeLosses
 from workloads.train.metrics import MetricsRecord
 
 
@@ -101,3 +103,15 @@ def test_comparison_from_flat_eval_outputs_when_no_run_is_stored() -> None:
     assert rows["Perplexity (lower is better)"] == (7.5, 5.0, pytest.approx(-100 / 3))
     assert rows["Time to first token (s)"][:2] == (0.2, 0.1) and "ROUGE-L" not in rows
     assert build("local", {"eval_perplexity_base": None}).comparison is None
+
+
+def test_answer_metrics_carry_their_counts_and_data_losses_are_listed() -> None:
+    report = evaluator_report("7", side(9.0, 20.0, exact_match=0.0, numeric_match=10.0, prompts_scored=20,
+                                        numeric_scored=18),
+                              side(6.0, 20.0, exact_match=45.0, numeric_match=60.0, prompts_scored=20, numeric_scored=18))
+    report.data = {"train": TokenizeLosses(rows_read=2998, rows_kept=2990, truncated=1500, lost_fraction=0.0027,
+                                           dropped={"overlong": 0, "answer_too_long": 8, "no_assistant_tokens": 0})}
+    result = comparison(report)
+    assert ("Exact match (%), n=20", 0.0, 45.0, None) in result.metrics
+    assert ("Numeric match (%), n=18", 10.0, 60.0, pytest.approx(500.0)) in result.metrics
+    assert result.data == [("train", 2998, 2990, 1500, "8 answer too long", pytest.approx(0.27))]

@@ -48,6 +48,7 @@ def test_reports_have_several_questions_and_answers_follow_the_table() -> None:
     rows = document(0, 3)
     assert 2 <= len(rows) <= 5 and len({r["doc_id"] for r in rows}) == 1
     assert len({r["user"].split("Question: ")[0] for r in rows}) == 1
+    assert len({r["user"] for r in qa_rows(300, 0)}) == 300, "questions within a report are distinct"
     for row in qa_rows(200, 1):
         assert row["user"].startswith(INSTRUCTION) and row["user"].endswith("?")
         question = row["user"].rsplit("Question: ", 1)[1]

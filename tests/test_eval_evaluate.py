@@ -47,13 +47,20 @@ def test_values_are_finite_and_samples_come_from_the_test_split(report) -> None:
     for side in ("base_model", "finetuned_model"):
         block = document[side]
         for key in SideReport.model_fields:
-            if key != "sample_generations":
+            if isinstance(block[key], float | int):
                 assert math.isfinite(block[key]), f"{side}.{key}"
+        assert block["prompts_scored"] == 3 and block["timing_runs"] == 3
+        low, high = block["exact_match_ci95"]
+        assert 0 <= low <= block["exact_match"] <= high <= 100
+        low, high = block["rouge_l_ci95"]
+        assert low <= block["rouge_l"] <= high
         assert block["perplexity_tokens"] > 0 and block["tokens_per_second"] > 0
         assert len(block["sample_generations"]) == 2
         assert {"input", "reference", "generated"} == set(block["sample_generations"][0])
     for key in Comparison.model_fields:
-        assert math.isfinite(document["comparison"][key]), key
+        value = document["comparison"][key]
+        assert value is None and key == "numeric_match" or math.isfinite(value), key
+    assert document["data"]["test"]["rows_kept"] == document["settings"]["test_rows_perplexity"]
     references = [json.loads(line)["messages"][-1]["content"] for line in run.test_jsonl.read_text().splitlines()]
     assert document["finetuned_model"]["sample_generations"][0]["reference"] == references[0]
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
 
-from workloads.eval.generation import read_prompts
-from workloads.eval.metrics import compare, percent_change, perplexity, text_scores
+from workloads.eval.metrics import (answer_scores, compare, exact_match, mean_interval, numeric_match, parse_numbers,
+                                    percent_change, perplexity, text_scores, wilson_interval)
 
 
 def _side(ppl: float, tps: float, length: float, rouge: float = 10.0) -> dict[str, float]:
@@ -47,11 +46,54 @@ def test_text_scores_rank_closer_output_higher() -> None:
     assert text_scores(refs, refs)["rouge_l"] == pytest.approx(100.0)
 
 
-def test_read_prompts_splits_reference_and_names_bad_row(tmp_path) -> None:
-    good = {"messages": [{"role": "user", "content": "Q?"}, {"role": "assistant", "content": "A."}]}
-    path = tmp_path / "test.jsonl"
-    path.write_text(json.dumps(good) + "\n" + json.dumps({"messages": [{"role": "user", "content": "x"}]}) + "\n")
-    first = read_prompts(path, 1)[0]
-    assert (first.input, first.reference, first.messages) == ("Q?", "A.", good["messages"][:1])
-    with pytest.raises(ValueError, match=r"test.jsonl: row 2"):
-        read_prompts(path, 5)
+def test_numbers_are_parsed_with_signs_scales_and_units() -> None:
+    values = [(n.value, n.percent) for n in parse_numbers(
+        "Revenue rose 12.5% to $1.2 million; the loss was (1,234), net -$39 million, 3 bn and 4.5k; FY2021.")]
+    assert values == [(12.5, True), (1_200_000.0, False), (-1234.0, False), (-39_000_000.0, False),
+                      (3_000_000_000.0, False), (4_500.0, False), (2021.0, False)]
+
+
+@pytest.mark.parametrize(("reference", "generated", "tolerance", "expected"), [
+    ("$758 million", "$758 million", 0.01, True),
+    ("$758 million", "The answer is 758 million dollars.", 0.01, True),
+    ("$758 million", "758", 0.01, True),              # table figure quoted "in millions"
+    ("$758 million", "$0.758 billion", 0.01, True),   # 758,000,000 either way
+    ("$758 million", "$760 million", 0.01, True),     # 2/760 = 0.26% apart
+    ("$758 million", "$760 million", 0.001, False),
+    ("7.4%", "7.5%", 0.01, False),                    # 0.1/7.5 = 1.33% apart
+    ("7.4%", "7.5%", 0.02, True),
+    ("-$39 million", "$39 million", 0.01, False),     # sign counts
+    ("-$39 million", "(39)", 0.01, True),
+    ("$1,234 million", "In 2021 it was $1,234 million", 0.01, False),  # the first number is the year
+    ("$5 million", "I cannot tell from the report.", 0.01, False),
+    ("No change was reported.", "0", 0.01, None),     # no number in the reference: not scored
+])
+def test_numeric_match_known_cases(reference: str, generated: str, tolerance: float, expected: bool | None) -> None:
+    assert numeric_match(reference, generated, tolerance) is expected
+
+
+def test_exact_match_ignores_case_spacing_and_final_stop() -> None:
+    assert exact_match("$758 million", "  $758  Million. ")
+    assert not exact_match("$758 million", "$758 million dollars")
+
+
+def test_answer_scores_counts_and_intervals() -> None:
+    # 3 of 10 exact; numeric scored on the 9 references with a number, 4 of them matching
+    references = ["$1 million"] * 3 + ["$2 million"] * 6 + ["none"]
+    generated = ["$1 million"] * 3 + ["$2 million (approx.)"] + ["$9 million"] * 5 + ["x"]
+    scores = answer_scores(references, generated, 0.01)
+    assert scores["prompts_scored"] == 10 and scores["exact_match"] == pytest.approx(30.0)
+    # Wilson 95% for 3/10, by hand: centre (0.3 + 1.96^2/20) / (1 + 1.96^2/10) = 0.35551,
+    # half-width 1.96 * sqrt(0.021 + 0.009604) / 1.38416 = 0.24772
+    assert scores["exact_match_ci95"] == pytest.approx((10.779, 60.323), abs=1e-3)
+    assert scores["numeric_scored"] == 9 and scores["numeric_match"] == pytest.approx(400 / 9)
+    assert wilson_interval(0, 5)[0] == 0.0 and wilson_interval(5, 5)[1] == pytest.approx(100.0)
+    assert mean_interval([10.0, 20.0, 30.0]) == pytest.approx((20 - 1.96 * 10 / math.sqrt(3), 20 + 1.96 * 10 / math.sqrt(3)))
+
+
+def test_comparison_of_answer_scores_is_in_points() -> None:
+    base = {**_side(7.0, 10.0, 100.0), "exact_match": 0.0, "numeric_match": 12.5}
+    tuned = {**_side(5.0, 10.0, 20.0), "exact_match": 40.0, "numeric_match": 50.0}
+    result = compare(base, tuned)
+    assert (result["exact_match"], result["numeric_match"]) == (40.0, 37.5)
+    assert compare(_side(7.0, 10.0, 100.0), _side(5.0, 10.0, 20.0))["exact_match"] is None

@@ -92,7 +92,7 @@ def test_a_waited_pipeline_fills_eval_elapsed_and_measured_keys_with_numbers(pro
     waited = next(outputs for name, outputs in produced.items() if name.endswith("+waited"))
     filled = {k: v for k, v in waited.items()
               if k.startswith(("eval_", "cost_per_chat_measured_")) or (k.startswith("pipeline_") and k.endswith("_elapsed_s"))}
-    assert len([k for k in filled if k.startswith("eval_")]) == 8 and len([k for k in filled if "measured" in k]) == 3
+    assert len([k for k in filled if k.startswith("eval_")]) == 12 and len([k for k in filled if "measured" in k]) == 3
     assert len([k for k in filled if k.endswith("_elapsed_s")]) == 4
     assert all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in filled.values()), filled
     assert waited["eval_tokens_per_second_finetuned"] == waited["cost_per_chat_measured_tokens_per_second"] == 41.5

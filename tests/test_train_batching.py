@@ -64,7 +64,8 @@ def test_packed_loss_equals_per_sequence_losses(tiny_prepared) -> None:
     packed = PackedCollator()([{"pack": [{"input_ids": r["input_ids"], "labels": r["labels"]} for r in rows]}])
     with torch.no_grad():
         packed_logits = model(input_ids=packed["input_ids"], position_ids=packed["position_ids"]).logits
-        packed_loss = model(**packed).loss
+        packed_loss = model(input_ids=packed["input_ids"], position_ids=packed["position_ids"],
+                            labels=packed["labels"]).loss
         total, count, offset = 0.0, 0, 0
         for row in rows:
             ids = torch.tensor([row["input_ids"]])

@@ -66,7 +66,7 @@ def test_training_writes_adapter_metrics_plot_manifest(tiny_prepared, tmp_path: 
     assert [r.step for r in rows] == [1, 2, 3, 4]
     for row in rows:
         assert row.loss > 0 and row.tokens_per_s > 0 and row.memory_mb > 0 and row.lr is not None
-        assert row.padding_efficiency == 1.0
+        assert row.padding_efficiency == round(row.tokens / 512, 4)  # every micro-batch is 2 x 256 tokens
         assert row.grad_norm is not None
     assert any(r.eval_loss is not None for r in read_metrics(out / "metrics.jsonl"))
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -78,6 +78,11 @@ def test_training_writes_adapter_metrics_plot_manifest(tiny_prepared, tmp_path: 
     assert len(manifest["config_sha256"]) == 64 and manifest["base_model"]["from"] == "prepare manifest"
     assert manifest["dataset"]["prepare_manifest_sha256"] and manifest["packages"]["peft"]
     assert manifest["started"] and manifest["ended"]
+    assert manifest["attention"] == {"implementation": "sdpa", "backend": "default"}
+    assert manifest["batch_plan"] | {"estimate_gib": None} == {
+        "micro_batch_tokens": 512, "gradient_accumulation_steps": 1, "gradient_checkpointing": False,
+        "step_tokens": 512, "estimate_gib": None, "gpu_memory_gib": None, "memory_fraction": 0.9, "source": "config"}
+    assert manifest["fused_loss"] is False
     kept = sorted(p.name for p in run.checkpoints_dir.iterdir())
     assert kept == ["checkpoint-3", "checkpoint-4"]
     assert all(checkpoints.problem(run.checkpoints_dir / k) is None for k in kept)
@@ -129,10 +134,11 @@ def test_stop_then_resume_skips_corrupt_checkpoint(
 def test_4bit_nf4_trains_on_cpu(tiny_prepared, tmp_path: Path) -> None:
     import bitsandbytes as bnb
 
+    from workloads.train import attention
     from workloads.train.finetune import load_model
 
     run = with_train(tiny_prepared, tmp_path, quantization="4bit", gradient_checkpointing=True, max_steps=2, save_steps=5)
-    model = load_model(train_paths(run).model_dir, run.train, "fp32", 0)
+    model = load_model(train_paths(run).model_dir, run.train, "fp32", 0, attention.choose(False, True), True)
     layer = model.base_model.model.model.layers[0].self_attn.q_proj
     assert isinstance(layer.base_layer, bnb.nn.Linear4bit)
     assert layer.base_layer.weight.quant_state.quant_type == "nf4"
@@ -144,3 +150,23 @@ def test_cli_runs_the_config_file(tiny_prepared, tmp_path: Path) -> None:
     run = with_train(tiny_prepared, tmp_path, max_steps=1, save_steps=1)
     assert main(["--config", str(write_config(run, tmp_path / "run.json"))]) == 0
     assert (run.adapter_dir / "adapter_config.json").is_file()
+
+
+def test_fused_loss_needs_cuda_and_says_so(tiny_prepared, tmp_path: Path) -> None:
+    run = with_train(tiny_prepared, tmp_path, max_steps=1, fused_loss=True)
+    with pytest.raises(RuntimeError, match="fused_loss needs a CUDA GPU and the liger-kernel package"):
+        train_run(run)
+
+
+def test_micro_batch_tokens_split_the_configured_global_batch(tiny_prepared, tmp_path: Path) -> None:
+    """2 sequences x 2 accumulation x 256 tokens per step, as 4 packed micro-batches of 256, with activation
+    checkpointing switched on on the model (not through TrainingArguments)."""
+    run = with_train(tiny_prepared, tmp_path, max_steps=2, save_steps=5, gradient_accumulation_steps=2,
+                     micro_batch_tokens=256, gradient_checkpointing=True)
+    assert train_run(run) == 0
+    manifest = json.loads((run.train_run_dir / "run_manifest.json").read_text())
+    plan = manifest["batch_plan"]
+    assert (plan["micro_batch_tokens"], plan["gradient_accumulation_steps"], plan["step_tokens"]) == (256, 4, 1024)
+    assert plan["gradient_checkpointing"] is True
+    rows = [r for r in read_metrics(run.train_run_dir / "metrics.jsonl") if r.loss is not None]
+    assert [r.padding_efficiency for r in rows] == [round(r.tokens / 1024, 4) for r in rows]

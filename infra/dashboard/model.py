@@ -73,6 +73,8 @@ class Comparison:
     metrics: list[tuple[str, float | None, float | None, float | None]]
     """(metric, base, fine-tuned, change % = (fine-tuned - base) / base)."""
     samples: list[dict[str, str]]
+    data: list[tuple[str, int, int, int, str, float]] = field(default_factory=list)
+    """tokenize losses per split: (split, rows read, kept, truncated, dropped by reason, lost %)."""
 
 
 @dataclass(frozen=True)
@@ -250,17 +252,33 @@ _COMPARED = (
     ("rouge_l", "ROUGE-L"),
     ("bleu", "BLEU"),
     ("chrf", "chrF"),
+    ("exact_match", "Exact match (%)"),
+    ("numeric_match", "Numeric match (%)"),
 )
 """SideReport field -> label, in the order the page shows them."""
+_COUNTED = {"rouge_l": "prompts_scored", "exact_match": "prompts_scored", "numeric_match": "numeric_scored"}
+"""SideReport field -> the field counting the prompts behind it, shown in the label."""
 
 
-def _comparison_rows(figures: Mapping[str, tuple[float | None, float | None]]
+def data_rows(report: EvaluatorReport) -> list[tuple[str, int, int, int, str, float]]:
+    """The report's `data` block: where the rows of each split went when it was tokenized."""
+    rows = []
+    for split, losses in (report.data or {}).items():
+        text = ", ".join(f"{n} {reason.replace('_', ' ')}" for reason, n in losses.dropped.items() if n) or "none"
+        rows.append((split, losses.rows_read, losses.rows_kept, losses.truncated, text, 100.0 * losses.lost_fraction))
+    return rows
+
+
+def _comparison_rows(figures: Mapping[str, tuple[float | None, float | None]],
+                     counts: Mapping[str, int | None] | None = None
                      ) -> list[tuple[str, float | None, float | None, float | None]]:
     rows = []
     for field_name, label in _COMPARED:
         b, t = figures.get(field_name, (None, None))
         if b is None and t is None:
             continue
+        if (n := (counts or {}).get(field_name)) is not None:
+            label = f"{label}, n={n}"
         delta = (t - b) / b * 100.0 if b not in (None, 0) and t is not None else None
         rows.append((label, b, t, delta))
     return rows
@@ -271,8 +289,9 @@ def comparison(report: EvaluatorReport | None) -> Comparison | None:
     if report is None:
         return None
     figures = {f: (getattr(report.base_model, f), getattr(report.finetuned_model, f)) for f, _ in _COMPARED}
+    counts = {f: getattr(report.finetuned_model, n) for f, n in _COUNTED.items()}
     samples = [s.model_dump() for s in report.finetuned_model.sample_generations[:3]]
-    return Comparison(_comparison_rows(figures), samples)
+    return Comparison(_comparison_rows(figures, counts), samples, data_rows(report))
 
 
 def comparison_from_outputs(outputs: Mapping[str, Any]) -> Comparison | None:

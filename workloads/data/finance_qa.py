@@ -72,7 +72,7 @@ def _question(rng: random.Random, metrics: list[str], years: list[int], values: 
 
 
 def document(seed: int, index: int) -> list[Row]:
-    """Report `index` for `seed` and its 2 to 5 questions, one row per question."""
+    """Report `index` for `seed` and its 2 to 5 distinct questions, one row per question."""
     rng = random.Random(f"qa-{seed}-{index}")
     company = rng.choice(COMPANIES)
     last = rng.randint(2019, 2025)
@@ -86,12 +86,15 @@ def document(seed: int, index: int) -> list[Row]:
             value = max(50, round(value * rng.uniform(0.85, 1.2)))
     report = "\n\n".join([f"{company} annual report {last}", _table(metrics, years, values),
                           *_paragraphs(rng, company, metrics, years, values)])
-    rows = []
-    for _ in range(rng.randint(2, 5)):
+    questions: dict[str, str] = {}
+    wanted = rng.randint(2, 5)
+    for _ in range(4 * wanted):
         question, answer = _question(rng, metrics, years, values)
-        rows.append({"system": "", "user": f"{INSTRUCTION}\n\n{report}\n\nQuestion: {question}",
-                     "assistant": answer, "doc_id": f"doc-{seed}-{index}"})
-    return rows
+        questions.setdefault(question, answer)
+        if len(questions) == wanted:
+            break
+    return [{"system": "", "user": f"{INSTRUCTION}\n\n{report}\n\nQuestion: {question}", "assistant": answer,
+             "doc_id": f"doc-{seed}-{index}"} for question, answer in questions.items()]
 
 
 def qa_rows(rows: int, seed: int) -> list[Row]:

@@ -20,6 +20,10 @@ class EvalConfig(BaseModel):
     num_prompts: int = Field(20, gt=0, description="test prompts used for generation metrics")
     num_samples: int = Field(3, ge=0, description="sample_generations kept in the report")
     max_new_tokens: int = Field(128, gt=0, description="generation limit per prompt (greedy)")
+    generation_batch_size: int = Field(16, gt=0, description="prompts generated together (left-padded batches)")
+    timing_runs: int = Field(3, gt=0, description="single-prompt timed generations after one warm-up; speed and "
+                             "time to first token are their medians")
+    numeric_tolerance: float = Field(0.01, ge=0.0, description="numeric match: largest relative difference accepted")
     seed: int = Field(0, ge=0, description="torch seed before each model's generation")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when available")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import logging
 import os
 import sys
@@ -16,8 +17,11 @@ import torch
 
 from workloads.config import ConfigError, RunConfig, load_run_config
 from workloads.eval.config import EvalConfig
-from workloads.eval.generation import Prompt, generate_all, read_prompts
-from workloads.eval.metrics import compare, text_scores
+from workloads.common.atomic import MANIFEST_NAME
+from workloads.data.summary import TokenizeLosses
+from workloads.data.tokenize import loss_summary
+from workloads.eval.generation import Prompt, generate_all, read_prompts, time_generation
+from workloads.eval.metrics import answer_scores, compare, text_scores
 from workloads.eval.perplexity import assistant_perplexity, load_tokenized
 from workloads.eval.report import Comparison, EvalSettings, EvaluatorReport, SideReport, write_chart, write_report
 
@@ -67,24 +71,39 @@ def load_model(run: RunConfig, side: str, kind: str, device: str, dtype: torch.d
 def measure(model, tokenizer, dataset, prompts: list[Prompt], cfg: EvalConfig, name: str) -> dict[str, Any]:
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     ppl, scored = assistant_perplexity(model, dataset, cfg.batch_size, pad_id, desc=f"{name}: perplexity")
-    outputs = generate_all(model, tokenizer, prompts, cfg.max_new_tokens, cfg.seed, desc=f"{name}: generation")
-    tokens = sum(o.tokens for o in outputs)
-    total = sum(o.total_s for o in outputs)
+    outputs, total = generate_all(model, tokenizer, prompts, cfg.max_new_tokens, cfg.generation_batch_size, cfg.seed,
+                                  desc=f"{name}: generation")
+    timing = time_generation(model, tokenizer, prompts, cfg.max_new_tokens, cfg.timing_runs, desc=f"{name}: timing")
     n = len(outputs)
+    references, replies = [p.reference for p in prompts], [o.text for o in outputs]
     return {
         "perplexity": ppl,
         "perplexity_tokens": scored,
-        "time_to_first_token": sum(o.ttft_s for o in outputs) / n,
-        "tokens_per_second": tokens / total if total > 0 else 0.0,
+        "time_to_first_token": timing.ttft_s,
+        "tokens_per_second": timing.tokens_per_second,
+        "timing_runs": timing.runs,
         "total_time": total,
         "message_length_avg": sum(len(o.text) for o in outputs) / n,
-        "message_tokens_avg": tokens / n,
-        **text_scores([p.reference for p in prompts], [o.text for o in outputs]),
+        "message_tokens_avg": sum(o.tokens for o in outputs) / n,
+        **text_scores(references, replies),
+        **answer_scores(references, replies, cfg.numeric_tolerance),
         "sample_generations": [
             {"input": p.input, "reference": p.reference, "generated": o.text}
             for p, o in zip(prompts[: cfg.num_samples], outputs)
         ],
     }
+
+
+def data_losses(run: RunConfig) -> dict[str, TokenizeLosses] | None:
+    """The tokenize manifests' loss accounting for both splits (None if a manifest is missing)."""
+    losses = {}
+    for side, folder in (("train", run.train_tokenized_dir), ("test", run.test_tokenized_dir)):
+        manifest = folder / MANIFEST_NAME
+        if not manifest.is_file():
+            return None
+        stats = json.loads(manifest.read_text(encoding="utf-8"))
+        losses[side] = TokenizeLosses.model_validate({**loss_summary(stats), "mean_tokens": stats.get("mean_tokens")})
+    return losses
 
 
 def evaluate(run: RunConfig, job_id: str) -> EvaluatorReport:
@@ -95,7 +114,7 @@ def evaluate(run: RunConfig, job_id: str) -> EvaluatorReport:
     device, dtype = resolve_device_dtype(cfg)
     tokenizer = AutoTokenizer.from_pretrained(run.base_model_dir)
     dataset = load_tokenized(run.test_tokenized_dir, cfg.perplexity_rows)
-    prompts = read_prompts(run.test_jsonl, cfg.num_prompts)
+    prompts = read_prompts(dataset, run.test_jsonl, cfg.num_prompts)
     sides: dict[str, dict[str, Any]] = {}
     for side in ("base", "finetuned"):
         log.info("evaluating %s model (%s)", side, kind if side == "finetuned" else run.base_model_dir)
@@ -118,7 +137,10 @@ def evaluate(run: RunConfig, job_id: str) -> EvaluatorReport:
             max_new_tokens=cfg.max_new_tokens,
             seed=cfg.seed,
             decoding="greedy",
+            generation_batch_size=cfg.generation_batch_size,
+            numeric_tolerance=cfg.numeric_tolerance,
         ),
+        data=data_losses(run),
     )
 
 

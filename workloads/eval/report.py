@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from workloads.common.atomic import atomic_file, write_text_atomic
+from workloads.data.summary import TokenizeLosses
 
 REPORT_VERSION = 1
 
@@ -35,11 +36,11 @@ class SideReport(_Document):
     perplexity_tokens: int
     """assistant tokens scored for the perplexity."""
     time_to_first_token: float
-    """mean seconds to the first generated token."""
+    """median seconds to the first generated token over the timed runs (after a warm-up)."""
     tokens_per_second: float
-    """generated tokens / generation seconds over every prompt."""
+    """median tokens per second of the timed single-prompt runs, each generating max_new_tokens."""
     total_time: float
-    """generation seconds over every prompt."""
+    """seconds the batched generation of every prompt took."""
     message_length_avg: float
     """mean reply length in characters."""
     message_tokens_avg: float
@@ -48,6 +49,22 @@ class SideReport(_Document):
     bleu: float
     chrf: float
     sample_generations: list[SampleGeneration] = []
+    prompts_scored: int | None = None
+    """prompts behind rouge_l, bleu, chrf and exact_match."""
+    rouge_l_ci95: tuple[float, float] | None = None
+    """95% interval of the per-prompt ROUGE-L mean (normal approximation)."""
+    exact_match: float | None = None
+    """% of replies equal to the reference (case, spacing and a final full stop ignored)."""
+    exact_match_ci95: tuple[float, float] | None = None
+    """95% Wilson interval, in %."""
+    numeric_match: float | None = None
+    """% of replies whose first number equals the reference's first number within settings.numeric_tolerance
+    (scale words and units parsed); None when no reference has a number."""
+    numeric_match_ci95: tuple[float, float] | None = None
+    numeric_scored: int | None = None
+    """prompts whose reference has a number (behind numeric_match)."""
+    timing_runs: int | None = None
+    """timed runs behind tokens_per_second and time_to_first_token."""
 
 
 class Comparison(_Document):
@@ -61,6 +78,10 @@ class Comparison(_Document):
     rouge_l: float
     bleu: float
     chrf: float
+    exact_match: float | None = None
+    """fine-tuned - base, percentage points."""
+    numeric_match: float | None = None
+    """fine-tuned - base, percentage points."""
 
 
 class EvalSettings(_Document):
@@ -71,6 +92,8 @@ class EvalSettings(_Document):
     max_new_tokens: int
     seed: int
     decoding: str
+    generation_batch_size: int | None = None
+    numeric_tolerance: float | None = None
 
 
 class EvaluatorReport(_Document):
@@ -84,6 +107,8 @@ class EvaluatorReport(_Document):
     finetuned_model: SideReport
     comparison: Comparison
     settings: EvalSettings
+    data: dict[str, TokenizeLosses] | None = None
+    """rows read, kept, truncated and dropped by reason when the train and test splits were tokenized."""
 
 
 def report_name(job_id: str) -> str:
@@ -119,11 +144,12 @@ def write_chart(report: EvaluatorReport, path: Path) -> Path:
         for i, v in enumerate(values):
             ax.annotate(f"{v:.3g}", (i, v), ha="center", va="bottom", fontsize=9)
     width = 0.38
-    xs = range(3)
-    scores = ("rouge_l", "bleu", "chrf")
+    names = {"rouge_l": "ROUGE-L", "bleu": "BLEU", "chrf": "chrF", "exact_match": "exact", "numeric_match": "numeric"}
+    scores = [k for k in names if getattr(base, k) is not None and getattr(tuned, k) is not None]
+    xs = range(len(scores))
     axes[3].bar([x - width / 2 for x in xs], [getattr(base, k) for k in scores], width, label=labels[0], color=colors[0])
     axes[3].bar([x + width / 2 for x in xs], [getattr(tuned, k) for k in scores], width, label=labels[1], color=colors[1])
-    axes[3].set_xticks(list(xs), ["ROUGE-L", "BLEU", "chrF"])
+    axes[3].set_xticks(list(xs), [names[k] for k in scores])
     axes[3].set_title("scores against references (0-100)", fontsize=10)
     axes[3].legend(fontsize=8)
     fig.suptitle(f"run {report.run}: base vs fine-tuned (job {report.job_id})")

@@ -1,9 +1,12 @@
 """Batches without compute spent on padding.
 
 `packed`: sequences are bin-packed into micro-batches of at most `token_budget` tokens, concatenated into one
-row with position ids restarting at 0 for each sequence. Transformers turns restarting position ids into a
-block-diagonal causal mask (or flash-attention varlen on GPU), so no token attends across a boundary, and the
-first label of every sequence is masked so no token is trained to predict the next sequence.
+row with position ids restarting at 0 for each sequence, and filled up to exactly `token_budget` tokens with
+one filler sequence (pad tokens, no loss), so every micro-batch of a run has the same shape and kernels are
+planned once. The row carries the sequence boundaries (`cu_seq_lens_q`); on CUDA varlen flash attention uses
+them, on CPU transformers turns the restarting position ids into a block-diagonal causal mask. Either way no
+token attends across a boundary, and the first label of every sequence is masked so no token is trained to
+predict the next sequence.
 `grouped`: similar lengths share a micro-batch and are padded to the longest of that batch only.
 """
 
@@ -20,6 +23,7 @@ from transformers import DataCollatorForSeq2Seq, DataCollatorWithFlattening
 
 IGNORE_INDEX = -100
 COLUMNS = ("input_ids", "labels")
+REAL_TOKENS = "real_tokens"
 
 
 def pack_bins(lengths: Sequence[int], token_budget: int, seed: int) -> list[list[int]]:
@@ -62,13 +66,24 @@ class PackedDataset(Dataset):
 
 
 class PackedCollator:
-    """Flattens the rows of the given packs into a single row: input_ids, labels, position_ids; no padding."""
+    """Flattens the rows of the given packs into a single row (input_ids, labels, position_ids, sequence
+    boundaries), filled to `token_budget` tokens when given; `real_tokens` counts the tokens that are not filler."""
 
-    def __init__(self) -> None:
-        self._flatten = DataCollatorWithFlattening(separator_id=IGNORE_INDEX)
+    def __init__(self, token_budget: int | None = None, pad_id: int = 0) -> None:
+        self.token_budget = token_budget
+        self.pad_id = pad_id
+        self._flatten = DataCollatorWithFlattening(separator_id=IGNORE_INDEX, return_flash_attn_kwargs=True)
 
-    def __call__(self, items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        return self._flatten([row for item in items for row in item["pack"]])
+    def __call__(self, items: list[dict[str, Any]]) -> dict[str, Any]:
+        rows = [row for item in items for row in item["pack"]]
+        real = sum(len(row["input_ids"]) for row in rows)
+        if self.token_budget is not None:
+            if real > self.token_budget:
+                raise ValueError(f"packed micro-batch of {real} tokens exceeds the budget of {self.token_budget}")
+            if real < self.token_budget:
+                fill = self.token_budget - real
+                rows.append({"input_ids": [self.pad_id] * fill, "labels": [IGNORE_INDEX] * fill})
+        return {**self._flatten(rows), REAL_TOKENS: real}
 
 
 @dataclass
@@ -91,8 +106,10 @@ class PaddedCollator:
         return self._pad([{c: row[c] for c in ("input_ids", "attention_mask", "labels")} for row in rows])
 
 
-def batch_tokens(batch: dict[str, torch.Tensor]) -> tuple[int, int]:
+def batch_tokens(batch: dict[str, Any]) -> tuple[int, int]:
     """(real tokens, processed tokens) of a collated micro-batch."""
     processed = batch["input_ids"].numel()
+    if REAL_TOKENS in batch:
+        return int(batch[REAL_TOKENS]), processed
     mask = batch.get("attention_mask")
     return (int(mask.sum()) if mask is not None else processed), processed

@@ -83,12 +83,20 @@ class TrainConfig(_Section):
     max_steps: int | None = Field(None, ge=1, description="optimizer steps; overrides epochs")
     micro_batch_size: int = Field(4, ge=1, description="sequences' worth of tokens per device per forward")
     gradient_accumulation_steps: int = Field(1, ge=1)
+    micro_batch_tokens: int | Literal["auto"] | None = Field(
+        None, description="packed: tokens per micro-batch (every micro-batch has exactly this many); auto: sized "
+        "from the memory estimate to memory_fraction of the GPU, keeping micro_batch_size x "
+        "gradient_accumulation_steps x max_length tokens per step through accumulation; default "
+        "micro_batch_size x max_length")
+    memory_fraction: float = Field(0.9, gt=0.0, le=1.0, description="share of GPU memory `auto` sizing may plan for")
+    fused_loss: bool = Field(False, description="fused linear + cross-entropy (Liger, CUDA): no logits tensor")
     max_length: int | None = Field(None, ge=16, description="longest sequence (default data.max_length)")
     batching: Literal["packed", "grouped"] = Field(
         "packed", description="packed: sequences concatenated, attention kept within each; grouped: by length"
     )
     precision: Precision = Field("auto", description="auto: bf16 if the GPU has it, else fp16; fp32 on CPU")
-    gradient_checkpointing: bool = True
+    gradient_checkpointing: bool | Literal["auto"] = Field(
+        True, description="recompute activations in backward; auto: only when needed to fit (GPU), off on CPU")
     save_steps: int = Field(50, ge=1, description="checkpoint every N optimizer steps")
     save_total_limit: int = Field(3, ge=1, description="complete checkpoints kept")
     requeue: bool = Field(True, description="on preemption (USR1) checkpoint and requeue the Slurm job; "
@@ -104,6 +112,8 @@ class TrainConfig(_Section):
     def _consistent(self) -> TrainConfig:
         if self.eval_steps is not None and self.eval_steps % self.save_steps and self.save_steps % self.eval_steps:
             raise ValueError("eval_steps and save_steps must divide one another")
+        if self.micro_batch_tokens is not None and self.batching != "packed":
+            raise ValueError("micro_batch_tokens needs batching: packed")
         return self
 
 
@@ -162,10 +172,13 @@ def detect_precision(precision: Precision) -> Literal["bf16", "fp16", "fp32"]:
 
 
 def create_training_arguments(
-    train: TrainConfig, checkpoint_dir: Path, precision: Literal["bf16", "fp16", "fp32"], report_eval: bool = False
+    train: TrainConfig, checkpoint_dir: Path, precision: Literal["bf16", "fp16", "fp32"], report_eval: bool = False,
+    gradient_accumulation_steps: int | None = None,
 ) -> TrainingArguments:
-    """TrainingArguments for `train`. Checkpoints are saved under `checkpoint_dir` and pruned by this
-    package (atomic, bounded), so the Trainer's own rotation is off."""
+    """TrainingArguments for `train` (`gradient_accumulation_steps` overrides the configured one, e.g. from a
+    batch plan). Checkpoints are saved under `checkpoint_dir` and pruned by this package (atomic, bounded), so
+    the Trainer's own rotation is off. Activation checkpointing is switched on by `finetune.load_model` on the
+    model itself, not through TrainingArguments (whose argument for it was renamed in transformers 5.23)."""
     from transformers import TrainingArguments
 
     import torch
@@ -175,7 +188,7 @@ def create_training_arguments(
         output_dir=str(checkpoint_dir),
         per_device_train_batch_size=1 if train.batching == "packed" else train.micro_batch_size,
         per_device_eval_batch_size=1 if train.batching == "packed" else train.micro_batch_size,
-        gradient_accumulation_steps=train.gradient_accumulation_steps,
+        gradient_accumulation_steps=gradient_accumulation_steps or train.gradient_accumulation_steps,
         learning_rate=train.learning_rate,
         lr_scheduler_type=train.lr_scheduler,
         warmup_steps=train.warmup_steps,
@@ -185,8 +198,6 @@ def create_training_arguments(
         max_steps=train.max_steps or -1,
         bf16=precision == "bf16",
         fp16=precision == "fp16",
-        activation_checkpointing=train.gradient_checkpointing,
-        activation_checkpointing_kwargs={"use_reentrant": False} if train.gradient_checkpointing else None,
         save_strategy="steps",
         save_steps=train.save_steps,
         save_total_limit=None,

@@ -11,6 +11,7 @@ run_manifest.json under the run's output folder.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import shutil
@@ -23,8 +24,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 
 from workloads.common.atomic import atomic_dir
 from workloads.config import ConfigError, RunConfig, load_run_config
-from workloads.train import checkpoints
-from workloads.train.batching import PackedCollator, PackedDataset, PaddedCollator, batch_tokens
+from workloads.train import attention, checkpoints, fused_loss
+from workloads.train.batching import REAL_TOKENS, PackedCollator, PackedDataset, PaddedCollator, batch_tokens
 from workloads.train.config import (
     TrainConfig,
     TrainPaths,
@@ -48,6 +49,8 @@ from workloads.train.manifest import (
     training_fingerprint,
 )
 from workloads.train.metrics import METRICS_NAME, MetricsCallback, TokenCounter, plot_loss, truncate_metrics
+from workloads.train.model_shapes import shape_from_hf_config
+from workloads.train.sizing import BatchPlan, plan_batches
 from workloads.train.preemption import INTERRUPTED_EXIT, STOP_FILE_ENV, PreemptionCallback, StopRequest
 
 log = logging.getLogger("workloads.train.finetune")
@@ -70,6 +73,10 @@ class FinetuneTrainer(Trainer):
         self.counter.add(*batch_tokens(inputs))
         return super().training_step(model, inputs, num_items_in_batch)
 
+    def compute_loss(self, model, inputs, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN201
+        inputs.pop(REAL_TOKENS, None)
+        return super().compute_loss(model, inputs, *args, **kwargs)
+
     def _save_checkpoint(self, model, trial) -> None:  # noqa: ANN001
         root = Path(self.args.output_dir)
         step = self.state.global_step
@@ -91,8 +98,10 @@ class FinetuneTrainer(Trainer):
         self.accelerator.wait_for_everyone()
 
 
-def load_model(model_dir: Path, train: TrainConfig, precision: str, local_rank: int) -> Any:
-    """Base model (NF4 4-bit, int8 or unquantized), prepared for k-bit training, with a fresh LoRA adapter."""
+def load_model(model_dir: Path, train: TrainConfig, precision: str, local_rank: int,
+               choice: attention.AttentionChoice, checkpointing: bool) -> Any:
+    """Base model (NF4 4-bit, int8 or unquantized) with the chosen attention, prepared for k-bit training, with
+    activation checkpointing when asked, the fused loss when configured, and a fresh LoRA adapter."""
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
     dtype = DTYPES[precision]
@@ -105,24 +114,22 @@ def load_model(model_dir: Path, train: TrainConfig, precision: str, local_rank: 
     elif train.quantization == "8bit":
         quantization = BitsAndBytesConfig(load_in_8bit=True)
     cuda = torch.cuda.is_available()
-    attention = "sdpa"
-    if cuda:
-        try:
-            import flash_attn  # noqa: F401
-
-            attention = "flash_attention_2"
-        except ImportError:
-            pass
+    if choice.implementation == attention.VARLEN:
+        attention.register()
     model = AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=dtype, quantization_config=quantization, attn_implementation=attention,
+        model_dir, dtype=dtype, quantization_config=quantization, attn_implementation=choice.implementation,
         device_map={"": local_rank} if cuda else None,
     )
     model.config.use_cache = False
     if quantization is not None:
         model = prepare_model_for_kbit_training(
-            model, use_gradient_checkpointing=train.gradient_checkpointing,
-            gradient_checkpointing_kwargs={"use_reentrant": False},
+            model, use_gradient_checkpointing=checkpointing, gradient_checkpointing_kwargs={"use_reentrant": False},
         )
+    elif checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.enable_input_require_grads()
+    if train.fused_loss:
+        fused_loss.enable(model)
     lora = LoraConfig(
         r=train.lora.r, lora_alpha=train.lora.alpha, lora_dropout=train.lora.dropout,
         target_modules=train.lora.target_modules, task_type="CAUSAL_LM",
@@ -130,8 +137,10 @@ def load_model(model_dir: Path, train: TrainConfig, precision: str, local_rank: 
     return get_peft_model(model, lora)
 
 
-def load_datasets(paths: TrainPaths, train: TrainConfig, length: int, tokenizer: Any) -> tuple[Any, Any, Any]:
-    """Train and optional eval datasets with their collator, packed or length-grouped."""
+def load_datasets(paths: TrainPaths, train: TrainConfig, length: int, tokenizer: Any,
+                  plan: BatchPlan) -> tuple[Any, Any, Any]:
+    """Train and optional eval datasets with their collator: packed micro-batches of exactly
+    `plan.micro_batch_tokens` tokens, or length-grouped."""
     from datasets import load_from_disk
 
     def read(folder: Path) -> Any:
@@ -146,12 +155,30 @@ def load_datasets(paths: TrainPaths, train: TrainConfig, length: int, tokenizer:
     rows = read(paths.dataset_dir)
     eval_rows = read(paths.eval_dataset_dir) if paths.eval_dataset_dir else None
     if train.batching == "packed":
-        budget = train.micro_batch_size * length
+        budget = plan.micro_batch_tokens
         packed = PackedDataset(rows, budget, length, train.seed)
         evals = PackedDataset(eval_rows, budget, length, train.seed) if eval_rows is not None else None
-        log.info("packed %d sequences into %d micro-batches of <= %d tokens", len(rows), len(packed), budget)
-        return packed, evals, PackedCollator()
+        log.info("packed %d sequences into %d micro-batches of %d tokens", len(rows), len(packed), budget)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        return packed, evals, PackedCollator(budget, pad or 0)
     return rows, eval_rows, PaddedCollator(tokenizer)
+
+
+def gpu_memory_gib() -> float | None:
+    """Total memory of this process's GPU (None on CPU)."""
+    if not torch.cuda.is_available():
+        return None
+    index = int(os.environ.get("LOCAL_RANK", "0"))
+    return torch.cuda.get_device_properties(index).total_memory / 2**30
+
+
+def batch_plan(run: RunConfig, model_dir: Path) -> BatchPlan:
+    """Micro-batch tokens, accumulation and checkpointing for this machine (see workloads.train.sizing)."""
+    config = model_dir / "config.json"
+    if not config.is_file():
+        raise FileNotFoundError(f"{model_dir}: no config.json (run the prepare stage first)")
+    shape = shape_from_hf_config(json.loads(config.read_text(encoding="utf-8")))
+    return plan_batches(run, shape, gpu_memory_gib())
 
 
 def is_done(manifest_file: Path, adapter: Path, digest: str) -> bool:
@@ -173,7 +200,10 @@ def train_run(run: RunConfig) -> int:
         return 0
     precision = detect_precision(train.precision)
     stop = StopRequest(os.environ.get(STOP_FILE_ENV))
-    args = create_training_arguments(train, paths.checkpoint_dir, precision, report_eval=bool(paths.eval_dataset_dir))
+    plan = batch_plan(run, paths.model_dir)
+    choice = attention.choose(torch.cuda.is_available(), train.batching == "packed")
+    args = create_training_arguments(train, paths.checkpoint_dir, precision, report_eval=bool(paths.eval_dataset_dir),
+                                     gradient_accumulation_steps=plan.gradient_accumulation_steps)
     rank0 = args.process_index == 0
     resume = checkpoints.latest_complete(paths.checkpoint_dir, fingerprint)
     resumed_step = checkpoints.checkpoint_step(resume) if resume else 0
@@ -193,15 +223,19 @@ def train_run(run: RunConfig) -> int:
             "git_commit": git_commit(Path(__file__).resolve().parents[2]),
             "world_size": args.world_size,
             "nodes": int(os.environ.get("SLURM_NNODES", "1")),
+            "attention": choice.model_dump(),
+            "batch_plan": plan.model_dump(),
+            "fused_loss": train.fused_loss,
         }
         manifest = start_attempt(manifest_file, base, resumed_step or 0)
-    log.info("rank %d/%d precision=%s resume=%s", args.process_index, args.world_size, precision, resume or "none")
+    log.info("rank %d/%d precision=%s resume=%s attention=%s/%s plan=%s", args.process_index, args.world_size,
+             precision, resume or "none", choice.implementation, choice.backend, plan.model_dump())
 
     tokenizer = AutoTokenizer.from_pretrained(paths.model_dir)
-    model = load_model(paths.model_dir, train, precision, args.local_process_index)
+    model = load_model(paths.model_dir, train, precision, args.local_process_index, choice, plan.gradient_checkpointing)
     if rank0:
         model.print_trainable_parameters()
-    train_data, eval_data, collator = load_datasets(paths, train, max_length(run), tokenizer)
+    train_data, eval_data, collator = load_datasets(paths, train, max_length(run), tokenizer, plan)
     counter = TokenCounter()
     preemption = PreemptionCallback(stop)
     trainer = FinetuneTrainer(

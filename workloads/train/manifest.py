@@ -17,6 +17,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from workloads.common.atomic import MANIFEST_NAME, read_manifest, sha256_file, utc_now, write_text_atomic
+from workloads.train.attention import AttentionChoice
+from workloads.train.sizing import BatchPlan
 
 MANIFEST_VERSION = 1
 RUN_MANIFEST_NAME = "run_manifest.json"
@@ -77,6 +79,11 @@ class RunManifest(_Document):
     global_step: int | None = None
     adapter: str | None = None
     """the saved adapter folder, once completed."""
+    attention: AttentionChoice | None = None
+    """attention implementation and kernel the run trained with (workloads/train/attention.py)."""
+    batch_plan: BatchPlan | None = None
+    """micro-batch tokens, accumulation and checkpointing the run trained with (workloads/train/sizing.py)."""
+    fused_loss: bool = False
 
     def json_text(self) -> str:
         return self.model_dump_json(indent=2, by_alias=True) + "\n"

@@ -1,0 +1,92 @@
+"""Evaluator generation: one prompt at a time (the evaluator before batching) against batched generation
+plus the timed runs, on the same prompts and model; prints JSON.
+
+    .venv/bin/python bench/eval_generation.py --model .local/test-cache/smollm2-base --prompts 6 --max-new-tokens 48 \
+        [--batch-size 16] [--max-length 512] [--device cpu|cuda]
+
+Prompts are synthetic long-context QA rows tokenized as training does (workloads.data.tokenize, overlong
+context). Both arms generate greedily; `sequential` is the old loop (one generate call per prompt), `batched`
+is workloads.eval.generation.generate_all plus time_generation (warm-up and `--timing-runs` timed runs),
+i.e. everything the evaluator now spends on generation per model.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# bench/ holds tokenize.py, which would shadow the standard library module of that name.
+HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+import torch  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="model folder (tokenizer with a chat template)")
+    parser.add_argument("--prompts", type=int, default=6)
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--timing-runs", type=int, default=3)
+    parser.add_argument("--max-length", type=int, default=512)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args()
+
+    from datasets import load_from_disk
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from workloads.data.convert import convert
+    from workloads.data.sample import sample
+    from workloads.data.tokenize import tokenize
+    from workloads.eval.generation import Prompt, generate_all, generate_batch, time_generation
+
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        convert(sample(args.prompts, 0, work / "qa.parquet", "qa"), work / "qa.jsonl")
+        tokenize(work / "qa.jsonl", args.model, args.max_length, work / "tok")
+        rows = load_from_disk(str(work / "tok"))
+        prompts = [Prompt(r["input_ids"][: r["prompt_length"]], "", "") for r in rows]
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to(args.device).eval()
+
+    def sync() -> None:
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+
+    generate_batch(model, tokenizer, prompts[:1], 4)
+    sync()
+    start = time.perf_counter()
+    sequential = [generate_batch(model, tokenizer, [p], args.max_new_tokens)[0] for p in prompts]
+    sync()
+    sequential_s = time.perf_counter() - start
+
+    start = time.perf_counter()
+    batched, generation_s = generate_all(model, tokenizer, prompts, args.max_new_tokens, args.batch_size, 0, "batched")
+    timing = time_generation(model, tokenizer, prompts, args.max_new_tokens, args.timing_runs, "timing")
+    sync()
+    batched_s = time.perf_counter() - start
+    same = sum(a.text == b.text for a, b in zip(sequential, batched))
+    print(json.dumps({
+        "device": args.device, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
+        "batch_size": args.batch_size, "timing_runs": args.timing_runs,
+        "mean_prompt_tokens": round(sum(len(p.ids) for p in prompts) / len(prompts), 1),
+        "sequential_s": round(sequential_s, 2),
+        "batched_generation_s": round(generation_s, 2),
+        "batched_plus_timing_s": round(batched_s, 2),
+        "speedup_generation": round(sequential_s / generation_s, 2),
+        "speedup_with_timing": round(sequential_s / batched_s, 2),
+        "median_tokens_per_second": round(timing.tokens_per_second, 1),
+        "median_time_to_first_token_s": round(timing.ttft_s, 4),
+        "same_replies": f"{same}/{len(prompts)}",
+    }))
+
+
+if __name__ == "__main__":
+    main()

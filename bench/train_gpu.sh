@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The GPU training benchmark as run on a lent single-GPU machine (figures in docs/training.md).
+#
+#   bench/train_gpu.sh smoke|14b|14b-naive OUT_DIR TOKENIZER_DIR DATASET_DIR
+#
+# smoke:     CUDA tests (varlen attention, fused loss), then every arm on a random SmolLM2-135M-shaped base.
+# 14b:       random Qwen3-14B-shaped base, dev.json's QLoRA settings with `auto` sizing, global batch of
+#            16 x 1,024 tokens: packed with the fused loss, packed, TRL SFTTrainer.
+# 14b-naive: the same base and settings, the naive padded arm.
+# The data is the project's own: the synthetic generator, converted and tokenized (max_length 1,024).
+set -euo pipefail
+mode=$1 out=$2 tokenizer=$3 dataset=$4
+export TQDM_DISABLE=1 PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+python3 -c "import torch, transformers, peft, trl, bitsandbytes as b; print('torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__, 'trl', trl.__version__, 'bitsandbytes', b.__version__)"
+dev=(--config workloads/configs/dev.json --dataset-dir "$dataset" --tokenizer "$tokenizer")
+case $mode in
+  smoke)
+    python3 -m pytest --noconftest -q -p no:cacheprovider tests/test_train_attention.py || echo "CUDA tests failed"
+    python3 bench/train.py "${dev[@]}" --random-base HuggingFaceTB/SmolLM2-135M-Instruct --model-dir /tmp/base-135m \
+      --steps 4 --warmup 2 --arms naive,packed,packed_fused,trl \
+      --train '{"micro_batch_tokens": "auto", "gradient_checkpointing": "auto"}' --out "$out/smoke.json" ;;
+  14b|14b-naive)
+    arms=packed_fused,packed,trl
+    [ "$mode" = 14b-naive ] && arms=naive
+    python3 bench/train.py "${dev[@]}" --random-base Qwen/Qwen3-14B --model-dir /tmp/base-14b --steps 5 --warmup 2 \
+      --arms "$arms" --out "$out/$mode.json" \
+      --train '{"micro_batch_tokens": "auto", "gradient_checkpointing": "auto", "gradient_accumulation_steps": 16}' ;;
+  *) echo "unknown mode $mode" >&2; exit 2 ;;
+esac

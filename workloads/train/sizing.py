@@ -1,0 +1,117 @@
+"""Tokens per micro-batch and activation checkpointing, chosen from the memory estimate.
+
+The configured global batch, `micro_batch_size x gradient_accumulation_steps x max_length` tokens per GPU and
+optimizer step, is kept: `micro_batch_tokens: auto` splits it into the fewest equal packed micro-batches whose
+estimated peak fits `memory_fraction` of the GPU (gradient accumulation makes up the rest).
+`gradient_checkpointing: auto` trains without recomputation when that still allows micro-batches of at least
+`EFFICIENT_TOKENS` tokens (or the whole step), and with it otherwise. The trainer and the preview's model-fits
+policy both call `plan_batches`, so they agree on the numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from workloads.train.memory import GIB, MemoryInputs, estimate, inputs_from_run
+from workloads.train.model_shapes import ModelShape
+
+EFFICIENT_TOKENS = 4096
+ALIGN = 64
+
+
+class BatchPlan(BaseModel):
+    """What a run trains with per GPU (the run manifest's `batch_plan`)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    micro_batch_tokens: int
+    gradient_accumulation_steps: int
+    gradient_checkpointing: bool
+    step_tokens: int
+    estimate_gib: float | None
+    gpu_memory_gib: float | None
+    memory_fraction: float
+    source: Literal["auto", "config"]
+
+
+class DoesNotFit(ValueError):
+    """Not even one sequence per micro-batch fits the memory budget."""
+
+
+def _sized(inputs: MemoryInputs, tokens: int, checkpointing: bool) -> MemoryInputs:
+    return inputs.model_copy(update={"micro_batch": 1, "max_length": tokens, "gradient_checkpointing": checkpointing})
+
+
+def _largest_split(shape: ModelShape, inputs: MemoryInputs, step_tokens: int, max_length: int, budget: float,
+                   checkpointing: bool) -> tuple[int, int] | None:
+    """(tokens, accumulation) for the fewest equal micro-batches of >= max_length tokens that fit `budget` bytes."""
+    for steps in range(1, max(1, step_tokens // max_length) + 1):
+        tokens = max(max_length, ALIGN * math.ceil(step_tokens / steps / ALIGN))
+        if estimate(shape, _sized(inputs, tokens, checkpointing)).total <= budget:
+            return tokens, steps
+    return None
+
+
+def plan_batches(run: Any, shape: ModelShape | None, gpu_memory_gib: float | None) -> BatchPlan:
+    """The micro-batch size, accumulation and checkpointing a run trains with on a GPU of `gpu_memory_gib`
+    (None: no GPU, the configured sizes are used and `auto` checkpointing is off). `run` is a RunConfig or any
+    object with the same `train`/`data` attributes (as `memory.inputs_from_run` reads them)."""
+    train = run.train
+    inputs = inputs_from_run(run)
+    length = inputs.max_length
+    accumulation = int(getattr(train, "gradient_accumulation_steps", None) or 1)
+    step_tokens = inputs.micro_batch * accumulation * length
+    fraction = float(getattr(train, "memory_fraction", None) or 0.9)
+    configured = getattr(train, "micro_batch_tokens", None)
+    auto_tokens = configured == "auto"
+    auto_ckpt = getattr(train, "gradient_checkpointing", None) == "auto"
+    if gpu_memory_gib is None or shape is None or not (auto_tokens or auto_ckpt):
+        tokens = configured if isinstance(configured, int) else inputs.micro_batch * length
+        checkpointing = inputs.gradient_checkpointing if not auto_ckpt else gpu_memory_gib is not None
+        steps = max(1, round(step_tokens / tokens)) if isinstance(configured, int) else accumulation
+        plan = BatchPlan(micro_batch_tokens=tokens, gradient_accumulation_steps=steps,
+                         gradient_checkpointing=checkpointing, step_tokens=step_tokens, estimate_gib=None,
+                         gpu_memory_gib=gpu_memory_gib, memory_fraction=fraction, source="config")
+        if shape is None:
+            return plan
+        need = estimate(shape, plan_inputs(run, plan)).total_gib
+        return plan.model_copy(update={"estimate_gib": round(need, 2)})
+    budget = fraction * gpu_memory_gib * GIB
+    fixed = None if auto_tokens else int(configured or inputs.micro_batch * length)
+    options = [False, True] if auto_ckpt else [inputs.gradient_checkpointing]
+    chosen: tuple[int, int, bool] | None = None
+    for checkpointing in options:
+        if fixed is not None:
+            fits = estimate(shape, _sized(inputs, fixed, checkpointing)).total <= budget
+            found = (fixed, max(1, round(step_tokens / fixed))) if fits else None
+        else:
+            found = _largest_split(shape, inputs, step_tokens, length, budget, checkpointing)
+        if found is None:
+            continue
+        tokens, steps = found
+        last = checkpointing == options[-1]
+        if last or fixed is not None or tokens >= min(step_tokens, EFFICIENT_TOKENS):
+            chosen = (tokens, steps, checkpointing)
+            break
+    if chosen is None:
+        raise DoesNotFit(
+            f"train: not even one {length}-token sequence per micro-batch fits {fraction:.0%} of "
+            f"{gpu_memory_gib} GiB (estimate {estimate(shape, _sized(inputs, length, True)).total_gib:.1f} GiB "
+            "with activation checkpointing)")
+    tokens, steps, checkpointing = chosen
+    need = estimate(shape, _sized(inputs, tokens, checkpointing)).total_gib
+    return BatchPlan(micro_batch_tokens=tokens, gradient_accumulation_steps=steps, gradient_checkpointing=checkpointing,
+                     step_tokens=step_tokens, estimate_gib=round(need, 2), gpu_memory_gib=gpu_memory_gib,
+                     memory_fraction=fraction, source="auto")
+
+
+def plan_inputs(run: Any, plan: BatchPlan) -> MemoryInputs:
+    """The memory-estimate inputs of a planned run (what the preview's model-fits policy checks): one packed row
+    of the planned tokens, or the configured micro-batch of sequences when the sizes come from the config."""
+    inputs = inputs_from_run(run).model_copy(update={"gradient_checkpointing": plan.gradient_checkpointing})
+    if plan.source == "config" and getattr(run.train, "micro_batch_tokens", None) is None:
+        return inputs
+    return _sized(inputs, plan.micro_batch_tokens, plan.gradient_checkpointing)
