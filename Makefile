@@ -8,7 +8,7 @@ SYSTEM_DEPS := .local/.system-deps
 export SLURM_CONF := $(CURDIR)/.local/slurm/etc/slurm.conf
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test venv system-deps slurm-start slurm-stop
+.PHONY: demo test venv system-deps slurm-start slurm-stop cluster-start cluster-stop
 
 venv: $(INSTALLED)
 
@@ -30,6 +30,13 @@ slurm-start: system-deps
 
 slurm-stop:
 	scripts/local-slurm.sh stop
+
+# The multi-node rehearsal cluster of the `cluster` stack (root; the tests start and stop their own).
+cluster-start: venv system-deps
+	scripts/local-cluster.sh start
+
+cluster-stop:
+	scripts/local-cluster.sh stop
 
 demo: venv slurm-start
 	scripts/demo.sh

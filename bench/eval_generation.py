@@ -4,8 +4,10 @@ plus the timed runs, on the same prompts and model; prints JSON.
     .venv/bin/python bench/eval_generation.py --model .local/test-cache/smollm2-base --prompts 6 --max-new-tokens 48 \
         [--batch-size 16] [--max-length 512] [--device cpu|cuda]
 
-Prompts are synthetic long-context QA rows tokenized as training does (workloads.data.tokenize, overlong
-context). Both arms generate greedily; `sequential` is the old loop (one generate call per prompt), `batched`
+Prompts are synthetic long-context QA rows fitted to --max-length as training does (overlong `context`: the
+context shortened, workloads.data.shorten) and rendered with the generation prompt. `--random-weights`
+builds the model from the folder's config.json with random weights (a GPU machine without the weights;
+replies are then noise, which runs every prompt to max_new_tokens: the slowest case). Both arms generate greedily; `sequential` is the old loop (one generate call per prompt), `batched`
 is workloads.eval.generation.generate_all plus time_generation (warm-up and `--timing-runs` timed runs),
 i.e. everything the evaluator now spends on generation per model.
 """
@@ -21,7 +23,6 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import tempfile  # noqa: E402
 import time  # noqa: E402
 
 import torch  # noqa: E402
@@ -36,25 +37,29 @@ def main() -> None:
     parser.add_argument("--timing-runs", type=int, default=3)
     parser.add_argument("--max-length", type=int, default=512)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--random-weights", action="store_true", help="config.json only, random weights")
     args = parser.parse_args()
 
-    from datasets import load_from_disk
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from workloads.data.convert import convert
-    from workloads.data.sample import sample
-    from workloads.data.tokenize import tokenize
+    from workloads.data.finance_qa import qa_rows
+    from workloads.data.shorten import fit_context
     from workloads.eval.generation import Prompt, generate_all, generate_batch, time_generation
 
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        convert(sample(args.prompts, 0, work / "qa.parquet", "qa"), work / "qa.jsonl")
-        tokenize(work / "qa.jsonl", args.model, args.max_length, work / "tok")
-        rows = load_from_disk(str(work / "tok"))
-        prompts = [Prompt(r["input_ids"][: r["prompt_length"]], "", "") for r in rows]
     tokenizer = AutoTokenizer.from_pretrained(args.model)
+    prompts = []
+    for row in qa_rows(args.prompts, 0):
+        messages = fit_context(tokenizer, [{"role": "user", "content": row["user"]},
+                                           {"role": "assistant", "content": row["assistant"]}], args.max_length)
+        rendered = tokenizer.apply_chat_template(messages[:-1], add_generation_prompt=True, tokenize=False)
+        prompts.append(Prompt(tokenizer(rendered, add_special_tokens=False)["input_ids"], "", ""))
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to(args.device).eval()
+    if args.random_weights:
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(args.model), dtype=dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype)
+    model = model.to(args.device).eval()
 
     def sync() -> None:
         if args.device == "cuda":
@@ -74,7 +79,7 @@ def main() -> None:
     batched_s = time.perf_counter() - start
     same = sum(a.text == b.text for a, b in zip(sequential, batched))
     print(json.dumps({
-        "device": args.device, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
         "batch_size": args.batch_size, "timing_runs": args.timing_runs,
         "mean_prompt_tokens": round(sum(len(p.ids) for p in prompts) / len(prompts), 1),
         "sequential_s": round(sequential_s, 2),

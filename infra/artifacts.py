@@ -406,12 +406,12 @@ def store_for_stack(
     access_key_id: str | None = None,
     secret_access_key: str | None = None,
 ) -> ArtifactStore:
-    """The local directory store for a local stack; the stack's artifacts bucket otherwise.
+    """The local directory store for a local or existing-cluster stack; the stack's artifacts bucket otherwise.
 
     The bucket name comes from `bucket` (e.g. the stack output), else FTSTACK_ARTIFACTS_BUCKET.
     Credentials: the given pair (e.g. a Pulumi secret), else AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY.
     """
-    if stack_config.target == "local":
+    if stack_config.target in ("local", "cluster"):
         return local_store(repo_root)
     from infra.backends import nebius_s3_endpoint
 

@@ -40,6 +40,8 @@ class Platform:
     gpu_model: str | None
     gpu_memory_gib: int
     presets: Mapping[str, Preset]
+    drivers_preset: str | None = None
+    """Default Nebius drivers preset of GPU node groups (mk8s ``gpu_settings.drivers_preset``)."""
 
     @property
     def is_gpu(self) -> bool:
@@ -66,8 +68,13 @@ def _platform(
     gpu_memory_gib: int = 0, gpu_cluster_gpus: int = 0,
 ) -> Platform:
     table = {p: parse_preset(p, gpu_cluster_gpus=gpu_cluster_gpus) for p in presets}
-    return Platform(name, cpu, gpu_model, gpu_memory_gib, MappingProxyType(table))
+    drivers = CUDA12_DRIVERS if gpu_model else None
+    return Platform(name, cpu, gpu_model, gpu_memory_gib, MappingProxyType(table), drivers)
 
+
+CUDA12_DRIVERS = "cuda12"
+"""Nebius drivers preset offered for L40S, H100 and H200 node groups on mk8s 1.30/1.31 (docs.nebius.com
+kubernetes/gpu/set-up; ``nebius mk8s node-group get-compatibility-matrix`` lists the current ones)."""
 
 _CPU_PRESETS = (
     "2vcpu-8gb", "4vcpu-16gb", "8vcpu-32gb", "16vcpu-64gb", "32vcpu-128gb", "48vcpu-192gb",

@@ -33,6 +33,7 @@ KNOWN_NAMESPACES = (PROJECT, "pulumi", "nebius", "kubernetes", "command")
 SECRET_KEYS = ("pipelineSshPrivateKey",)
 DiskType = Literal["NETWORK_SSD", "NETWORK_SSD_NON_REPLICATED", "NETWORK_SSD_IO_M3", "NETWORK_HDD"]
 FilesystemType = Literal["NETWORK_SSD", "NETWORK_HDD"]
+GpuDrivers = Literal["nebius-preset", "gpu-operator"]
 _RESERVED_NODESETS = {"system", "controller", "login", "accounting"}
 _RESERVED_MOUNTS = {"/", "/proc", "/sys", "/dev", "/run", "/tmp", "/mnt/jail"}
 
@@ -54,6 +55,9 @@ class NebiusConfig(_Model):
     network_id: str | None = Field(None, description="VPC network for a new subnet.")
     k8s_version: str = Field("1.31", alias="k8sVersion", description="Managed Kubernetes control-plane version.")
     public_endpoint: bool = Field(True, description="Give the k8s API a public address.")
+    tenant_id: str | None = Field(
+        None, description="Nebius tenant id; its 'editors' group lets the backup service account write the bucket."
+    )
 
     @model_validator(mode="after")
     def _subnet_or_network(self) -> NebiusConfig:
@@ -110,6 +114,30 @@ class WorkerSet(NodeSet):
     name: str = Field(pattern=r"^[a-z][a-z0-9-]{0,30}$")
     fabric: str | None = Field(None, description="InfiniBand fabric, e.g. fabric-6; None for none.")
     preemptible: bool = False
+    gpu_drivers: GpuDrivers = Field(
+        "nebius-preset",
+        description="nebius-preset: drivers in the node image (gpu_settings.drivers_preset); "
+        "gpu-operator: plain image plus the NVIDIA GPU operator (Nebius application).",
+    )
+    drivers_preset: str | None = Field(
+        None, description="Nebius drivers preset; default: the platform's (infra/catalog.py)."
+    )
+
+    @model_validator(mode="after")
+    def _drivers(self) -> WorkerSet:
+        gpu = self.shape.gpus > 0
+        if not gpu and self.drivers_preset is not None:
+            raise ValueError(f"driversPreset: {self.platform} has no GPU")
+        if self.gpu_drivers == "gpu-operator" and self.drivers_preset is not None:
+            raise ValueError("driversPreset: only with gpuDrivers nebius-preset (the GPU operator brings its own)")
+        return self
+
+    @property
+    def node_drivers_preset(self) -> str | None:
+        """The drivers preset of this worker set's node group, None where the image has no drivers."""
+        if self.shape.gpus == 0 or self.gpu_drivers != "nebius-preset":
+            return None
+        return self.drivers_preset or catalog.get_platform(self.platform).drivers_preset
 
     @field_validator("name")
     @classmethod
@@ -128,9 +156,13 @@ class WorkerSet(NodeSet):
         return value
 
 
+class ControllerNodeSet(NodeSet):
+    size: int = Field(1, ge=1, le=1, description="One node: Soperator runs a single slurmctld.")
+
+
 class NodeSets(_Model):
     system: AutoscaledNodeSet
-    controller: NodeSet
+    controller: ControllerNodeSet
     login: NodeSet
     accounting: NodeSet | None = None
     workers: list[WorkerSet]
@@ -195,7 +227,9 @@ class Filesystems(_Model):
 class BackupBucket(_Model):
     enabled: bool = True
     protect: bool = True
-    retention_days: int = Field(7, gt=0)
+    retention_days: int = Field(7, gt=0, description="Daily backups kept (k8up prune keepDaily) and bucket expiry.")
+    schedule: str = Field("@daily-random", min_length=1, description="k8up backup schedule (cron or @daily-random).")
+    prune_schedule: str = Field("@daily-random", min_length=1, description="k8up prune schedule.")
     copy_size_gib: int | None = Field(None, gt=0, description="Size of one backup; default jail size.")
 
 
@@ -216,6 +250,7 @@ class SoperatorConfig(_Model):
     cert_manager_version: str = "v1.19.1"
     kruise_version: str = "1.8.0"
     mariadb_operator_version: str = "25.10.2"
+    k8up_version: str = "4.8.3"
     registry: str = "cr.eu-north1.nebius.cloud/soperator"
     namespace: str | None = Field(None, description="Slurm cluster namespace; default clusterName.")
 
@@ -242,10 +277,52 @@ class PipelineConfig(_Model):
         return self
 
 
+class ExistingCluster(_Model):
+    """A Slurm cluster that already runs elsewhere (plain Slurm or Soperator), reached over SSH to its login node.
+
+    The pipeline's private key is the Pulumi secret ``pipelineSshPrivateKey`` (``ftstack``: ``--ssh-key FILE``)."""
+
+    login_host: str = Field(min_length=1, description="Address of the login node.")
+    login_port: int = Field(22, gt=0, lt=65536, description="SSH port of the login node.")
+    user: str = Field("root", min_length=1, description="User the pipeline logs in and submits jobs as.")
+    host_key: str | None = Field(None, description="Pinned OpenSSH public host key of the login node.")
+    host_key_file: str | None = Field(
+        None, description="File holding the pinned host key (relative to the repository), instead of hostKey."
+    )
+    jail_root: str = Field("/", description="Where the shared filesystem (the jail) is mounted on login and workers.")
+    nodes: int = Field(1, gt=0, description="Worker nodes the readiness checks and training spread over.")
+    gpus_per_node: int = Field(0, ge=0, description="GPUs per worker node (0: CPU training with gloo).")
+
+    @field_validator("jail_root")
+    @classmethod
+    def _absolute_jail(cls, value: str) -> str:
+        if not PurePosixPath(value).is_absolute():
+            raise ValueError(f"jail root {value!r} must be an absolute path on the cluster")
+        return str(PurePosixPath(value))
+
+    @model_validator(mode="after")
+    def _pinned(self) -> ExistingCluster:
+        if (self.host_key is None) == (self.host_key_file is None):
+            raise ValueError("pin the login node's host key: set exactly one of hostKey and hostKeyFile")
+        return self
+
+    def pinned_host_key(self, repo_root: Path) -> str:
+        """The pinned host key line, read from hostKeyFile when that is how it is given."""
+        if self.host_key is not None:
+            return self.host_key
+        path = Path(self.host_key_file or "")
+        path = path if path.is_absolute() else repo_root / path
+        try:
+            return path.read_text().strip()
+        except OSError as error:
+            raise StackConfigError(f"cluster.hostKeyFile {path}: cannot read the pinned host key ({error.strerror})") from None
+
+
 class StackConfig(_Model):
     stack: str
-    target: Literal["nebius", "local"]
+    target: Literal["nebius", "local", "cluster"]
     nebius: NebiusConfig | None = None
+    cluster: ExistingCluster | None = None
     cluster_name: str = Field("slurm", pattern=r"^[a-z][a-z0-9-]{0,40}$")
     nodes: NodeSets | None = None
     filesystems: Filesystems | None = None
@@ -275,9 +352,20 @@ class StackConfig(_Model):
         else:
             for key in (*cloud, "buckets"):
                 if getattr(self, key) is not None:
-                    raise ValueError(f"{key}: a local stack creates no cloud resources; remove this key")
+                    raise ValueError(f"{key}: a {self.target} stack creates no cloud resources; remove this key")
+        if self.target == "cluster" and self.cluster is None:
+            raise ValueError("cluster: required on a cluster stack (the existing Slurm cluster's login node)")
+        if self.target != "cluster" and self.cluster is not None:
+            raise ValueError(f"cluster: only a cluster stack reaches an existing Slurm cluster; remove it from a {self.target} stack")
         if self.nodes and self.filesystems and self.filesystems.accounting and not self.nodes.accounting:
             raise ValueError("filesystems.accounting: set but nodes.accounting is not")
+        if self.nodes and self.filesystems and self.nodes.accounting and not self.filesystems.accounting:
+            raise ValueError("filesystems.accounting: required with nodes.accounting (MariaDB keeps its data there)")
+        if self.target == "nebius" and self.buckets and self.buckets.backups.enabled and not (
+            self.nebius and self.nebius.tenant_id
+        ):
+            raise ValueError("nebius.tenantId: required for jail backups (the backup service account joins "
+                             "the tenant's editors group)")
         return self
 
     @property

@@ -20,7 +20,8 @@ import re
 from pydantic import BaseModel, ConfigDict
 
 from infra import catalog
-from infra.config import BootDisk, Filesystem, StackConfig
+from infra.config import BootDisk, StackConfig
+from infra.nebius.layout import ACCOUNTING, CONTROLLER_SPOOL, JAIL, SUBMOUNT_PREFIX, FilesystemSpec, Layout, layout
 from infra.pricing import HOURS_PER_MONTH, ChatAssumptions, PriceBook, PricingConfig
 
 SECONDS_PER_DAY = 86_400
@@ -109,7 +110,7 @@ def _node_line(key: str, label: str, platform: str, preset: str, low: int, high:
                book: PriceBook, preemptible: bool = False) -> CostLine:
     price = node_price(platform, preset, book, preemptible=preemptible)
     monthly = price.usd_per_hour * HOURS_PER_MONTH
-    count = f"{low} nodes" if low == high else f"{low} to {high} nodes"
+    count = (f"{low} node" if low == 1 else f"{low} nodes") if low == high else f"{low} to {high} nodes"
     return CostLine(
         key=f"compute_{_slug(key)}", category="compute", label=f"{label} ({platform}, {preset})",
         quantity=count, unit_price=f"${price.usd_per_hour:.2f}/node/hour",
@@ -128,7 +129,7 @@ def _disk_line(key: str, label: str, disk: BootDisk, low: int, high: int, book: 
     )
 
 
-def _fs_line(key: str, label: str, fs: Filesystem, book: PriceBook) -> CostLine:
+def _fs_line(key: str, label: str, fs: FilesystemSpec, book: PriceBook) -> CostLine:
     if fs.size_gib is None:
         raise ValueError(f"filesystems.{key}: an existing filesystem needs sizeGib for the cost estimate")
     price_key = f"filesystem.{fs.type}"
@@ -151,45 +152,54 @@ def _bucket_line(key: str, label: str, copies: int, gib: float, book: PriceBook)
     )
 
 
-def compute_lines(cfg: StackConfig, book: PriceBook) -> list[CostLine]:
-    n = cfg.nodes
-    if n is None:
-        return []
-    lines = [
-        _node_line(f"worker_{w.name}", f"Worker nodes {w.name}", w.platform, w.preset, w.size, w.size, book,
-                   preemptible=w.preemptible)
-        for w in n.workers
-    ]
-    lines.append(_node_line("system", "System nodes", n.system.platform, n.system.preset,
-                            n.system.min_size, n.system.max_size, book))
-    for role, ns in (("controller", n.controller), ("login", n.login), ("accounting", n.accounting)):
-        if ns is not None:
-            lines.append(_node_line(role, f"{role.capitalize()} nodes", ns.platform, ns.preset, ns.size, ns.size, book))
+def _groups(plan: Layout) -> list:
+    """Worker groups first, then system, controller, login, accounting (the seed's table order)."""
+    return sorted(plan.node_groups, key=lambda g: g.role != "worker")
+
+
+def _line_key_label(group) -> tuple[str, str]:
+    if group.role == "worker":
+        return f"worker_{group.name}", f"Worker nodes {group.name}"
+    return group.role, f"{group.role.capitalize()} nodes"
+
+
+def _counts(group) -> tuple[int, int]:
+    if group.fixed_size is not None:
+        return group.fixed_size, group.fixed_size
+    return group.min_size, group.max_size
+
+
+def compute_lines(plan: Layout, book: PriceBook) -> list[CostLine]:
+    lines = []
+    for group in _groups(plan):
+        key, label = _line_key_label(group)
+        low, high = _counts(group)
+        lines.append(_node_line(key, label, group.platform, group.preset, low, high, book, preemptible=group.preemptible))
     return lines
 
 
-def boot_disk_lines(cfg: StackConfig, book: PriceBook) -> list[CostLine]:
-    n = cfg.nodes
-    if n is None:
-        return []
-    lines = [_disk_line(f"worker_{w.name}", f"Worker nodes {w.name}", w.boot_disk, w.size, w.size, book)
-             for w in n.workers]
-    lines.append(_disk_line("system", "System nodes", n.system.boot_disk, n.system.min_size, n.system.max_size, book))
-    for role, ns in (("controller", n.controller), ("login", n.login), ("accounting", n.accounting)):
-        if ns is not None:
-            lines.append(_disk_line(role, f"{role.capitalize()} nodes", ns.boot_disk, ns.size, ns.size, book))
+def boot_disk_lines(plan: Layout, book: PriceBook) -> list[CostLine]:
+    lines = []
+    for group in _groups(plan):
+        key, label = _line_key_label(group)
+        low, high = _counts(group)
+        lines.append(_disk_line(key, label, group.boot_disk, low, high, book))
     return lines
 
 
-def filesystem_lines(cfg: StackConfig, book: PriceBook) -> list[CostLine]:
-    fs = cfg.filesystems
-    if fs is None:
-        return []
-    lines = [_fs_line("jail", "slurm-jail filesystem", fs.jail, book)]
-    lines += [_fs_line(s.name, f"{s.name} submount ({s.mount_path})", s, book) for s in fs.submounts]
-    lines.append(_fs_line("controller_spool", "controller_spool filesystem", fs.controller_spool, book))
-    if fs.accounting is not None:
-        lines.append(_fs_line("accounting", "accounting filesystem", fs.accounting, book))
+def filesystem_lines(plan: Layout, book: PriceBook) -> list[CostLine]:
+    """Every shared filesystem the stack attaches, in the seed's order (jail, submounts, spool, accounting)."""
+    lines = []
+    for fs in plan.filesystems:
+        if fs.mount_tag == JAIL:
+            lines.append(_fs_line("jail", "slurm-jail filesystem", fs, book))
+        elif fs.mount_tag.startswith(f"{SUBMOUNT_PREFIX}-"):
+            name = fs.mount_tag.removeprefix(f"{SUBMOUNT_PREFIX}-")
+            lines.append(_fs_line(name, f"{name} submount ({fs.mount_path})", fs, book))
+        elif fs.mount_tag == CONTROLLER_SPOOL:
+            lines.append(_fs_line("controller_spool", "controller_spool filesystem (slurmctld state)", fs, book))
+        elif fs.mount_tag == ACCOUNTING:
+            lines.append(_fs_line("accounting", "accounting filesystem (MariaDB data)", fs, book))
     return lines
 
 
@@ -226,11 +236,18 @@ def network_lines(cfg: StackConfig, book: PriceBook) -> list[CostLine]:
                      quantity="1", unit_price=unit, usd_low=usd, usd_high=usd, price_keys=("network.public_ip",))]
 
 
-def monthly_cost(cfg: StackConfig, pricing: PricingConfig | None = None, book: PriceBook | None = None) -> MonthlyCost:
-    """Every priced line of the stack, per-category and overall totals (low: autoscaling min, high: max)."""
+def monthly_cost(cfg: StackConfig, pricing: PricingConfig | None = None, book: PriceBook | None = None,
+                 plan: Layout | None = None) -> MonthlyCost:
+    """Every priced line of the stack, per-category and overall totals (low: autoscaling min, high: max).
+
+    Node groups and filesystems come from ``plan`` (the run's one layout), computed here when not given.
+    The NVIDIA GPU/network operators (Nebius applications) and k8up run on the nodes priced here and add
+    no line of their own; the backups they write are the ``object_storage_backups`` line.
+    """
     pricing = pricing or PricingConfig()
     book = book or PriceBook(pricing.overrides)
-    lines = (compute_lines(cfg, book) + boot_disk_lines(cfg, book) + filesystem_lines(cfg, book)
+    plan = plan or layout(cfg)
+    lines = (compute_lines(plan, book) + boot_disk_lines(plan, book) + filesystem_lines(plan, book)
              + bucket_lines(cfg, pricing, book) + network_lines(cfg, book))
     categories = {
         c: (sum(l.usd_low for l in lines if l.category == c), sum(l.usd_high for l in lines if l.category == c))

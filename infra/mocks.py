@@ -77,11 +77,17 @@ DYNAMIC = "pulumi-python:dynamic:Resource"
 
 
 class NebiusMocks(pulumi.runtime.Mocks):
-    """Answers like the Nebius API would: ids, plus the status fields the program reads."""
+    """Answers like the Nebius API would: ids, plus the status fields the program reads. As a preview of
+    a stack with nothing created yet (``preview``): no id and no computed field, so they are unknown."""
+
+    def __init__(self, preview: bool = False):
+        self.preview = preview
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict]:
         state = dict(args.inputs)
         kind = args.typ.rsplit(":", 1)[-1]
+        if self.preview:
+            return "", state
         if kind == "Mk8sV1Cluster":
             state["status"] = {"controlPlane": {
                 "endpoints": {"publicEndpoint": MOCK_ENDPOINT},
@@ -102,7 +108,7 @@ class NebiusMocks(pulumi.runtime.Mocks):
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict, list]:
         kind = args.token.rsplit(":", 1)[-1]
-        result = {"id": args.args.get("id")}
+        result = {"id": args.args.get("id") or f"{kind}-{args.args.get('name', 'found')}-id"}
         if kind == "getComputeV1Filesystem":
             result["status"] = {"sizeBytes": 1024.0 * GIB}
         return result, []
@@ -144,13 +150,13 @@ def _resolve(value: Any) -> tuple[Any, bool]:
     return _sync_await(output.future()), _sync_await(output.is_secret())
 
 
-def _run(cfg: StackConfig, secrets: dict[str, str]) -> MockRun:
+def _run(cfg: StackConfig, secrets: dict[str, str], preview: bool) -> MockRun:
     from infra.program import build_stack
 
-    monitor = RecordingMonitor(NebiusMocks())
+    monitor = RecordingMonitor(NebiusMocks(preview))
     config = _config_values(cfg) | {f"{PROJECT}:{k}": v for k, v in secrets.items()}
     runtime_config.set_all_config(config, [f"{PROJECT}:{k}" for k in secrets])
-    pulumi.runtime.set_mocks(monitor.mocks, project=PROJECT, stack=cfg.stack, preview=False, monitor=monitor)
+    pulumi.runtime.set_mocks(monitor.mocks, project=PROJECT, stack=cfg.stack, preview=preview, monitor=monitor)
     run = MockRun()
 
     def program() -> None:
@@ -166,9 +172,10 @@ def _run(cfg: StackConfig, secrets: dict[str, str]) -> MockRun:
     return run
 
 
-def run_under_mocks(cfg: StackConfig, secrets: dict[str, str] | None = None) -> MockRun:
-    """Run ``build_stack(cfg)`` against the mocks (not a preview: outputs are known) and record it.
+def run_under_mocks(cfg: StackConfig, secrets: dict[str, str] | None = None, *, preview: bool = False) -> MockRun:
+    """Run ``build_stack(cfg)`` against the mocks and record it: by default an update (outputs known);
+    with ``preview`` a first preview (ids and computed outputs unknown, recorded as Pulumi's unknown sentinel).
 
     ``secrets`` are set as secret config values of the project namespace, as ``secure:`` values are.
     """
-    return contextvars.Context().run(_run, cfg, dict(secrets or {}))
+    return contextvars.Context().run(_run, cfg, dict(secrets or {}), preview)

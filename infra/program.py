@@ -19,14 +19,16 @@ from infra.pipeline.transport import LocalTransport
 from infra.pipeline.component import Pipeline, PipelineArgs
 from infra.cost_report import cost_report
 from infra.kubeconfig import kubeconfig
+from infra.nebius.backups import BackupAccess, BackupAccessArgs
 from infra.nebius.buckets import Buckets, BucketsArgs
 from infra.nebius.cluster import Mk8sCluster, Mk8sClusterArgs
 from infra.nebius.filesystems import SharedFilesystems, SharedFilesystemsArgs
-from infra.nebius.layout import filesystem_specs, node_group_specs
+from infra.nebius.layout import Layout, layout
 from infra.nebius.network import Network, NetworkArgs
 from infra.outputs import measured_chat_outputs
 from infra.soperator import Soperator, SoperatorArgs
-from infra.soperator_values import release_plan
+from infra.soperator_values import BackupTarget, release_plan
+from infra.backends import nebius_s3_endpoint
 from workloads.config import load_run_config
 
 PIPELINE_KEY_CONFIG = SECRET_KEYS[0]
@@ -41,6 +43,7 @@ class Platform:
     filesystems: SharedFilesystems
     cluster: Mk8sCluster
     buckets: Buckets | None
+    backup_access: BackupAccess | None
     soperator: Soperator
     kubeconfig: pulumi.Output[str]
 
@@ -57,19 +60,19 @@ def build_network(cfg: StackConfig) -> Network:
     ))
 
 
-def build_filesystems(cfg: StackConfig) -> SharedFilesystems:
+def build_filesystems(cfg: StackConfig, plan: Layout) -> SharedFilesystems:
     assert cfg.nebius is not None
     return SharedFilesystems(f"{cfg.cluster_name}-fs", SharedFilesystemsArgs(
-        parent_id=cfg.nebius.parent_id, specs=filesystem_specs(cfg),
+        parent_id=cfg.nebius.parent_id, specs=list(plan.filesystems),
     ))
 
 
-def build_cluster(cfg: StackConfig, network: Network, filesystems: SharedFilesystems) -> Mk8sCluster:
+def build_cluster(cfg: StackConfig, plan: Layout, network: Network, filesystems: SharedFilesystems) -> Mk8sCluster:
     assert cfg.nebius is not None
     return Mk8sCluster(cfg.cluster_name, Mk8sClusterArgs(
         parent_id=cfg.nebius.parent_id, name=cfg.cluster_name, subnet_id=network.subnet_id,
         k8s_version=cfg.nebius.k8s_version, public_endpoint=cfg.nebius.public_endpoint,
-        node_groups=node_group_specs(cfg), filesystem_ids=dict(filesystems.ids),
+        node_groups=list(plan.node_groups), filesystem_ids=dict(filesystems.ids),
     ))
 
 
@@ -87,27 +90,45 @@ def cluster_kubeconfig(cfg: StackConfig, cluster: Mk8sCluster) -> pulumi.Output[
     ))
 
 
-def build_soperator(
-    cfg: StackConfig, network: Network, filesystems: SharedFilesystems, cluster: Mk8sCluster,
-    config: pulumi.Output[str],
-) -> Soperator:
-    releases = release_plan(cfg, network.login_allocation_id, dict(filesystems.size_gib))
-    return Soperator(f"{cfg.cluster_name}-soperator", SoperatorArgs(
-        kubeconfig=config, releases=releases, depends_on=list(cluster.node_groups.values()),
+def build_backup_access(cfg: StackConfig, buckets: Buckets | None) -> BackupAccess | None:
+    """The service account and key k8up writes jail backups with (when the backups bucket exists)."""
+    if buckets is None or "backups" not in buckets.names:
+        return None
+    assert cfg.nebius is not None and cfg.nebius.tenant_id is not None
+    return BackupAccess(f"{cfg.cluster_name}-backups", BackupAccessArgs(
+        parent_id=cfg.nebius.parent_id, tenant_id=cfg.nebius.tenant_id, name=cfg.cluster_name,
     ))
 
 
-def build_platform(cfg: StackConfig) -> Platform | None:
+def build_soperator(
+    cfg: StackConfig, plan: Layout, network: Network, filesystems: SharedFilesystems, cluster: Mk8sCluster,
+    buckets: Buckets | None, backup_access: BackupAccess | None, config: pulumi.Output[str],
+) -> Soperator:
+    assert cfg.nebius is not None
+    backup = None
+    if buckets is not None and backup_access is not None:
+        backup = BackupTarget(bucket=buckets.names["backups"], endpoint=nebius_s3_endpoint(cfg.nebius.region))
+    releases = release_plan(cfg, list(plan.node_groups), network.login_allocation_id, dict(filesystems.size_gib),
+                            backup)
+    return Soperator(f"{cfg.cluster_name}-soperator", SoperatorArgs(
+        kubeconfig=config, releases=releases,
+        depends_on=[*cluster.node_groups.values(), *cluster.applications.values()],
+        backup_credentials=backup_access.credentials if backup_access is not None else None,
+    ))
+
+
+def build_platform(cfg: StackConfig, plan: Layout) -> Platform | None:
     """Every cloud component of a nebius stack; None for the local stack."""
     if cfg.target != "nebius":
         return None
     network = build_network(cfg)
-    filesystems = build_filesystems(cfg)
-    cluster = build_cluster(cfg, network, filesystems)
+    filesystems = build_filesystems(cfg, plan)
+    cluster = build_cluster(cfg, plan, network, filesystems)
     buckets = build_buckets(cfg)
+    backup_access = build_backup_access(cfg, buckets)
     config = cluster_kubeconfig(cfg, cluster)
-    soperator = build_soperator(cfg, network, filesystems, cluster, config)
-    return Platform(network, filesystems, cluster, buckets, soperator, config)
+    soperator = build_soperator(cfg, plan, network, filesystems, cluster, buckets, backup_access, config)
+    return Platform(network, filesystems, cluster, buckets, backup_access, soperator, config)
 
 
 def stack_outputs(cfg: StackConfig) -> dict[str, Any]:
@@ -116,12 +137,12 @@ def stack_outputs(cfg: StackConfig) -> dict[str, Any]:
         "stack": cfg.stack,
         "target": cfg.target,
         "cluster_name": cfg.cluster_name,
-        "slurm_target": "local" if cfg.target == "local" else "soperator",
+        "slurm_target": {"local": "local", "cluster": "existing"}.get(cfg.target, "soperator"),
         "run_config": cfg.pipeline.run_config,
     }
 
 
-def platform_outputs(cfg: StackConfig, platform: Platform) -> dict[str, Any]:
+def platform_outputs(cfg: StackConfig, plan: Layout, platform: Platform) -> dict[str, Any]:
     """Cluster, node groups, filesystems, buckets, login and Slurm facts of a nebius stack."""
     assert cfg.nebius is not None and cfg.soperator is not None
     out: dict[str, Any] = {
@@ -138,7 +159,7 @@ def platform_outputs(cfg: StackConfig, platform: Platform) -> dict[str, Any]:
         "slurm_namespace": cfg.slurm_namespace,
         "kubeconfig": platform.kubeconfig,
     }
-    specs = node_group_specs(cfg)
+    specs = plan.node_groups
     for spec in specs:
         key = f"node_group_{_key(spec.name)}"
         out[f"{key}_id"] = platform.cluster.node_group_ids[spec.name]
@@ -151,7 +172,7 @@ def platform_outputs(cfg: StackConfig, platform: Platform) -> dict[str, Any]:
     workers = [s for s in specs if s.role == "worker"]
     out["worker_nodes"] = sum(s.fixed_size or 0 for s in workers)
     out["gpus_total"] = sum((s.fixed_size or 0) * s.gpus for s in workers)
-    for fs in filesystem_specs(cfg):
+    for fs in plan.filesystems:
         key = f"filesystem_{_key(fs.mount_tag)}"
         out[f"{key}_id"] = platform.filesystems.ids[fs.mount_tag]
         out[f"{key}_size_gib"] = platform.filesystems.size_gib[fs.mount_tag]
@@ -164,11 +185,18 @@ def platform_outputs(cfg: StackConfig, platform: Platform) -> dict[str, Any]:
 def pipeline_transport(cfg: StackConfig, platform: Platform | None) -> pulumi.Input[dict] | None:
     """This machine for the local stack; SSH to the login node with the pipeline key on cloud stacks
     (None when no key is configured: the platform is built, the pipeline is not)."""
-    if platform is None:
+    if cfg.target == "local":
         return {"kind": "local"}
     key = pulumi.Config(PROJECT).get_secret(PIPELINE_KEY_CONFIG)
     if key is None:
         return None
+    if cfg.cluster is not None:
+        cluster = cfg.cluster
+        return pulumi.Output.secret({
+            "kind": "ssh", "host": cluster.login_host, "user": cluster.user, "port": cluster.login_port,
+            "private_key": key, "host_key": cluster.pinned_host_key(REPO_ROOT),
+        })
+    assert platform is not None
     return pulumi.Output.secret({
         "kind": "ssh", "host": platform.network.login_address, "user": cfg.pipeline.ssh_user,
         "port": cfg.pipeline.ssh_port, "private_key": key, "host_key": cfg.pipeline.login_host_key,
@@ -198,9 +226,10 @@ def build_pipeline(cfg: StackConfig, platform: Platform | None) -> Pipeline | No
 def build_stack(cfg: StackConfig) -> dict[str, Any]:
     """Build every resource of the stack and return its flat outputs."""
     outputs = stack_outputs(cfg)
-    platform = build_platform(cfg)
+    plan = layout(cfg)
+    platform = build_platform(cfg, plan)
     if platform is not None:
-        outputs.update(platform_outputs(cfg, platform))
+        outputs.update(platform_outputs(cfg, plan, platform))
     report = cost_report(cfg)
     outputs.update(report.outputs())
     pipeline = build_pipeline(cfg, platform)

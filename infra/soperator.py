@@ -7,7 +7,10 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_kubernetes as k8s
 
-from infra.soperator_values import STORAGE_CLASS, ReleaseSpec
+from infra.nebius.backups import BackupCredentials
+from infra.soperator_values import BACKUP_SECRET, STORAGE_CLASS, ReleaseSpec
+
+BACKUP_RELEASE = "soperator-backup-config"
 
 
 @dataclass
@@ -17,7 +20,9 @@ class SoperatorArgs:
     releases: list[ReleaseSpec]
     """Releases in install order (see ``soperator_values.release_plan``)."""
     depends_on: list[pulumi.Resource]
-    """Resources that must exist before anything is installed (the node groups)."""
+    """Resources that must exist before anything is installed (the node groups, GPU/network operators)."""
+    backup_credentials: BackupCredentials | None = None
+    """Keys k8up writes the jail backups with; required when the releases include the backup schedule."""
 
 
 class Soperator(pulumi.ComponentResource):
@@ -41,10 +46,29 @@ class Soperator(pulumi.ComponentResource):
         )
         self.releases = {}
         for spec in args.releases:
-            after = [self.releases[key] for key in spec.depends_on] or [storage_class]
+            after: list[pulumi.Resource] = [self.releases[key] for key in spec.depends_on] or [storage_class]
+            if spec.key == BACKUP_RELEASE:
+                if args.backup_credentials is None:
+                    raise ValueError(f"release {BACKUP_RELEASE}: no backup credentials given")
+                after.append(self._backup_secret(name, spec.namespace, args.backup_credentials, provider, after))
             self.releases[spec.key] = self._release(name, spec, provider, after)
         self.statuses = {key: r.status.apply(lambda s: s.status) for key, r in self.releases.items()}
         self.register_outputs({"statuses": self.statuses})
+
+    def _backup_secret(self, name: str, namespace: str, creds: BackupCredentials, provider: k8s.Provider,
+                       after: list[pulumi.Resource]) -> k8s.core.v1.Secret:
+        """The Secret helm-soperator-backup-config's Schedule reads (its default key names)."""
+        return k8s.core.v1.Secret(
+            f"{name}-{BACKUP_SECRET}",
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=BACKUP_SECRET, namespace=namespace),
+            type="Opaque",
+            string_data={
+                "aws-access-key-id": creds.access_key_id,
+                "aws-access-secret-key": creds.secret_access_key,
+                "backup-password": creds.repository_password,
+            },
+            opts=pulumi.ResourceOptions(parent=self, provider=provider, depends_on=after),
+        )
 
     def _release(
         self, name: str, spec: ReleaseSpec, provider: k8s.Provider, after: list[pulumi.Resource]

@@ -2,7 +2,9 @@
 
 Key names follow the charts of the pinned Soperator release (nebius/soperator ``helm/``):
 ``helm-soperator``, ``helm-slurm-cluster-storage``, ``helm-slurm-cluster`` and ``helm-nodesets``.
-Values may carry Pulumi inputs (ids, sizes) where they come from other resources.
+Values may carry Pulumi inputs (ids, sizes) where they come from other resources. Every release names
+the chart contract (``infra/charts/<family>-<version>.yaml``) its values must satisfy; the tests check
+each stack's values against it.
 """
 
 from __future__ import annotations
@@ -11,8 +13,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra import catalog
-from infra.config import StackConfig, WorkerSet
+from infra import catalog, chart_contract
+from infra.config import StackConfig
 from infra.nebius.layout import (
     ACCOUNTING,
     CONTROLLER_SPOOL,
@@ -20,19 +22,25 @@ from infra.nebius.layout import (
     LABEL_JAIL,
     LABEL_NODESET,
     NodeGroupSpec,
-    node_group_specs,
     submount_tag,
 )
 
 ALLOCATION_ANNOTATION = "nebius.com/load-balancer-allocation-id"
 SOPERATOR_NAMESPACE = "soperator-system"
 STORAGE_CLASS = "compute-csi-network-ssd-ext4"
+LOCAL_PV_CLASS = "slurm-local-pv"
+"""Storage class of the filestore PVs of helm-slurm-cluster-storage (values.yaml storageClass.local.name)."""
+K8UP_NAMESPACE = "k8up-system"
+BACKUP_SECRET = "jail-backup"
+BACKUP_SCHEDULE = "soperator-jail"
+WORKER_SPOOL_GIB = 64
 KRUISE_FEATURE_GATES = ",".join((
     "ImagePullJobGate=true", "RecreatePodWhenChangeVCTInCloneSetGate=true",
     "StatefulSetAutoResizePVCGate=true", "StatefulSetAutoDeletePVC=true",
     "PreDownloadImageForInPlaceUpdate=true", "ResourceDistributionGate=true",
 ))
 MUNGE_CPU_M, MUNGE_MEMORY_GIB, MUNGE_EPHEMERAL_GIB = 1000, 1, 5
+SERVICE_MUNGE_CPU_M = 500
 DAEMONSET_CPU_M, DAEMONSET_MEMORY_GIB = 500, 4
 K8S_EPHEMERAL_RESERVE_GIB = 48
 _EFFECTS = {"NO_SCHEDULE": "NoSchedule", "PREFER_NO_SCHEDULE": "PreferNoSchedule", "NO_EXECUTE": "NoExecute"}
@@ -40,16 +48,24 @@ _EFFECTS = {"NO_SCHEDULE": "NoSchedule", "PREFER_NO_SCHEDULE": "PreferNoSchedule
 
 @dataclass(frozen=True)
 class ReleaseSpec:
-    """One Helm release: where its chart comes from, its namespace, values and predecessors."""
+    """One Helm release: where its chart comes from, its namespace, values and predecessors.
+
+    ``contract`` is (family, chart) of the chart contract the values must satisfy at ``version``.
+    """
 
     key: str
     chart: str
     version: str
     namespace: str
     values: dict[str, Any] = field(hash=False)
+    contract: tuple[str, str]
     repo: str | None = None
     skip_crds: bool = False
     depends_on: tuple[str, ...] = ()
+
+    def violations(self) -> list[str]:
+        family, chart = self.contract
+        return chart_contract.violations(chart_contract.contract(family, self.version, chart), self.values)
 
 
 def chart_ref(registry: str, chart_dir: str) -> str:
@@ -79,6 +95,42 @@ def node_filter(spec: NodeGroupSpec) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
+class Budget:
+    """Resources one node offers to pods: allocatable minus Kubernetes and daemonset reserves."""
+
+    cpu_m: int
+    memory_gib: int
+    ephemeral_gib: int
+
+    def less(self, *others: Budget) -> Budget:
+        return Budget(self.cpu_m - sum(o.cpu_m for o in others), self.memory_gib - sum(o.memory_gib for o in others),
+                      self.ephemeral_gib - sum(o.ephemeral_gib for o in others))
+
+    def share(self, fraction: float) -> Budget:
+        return Budget(int(self.cpu_m * fraction) // 100 * 100, math.floor(self.memory_gib * fraction),
+                      math.floor(self.ephemeral_gib * fraction))
+
+    def values(self) -> dict[str, str]:
+        """The charts' resource keys (``ephemeralStorage`` becomes ``ephemeral-storage`` in the CR)."""
+        return {"cpu": f"{self.cpu_m}m", "memory": f"{self.memory_gib}Gi", "ephemeralStorage": f"{self.ephemeral_gib}Gi"}
+
+
+def node_budget(spec: NodeGroupSpec) -> Budget:
+    """What pods may request on one node of ``spec``: mk8s allocatable less the daemonsets' share."""
+    shape = spec.shape
+    return Budget(
+        cpu_m=(shape.vcpus - 1) * 1000 - DAEMONSET_CPU_M,
+        memory_gib=math.floor(shape.ram_gib * 0.95) - 2 - DAEMONSET_MEMORY_GIB,
+        ephemeral_gib=math.floor(spec.boot_disk.size_gib * 0.85) - K8S_EPHEMERAL_RESERVE_GIB,
+    )
+
+
+WORKER_MUNGE = Budget(MUNGE_CPU_M, MUNGE_MEMORY_GIB, MUNGE_EPHEMERAL_GIB)
+SERVICE_MUNGE = Budget(SERVICE_MUNGE_CPU_M, MUNGE_MEMORY_GIB, MUNGE_EPHEMERAL_GIB)
+WORKER_SPOOL = Budget(0, 0, WORKER_SPOOL_GIB)
+
+
+@dataclass(frozen=True)
 class SlurmdResources:
     cpu_m: int
     memory_gib: int
@@ -87,18 +139,12 @@ class SlurmdResources:
     shared_memory_gib: int
 
 
-def slurmd_resources(worker: WorkerSet) -> SlurmdResources:
-    """What is left for slurmd on one worker after Kubernetes, munge and daemonset reserves."""
-    shape = worker.shape
-    allocatable_cpu_m = (shape.vcpus - 1) * 1000
-    allocatable_mem = math.floor(shape.ram_gib * 0.95) - 2
-    allocatable_disk = math.floor(worker.boot_disk.size_gib * 0.85) - K8S_EPHEMERAL_RESERVE_GIB
+def slurmd_resources(spec: NodeGroupSpec) -> SlurmdResources:
+    """What is left for slurmd on one worker after Kubernetes, daemonsets, munge and the spool emptyDir."""
+    left = node_budget(spec).less(WORKER_MUNGE, WORKER_SPOOL)
     return SlurmdResources(
-        cpu_m=allocatable_cpu_m - MUNGE_CPU_M - DAEMONSET_CPU_M,
-        memory_gib=allocatable_mem - MUNGE_MEMORY_GIB - DAEMONSET_MEMORY_GIB,
-        ephemeral_gib=allocatable_disk - MUNGE_EPHEMERAL_GIB,
-        gpus=shape.gpus,
-        shared_memory_gib=max(1, shape.ram_gib // 4),
+        cpu_m=left.cpu_m, memory_gib=left.memory_gib, ephemeral_gib=left.ephemeral_gib,
+        gpus=spec.gpus, shared_memory_gib=max(1, spec.shape.ram_gib // 4),
     )
 
 
@@ -111,7 +157,8 @@ def cert_manager_values() -> dict[str, Any]:
 
 
 def kruise_values() -> dict[str, Any]:
-    return {"featureGates": KRUISE_FEATURE_GATES, "crds": {"managed": True}}
+    """The release creates ``kruise-system``; the chart must not render it too (it defaults to true)."""
+    return {"featureGates": KRUISE_FEATURE_GATES, "crds": {"managed": True}, "installation": {"createNamespace": False}}
 
 
 def mariadb_operator_values() -> dict[str, Any]:
@@ -169,17 +216,50 @@ def _pvc_source(name: str, claim: str) -> dict[str, Any]:
     }
 
 
-def _hopper_only(cfg: StackConfig) -> bool:
-    assert cfg.nodes is not None
-    return all(w.shape.gpu_cluster_compatible for w in cfg.nodes.workers)
+def _hopper_only(specs: list[NodeGroupSpec]) -> bool:
+    return all(s.shape.gpu_cluster_compatible for s in specs if s.role == "worker")
 
 
-def slurm_cluster_values(cfg: StackConfig, allocation_id: Any) -> dict[str, Any]:
+def _role(specs: list[NodeGroupSpec], role: str) -> NodeGroupSpec | None:
+    return next((s for s in specs if s.role == role), None)
+
+
+def mariadb_storage(size: Any) -> dict[str, Any]:
+    """A claim that binds the accounting filestore PV of helm-slurm-cluster-storage (class slurm-local-pv,
+    ReadWriteMany, no claimRef), so MariaDB keeps its data on the accounting filesystem."""
+    return {"ephemeral": False, "volumeClaimTemplate": {
+        "storageClassName": LOCAL_PV_CLASS, "accessModes": ["ReadWriteMany"],
+        "resources": {"requests": {"storage": gib(size)}},
+    }}
+
+
+def _accounting(specs: list[NodeGroupSpec], size_gib: dict[str, Any]) -> dict[str, Any]:
+    node = _role(specs, "accounting")
+    if node is None:
+        return {"enabled": False, "k8sNodeFilterName": "controller", "mariadbOperator": {"enabled": False}}
+    left = node_budget(node).less(SERVICE_MUNGE)
+    slurmdbd = left.share(1 / 3)
+    return {
+        "enabled": True,
+        "k8sNodeFilterName": "accounting",
+        "slurmdbd": {"resources": slurmdbd.values()},
+        "munge": {"resources": SERVICE_MUNGE.values()},
+        "mariadbOperator": {
+            "enabled": True, "metrics": {"enabled": False},
+            "resources": left.less(slurmdbd).values(),
+            "storage": mariadb_storage(size_gib[ACCOUNTING]),
+        },
+    }
+
+
+def slurm_cluster_values(cfg: StackConfig, specs: list[NodeGroupSpec], allocation_id: Any,
+                         size_gib: dict[str, Any]) -> dict[str, Any]:
     """The SlurmCluster CR: node filters, jail and submounts, controller, login, accounting."""
     nodes, fs = cfg.nodes, cfg.filesystems
     assert nodes is not None and fs is not None
-    specs = node_group_specs(cfg)
-    first_worker = nodes.workers[0].name
+    controller, login = _role(specs, "controller"), _role(specs, "login")
+    assert controller is not None and login is not None
+    first_worker = next(s for s in specs if s.role == "worker")
     return {
         "clusterName": cfg.cluster_name,
         "k8sNodeFilters": [node_filter(s) for s in specs],
@@ -188,21 +268,24 @@ def slurm_cluster_values(cfg: StackConfig, allocation_id: Any) -> dict[str, Any]
             _pvc_source(JAIL, f"{JAIL}-pvc"),
             *(_pvc_source(submount_tag(s.name), f"{submount_tag(s.name)}-pvc") for s in fs.submounts),
         ],
-        "populateJail": {"k8sNodeFilterName": first_worker},
+        "populateJail": {"k8sNodeFilterName": first_worker.name},
         "slurmNodes": {
-            "accounting": {
-                "enabled": nodes.accounting is not None,
-                "k8sNodeFilterName": "accounting" if nodes.accounting else "controller",
-                "mariadbOperator": {"enabled": nodes.accounting is not None, "metrics": {"enabled": False}},
-            },
+            "accounting": _accounting(specs, size_gib),
             "controller": {
-                "size": nodes.controller.size,
                 "k8sNodeFilterName": "controller",
+                "slurmctld": {"resources": node_budget(controller).less(SERVICE_MUNGE).values()},
+                "munge": {"resources": SERVICE_MUNGE.values()},
+                "volumes": {
+                    "spool": {"volumeSourceName": CONTROLLER_SPOOL, "volumeClaimTemplateSpec": None},
+                    "jail": {"volumeSourceName": JAIL},
+                },
                 "openMetrics": {"enabled": False},
             },
             "login": {
                 "size": nodes.login.size,
                 "k8sNodeFilterName": "login",
+                "sshd": {"resources": node_budget(login).less(SERVICE_MUNGE).values()},
+                "munge": {"resources": SERVICE_MUNGE.values()},
                 "sshRootPublicKeys": list(cfg.ssh_public_keys),
                 "sshdServiceType": "LoadBalancer",
                 "sshdServiceAnnotations": {ALLOCATION_ANNOTATION: allocation_id},
@@ -217,18 +300,16 @@ def slurm_cluster_values(cfg: StackConfig, allocation_id: Any) -> dict[str, Any]
             "exporter": {"enabled": False, "k8sNodeFilterName": "system"},
         },
         "sConfigController": {"node": {"k8sNodeFilterName": "system"}, "serviceMonitor": {"enabled": False}},
-        "slurmScripts": {"builtIn": {"gpu_health_check.py": {"enabled": _hopper_only(cfg)}}},
+        "slurmScripts": {"builtIn": {"gpu_health_check.py": {"enabled": _hopper_only(specs)}}},
     }
 
 
-def nodeset_values(cfg: StackConfig, worker: WorkerSet) -> dict[str, Any]:
+def nodeset_values(cfg: StackConfig, spec: NodeGroupSpec) -> dict[str, Any]:
     """One NodeSet CR: replicas, GPUs, slurmd resources, jail and submounts, placement."""
     fs = cfg.filesystems
     assert fs is not None
-    res = slurmd_resources(worker)
-    name = worker.name
+    res = slurmd_resources(spec)
     gpu = res.gpus > 0
-    spec = next(s for s in node_group_specs(cfg) if s.name == name)
     slurmd_res: dict[str, Any] = {
         "cpu": f"{res.cpu_m}m", "memory": f"{res.memory_gib}Gi", "ephemeralStorage": f"{res.ephemeral_gib}Gi",
     }
@@ -236,22 +317,21 @@ def nodeset_values(cfg: StackConfig, worker: WorkerSet) -> dict[str, Any]:
         slurmd_res["gpu"] = res.gpus
     filt = node_filter(spec)
     return {
-        "name": name,
-        "replicas": worker.size,
+        "name": spec.name,
+        "replicas": spec.fixed_size,
         "maxUnavailable": 1,
-        "gpu": {"enabled": gpu, "nvidia": {"gdrCopyEnabled": worker.fabric is not None}} if gpu else {"enabled": False},
+        "gpu": {"enabled": gpu, "nvidia": {"gdrCopyEnabled": spec.fabric is not None}} if gpu else {"enabled": False},
         "nodeConfig": {
-            "features": ["gpu", catalog.get_platform(worker.platform).name] if gpu else ["cpu"],
+            "features": ["gpu", spec.platform] if gpu else ["cpu"],
             "dynamic": "InstanceId={{ .PodName }}",
             **({"gresConfig": ["AutoDetect=nvidia"]} if gpu else {}),
         },
         "slurmd": {
             "resources": slurmd_res,
             "volumes": {
-                "spool": {"volumeClaimTemplateSpec": {
-                    "storageClassName": STORAGE_CLASS, "accessModes": ["ReadWriteOnce"],
-                    "resources": {"requests": {"storage": "128Gi"}},
-                }},
+                # The NodeSet CRD types spool as a corev1.VolumeSource: a bounded emptyDir on the boot disk
+                # (its size is taken out of slurmd's ephemeral storage above).
+                "spool": {"emptyDir": {"sizeLimit": f"{WORKER_SPOOL_GIB}Gi"}},
                 "jail": {"persistentVolumeClaim": {"claimName": f"{JAIL}-pvc"}},
                 "jailSubMounts": [
                     {"name": s.name, "mountPath": s.mount_path, "readOnly": False,
@@ -261,52 +341,85 @@ def nodeset_values(cfg: StackConfig, worker: WorkerSet) -> dict[str, Any]:
                 "sharedMemorySize": f"{res.shared_memory_gib}Gi",
             },
         },
-        "munge": {"resources": {
-            "cpu": f"{MUNGE_CPU_M}m", "memory": f"{MUNGE_MEMORY_GIB}Gi", "ephemeralStorage": f"{MUNGE_EPHEMERAL_GIB}Gi",
-        }},
+        "munge": {"resources": WORKER_MUNGE.values()},
         "priorityClass": "soperator-worker-high-priority",
         "affinity": filt["affinity"],
         "tolerations": filt["tolerations"],
     }
 
 
-def nodesets_values(cfg: StackConfig) -> dict[str, Any]:
-    assert cfg.nodes is not None
-    return {"nodesets": [nodeset_values(cfg, w) for w in cfg.nodes.workers]}
+def nodesets_values(cfg: StackConfig, specs: list[NodeGroupSpec]) -> dict[str, Any]:
+    """The NodeSets of every worker set; ``clusterName`` where the pinned chart needs it (5.0)."""
+    sop = cfg.soperator
+    assert sop is not None
+    values: dict[str, Any] = {"nodesets": [nodeset_values(cfg, s) for s in specs if s.role == "worker"]}
+    if chart_contract.admits("soperator", sop.version, "nodesets", "clusterName"):
+        values["clusterName"] = cfg.cluster_name
+    return values
 
 
-def release_plan(cfg: StackConfig, allocation_id: Any, size_gib: dict[str, Any]) -> list[ReleaseSpec]:
-    """Every release in install order, each naming the releases it waits for."""
+@dataclass(frozen=True)
+class BackupTarget:
+    """Where k8up writes the jail backups: the bucket name and the region's S3 endpoint."""
+
+    bucket: Any
+    endpoint: str
+
+
+def backup_config_values(cfg: StackConfig, target: BackupTarget) -> dict[str, Any]:
+    """The k8up Schedule (helm-soperator-backup-config): daily backup, prune keeping ``retentionDays``."""
+    assert cfg.buckets is not None
+    backups = cfg.buckets.backups
+    return {
+        "scheduleName": BACKUP_SCHEDULE,
+        "bucket": {"name": target.bucket, "endpoint": target.endpoint},
+        "secret": {"name": BACKUP_SECRET},
+        "backup": {"schedule": backups.schedule},
+        "prune": {"schedule": backups.prune_schedule, "retention": {"keepDaily": backups.retention_days}},
+    }
+
+
+def release_plan(cfg: StackConfig, specs: list[NodeGroupSpec], allocation_id: Any, size_gib: dict[str, Any],
+                 backup: BackupTarget | None = None) -> list[ReleaseSpec]:
+    """Every release in install order, each naming the releases it waits for; ``backup`` adds k8up and
+    the jail backup schedule."""
     sop = cfg.soperator
     assert sop is not None and cfg.nodes is not None
     ns = cfg.slurm_namespace
     plan = [
         ReleaseSpec("cert-manager", "cert-manager", sop.cert_manager_version, "cert-manager-system",
-                    cert_manager_values(), repo="https://charts.jetstack.io"),
-        ReleaseSpec("kruise", "kruise", sop.kruise_version, "kruise-system", kruise_values(),
+                    cert_manager_values(), ("cert-manager", "cert-manager"), repo="https://charts.jetstack.io"),
+        ReleaseSpec("kruise", "kruise", sop.kruise_version, "kruise-system", kruise_values(), ("kruise", "kruise"),
                     repo="https://openkruise.github.io/charts/"),
     ]
     operator_deps: tuple[str, ...] = ("soperator-crds", "kruise")
     if cfg.nodes.accounting is not None:
+        mariadb = ("mariadb-operator", "https://helm.mariadb.com/mariadb-operator")
         plan += [
             ReleaseSpec("mariadb-operator-crds", "mariadb-operator-crds", sop.mariadb_operator_version,
-                        "mariadb-operator-system", {}, repo="https://helm.mariadb.com/mariadb-operator"),
+                        "mariadb-operator-system", {}, (mariadb[0], "mariadb-operator-crds"), repo=mariadb[1]),
             ReleaseSpec("mariadb-operator", "mariadb-operator", sop.mariadb_operator_version,
-                        "mariadb-operator-system", mariadb_operator_values(),
-                        repo="https://helm.mariadb.com/mariadb-operator", skip_crds=True,
-                        depends_on=("cert-manager", "mariadb-operator-crds")),
+                        "mariadb-operator-system", mariadb_operator_values(), (mariadb[0], "mariadb-operator"),
+                        repo=mariadb[1], skip_crds=True, depends_on=("cert-manager", "mariadb-operator-crds")),
         ]
         operator_deps += ("mariadb-operator",)
+
+    def soperator(key: str, namespace: str, values: dict[str, Any], **kw: Any) -> ReleaseSpec:
+        return ReleaseSpec(key, chart_ref(sop.registry, key), sop.version, namespace, values, ("soperator", key), **kw)
+
     plan += [
-        ReleaseSpec("soperator-crds", chart_ref(sop.registry, "soperator-crds"), sop.version,
-                    SOPERATOR_NAMESPACE, {}, depends_on=("cert-manager",)),
-        ReleaseSpec("soperator", chart_ref(sop.registry, "soperator"), sop.version, SOPERATOR_NAMESPACE,
-                    soperator_values(cfg), skip_crds=True, depends_on=operator_deps),
-        ReleaseSpec("slurm-cluster-storage", chart_ref(sop.registry, "slurm-cluster-storage"), sop.version, ns,
-                    storage_values(cfg, size_gib), depends_on=("soperator",)),
-        ReleaseSpec("slurm-cluster", chart_ref(sop.registry, "slurm-cluster"), sop.version, ns,
-                    slurm_cluster_values(cfg, allocation_id), depends_on=("slurm-cluster-storage",)),
-        ReleaseSpec("nodesets", chart_ref(sop.registry, "nodesets"), sop.version, ns,
-                    nodesets_values(cfg), depends_on=("slurm-cluster",)),
+        soperator("soperator-crds", SOPERATOR_NAMESPACE, {}, depends_on=("cert-manager",)),
+        soperator("soperator", SOPERATOR_NAMESPACE, soperator_values(cfg), skip_crds=True, depends_on=operator_deps),
+        soperator("slurm-cluster-storage", ns, storage_values(cfg, size_gib), depends_on=("soperator",)),
+        soperator("slurm-cluster", ns, slurm_cluster_values(cfg, specs, allocation_id, size_gib),
+                  depends_on=("slurm-cluster-storage",)),
+        soperator("nodesets", ns, nodesets_values(cfg, specs), depends_on=("slurm-cluster",)),
     ]
+    if backup is not None:
+        plan += [
+            ReleaseSpec("k8up", "k8up", sop.k8up_version, K8UP_NAMESPACE, {}, ("k8up", "k8up"),
+                        repo="https://k8up-io.github.io/k8up"),
+            soperator("soperator-backup-config", ns, backup_config_values(cfg, backup),
+                      depends_on=("k8up", "slurm-cluster")),
+        ]
     return plan

@@ -38,8 +38,11 @@ def _validator(spec: rules.PolicySpec):
         cfg = _stack_config()
         resources = [rules.Res.from_policy(r) for r in args.resources]
         config = rules.defaults(spec) | dict(args.get_config())
-        for message in spec.check(rules.Context(resources, cfg, load_run(cfg), config)):
+        ctx = rules.Context(resources, cfg, load_run(cfg), config)
+        for message in spec.check(ctx):
             report_violation(message, None)
+        for note in sorted(set(ctx.unchecked)):  # shown in the preview's diagnostics, not a violation
+            print(f"policy {spec.name}: not checked: {note}", file=sys.stderr)
 
     return validate
 

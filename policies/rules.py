@@ -6,7 +6,7 @@ violation messages out. ``policies/__main__.py`` wraps them in a CrossGuard Poli
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -15,21 +15,53 @@ from pydantic import BaseModel, ConfigDict
 from infra import catalog
 from infra.config import StackConfig
 from infra.cost import monthly_cost
+from infra.nebius.layout import layout
 
 FILESYSTEM = "nebius:index/computeV1Filesystem:ComputeV1Filesystem"
 NODE_GROUP = "nebius:index/mk8sV1NodeGroup:Mk8sV1NodeGroup"
 BUCKET = "nebius:index/storageV1Bucket:StorageV1Bucket"
 ALLOCATION = "nebius:index/vpcV1Allocation:VpcV1Allocation"
+RELEASE = "kubernetes:helm.sh/v3:Release"
+K8S_SECRET = "kubernetes:core/v1:Secret"
+BACKUP_CHART = "helm-soperator-backup-config"
+BACKUP_SECRET = "jail-backup"
 NODESET_LABEL = "slurm.nebius.ai/nodeset"
 SERVICE_ROLES = {"system", "controller", "login", "accounting"}
 SECRET_PLACEHOLDER = "[secret]"
 Enforcement = Literal["mandatory", "advisory", "disabled"]
 
 
+class Unknown:
+    """A property value the engine does not know yet (a preview of resources not created)."""
+
+    _instance: Unknown | None = None
+
+    def __new__(cls) -> Unknown:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "<unknown>"
+
+    def __deepcopy__(self, _memo: dict) -> Unknown:
+        return self
+
+
+UNKNOWN = Unknown()
+# The wire sentinels of unknown values (pulumi.runtime.rpc.UNKNOWN, pulumi_policy.proxy UNKNOWN_*_VALUE)
+_UNKNOWN_SENTINELS = frozenset({
+    "04da6b54-80e4-46f7-96ec-b56ff0331ba9", "1c4a061d-8072-4f0a-a4cb-0ff528b18fe7",
+    "3eeb2bf0-c639-47a8-9e75-3b44932eb421", "6a19a0b0-7e62-4c92-b797-7f8e31da9cc2",
+    "030794c1-ac77-496b-92df-f27374a8bd58", "e48ece36-62e2-4504-bad9-02848725956a",
+    "dd056dcd-154b-4c76-9bd3-c8f88648b5ff",
+})
+
+
 class Res(BaseModel):
     """One resource: type token, logical name, ``protect`` option and properties."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
 
     type: str
     name: str
@@ -39,7 +71,7 @@ class Res(BaseModel):
 
     @classmethod
     def from_mock(cls, r: Any) -> Res:
-        return cls(type=r.type, name=r.name, urn=r.urn, protect=r.protect, props=r.inputs)
+        return cls(type=r.type, name=r.name, urn=r.urn, protect=r.protect, props=_plain(r.inputs))
 
     @classmethod
     def from_policy(cls, r: Any) -> Res:
@@ -48,32 +80,82 @@ class Res(BaseModel):
 
 
 def _plain(value: Any) -> Any:
+    """Plain dicts and lists; every unknown value (however the engine marks it) becomes ``UNKNOWN``.
+
+    pulumi-policy's props proxy raises ``UnknownValueError`` on reading an unknown value; reading each key
+    on its own keeps the rest of the resource checkable.
+    """
+    if isinstance(value, str) and value in _UNKNOWN_SENTINELS:
+        return UNKNOWN
     if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        out = {}
+        for key in list(value):
+            out[str(key)] = _read(value, key)
+        return out
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        return [_read(value, i) for i in range(len(value))]
     return value
+
+
+def _read(container: Any, key: Any) -> Any:
+    try:
+        item = container[key]
+    except Exception as exc:  # pulumi_policy.proxy.UnknownValueError: no import, the pack may be absent
+        if type(exc).__name__ == "UnknownValueError":
+            return UNKNOWN
+        raise
+    return _plain(item)
 
 
 @dataclass(frozen=True)
 class Context:
-    """Everything a rule may look at."""
+    """Everything a rule may look at; ``unchecked`` collects what a rule could not check (unknown values)."""
 
     resources: list[Res]
     cfg: StackConfig
     run: Any | None = None
     config: Mapping[str, Any] = field(default_factory=dict)
+    unchecked: list[str] = field(default_factory=list)
 
     def of_type(self, type_: str) -> list[Res]:
         return [r for r in self.resources if r.type == type_]
 
+    def prop(self, res: Res, path: str, default: Any = None) -> Any:
+        """``res.props`` at a dotted path; ``UNKNOWN`` (and noted in ``unchecked``) where unknown."""
+        value: Any = res.props
+        for key in path.split("."):
+            if value is UNKNOWN:
+                break
+            if not isinstance(value, Mapping) or value.get(key) is None:
+                return default
+            value = value[key]
+        if _contains_unknown(value):
+            self.unchecked.append(f"{res.name}: {path} is unknown until the resource exists")
+            return UNKNOWN
+        return value
 
-def _role(group: Res) -> str:
-    return (group.props.get("labels") or {}).get(NODESET_LABEL, group.props.get("name", group.name))
+
+def _contains_unknown(value: Any) -> bool:
+    if value is UNKNOWN:
+        return True
+    if isinstance(value, Mapping):
+        return any(_contains_unknown(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_contains_unknown(v) for v in value)
+    return False
 
 
-def _shape(group: Res) -> tuple[str, str]:
-    resources = (group.props.get("template") or {}).get("resources") or {}
+def _role(ctx: Context, group: Res) -> str | Unknown:
+    labels = ctx.prop(group, "labels", {})
+    if labels is UNKNOWN:
+        return UNKNOWN
+    return labels.get(NODESET_LABEL) or group.props.get("name") or group.name
+
+
+def _shape(ctx: Context, group: Res) -> tuple[str, str] | None:
+    resources = ctx.prop(group, "template.resources", {})
+    if resources is UNKNOWN:
+        return None
     return resources.get("platform", ""), resources.get("preset", "")
 
 
@@ -82,12 +164,9 @@ def _shape(group: Res) -> tuple[str, str]:
 def filesystem_quota(ctx: Context) -> list[str]:
     """Shared filesystems (created plus reused) within the project quota (seed 001: 5 TiB)."""
     limit = float(ctx.config.get("maxTotalGib", 5120))
-    created = sum(float(r.props.get("sizeGibibytes") or 0) for r in ctx.of_type(FILESYSTEM))
-    fs = ctx.cfg.filesystems
-    reused = 0.0
-    if fs is not None:
-        every = [fs.jail, *fs.submounts, fs.controller_spool, fs.accounting]
-        reused = sum(float(f.size_gib or 0) for f in every if f is not None and f.existing_id)
+    sizes = [ctx.prop(r, "sizeGibibytes", 0) for r in ctx.of_type(FILESYSTEM)]
+    created = sum(float(size) for size in sizes if size is not UNKNOWN)
+    reused = sum(float(f.size_gib or 0) for f in layout(ctx.cfg).filesystems if not f.created)
     total = created + reused
     if total > limit:
         return [f"shared filesystems total {total:,.0f} GiB exceeds the quota of {limit:,.0f} GiB "
@@ -108,7 +187,10 @@ def presets_exist(ctx: Context) -> list[str]:
     """Every node group's preset is offered on its platform."""
     found = []
     for group in ctx.of_type(NODE_GROUP):
-        platform, preset = _shape(group)
+        shape = _shape(ctx, group)
+        if shape is None:
+            continue
+        platform, preset = shape
         try:
             catalog.get_preset(platform, preset)
         except catalog.CatalogError as exc:
@@ -120,9 +202,10 @@ def gpu_workers_have_gpu_presets(ctx: Context) -> list[str]:
     """Worker node groups (Slurm nodesets other than system/controller/login/accounting) carry GPUs."""
     found = []
     for group in ctx.of_type(NODE_GROUP):
-        if _role(group) in SERVICE_ROLES:
+        role, shape = _role(ctx, group), _shape(ctx, group)
+        if role is UNKNOWN or role in SERVICE_ROLES or shape is None:
             continue
-        platform, preset = _shape(group)
+        platform, preset = shape
         try:
             gpus = catalog.get_preset(platform, preset).gpus
         except catalog.CatalogError:
@@ -170,11 +253,14 @@ def login_access(ctx: Context) -> list[str]:
     if ctx.cfg.target == "nebius" and not ctx.cfg.ssh_public_keys:
         found.append("sshPublicKeys: login needs at least one SSH public key")
     for group in ctx.of_type(NODE_GROUP):
-        interfaces = (group.props.get("template") or {}).get("networkInterfaces") or []
-        if any(i.get("publicIpAddress") is not None for i in interfaces) and _role(group) != "login":
+        interfaces = ctx.prop(group, "template.networkInterfaces", [])
+        if interfaces is UNKNOWN:
+            continue
+        public = any(isinstance(i, Mapping) and i.get("publicIpAddress") is not None for i in interfaces)
+        if public and _role(ctx, group) != "login":
             found.append(f"node group {group.name}: has a public IP address; only login may be reachable")
     for alloc in ctx.of_type(ALLOCATION):
-        if alloc.props.get("ipv4Public") is not None and "login" not in alloc.name:
+        if ctx.prop(alloc, "ipv4Public") not in (None, UNKNOWN) and "login" not in alloc.name:
             found.append(f"allocation {alloc.name}: public address not used by login")
     return found
 
@@ -187,28 +273,56 @@ def data_protected(ctx: Context) -> list[str]:
     """Filesystems holding data (every shared filesystem) have Pulumi protect and forbidDeletion."""
     if _exempt(ctx):
         return []
-    return [f"filesystem {r.name}: deletion protection off (protect={r.protect}, "
-            f"forbidDeletion={r.props.get('forbidDeletion')})"
-            for r in ctx.of_type(FILESYSTEM) if not (r.protect and r.props.get("forbidDeletion"))]
+    found = []
+    for r in ctx.of_type(FILESYSTEM):
+        guard = ctx.prop(r, "forbidDeletion")
+        if guard is not UNKNOWN and not (r.protect and guard):
+            found.append(f"filesystem {r.name}: deletion protection off (protect={r.protect}, forbidDeletion={guard})")
+    return found
 
 
 def jail_backed_up(ctx: Context) -> list[str]:
-    """The jail is backed up to a bucket with retention."""
+    """The jail is backed up: a backups bucket, the k8up Schedule (helm-soperator-backup-config) writing
+    into it on a schedule with a prune keeping ``retentionDays`` daily copies, and its credentials Secret."""
     if _exempt(ctx) or ctx.cfg.target != "nebius":
         return []
     buckets = ctx.cfg.buckets
     if buckets is None or not buckets.backups.enabled:
         return ["buckets.backups: the jail is not backed up (enable backups with a retention)"]
-    if not any(r.name.endswith("-backups") for r in ctx.of_type(BUCKET)):
+    bucket = next((r for r in ctx.of_type(BUCKET) if r.name.endswith("-backups")), None)
+    if bucket is None:
         return ["no backups bucket among the stack's resources"]
-    return []
+    schedules = [r for r in ctx.of_type(RELEASE) if str(r.props.get("chart", "")).endswith(BACKUP_CHART)]
+    if not schedules:
+        return [f"no {BACKUP_CHART} release: nothing writes backups into bucket {bucket.name}"]
+    found = []
+    for release in schedules:
+        for path, check in (
+            ("values.backup.schedule", lambda v: isinstance(v, str) and v.strip() != ""),
+            ("values.prune.schedule", lambda v: isinstance(v, str) and v.strip() != ""),
+            ("values.prune.retention.keepDaily", lambda v: v == buckets.backups.retention_days),
+        ):
+            value = ctx.prop(release, path)
+            if value is not UNKNOWN and not check(value):
+                found.append(f"release {release.name}: {path} is {value!r} (want a schedule; keepDaily "
+                             f"{buckets.backups.retention_days} = buckets.backups.retentionDays)")
+        target, name = ctx.prop(release, "values.bucket.name"), ctx.prop(bucket, "name")
+        if UNKNOWN not in (target, name) and target != name:
+            found.append(f"release {release.name}: writes to bucket {target!r}, not the backups bucket {name!r}")
+    secrets = [r for r in ctx.of_type(K8S_SECRET) if ctx.prop(r, "metadata.name") in (BACKUP_SECRET, UNKNOWN)]
+    if not secrets:
+        found.append(f"no Secret {BACKUP_SECRET}: k8up has no credentials for the bucket")
+    return found
 
 
 def artifacts_versioned(ctx: Context) -> list[str]:
     """The artifacts bucket keeps versions."""
-    return [f"bucket {r.name}: versioningPolicy is {r.props.get('versioningPolicy')!r}, not 'ENABLED'"
-            for r in ctx.of_type(BUCKET)
-            if r.name.endswith("-artifacts") and r.props.get("versioningPolicy") != "ENABLED"]
+    found = []
+    for r in ctx.of_type(BUCKET):
+        policy = ctx.prop(r, "versioningPolicy") if r.name.endswith("-artifacts") else "ENABLED"
+        if policy not in ("ENABLED", UNKNOWN):
+            found.append(f"bucket {r.name}: versioningPolicy is {policy!r}, not 'ENABLED'")
+    return found
 
 
 def preemptible_needs_resume(ctx: Context) -> list[str]:
@@ -264,6 +378,10 @@ def secret_looking_values(config_values: Mapping[str, Any], resources: Iterable[
 
 def no_plain_secrets(ctx: Context) -> list[str]:
     """No private key or token in plain stack config or resource properties."""
+    for r in ctx.resources:
+        unknown = [path for path, value in _walk(r.props, "") if value is UNKNOWN]
+        if unknown:
+            ctx.unchecked.append(f"{r.name}: {len(unknown)} unknown value(s) not scanned ({', '.join(unknown[:3])})")
     return secret_looking_values(ctx.cfg.model_dump(by_alias=True, mode="json"), ctx.resources)
 
 
@@ -309,6 +427,8 @@ class Result(BaseModel):
     enforcement: Enforcement
     passed: bool
     violations: list[str]
+    unchecked: list[str] = []
+    """What the rule could not check because a value was unknown (a preview before resources exist)."""
 
 
 def evaluate(resources: list[Res], cfg: StackConfig, run: Any | None = None,
@@ -321,8 +441,10 @@ def evaluate(resources: list[Res], cfg: StackConfig, run: Any | None = None,
         if level == "disabled":
             results.append(Result(policy=spec.name, enforcement=level, passed=True, violations=[]))
             continue
-        violations = spec.check(Context(resources, cfg, run, defaults(spec) | own))
-        results.append(Result(policy=spec.name, enforcement=level, passed=not violations, violations=violations))
+        ctx = Context(resources, cfg, run, defaults(spec) | own)
+        violations = spec.check(ctx)
+        results.append(Result(policy=spec.name, enforcement=level, passed=not violations, violations=violations,
+                              unchecked=sorted(set(ctx.unchecked))))
     return results
 
 

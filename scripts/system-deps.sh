@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the local stack and the tests need, when missing.
 #   slurm-wlm, munge   local single-node Slurm (scripts/local-slurm.sh)
-#   openssh-server     real sshd on loopback for the SSH transport tests
+#   openssh-server     real sshd on loopback for the SSH transport tests, and the rehearsal cluster's login node
+#   iproute2, procps   network namespaces and bridge of the rehearsal cluster (scripts/local-cluster.sh), ps in its tests
 #   chromium           headless browser for the chat UI and dashboard tests
 set -euo pipefail
-packages=(slurm-wlm munge openssh-server chromium)
+packages=(slurm-wlm munge openssh-server chromium iproute2 procps)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -157,3 +157,15 @@ def test_prepare_summary_counts_every_step(tiny_model_dir: Path, tmp_path: Path)
     assert train.dropped == {"overlong": 0, "answer_too_long": 0, "no_assistant_tokens": 0}
     text = "\n".join(summary.lines())
     assert "tokenize train:" in text and "truncated (overlong context, max_length 512)" in text
+
+
+def test_prepare_checks_the_data_before_the_base_model(tmp_path: Path) -> None:
+    from workloads.data.convert import ConvertError
+    from workloads.prepare import run
+
+    bad = tmp_path / "finance.jsonl"
+    bad.write_text(json.dumps({"question": "Q?", "answer": "A."}) + "\n")
+    config = tiny_run_config(tmp_path / "run", tmp_path / "no-such-model", source=f"file:{bad}")
+    with pytest.raises(ConvertError, match=r"finance.jsonl: missing column\(s\) user, assistant"):
+        run(config)
+    assert not config.base_model_dir.exists()

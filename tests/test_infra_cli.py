@@ -59,3 +59,14 @@ def test_program_module_imports_without_cloud_access() -> None:
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                             env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"})
     assert result.stdout.strip() == "ok", result.stderr
+
+
+def test_cost_stack_comes_from_the_config_dir_or_else_the_repository_stacks(tmp_path: Path) -> None:
+    from infra.commands.run import cost_stack_config
+
+    own = tmp_path / "my-stacks"
+    own.mkdir()
+    (own / "Pulumi.local.yaml").write_text((ROOT / "stacks" / "Pulumi.local.yaml").read_text())
+    assert cost_stack_config("demo", ROOT, own).stack == "demo"
+    (own / "Pulumi.demo.yaml").write_text((ROOT / "stacks" / "Pulumi.local.yaml").read_text())
+    assert cost_stack_config("demo", ROOT, own).target == "local"

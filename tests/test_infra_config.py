@@ -44,7 +44,8 @@ def test_demo_is_seed_000_cluster() -> None:
     assert (worker.boot_disk.type, worker.boot_disk.size_gib) == ("NETWORK_SSD_NON_REPLICATED", 558)
     assert (nodes.system.min_size, nodes.system.max_size, nodes.system.preset) == (3, 9, "8vcpu-32gb")
     assert nodes.system.boot_disk.size_gib == 128
-    assert (nodes.controller.size, nodes.controller.preset, nodes.controller.boot_disk.size_gib) == (2, "4vcpu-16gb", 128)
+    # the seed's 2 controllers are 1: Soperator 4.1.7 runs one slurmctld (no slurmNodes.controller.size)
+    assert (nodes.controller.size, nodes.controller.preset, nodes.controller.boot_disk.size_gib) == (1, "4vcpu-16gb", 128)
     assert (nodes.login.size, nodes.login.preset, nodes.login.boot_disk.size_gib) == (1, "4vcpu-16gb", 256)
     assert nodes.accounting and (nodes.accounting.preset, nodes.accounting.boot_disk.size_gib) == ("8vcpu-32gb", 128)
     assert fs.jail.size_gib == 256
@@ -160,3 +161,28 @@ def test_from_pulumi_config_reads_the_runtime_config_as_pulumi_passes_it() -> No
 
     cfg = contextvars.Context().run(read)
     assert cfg == load_stack_config("demo")
+
+
+def test_cloud_install_settings_are_validated() -> None:
+    import pytest as _pytest
+
+    from infra.config import StackConfigError, parse_stack_config, read_stack_file
+    from infra.mocks import _config_values
+
+    cfg, _ = read_stack_file("demo")
+    raw = {k.split(":", 1)[1]: v for k, v in _config_values(cfg).items()}
+
+    def with_change(path: str, mutate) -> str:
+        import json
+        doc = {k: json.loads(v) if k not in ("target", "clusterName") else v for k, v in raw.items()}
+        mutate(doc)
+        with _pytest.raises(StackConfigError) as err:
+            parse_stack_config("demo", {k: v if isinstance(v, str) else json.dumps(v) for k, v in doc.items()}, "x.yaml")
+        assert path in str(err.value), str(err.value)
+        return str(err.value)
+
+    with_change("nodes.controller.size", lambda d: d["nodes"]["controller"].update(size=2))
+    with_change("nebius.tenantId", lambda d: d["nebius"].pop("tenantId"))
+    with_change("filesystems.accounting", lambda d: d["filesystems"].pop("accounting"))
+    with_change("driversPreset", lambda d: d["nodes"]["workers"][0].update(gpuDrivers="gpu-operator", driversPreset="cuda12"))
+    assert cfg.nodes and cfg.nodes.workers[0].node_drivers_preset == "cuda12"

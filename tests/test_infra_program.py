@@ -16,6 +16,8 @@ FS = "nebius:index/computeV1Filesystem:ComputeV1Filesystem"
 GPU_CLUSTER = "nebius:index/computeV1GpuCluster:ComputeV1GpuCluster"
 BUCKET = "nebius:index/storageV1Bucket:StorageV1Bucket"
 RELEASE = "kubernetes:helm.sh/v3:Release"
+APP = "nebius:index/applicationsV1alpha1K8sRelease:ApplicationsV1alpha1K8sRelease"
+SECRET_TYPE = "kubernetes:core/v1:Secret"
 PRIVATE_KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nmock-private-key-material\n-----END OPENSSH PRIVATE KEY-----"
 
 
@@ -45,18 +47,22 @@ def test_local_stack_creates_no_cloud_resources_only_the_pipeline(run_stack) -> 
     assert run.outputs["run_config"] == "workloads/configs/local.json"
 
 
-@pytest.mark.parametrize(("stack", "groups", "filesystems", "gpu_clusters", "buckets", "releases"), [
-    ("dev", 4, 5, 0, 1, 7),
-    ("demo", 5, 7, 0, 2, 9),
-    ("h100", 5, 5, 1, 2, 9),
+# releases: cert-manager, kruise, soperator-crds, soperator, storage, cluster, nodesets (7); + 2 mariadb with
+# accounting; + k8up and the backup schedule with backups. apps: the NVIDIA network operator on a fabric.
+@pytest.mark.parametrize(("stack", "groups", "filesystems", "gpu_clusters", "buckets", "releases", "apps"), [
+    ("dev", 4, 5, 0, 1, 7, 0),
+    ("demo", 5, 7, 0, 2, 11, 0),
+    ("h100", 5, 5, 1, 2, 11, 1),
 ])
-def test_resource_counts(run_stack, stack, groups, filesystems, gpu_clusters, buckets, releases) -> None:
+def test_resource_counts(run_stack, stack, groups, filesystems, gpu_clusters, buckets, releases, apps) -> None:
     counted = types(run_stack(stack))
     assert counted[NG] == groups
     assert counted[FS] == filesystems
     assert counted[GPU_CLUSTER] == gpu_clusters
     assert counted[BUCKET] == buckets
     assert counted[RELEASE] == releases
+    assert counted[APP] == apps
+    assert counted[SECRET_TYPE] == (1 if stack != "dev" else 0)
     assert counted["nebius:index/mk8sV1Cluster:Mk8sV1Cluster"] == 1
     assert counted["nebius:index/vpcV1Allocation:VpcV1Allocation"] == 1
     assert counted["pulumi:providers:kubernetes"] == 1
@@ -92,7 +98,9 @@ def test_demo_node_groups_presets_and_disks(run_stack) -> None:
     assert groups["system"]["autoscaling"] == {"minNodeCount": 3, "maxNodeCount": 9}
     assert "fixedNodeCount" not in groups["system"]
     assert groups["login"]["template"]["bootDisk"]["sizeGibibytes"] == 256
-    assert groups["controller"]["fixedNodeCount"] == 2
+    assert groups["controller"]["fixedNodeCount"] == 1
+    assert worker["gpuSettings"] == {"driversPreset": "cuda12"}
+    assert all("gpuSettings" not in g["template"] for name, g in groups.items() if name != "worker")
     assert groups["accounting"]["template"]["resources"]["preset"] == "8vcpu-32gb"
 
 
@@ -122,7 +130,37 @@ def test_h100_workers_join_the_infiniband_gpu_cluster(run_stack) -> None:
     assert worker.inputs["template"]["gpuCluster"] == {"id": f"{gpu_cluster.name}-id"}
     assert worker.inputs["template"]["resources"]["preset"] == "8gpu-128vcpu-1600gb"
     assert run.outputs["gpus_total"] == 16
+    (app,) = run.of_type(APP)
+    assert app.inputs["productSlug"] == "nebius/nvidia-network-operator"
+    assert app.inputs["clusterId"] == "ft-h100-k8s-id"
+    assert worker.urn in app.dependencies
+    assert app.urn in next(r for r in run.resources if r.type.endswith(":StorageClass")).dependencies
 
+
+def test_gpu_operator_instead_of_the_drivers_preset(run_stack) -> None:
+    cfg = load_stack_config("demo")
+    assert cfg.nodes
+    worker = cfg.nodes.workers[0].model_copy(update={"gpu_drivers": "gpu-operator"})
+    run = run_stack(cfg.model_copy(update={"nodes": cfg.nodes.model_copy(update={"workers": [worker]})}))
+    group = next(r for r in run.of_type(NG) if r.inputs["name"] == "worker")
+    assert "gpuSettings" not in group.inputs["template"]
+    assert [a.inputs["productSlug"] for a in run.of_type(APP)] == ["nebius/nvidia-gpu-operator"]
+
+
+def test_backup_credentials_are_secrets_and_the_schedule_reads_them(run_stack) -> None:
+    run = run_stack("demo")
+    (secret,) = run.of_type(SECRET_TYPE)
+    assert secret.inputs["metadata"] == {"name": "jail-backup", "namespace": "innovationbank"}
+    assert secret.inputs["stringData"] == SECRET
+    releases = {r.inputs["name"]: r for r in run.of_type(RELEASE)}
+    schedule = releases["soperator-backup-config"]
+    assert secret.urn in schedule.dependencies and releases["k8up"].urn in schedule.dependencies
+    values = schedule.inputs["values"]
+    assert values["backup"]["schedule"] == "@daily-random"
+    assert values["prune"]["retention"] == {"keepDaily": 7}
+    assert values["bucket"] == {"name": "innovationbank-backups", "endpoint": "https://storage.eu-north1.nebius.cloud"}
+    key = run.of_type("nebius:index/iamV2AccessKey:IamV2AccessKey")[0]
+    assert key.inputs["account"]["serviceAccount"]["id"] == "innovationbank-backups-sa-id"
 
 def test_protect_flags_guard_data(run_stack) -> None:
     demo = run_stack("demo")

@@ -8,7 +8,7 @@ import yaml
 
 from infra.config import load_stack_config
 from infra.kubeconfig import kubeconfig
-from infra.nebius.layout import filesystem_specs, node_group_specs
+from infra.nebius.layout import filesystem_specs, layout, node_group_specs
 from infra.nebius.network import login_address
 from infra.soperator_values import (
     ALLOCATION_ANNOTATION,
@@ -24,9 +24,18 @@ SIZES = {"jail": 256, "controller-spool": 128, "accounting": 256, "jail-submount
          "jail-submount-chkpt": 1024, "jail-submount-model": 1024, "jail-submount-home": 256}
 
 
+def specs(stack: str) -> list:
+    return list(layout(load_stack_config(stack)).node_groups)
+
+
+def worker(stack: str):
+    return next(s for s in specs(stack) if s.role == "worker")
+
+
 def test_release_order_is_a_valid_dependency_order() -> None:
     for stack in ("dev", "demo", "h100"):
-        plan = release_plan(load_stack_config(stack), "alloc-1", SIZES | {"jail-submount-training": 1, "jail-submount-inference": 1})
+        plan = release_plan(load_stack_config(stack), specs(stack), "alloc-1",
+                            SIZES | {"jail-submount-training": 1, "jail-submount-inference": 1})
         seen: set[str] = set()
         for spec in plan:
             assert set(spec.depends_on) <= seen, spec.key
@@ -41,12 +50,12 @@ def test_dev_without_accounting_tells_the_operator_no_mariadb() -> None:
     env = lambda cfg: soperator_values(cfg)["controllerManager"]["manager"]["env"]  # noqa: E731
     assert env(dev)["isMariadbCrdInstalled"] == "false" and env(demo)["isMariadbCrdInstalled"] == "true"
     assert soperator_values(dev)["serviceMonitor"] == {"enabled": False}
-    assert slurm_cluster_values(dev, "a")["slurmNodes"]["accounting"]["enabled"] is False
+    assert slurm_cluster_values(dev, specs("dev"), "a", SIZES)["slurmNodes"]["accounting"]["enabled"] is False
 
 
 def test_slurm_cluster_values_bind_login_to_allocation_and_filter_nodes() -> None:
     cfg = load_stack_config("demo")
-    values = slurm_cluster_values(cfg, "vpcallocation-e00x")
+    values = slurm_cluster_values(cfg, specs("demo"), "vpcallocation-e00x", SIZES)
     assert values["clusterName"] == "innovationbank"
     assert values["slurmNodes"]["login"]["sshdServiceAnnotations"][ALLOCATION_ANNOTATION] == "vpcallocation-e00x"
     assert values["slurmNodes"]["login"]["sshdServiceType"] == "LoadBalancer"
@@ -57,21 +66,22 @@ def test_slurm_cluster_values_bind_login_to_allocation_and_filter_nodes() -> Non
     assert filters["worker"]["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     assert {v["persistentVolumeClaim"]["claimName"] for v in values["volumeSources"]} >= {"jail-pvc", "jail-submount-home-pvc"}
     assert values["slurmScripts"]["builtIn"]["gpu_health_check.py"]["enabled"] is False
-    h100 = slurm_cluster_values(load_stack_config("h100"), "a")
+    h100 = slurm_cluster_values(load_stack_config("h100"), specs("h100"), "a", SIZES)
     assert h100["slurmScripts"]["builtIn"]["gpu_health_check.py"]["enabled"] is True
 
 
 def test_nodesets_and_slurmd_resources_fit_the_preset() -> None:
     demo = load_stack_config("demo")
-    assert demo.nodes
-    res = slurmd_resources(demo.nodes.workers[0])
-    assert res.gpus == 2 and 0 < res.cpu_m < 64_000 and 0 < res.memory_gib < 384 and 0 < res.ephemeral_gib < 558
-    (ns,) = nodesets_values(demo)["nodesets"]
+    res = slurmd_resources(worker("demo"))
+    # 2gpu-64vcpu-384gb, 558 GiB disk: (64-1) vCPU - 0.5 daemonsets - 1 munge; floor(384*0.95) - 2 - 4 - 1 GiB;
+    # floor(558*0.85) - 48 reserve - 5 munge - 64 spool emptyDir
+    assert (res.gpus, res.cpu_m, res.memory_gib, res.ephemeral_gib) == (2, 61_500, 357, 357)
+    (ns,) = nodesets_values(demo, specs("demo"))["nodesets"]
     assert ns["slurmd"]["resources"] == {"cpu": f"{res.cpu_m}m", "memory": f"{res.memory_gib}Gi",
                                          "ephemeralStorage": f"{res.ephemeral_gib}Gi", "gpu": 2}
     assert ns["gpu"] == {"enabled": True, "nvidia": {"gdrCopyEnabled": False}}
     assert [m["mountPath"] for m in ns["slurmd"]["volumes"]["jailSubMounts"]] == ["/mnt/data", "/mnt/chkpt", "/mnt/model", "/home"]
-    (h100,) = nodesets_values(load_stack_config("h100"))["nodesets"]
+    (h100,) = nodesets_values(load_stack_config("h100"), specs("h100"))["nodesets"]
     assert h100["gpu"]["nvidia"]["gdrCopyEnabled"] is True and h100["slurmd"]["resources"]["gpu"] == 8
 
 
@@ -104,3 +114,47 @@ def test_kubeconfig_uses_the_nebius_exec_credential() -> None:
 def test_login_address_strips_prefix() -> None:
     assert login_address("198.51.100.4/32") == "198.51.100.4"
     assert login_address(None) is None
+
+
+def test_service_pods_are_sized_from_their_preset_not_chart_defaults() -> None:
+    """Chart defaults ask 3 vCPU for sshd plus 0.5 for munge on a 4-vCPU login node (values.yaml:488,535)."""
+    values = slurm_cluster_values(load_stack_config("demo"), specs("demo"), "a", SIZES)["slurmNodes"]
+    # login cpu-d3 4vcpu-16gb, 256 GiB: (4-1) - 0.5 daemonsets - 0.5 munge; floor(16*0.95) - 2 - 4 - 1; floor(256*0.85) - 48 - 5
+    assert values["login"]["sshd"]["resources"] == {"cpu": "2000m", "memory": "8Gi", "ephemeralStorage": "164Gi"}
+    assert values["login"]["munge"]["resources"] == {"cpu": "500m", "memory": "1Gi", "ephemeralStorage": "5Gi"}
+    # controller 4vcpu-16gb, 128 GiB: floor(128*0.85) - 48 - 5
+    assert values["controller"]["slurmctld"]["resources"] == {"cpu": "2000m", "memory": "8Gi", "ephemeralStorage": "55Gi"}
+    # accounting 8vcpu-32gb: 6000m / 23 GiB / 55 GiB left after munge, a third to slurmdbd, the rest to MariaDB
+    acct = values["accounting"]
+    assert acct["slurmdbd"]["resources"] == {"cpu": "2000m", "memory": "7Gi", "ephemeralStorage": "18Gi"}
+    assert acct["mariadbOperator"]["resources"] == {"cpu": "4000m", "memory": "16Gi", "ephemeralStorage": "37Gi"}
+
+
+def test_controller_spool_and_mariadb_use_the_filesystems_created_for_them() -> None:
+    values = slurm_cluster_values(load_stack_config("demo"), specs("demo"), "a", SIZES)
+    controller = values["slurmNodes"]["controller"]
+    assert "size" not in controller
+    assert controller["volumes"]["spool"] == {"volumeSourceName": "controller-spool", "volumeClaimTemplateSpec": None}
+    assert {v["name"] for v in values["volumeSources"]} >= {"controller-spool"}
+    storage = values["slurmNodes"]["accounting"]["mariadbOperator"]["storage"]
+    assert storage["volumeClaimTemplate"] == {"storageClassName": "slurm-local-pv", "accessModes": ["ReadWriteMany"],
+                                              "resources": {"requests": {"storage": "256Gi"}}}
+    assert storage_values(load_stack_config("demo"), SIZES)["volume"]["accounting"]["size"] == "256Gi"
+
+
+def test_worker_spool_is_a_bounded_volume_source() -> None:
+    (ns,) = nodesets_values(load_stack_config("demo"), specs("demo"))["nodesets"]
+    assert ns["slurmd"]["volumes"]["spool"] == {"emptyDir": {"sizeLimit": "64Gi"}}
+
+
+def test_kruise_does_not_render_the_namespace_the_release_creates() -> None:
+    plan = {r.key: r for r in release_plan(load_stack_config("demo"), specs("demo"), "a", SIZES)}
+    assert plan["kruise"].values["installation"]["createNamespace"] is False
+
+
+def test_nodesets_cluster_name_follows_the_pinned_version() -> None:
+    cfg = load_stack_config("demo")
+    assert "clusterName" not in nodesets_values(cfg, specs("demo"))
+    assert cfg.soperator
+    v5 = cfg.model_copy(update={"soperator": cfg.soperator.model_copy(update={"version": "5.0.0"})})
+    assert nodesets_values(v5, specs("demo"))["clusterName"] == "innovationbank"

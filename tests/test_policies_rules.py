@@ -69,9 +69,9 @@ def test_filesystem_quota_seed_001(mocked):
 
 
 def test_monthly_budget(mocked):
-    assert rules.monthly_budget(_ctx(mocked, maxMonthlyUsd=19_100)) == []
-    [message] = rules.monthly_budget(_ctx(mocked, maxMonthlyUsd=19_000))
-    assert "$19,040" in message
+    assert rules.monthly_budget(_ctx(mocked, maxMonthlyUsd=19_000)) == []
+    [message] = rules.monthly_budget(_ctx(mocked, maxMonthlyUsd=18_900))
+    assert "$18,958" in message
 
 
 def test_presets_and_gpu_workers(mocked):
@@ -125,6 +125,18 @@ def test_jail_backed_up(mocked):
         update={"backups": cfg.buckets.backups.model_copy(update={"enabled": False})})})
     assert "not backed up" in rules.jail_backed_up(_ctx(mocked, cfg=off))[0]
     assert "not backed up" in rules.jail_backed_up(_ctx(mocked, "dev", exemptStacks=[]))[0]
+    _, resources = mocked("demo")
+    release = next(r for r in resources if r.name == "innovationbank-soperator-soperator-backup-config")
+    values = release.props["values"]
+    no_schedule = _replace(resources, release.name, props={"values": {**values, "backup": {"schedule": ""}}})
+    assert "values.backup.schedule is ''" in rules.jail_backed_up(_ctx(mocked, resources=no_schedule))[0]
+    short = {**values, "prune": {**values["prune"], "retention": {"keepDaily": 2}}}
+    assert "keepDaily" in rules.jail_backed_up(_ctx(mocked, resources=_replace(resources, release.name,
+                                                                                props={"values": short})))[0]
+    bucket_only = [r for r in resources if r.name != release.name]
+    assert "nothing writes backups" in rules.jail_backed_up(_ctx(mocked, resources=bucket_only))[0]
+    no_secret = [r for r in resources if r.type != rules.K8S_SECRET]
+    assert "no Secret jail-backup" in rules.jail_backed_up(_ctx(mocked, resources=no_secret))[0]
 
 
 def test_artifacts_versioned(mocked):
@@ -217,3 +229,71 @@ def test_policy_pack_builds_and_serves():
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+# --- a first `pulumi preview`: ids and computed outputs are unknown ---------------------------------------
+
+@pytest.fixture(scope="module")
+def previewed():
+    cache: dict[str, tuple] = {}
+
+    def get(stack: str):
+        if stack not in cache:
+            cfg = load_stack_config(stack, ROOT / "stacks")
+            run = run_under_mocks(cfg, {"pipelineSshPrivateKey": "k"}, preview=True)
+            cache[stack] = (cfg, [Res.from_mock(r) for r in run.resources])
+        return cache[stack]
+
+    return get
+
+
+@pytest.mark.parametrize("stack", ["dev", "demo", "h100"])
+def test_preview_every_policy_runs_and_passes_and_names_what_was_unknown(previewed, stack):
+    cfg, resources = previewed(stack)
+    node_group = next(r for r in resources if r.type == rules.NODE_GROUP)
+    assert node_group.props["parentId"] is rules.UNKNOWN, "a preview leaves the new cluster's id unknown"
+    results = evaluate(resources, cfg, load_run(cfg, ROOT))
+    assert [r.policy for r in results] == [p.name for p in rules.POLICIES]
+    assert all(r.passed for r in results), [r for r in results if not r.passed]
+    secrets = next(r for r in results if r.policy == "no-plain-secrets")
+    assert any(f"{node_group.name}: " in u and "existingFilesystem.id" in u for u in secrets.unchecked)
+
+
+def test_preview_crafted_stacks_fail_on_what_is_known_and_report_the_rest(previewed):
+    cfg, resources = previewed("demo")
+    big = _replace(resources, "innovationbank-fs-jail-submount-data", props={"sizeGibibytes": 8192})
+    assert mandatory_failures(evaluate(big, cfg))[0].policy == "filesystem-quota"
+    unknown_size = _replace(big, "innovationbank-fs-jail-submount-model", props={"sizeGibibytes": rules.UNKNOWN})
+    [quota] = [r for r in evaluate(unknown_size, cfg) if r.policy == "filesystem-quota"]
+    assert not quota.passed
+    assert quota.unchecked == ["innovationbank-fs-jail-submount-model: sizeGibibytes is unknown until the resource exists"]
+    release = next(r for r in resources if r.name == "innovationbank-soperator-soperator-backup-config")
+    unknown_values = _replace(resources, release.name, props={"values": rules.UNKNOWN})
+    [backup] = [r for r in evaluate(unknown_values, cfg) if r.policy == "jail-backed-up"]
+    assert backup.passed and any("values.backup.schedule is unknown" in u for u in backup.unchecked)
+    loose = _replace(resources, "innovationbank-fs-jail", protect=False)
+    assert "innovationbank-fs-jail" in rules.data_protected(_ctx(mocked=lambda s: (cfg, loose)))[0]
+
+
+def test_policy_engine_unknowns_become_unknown_not_an_exception():
+    from types import SimpleNamespace
+
+    from pulumi_policy.proxy import UNKNOWN_STRING_VALUE, unknown_checking_proxy
+
+    props = unknown_checking_proxy({"name": "worker", "status": UNKNOWN_STRING_VALUE,
+                                    "template": {"filesystems": [{"id": UNKNOWN_STRING_VALUE}], "preset": "p"}})
+    engine_resource = SimpleNamespace(resource_type=rules.NODE_GROUP, name="worker", urn="u",
+                                      opts=SimpleNamespace(protect=False), props=props)
+    res = Res.from_policy(engine_resource)
+    assert res.props == {"name": "worker", "status": rules.UNKNOWN,
+                         "template": {"filesystems": [{"id": rules.UNKNOWN}], "preset": "p"}}
+
+
+def test_preview_workflow_can_comment_create_the_stack_and_get_a_token():
+    flow = yaml.safe_load((ROOT / ".github/workflows/preview.yml").read_text())
+    assert flow["permissions"]["pull-requests"] == "write"
+    steps = flow["jobs"]["preview"]["steps"]
+    preview = next(s for s in steps if str(s.get("uses", "")).startswith("pulumi/actions"))
+    assert preview["with"]["upsert"] is True and preview["with"]["policyPacks"] == "policies"
+    cli = [s for s in steps if "nebius" in str(s.get("run", ""))]
+    assert cli and steps.index(cli[0]) < steps.index(preview)

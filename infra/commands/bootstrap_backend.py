@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     root = find_repo_root()
     try:
         stack = load_stack_config(args.stack, args.config_dir)
-        if stack.target == "local":
+        if stack.target != "nebius":
             plan = local_backend_plan(stack.stack, root, create_passphrase=not args.dry_run)
             if not args.dry_run:
                 (root / LOCAL_STATE_DIR).mkdir(parents=True, exist_ok=True)

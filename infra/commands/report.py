@@ -84,7 +84,7 @@ def latest_run(store: ArtifactStore, stack: str, run_id: str | None) -> StoredRu
 
 def stored_run(stack: StackConfig, root: Path, bucket: Any, run_id: str | None) -> tuple[StoredRun | None, str | None]:
     """The run to show and, when the artifacts store cannot be read, why (the page still renders)."""
-    if stack.target != "local" and not isinstance(bucket, str):
+    if stack.target == "nebius" and not isinstance(bucket, str):
         return None, None
     try:
         store = store_for_stack(stack, root, bucket=bucket)

@@ -12,16 +12,18 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from infra.artifacts import ArtifactError, list_runs, store_for_stack, upload_run
+from infra.artifacts import ARTIFACTS_BUCKET_ENV, ArtifactError, ArtifactStore, list_runs, store_for_stack, upload_run
 from infra.config import StackConfig, StackConfigError, load_stack_config, stack_file
 from infra.cost_report import CostReport, cost_report, render_chat_table
 from infra.documents import DocumentError, read_prepare_summary
 from infra.outputs import measured_chat_outputs, measured_scenario, pipeline_outputs
 from infra.program import stack_outputs
+from infra.pipeline.fetch import fetch_run
 from infra.pipeline.run_lock import StackBusy
 from infra.pipeline.connect import open_transport
 from infra.pipeline.runner import PipelineRun, load_state, run_pipeline, state_path, transport_spec
@@ -56,7 +58,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def open_spec(args: argparse.Namespace, stack: StackConfig) -> dict[str, Any]:
     key = args.ssh_key.read_text() if args.ssh_key else os.environ.get("FT_SSH_PRIVATE_KEY")
-    return transport_spec(stack, login_host=args.login_host, private_key=key, known_hosts=args.known_hosts)
+    return transport_spec(stack, login_host=args.login_host, private_key=key, known_hosts=args.known_hosts,
+                          repo_root=find_repo_root())
 
 
 def run_outputs(stack: StackConfig, cost: CostReport, result: PipelineRun) -> dict[str, Any]:
@@ -76,17 +79,32 @@ def write_outputs(path: Path, outputs: dict[str, Any]) -> None:
     write_text_atomic(path, json.dumps(outputs, indent=2) + "\n")
 
 
-def store_artifacts(stack: StackConfig, repo: Path, result: PipelineRun, outputs: dict[str, Any]) -> str | None:
-    """Copy the finished run's files to the artifacts store, once per eval job; returns where they went."""
-    if stack.target != "local":
+def store_artifacts(stack: StackConfig, repo: Path, result: PipelineRun, outputs: dict[str, Any],
+                    spec: dict[str, Any]) -> str | None:
+    """Copy the finished run's files to the artifacts store, once per eval job; returns where they went.
+
+    Local stack: straight from this machine. Cluster and cloud stacks: fetched first through the transport
+    (SSH to the login node) into a temporary folder. A cloud stack without a known bucket stores nothing."""
+    if stack.target == "nebius" and not os.environ.get(ARTIFACTS_BUCKET_ENV):
         return None
     store = store_for_stack(stack, repo)
     eval_job = result.jobs["eval"]["job_id"]
     if any(r.job_ids.get("eval") == eval_job for r in list_runs(store, stack.stack)):
         return None
+    with tempfile.TemporaryDirectory(prefix="ft-fetch-") as tmp:
+        folders: dict[str, Path] = {}
+        if stack.target != "local":
+            train_dir, results_dir = fetch_run(open_transport(spec), result.jobs["train"]["results_path"],
+                                               result.jobs["eval"]["results_path"], eval_job, Path(tmp))
+            folders = {"train_run_dir": train_dir, "results_dir": results_dir}
+        return _upload(store, stack, repo, result, eval_job, folders, outputs)
+
+
+def _upload(store: ArtifactStore, stack: StackConfig, repo: Path, result: PipelineRun, eval_job: str,
+            folders: dict[str, Path], outputs: dict[str, Any]) -> str:
     run_id = f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{eval_job}"
     uploaded = upload_run(
-        store, stack.stack, run_id, repo / stack.pipeline.run_config,
+        store, stack.stack, run_id, repo / stack.pipeline.run_config, **folders,
         job_ids={s: j["job_id"] for s, j in result.jobs.items()},
         job_states={s: j["state"] for s, j in result.jobs.items()},
         job_durations_s={s: j["elapsed_s"] for s, j in result.jobs.items() if j["elapsed_s"] is not None},
@@ -116,8 +134,8 @@ def run(args: argparse.Namespace) -> int:
     write_outputs(path, outputs)
     if args.wait and result.evaluation is not None:
         try:
-            where = store_artifacts(stack, repo, result, outputs)
-        except ArtifactError as error:
+            where = store_artifacts(stack, repo, result, outputs, spec)
+        except (ArtifactError, TransportError) as error:
             print(f"ftstack run: artifacts not stored (local copies kept): {error}", file=sys.stderr)
             return 1
         if where:

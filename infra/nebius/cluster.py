@@ -30,7 +30,9 @@ class Mk8sClusterArgs:
 
 class Mk8sCluster(pulumi.ComponentResource):
     """``Mk8sV1Cluster`` with its ``Mk8sV1NodeGroup`` children; worker sets on an InfiniBand fabric
-    get a ``ComputeV1GpuCluster``."""
+    get a ``ComputeV1GpuCluster``. GPU drivers come from the node image (``gpu_settings.drivers_preset``)
+    or, for worker sets that ask for it, the NVIDIA GPU operator; a fabric adds the NVIDIA network
+    operator (RDMA for NCCL). Both operators are Nebius applications, as in nebius-solutions-library."""
 
     cluster_id: pulumi.Output[str]
     endpoint: pulumi.Output[str]
@@ -38,6 +40,7 @@ class Mk8sCluster(pulumi.ComponentResource):
     node_groups: dict[str, nebius.Mk8sV1NodeGroup]
     node_group_ids: dict[str, pulumi.Output[str]]
     gpu_cluster_ids: dict[str, pulumi.Output[str]]
+    applications: dict[str, nebius.ApplicationsV1alpha1K8sRelease]
 
     def __init__(self, name: str, args: Mk8sClusterArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("soperator-finetune:nebius:Mk8sCluster", name, None, opts)
@@ -53,6 +56,7 @@ class Mk8sCluster(pulumi.ComponentResource):
         }
         self.node_groups = {spec.name: self._node_group(name, args, cluster, spec) for spec in args.node_groups}
         self.node_group_ids = {key: group.id for key, group in self.node_groups.items()}
+        self.applications = self._applications(name, args, cluster)
         self.register_outputs({
             "cluster_id": self.cluster_id,
             "endpoint": self.endpoint,
@@ -73,6 +77,23 @@ class Mk8sCluster(pulumi.ComponentResource):
             ),
             opts=pulumi.ResourceOptions(parent=self),
         )
+
+    def _applications(
+        self, name: str, args: Mk8sClusterArgs, cluster: nebius.Mk8sV1Cluster
+    ) -> dict[str, nebius.ApplicationsV1alpha1K8sRelease]:
+        wanted = {app: slug for app, slug, needed in (
+            ("network-operator", "nebius/nvidia-network-operator", any(s.fabric for s in args.node_groups)),
+            ("gpu-operator", "nebius/nvidia-gpu-operator", any(s.gpu_operator for s in args.node_groups)),
+        ) if needed}
+        apps: dict[str, nebius.ApplicationsV1alpha1K8sRelease] = {}
+        for app, slug in wanted.items():
+            after = [*self.node_groups.values(), *apps.values()]
+            apps[app] = nebius.ApplicationsV1alpha1K8sRelease(
+                f"{name}-{app}", parent_id=args.parent_id, cluster_id=cluster.id, application_name=app,
+                namespace=app, product_slug=slug,
+                opts=pulumi.ResourceOptions(parent=self, depends_on=after),
+            )
+        return apps
 
     def _gpu_cluster(self, name: str, args: Mk8sClusterArgs, spec: NodeGroupSpec) -> pulumi.Output[str]:
         gpu_cluster = nebius.ComputeV1GpuCluster(
@@ -127,5 +148,7 @@ class Mk8sCluster(pulumi.ComponentResource):
                 for t in spec.taints
             ] or None,
             gpu_cluster=nebius.Mk8sV1NodeGroupTemplateGpuClusterArgs(id=gpu_cluster) if gpu_cluster else None,
+            gpu_settings=nebius.Mk8sV1NodeGroupTemplateGpuSettingsArgs(drivers_preset=spec.drivers_preset)
+            if spec.drivers_preset else None,
             preemptible=nebius.Mk8sV1NodeGroupTemplatePreemptibleArgs() if spec.preemptible else None,
         )

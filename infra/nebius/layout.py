@@ -72,6 +72,10 @@ class NodeGroupSpec:
     taints: tuple[Taint, ...] = ()
     fabric: str | None = None
     preemptible: bool = False
+    drivers_preset: str | None = None
+    """Nebius GPU drivers preset of the node image; None: no drivers in the image."""
+    gpu_operator: bool = False
+    """The NVIDIA GPU operator brings the drivers (worker sets with ``gpuDrivers: gpu-operator``)."""
 
     @property
     def shape(self) -> catalog.Preset:
@@ -139,12 +143,12 @@ def _system(cfg: StackConfig, ns: AutoscaledNodeSet) -> NodeGroupSpec:
 
 def _worker(cfg: StackConfig, w: WorkerSet) -> NodeGroupSpec:
     gpus = w.shape.gpus
-    name = w.name
     return NodeGroupSpec(
-        name=name, role="worker", platform=w.platform, preset=w.preset, boot_disk=w.boot_disk,
+        name=w.name, role="worker", platform=w.platform, preset=w.preset, boot_disk=w.boot_disk,
         fixed_size=w.size, min_size=None, max_size=None, mount_tags=_mounts(cfg, "worker"),
-        labels=_labels(name, gpus > 0), taints=(Taint(TAINT_GPU, str(gpus)),) if gpus else (),
-        fabric=w.fabric, preemptible=w.preemptible,
+        labels=_labels(w.name, gpus > 0), taints=(Taint(TAINT_GPU, str(gpus)),) if gpus else (),
+        fabric=w.fabric, preemptible=w.preemptible, drivers_preset=w.node_drivers_preset,
+        gpu_operator=gpus > 0 and w.gpu_drivers == "gpu-operator",
     )
 
 
@@ -158,3 +162,16 @@ def node_group_specs(cfg: StackConfig) -> list[NodeGroupSpec]:
         specs.append(_fixed(cfg, "accounting", nodes.accounting))
     specs += [_worker(cfg, w) for w in nodes.workers]
     return specs
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The node groups and filesystems of a stack, computed once per program run and passed down to the
+    components, the Helm values, the cost lines and the outputs."""
+
+    node_groups: tuple[NodeGroupSpec, ...]
+    filesystems: tuple[FilesystemSpec, ...]
+
+
+def layout(cfg: StackConfig) -> Layout:
+    return Layout(tuple(node_group_specs(cfg)), tuple(filesystem_specs(cfg)))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -102,7 +102,8 @@ def stage_fingerprint(stage: Stage, code: str, run: RunConfig, data_sha256: str 
 
 
 def placement_for(stack: StackConfig, run: RunConfig, repo_root: Path) -> Placement:
-    """Local stack: this machine's Slurm, the repo's venv and `.local/`; cloud: the jail seen from login."""
+    """Local stack: this machine's Slurm, the repo's venv and `.local/`; cloud: the jail seen from login; an
+    existing cluster: its jail root, under which a relative `paths.root` of the run config lies."""
     if stack.target == "local":
         root = Path(run.paths.root)
         return Placement(
@@ -111,6 +112,10 @@ def placement_for(stack: StackConfig, run: RunConfig, repo_root: Path) -> Placem
             env={"FT_ROOT": str(root if root.is_absolute() else (repo_root / root).resolve())},
             slurm_env={"SLURM_CONF": os.environ.get("SLURM_CONF") or str(repo_root / LOCAL_SLURM_CONF)},
         )
+    if stack.cluster is not None:
+        jail = PurePosixPath(stack.cluster.jail_root)
+        return Placement(code_root=str(jail / CLUSTER_CODE_ROOT.lstrip("/")), python=stack.pipeline.python,
+                         env={"FT_ROOT": str(jail / run.paths.root)}, slurm_env={})
     return Placement(code_root=CLUSTER_CODE_ROOT, python=stack.pipeline.python, env={}, slurm_env={})
 
 
@@ -135,7 +140,9 @@ def check_run_config_path(run_config_path: str) -> None:
 
 
 def worker_shape(stack: StackConfig) -> tuple[int, int]:
-    """(nodes, GPUs per node) the training stages use: every node of the first worker set."""
+    """(nodes, GPUs per node) the training stages use: every node of the first worker set (or the cluster's)."""
+    if stack.cluster is not None:
+        return stack.cluster.nodes, stack.cluster.gpus_per_node
     if stack.nodes is None or not stack.nodes.workers:
         return 1, 0
     first = stack.nodes.workers[0]
@@ -149,10 +156,15 @@ def _extra_args(stage: Stage, stack: StackConfig, run: RunConfig) -> list[str]:
 
 
 def _placement(stage: Stage, stack: StackConfig) -> list[str]:
-    """Readiness one task per GPU on every node, train one task per node, eval one GPU, serve a node."""
+    """Readiness one task per GPU on every node, train one task per node, eval one GPU, serve a node.
+    Without GPUs (an existing CPU cluster) readiness and train take one task on each of the nodes."""
     nodes, gpus = worker_shape(stack)
-    if stack.target == "local" or gpus == 0 or stage == "prepare":
+    if stack.target == "local" or stage == "prepare":
         return []
+    if gpus == 0:
+        if stack.cluster is None:
+            return []
+        return [f"--nodes={nodes}", "--ntasks-per-node=1"] if stage in ("readiness", "train") else ["--nodes=1"]
     if stage == "readiness":
         return [f"--nodes={nodes}", f"--gpus-per-node={gpus}", f"--ntasks-per-node={gpus}"]
     if stage == "train":

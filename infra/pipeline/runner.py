@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import paramiko
 from pydantic import BaseModel, ValidationError, field_validator
 
 from infra.config import StackConfig
@@ -26,12 +27,15 @@ from infra.pipeline.jobs import SlurmJobProvider, job_inputs, read_result
 from infra.pipeline.run_lock import stack_lock
 from infra.pipeline.slurm import JobNotFound, SlurmClient, SlurmJobFailed
 from infra.pipeline.connect import open_transport
+from infra.pipeline.transport import TransportError
 from workloads.common.atomic import write_text_atomic
 from workloads.config import load_run_config
 from workloads.eval.report import EvaluatorReport
 
 Progress = Callable[[str], None]
 PASSPHRASE_ENV = "FT_SSH_KEY_PASSPHRASE"
+RECONNECTS = 5
+LINK_ERRORS = (TransportError, paramiko.SSHException, EOFError, ConnectionError, TimeoutError)
 RETRY_STATES = {"FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 
 
@@ -103,19 +107,25 @@ def save_state(path: Path, state: PipelineState) -> None:
 
 
 def transport_spec(stack: StackConfig, *, login_host: str | None = None, private_key: str | None = None,
-                   known_hosts: str | None = None) -> dict[str, Any]:
-    """Local stack: this machine. Cloud stacks: SSH to the login node with the pipeline's key."""
+                   known_hosts: str | None = None, repo_root: Path = Path(".")) -> dict[str, Any]:
+    """Local stack: this machine. Cloud and existing-cluster stacks: SSH to the login node with the pipeline's
+    key (an existing cluster's login address and pinned host key come from its `cluster` section)."""
     if stack.target == "local":
         return {"kind": "local"}
+    if stack.cluster is not None:
+        login_host = login_host or stack.cluster.login_host
     if not login_host or not private_key:
         raise ValueError(
             f"stack {stack.stack!r} runs over SSH: give the login address (--login-host or FT_LOGIN_HOST) "
             "and the pipeline key (--ssh-key FILE or FT_SSH_PRIVATE_KEY)"
         )
-    spec = {
+    spec: dict[str, Any] = {
         "kind": "ssh", "host": login_host, "user": stack.pipeline.ssh_user, "port": stack.pipeline.ssh_port,
         "private_key": private_key, "host_key": stack.pipeline.login_host_key, "known_hosts": known_hosts,
     }
+    if stack.cluster is not None:
+        spec.update(user=stack.cluster.user, port=stack.cluster.login_port,
+                    host_key=stack.cluster.pinned_host_key(repo_root))
     if stack.pipeline.require_pinned_host_key:
         spec["require_pinned"] = True
     if os.environ.get(PASSPHRASE_ENV):
@@ -212,15 +222,26 @@ def wait_chain(
     *,
     progress: Progress = print,
 ) -> PipelineState:
-    """Wait for the chain in order with progress; record final states and the eval job's report."""
-    channel = open_transport(transport)
-    client = SlurmClient(channel, env=state.slurm_env, poll_s=2.0)
+    """Wait for the chain in order with progress; record final states and the eval job's report.
+
+    A connection that drops while waiting (the SSH link to a login node) is opened again and the wait goes on
+    with the same job ids, up to RECONNECTS times: waiting only reads, so nothing is ever resubmitted."""
     chain = [job for job in jobs if job.stage != "serve"]
     ids = [state.stages[job.stage].outs["job_id"] for job in chain]
     metrics = {state.stages[job.stage].outs["job_id"]: job.metrics_path for job in chain if job.metrics_path}
     state_file = state_path(repo_root, stack.stack)
+    client = SlurmClient(open_transport(transport), env=state.slurm_env, poll_s=2.0)
     try:
-        client.wait_all(ids, progress=progress, metrics_paths=metrics)
+        for attempt in range(RECONNECTS + 1):
+            try:
+                client.wait_all(ids, progress=progress, metrics_paths=metrics)
+                break
+            except LINK_ERRORS as drop:
+                if attempt == RECONNECTS:
+                    raise TransportError(f"lost the connection {RECONNECTS + 1} times while waiting: {drop}") from drop
+                progress(f"connection lost while waiting ({type(drop).__name__}: {drop}); reconnecting "
+                         f"({attempt + 1}/{RECONNECTS}), the jobs are not resubmitted")
+                client = SlurmClient(open_transport(transport), env=state.slurm_env, poll_s=2.0)
     except SlurmJobFailed as failure:
         for job_id in ids[ids.index(failure.info.job_id) + 1:]:
             client.cancel(job_id)
@@ -232,7 +253,7 @@ def wait_chain(
             record.outs.update({"state": info.state, "exit_code": info.exit_code, "elapsed_s": info.elapsed_s})
         save_state(state_file, state)
     evaluator = next(job for job in chain if job.stage == "eval")
-    state.evaluation = read_result(channel, evaluator.result_file, state.stages["eval"].outs["job_id"])
+    state.evaluation = read_result(client.transport, evaluator.result_file, state.stages["eval"].outs["job_id"])
     save_state(state_file, state)
     return state
 

@@ -345,6 +345,8 @@ class SshTransport:
             code = chan.recv_exit_status()
         finally:
             chan.close()
+        if code == -1:
+            raise SshConnectError(f"the connection to {self.target} was lost while running {line!r} (no exit status)")
         if timeout is not None and code in (_TIMEOUT_EXIT, 128 + 9) and time.monotonic() - started >= timeout * 0.99:
             raise CommandTimeout(f"command {line!r} on {self.target} did not finish within {timeout:g}s and was killed")
         return CommandResult(line, code, out.decode(errors="replace"), err.decode(errors="replace"))

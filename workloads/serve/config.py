@@ -36,6 +36,18 @@ class ServeConfig(BaseModel):
     dtype: str = Field("auto", description="transformers engine: dtype (auto, float32, bfloat16, float16)")
     vllm_args: list[str] = Field(default_factory=list, description="extra arguments for `vllm serve`")
     startup_timeout_s: float = Field(600.0, gt=0, description="how long to wait for the engines to be healthy")
+    max_tokens_limit: int = Field(
+        1024, gt=0, description="largest max_tokens a request may ask for; a request without one gets this much "
+                                "(or what its prompt leaves of the model's context or KV cache)",
+    )
+    max_body_bytes: int = Field(1 << 20, gt=0, description="largest request body; a larger one gets 413")
+    max_engine_restarts: int = Field(
+        3, ge=0, description="restarts (with backoff) of an engine that exits or whose worker dies; one more "
+                             "failure ends the launcher non-zero, so Slurm sees the job fail",
+    )
+    shutdown_grace_s: float = Field(
+        10.0, gt=0, description="on SIGTERM: seconds for requests in flight, then as long for the engines before SIGKILL",
+    )
 
     @field_validator("base_name", "finetuned_name")
     @classmethod

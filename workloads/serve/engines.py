@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from workloads.config import RunConfig
+from workloads.serve.budget import token_budget
 from workloads.serve.config import ServeConfig
 from workloads.serve.gateway import Route
 
@@ -102,6 +103,11 @@ def adapter_view(run: RunConfig, target: Path) -> Path:
     return target
 
 
+def route(name: str, port: int, folder: Path, kind: str, cfg: ServeConfig) -> Route:
+    """A transformers engine's route: the gateway counts prompts with the folder's tokenizer against its budget."""
+    return Route(name, f"http://127.0.0.1:{port}", str(folder), kind, str(folder), token_budget(folder, cfg))
+
+
 def plan_transformers(run: RunConfig, cfg: ServeConfig, finetuned: str = "merged", work_dir: Path | None = None) -> list[EnginePlan]:
     """finetuned='merged' serves RunConfig.merged_dir; 'adapter-4bit' serves base in NF4 with the adapter unmerged."""
     port = cfg.backend_port
@@ -118,12 +124,12 @@ def plan_transformers(run: RunConfig, cfg: ServeConfig, finetuned: str = "merged
         kind = "adapter-4bit"
     else:
         raise ValueError(f"finetuned must be 'merged' or 'adapter-4bit', got {finetuned!r}")
-    plans.append(EnginePlan("finetuned", argv, port, [Route(cfg.finetuned_name, f"http://127.0.0.1:{port}", str(folder), kind)]))
+    plans.append(EnginePlan("finetuned", argv, port, [route(cfg.finetuned_name, port, folder, kind, cfg)]))
     if cfg.serve_base:
         base = require_folder(run.base_model_dir, "config.json", "prepare")
         port += 1
         plans.append(EnginePlan("base", transformers_argv(base, port, cfg), port,
-                                [Route(cfg.base_name, f"http://127.0.0.1:{port}", str(base), "base")]))
+                                [route(cfg.base_name, port, base, "base", cfg)]))
     return plans
 
 

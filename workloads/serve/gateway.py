@@ -1,24 +1,34 @@
-"""The public face of the endpoint: API-key check, model names (base, finetuned) and routing to engine processes.
+"""The public face of the endpoint: API-key check, request validation, model names (base, finetuned) and
+routing to engine processes.
 
 Engines (`transformers serve`, vLLM) listen on loopback ports; the gateway streams their responses through,
-replacing the engine's internal model id (a folder path) with the public name.
+replacing the engine's internal model id (a folder path) with the public name. Every request is validated
+(shape, size, max_tokens, prompt length) before it reaches an engine. Upstream, the gateway always asks for a
+stream, so that a client who hangs up (streaming or not) closes the engine's stream and the engine cancels
+the generation.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
 from workloads.serve.auth import bearer_matches
+from workloads.serve.budget import PromptCounter, TokenBudget
+from workloads.serve.request import ChatRequest, RequestError, parse_chat_request
 
-OPEN_PATHS = {"/health"}
+DRAIN_LIMIT = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -27,6 +37,22 @@ class Route:
     url: str
     upstream: str
     kind: str
+    tokenizer: str | None = None
+    budget: TokenBudget | None = None
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask for (ServeConfig.max_tokens_limit, max_body_bytes)."""
+
+    max_tokens: int = 1024
+    max_body_bytes: int = 1 << 20
+
+
+class Refused(Exception):
+    def __init__(self, status: int, message: str, code: str) -> None:
+        super().__init__(message)
+        self.status, self.code = status, code
 
 
 def error(status: int, message: str, code: str) -> JSONResponse:
@@ -49,8 +75,66 @@ def rename_sse_line(line: str, name: str) -> str:
     return "data: " + json.dumps(chunk, ensure_ascii=False)
 
 
-def build_gateway(routes: list[Route], api_key: str | None, timeout_s: float = 600.0) -> FastAPI:
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refused with 413 past `limit` bytes: by its Content-Length before reading, else while reading.
+    A refused body is drained (not kept) so that the client gets the 413 instead of a broken connection."""
+    declared = request.headers.get("content-length", "")
+    too_big = declared.isdigit() and int(declared) > limit
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            too_big = True
+        if too_big:
+            if size > DRAIN_LIMIT:
+                break
+            continue
+        chunks.append(chunk)
+    if too_big:
+        raise Refused(413, f"request body is over the limit of {limit} bytes", "body_too_large")
+    return b"".join(chunks)
+
+
+async def until_disconnected(request: Request) -> None:
+    """Returns when the client hangs up (the body has been read, so the next ASGI message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def collect_stream(lines: list[str], name: str) -> dict[str, Any]:
+    """A chat.completion document from the SSE chunks of one streamed reply."""
+    content, tool_calls = [], []
+    document: dict[str, Any] = {"object": "chat.completion", "model": name}
+    finish_reason, usage = None, None
+    for line in lines:
+        if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+            continue
+        chunk = json.loads(line[5:])
+        if "error" in chunk:
+            raise Refused(502, f"engine error: {chunk['error']}", "engine_error")
+        document.setdefault("id", chunk.get("id"))
+        document.setdefault("created", chunk.get("created"))
+        usage = chunk.get("usage") or usage
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta") or {}
+            content.append(delta.get("content") or "")
+            tool_calls += delta.get("tool_calls") or []
+            finish_reason = choice.get("finish_reason") or finish_reason
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(content)}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    document["choices"] = [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}]
+    if usage:
+        document["usage"] = usage
+    return document
+
+
+def build_gateway(routes: list[Route], api_key: str | None, limits: Limits = Limits(), timeout_s: float = 600.0,
+                  engine_state: Callable[[str], str | None] = lambda url: None) -> FastAPI:
+    """`engine_state(url)` is the supervisor's word on an engine ("restarting", "failed"), or None."""
     by_name = {r.name: r for r in routes}
+    counters = {r.name: PromptCounter(Path(r.tokenizer)) for r in routes if r.tokenizer and r.budget}
     created = int(time.time())
     client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0))
 
@@ -59,60 +143,93 @@ def build_gateway(routes: list[Route], api_key: str | None, timeout_s: float = 6
         yield
         await client.aclose()
 
-    app = FastAPI(title="soperator-finetune gateway", lifespan=lifespan)
+    app = FastAPI(title="soperator-finetune gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
 
-    @app.middleware("http")
-    async def check_key(request: Request, call_next):
-        if api_key and request.url.path not in OPEN_PATHS and not bearer_matches(request.headers.get("authorization"), api_key):
+    def denied(request: Request) -> JSONResponse | None:
+        if api_key and not bearer_matches(request.headers.get("authorization"), api_key):
             return error(401, "missing or wrong API key (send Authorization: Bearer <key>)", "invalid_api_key")
-        return await call_next(request)
+        return None
 
     @app.get("/health")
     async def health() -> JSONResponse:
         states: dict[str, str] = {}
         for url in sorted({r.url for r in routes}):
-            try:
-                ok = (await client.get(f"{url}/health", timeout=5.0)).status_code == 200
-            except httpx.HTTPError:
-                ok = False
+            state = engine_state(url)
+            if state is None:
+                try:
+                    state = "ok" if (await client.get(f"{url}/health", timeout=5.0)).status_code == 200 else "down"
+                except httpx.HTTPError:
+                    state = "down"
             for r in routes:
                 if r.url == url:
-                    states[r.name] = "ok" if ok else "down"
+                    states[r.name] = state
         healthy = all(s == "ok" for s in states.values())
         return JSONResponse({"status": "ok" if healthy else "unhealthy", "models": states}, status_code=200 if healthy else 503)
 
     @app.get("/v1/models")
-    async def models() -> JSONResponse:
+    async def models(request: Request) -> JSONResponse:
+        if refusal := denied(request):
+            return refusal
         data = [{"id": r.name, "object": "model", "created": created, "owned_by": "soperator-finetune", "kind": r.kind} for r in routes]
         return JSONResponse({"object": "list", "data": data})
 
+    async def upstream_body(request: Request) -> tuple[Route, ChatRequest, dict[str, Any]]:
+        raw = await read_body(request, limits.max_body_bytes)
+        try:
+            document = json.loads(raw)
+        except ValueError:
+            raise Refused(400, "request body is not JSON", "invalid_json") from None
+        try:
+            chat = parse_chat_request(document)
+        except RequestError as problem:
+            raise Refused(400, str(problem), "invalid_request") from None
+        route = by_name.get(chat.model)
+        if route is None:
+            raise Refused(404, f"model {chat.model!r} is not served; choose one of {sorted(by_name)}", "model_not_found")
+        asked = chat.asked_tokens
+        if asked is not None and asked > limits.max_tokens:
+            raise Refused(400, f"max_tokens {asked} is over this endpoint's limit of {limits.max_tokens}", "max_tokens_too_large")
+        granted = asked or limits.max_tokens
+        if route.name in counters and route.budget:
+            messages = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in chat.messages]
+            prompt = await run_in_threadpool(counters[route.name].count, messages)
+            budget = route.budget
+            if prompt >= budget.tokens:
+                raise Refused(400, f"prompt is {prompt} tokens; {budget.reason} holds {budget.tokens} tokens for "
+                                   "prompt and reply together", "context_length_exceeded")
+            room = budget.tokens - prompt
+            if asked is not None and asked > room:
+                raise Refused(400, f"prompt ({prompt} tokens) plus max_tokens ({asked}) is over {budget.reason} of "
+                                   f"{budget.tokens} tokens; ask for at most {room}", "context_length_exceeded")
+            granted = min(granted, room)
+        body = chat.model_dump(exclude_none=True, exclude={"max_completion_tokens"})
+        body.update(model=route.upstream, max_tokens=granted, stream=True)
+        if not chat.stream:
+            body["stream_options"] = {"include_usage": True}
+        return route, chat, body
+
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
+        if refusal := denied(request):
+            return refusal
         try:
-            body = await request.json()
-        except ValueError:
-            return error(400, "request body is not JSON", "invalid_json")
-        if not isinstance(body, dict):
-            return error(400, "request body must be a JSON object", "invalid_json")
-        route = by_name.get(body.get("model"))
-        if route is None:
-            return error(404, f"model {body.get('model')!r} is not served; choose one of {sorted(by_name)}", "model_not_found")
-        body["model"] = route.upstream
+            route, parsed, body = await upstream_body(request)
+        except Refused as refused:
+            return error(refused.status, str(refused), refused.code)
         upstream = client.build_request("POST", f"{route.url}/v1/chat/completions", json=body)
         try:
             reply = await client.send(upstream, stream=True)
         except httpx.HTTPError as exc:
             return error(502, f"engine for {route.name!r} is unreachable: {type(exc).__name__}", "engine_unreachable")
-        if not body.get("stream") or reply.status_code != 200:
+        if reply.status_code != 200:
             content = await reply.aread()
             await reply.aclose()
             try:
-                document = json.loads(content)
-                if isinstance(document, dict) and "model" in document:
-                    document["model"] = route.name
-                return JSONResponse(document, status_code=reply.status_code)
+                return JSONResponse(json.loads(content), status_code=reply.status_code)
             except ValueError:
                 return Response(content, status_code=reply.status_code, media_type=reply.headers.get("content-type"))
+        if not parsed.stream:
+            return await whole_reply(request, reply, route)
 
         async def relay() -> AsyncIterator[str]:
             try:
@@ -122,5 +239,28 @@ def build_gateway(routes: list[Route], api_key: str | None, timeout_s: float = 6
                 await reply.aclose()
 
         return StreamingResponse(relay(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    async def whole_reply(request: Request, reply: httpx.Response, route: Route) -> Response:
+        """Read the engine's stream to its end, unless the client hangs up first: then close it (the engine
+        cancels the generation) and answer nobody."""
+        async def lines() -> list[str]:
+            return [line async for line in reply.aiter_lines()]
+
+        reading = asyncio.ensure_future(lines())
+        gone = asyncio.ensure_future(until_disconnected(request))
+        try:
+            await asyncio.wait({reading, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (reading, gone):
+                task.cancel()
+            await reply.aclose()
+        if not reading.done() or reading.cancelled():
+            return Response(status_code=499)
+        try:
+            return JSONResponse(collect_stream(reading.result(), route.name))
+        except Refused as refused:
+            return error(refused.status, str(refused), refused.code)
+        except (ValueError, httpx.HTTPError) as exc:
+            return error(502, f"engine for {route.name!r} sent a broken stream: {exc}", "engine_error")
 
     return app

@@ -1,4 +1,4 @@
-"""Start the engine processes and the gateway in front of them; stops the engines when the gateway exits.
+"""Start the engine processes (supervised) and the gateway in front of them; stops the engines when the gateway exits.
 
     FT_API_KEY=... python -m workloads.serve.launch --config workloads/configs/local.json [--host 0.0.0.0]
 """
@@ -8,69 +8,30 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-
-import httpx
 
 from workloads.config import ConfigError, RunConfig, load_run_config
 from workloads.serve.auth import AccessError, api_key_from_env, is_loopback, require_key_beyond_loopback
 from workloads.serve.config import ServeConfig
 from workloads.serve.engines import EnginePlan, choose_engine, plan_transformers, plan_vllm
-from workloads.serve.gateway import Route, build_gateway
-
-
-class EngineError(RuntimeError):
-    """An engine process exited or did not become healthy in time."""
-
-
-def wait_healthy(plans: list[EnginePlan], procs: list[subprocess.Popen], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    pending = {p.url: (p, proc) for p, proc in zip(plans, procs)}
-    while pending:
-        for url, (plan, proc) in list(pending.items()):
-            if proc.poll() is not None:
-                raise EngineError(f"engine {plan.label!r} exited with status {proc.returncode}: {' '.join(plan.argv)}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
-                    del pending[url]
-            except httpx.HTTPError:
-                pass
-        if pending and time.monotonic() > deadline:
-            raise EngineError(f"engines {[p.label for p, _ in pending.values()]} not healthy after {timeout_s:.0f}s")
-        if pending:
-            time.sleep(1.0)
-
-
-def stop_all(procs: list[subprocess.Popen]) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-    for proc in procs:
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+from workloads.serve.gateway import Limits, build_gateway
+from workloads.serve.supervise import EngineError, Supervisor
 
 
 @contextmanager
-def running_engines(plans: list[EnginePlan], timeout_s: float) -> Iterator[list[Route]]:
-    """Start every plan in its own process group, wait until healthy, yield the routes, stop them after."""
+def supervised_engines(plans: list[EnginePlan], cfg: ServeConfig, on_give_up) -> Iterator[Supervisor]:
+    """Start every plan under a supervisor, wait until healthy, yield it; stop every engine after."""
     env = {**os.environ, "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")}
-    procs: list[subprocess.Popen] = []
+    supervisor = Supervisor(plans, env, cfg.startup_timeout_s, cfg.max_engine_restarts, cfg.shutdown_grace_s, on_give_up)
     try:
-        for plan in plans:
-            procs.append(subprocess.Popen(plan.argv, env=env, start_new_session=True, stdout=sys.stderr))
-        wait_healthy(plans, procs, timeout_s)
-        yield [route for plan in plans for route in plan.routes]
+        supervisor.start()
+        yield supervisor
     finally:
-        stop_all(procs)
+        supervisor.stop()
 
 
 def make_plans(run: RunConfig, cfg: ServeConfig, finetuned: str, work_dir: Path) -> list[EnginePlan]:
@@ -115,14 +76,30 @@ def main(argv: list[str] | None = None) -> int:
 
     # uvicorn re-raises SIGTERM after its graceful shutdown; exiting through SystemExit lets the engines be stopped.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    server: uvicorn.Server | None = None
+    gave_up: list[str] = []
+
+    def give_up(reason: str) -> None:
+        gave_up.append(reason)
+        if server is not None:
+            server.should_exit = True
+
     try:
-        with running_engines(plans, cfg.startup_timeout_s) as routes:
-            app = build_gateway(routes, api_key)
+        with supervised_engines(plans, cfg, give_up) as supervisor:
+            routes = [route for plan in plans for route in plan.routes]
+            limits = Limits(max_tokens=cfg.max_tokens_limit, max_body_bytes=cfg.max_body_bytes)
+            app = build_gateway(routes, api_key, limits, engine_state=supervisor.state)
             print(reach_hint(cfg.host, cfg.port, os.uname().nodename), flush=True)
             print(f"models: {[r.name for r in routes]}; API key {'required' if api_key else 'not set (loopback only)'}", flush=True)
-            uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning")
+            server = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning",
+                                                   timeout_graceful_shutdown=cfg.shutdown_grace_s))
+            if not gave_up:
+                server.run()
     except EngineError as error:
         print(f"serve: {error}", file=sys.stderr)
+        return 1
+    if gave_up:
+        print(f"serve: stopped: {gave_up[0]}", file=sys.stderr)
         return 1
     return 0
 

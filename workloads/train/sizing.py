@@ -11,12 +11,15 @@ policy both call `plan_batches`, so they agree on the numbers.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from workloads.train.memory import GIB, MemoryInputs, estimate, inputs_from_run
 from workloads.train.model_shapes import ModelShape
+
+if TYPE_CHECKING:
+    from workloads.config import RunConfig
 
 EFFICIENT_TOKENS = 4096
 ALIGN = 64
@@ -55,19 +58,18 @@ def _largest_split(shape: ModelShape, inputs: MemoryInputs, step_tokens: int, ma
     return None
 
 
-def plan_batches(run: Any, shape: ModelShape | None, gpu_memory_gib: float | None) -> BatchPlan:
+def plan_batches(run: RunConfig, shape: ModelShape | None, gpu_memory_gib: float | None) -> BatchPlan:
     """The micro-batch size, accumulation and checkpointing a run trains with on a GPU of `gpu_memory_gib`
-    (None: no GPU, the configured sizes are used and `auto` checkpointing is off). `run` is a RunConfig or any
-    object with the same `train`/`data` attributes (as `memory.inputs_from_run` reads them)."""
+    (None: no GPU, the configured sizes are used and `auto` checkpointing is off)."""
     train = run.train
     inputs = inputs_from_run(run)
     length = inputs.max_length
-    accumulation = int(getattr(train, "gradient_accumulation_steps", None) or 1)
+    accumulation = train.gradient_accumulation_steps
     step_tokens = inputs.micro_batch * accumulation * length
-    fraction = float(getattr(train, "memory_fraction", None) or 0.9)
-    configured = getattr(train, "micro_batch_tokens", None)
+    fraction = train.memory_fraction
+    configured = train.micro_batch_tokens
     auto_tokens = configured == "auto"
-    auto_ckpt = getattr(train, "gradient_checkpointing", None) == "auto"
+    auto_ckpt = train.gradient_checkpointing == "auto"
     if gpu_memory_gib is None or shape is None or not (auto_tokens or auto_ckpt):
         tokens = configured if isinstance(configured, int) else inputs.micro_batch * length
         checkpointing = inputs.gradient_checkpointing if not auto_ckpt else gpu_memory_gib is not None
@@ -108,10 +110,10 @@ def plan_batches(run: Any, shape: ModelShape | None, gpu_memory_gib: float | Non
                      memory_fraction=fraction, source="auto")
 
 
-def plan_inputs(run: Any, plan: BatchPlan) -> MemoryInputs:
+def plan_inputs(run: RunConfig, plan: BatchPlan) -> MemoryInputs:
     """The memory-estimate inputs of a planned run (what the preview's model-fits policy checks): one packed row
     of the planned tokens, or the configured micro-batch of sequences when the sizes come from the config."""
     inputs = inputs_from_run(run).model_copy(update={"gradient_checkpointing": plan.gradient_checkpointing})
-    if plan.source == "config" and getattr(run.train, "micro_batch_tokens", None) is None:
+    if plan.source == "config" and run.train.micro_batch_tokens is None:
         return inputs
     return _sized(inputs, plan.micro_batch_tokens, plan.gradient_checkpointing)

@@ -1,0 +1,347 @@
+#!/usr/bin/env bash
+# A multi-node Slurm cluster on this machine, one Linux network namespace per node, for the `cluster` stack.
+#   scripts/local-cluster.sh start [--nodes N]   make what is missing, start what is stopped, wait until idle
+#   scripts/local-cluster.sh stop                end what this script started (its pid files and namespaces)
+#   scripts/local-cluster.sh status              daemons, namespaces, sinfo
+#   scripts/local-cluster.sh lose-node NAME      kill a worker node: its slurmd and every process in it
+#
+# Layout (addresses on a private bridge made for the cluster; nothing else is ever contacted, no route leaves it):
+#   <subnet>.1   the bridge, this machine's side (tests and ftstack reach the login node from here)
+#   <subnet>.2   <prefix>-ctl    slurmctld
+#   <subnet>.3   <prefix>-login  sshd (host key generated for the cluster), sbatch/squeue/... for ftstack
+#   <subnet>.11+ <prefix>-n1..N  slurmd, one per node (own NodeName, spool, log, pid), CPUs = cores / N
+# Each node also has its own UTS namespace (hostname = node name) and mount namespace in which the cluster's
+# hosts file is /etc/hosts, its config folder is /etc/slurm and the jail (<dir>/jail on this machine's shared
+# filesystem) is mounted at /run/<prefix>/jail: the stack's jail root. One munged (socket under <dir>/munge)
+# serves every node. Needs root (network namespaces), iproute2, openssh-server, slurm-wlm and munge.
+# Environment: LOCAL_CLUSTER_DIR (default <repo>/.local/cluster), LOCAL_CLUSTER_PREFIX (default ftc; names of
+# namespaces, bridge and nodes), LOCAL_CLUSTER_SUBNET (default 10.213.0, a /24), LOCAL_CLUSTER_CTLD_PORT (6990),
+# LOCAL_CLUSTER_SLURMD_PORT (6991). Clients on this machine: export SLURM_CONF=<dir>/etc/slurm.conf
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+BASE="${LOCAL_CLUSTER_DIR:-$ROOT/.local/cluster}"
+PREFIX="${LOCAL_CLUSTER_PREFIX:-ftc}"
+SUBNET="${LOCAL_CLUSTER_SUBNET:-10.213.0}"
+CTLD_PORT="${LOCAL_CLUSTER_CTLD_PORT:-6990}"
+SLURMD_PORT="${LOCAL_CLUSTER_SLURMD_PORT:-6991}"
+ETC="$BASE/etc"
+RUN="$BASE/run"
+LOG="$BASE/log"
+STATE="$BASE/state"
+SPOOL="$BASE/spool"
+MUNGE="$BASE/munge"
+LOGIN="$BASE/login"
+JAIL="$BASE/jail"
+JAIL_MOUNT="/run/$PREFIX/jail"
+CONF="$ETC/slurm.conf"
+BRIDGE="$PREFIX-br"
+CTL="$PREFIX-ctl"
+LOGIN_NODE="$PREFIX-login"
+export SLURM_CONF="$CONF"
+
+log() { echo "local-cluster: $*" >&2; }
+die() { log "$*"; exit 1; }
+alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+owned() { grep -qxF "$1" "$RUN/created" 2>/dev/null; }
+node_count() { cat "$RUN/nodes" 2>/dev/null || echo 2; }
+worker() { echo "$PREFIX-n$1"; }
+
+check_names() {
+  [[ "$SUBNET" =~ ^(10|192\.168|172\.(1[6-9]|2[0-9]|3[01]))\.[0-9]+(\.[0-9]+)?$ ]] ||
+    die "LOCAL_CLUSTER_SUBNET=$SUBNET is not the first three octets of a private /24 (10.x.y, 172.16-31.y, 192.168.y)"
+  [ "${#BRIDGE}" -le 15 ] && [ "${#LOGIN_NODE}" -le 15 ] || die "LOCAL_CLUSTER_PREFIX=$PREFIX is too long (interface names are at most 15 characters)"
+}
+
+need_tools() {
+  [ "$(id -u)" -eq 0 ] || die "network namespaces need root; run as root (CI runs make test as root)"
+  local missing=()
+  for tool in ip unshare sshd ssh-keygen slurmctld slurmd munged; do
+    command -v "$tool" >/dev/null || [ -x "/usr/sbin/$tool" ] || missing+=("$tool")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    log "missing ${missing[*]}: installing the system packages (scripts/system-deps.sh)"
+    "$ROOT/scripts/system-deps.sh"
+  fi
+}
+
+# A namespace or the bridge: made and recorded, or already ours; someone else's with the same name is an error.
+claim() {
+  local kind="$1" name="$2" exists=0
+  if [ "$kind" = netns ]; then [ -e "/run/netns/$name" ] && exists=1; else ip link show "$name" >/dev/null 2>&1 && exists=1; fi
+  if [ $exists = 1 ]; then
+    owned "$kind:$name" || die "$kind $name exists but was not made by this cluster ($BASE); stop its owner or set LOCAL_CLUSTER_PREFIX"
+    return 1
+  fi
+  return 0
+}
+
+make_bridge() {
+  if claim link "$BRIDGE"; then
+    if ip -4 route show | grep -q "^$SUBNET\.0/24"; then die "subnet $SUBNET.0/24 is already routed on this machine; set LOCAL_CLUSTER_SUBNET"; fi
+    ip link add "$BRIDGE" type bridge 2>"$LOG/ip.err" || die "cannot create bridge $BRIDGE: $(cat "$LOG/ip.err") (needs CAP_NET_ADMIN)"
+    echo "link:$BRIDGE" >>"$RUN/created"
+    ip addr add "$SUBNET.1/24" dev "$BRIDGE"
+    ip link set "$BRIDGE" up
+  fi
+}
+
+make_node_netns() {
+  local name="$1" addr="$2"
+  claim netns "$name" || return 0
+  ip netns add "$name" 2>"$LOG/ip.err" || die "cannot create network namespace $name: $(cat "$LOG/ip.err") (needs root and CAP_SYS_ADMIN)"
+  echo "netns:$name" >>"$RUN/created"
+  ip link add "$name" type veth peer name "$name-p" 2>"$LOG/ip.err" || die "cannot create veth pair for $name: $(cat "$LOG/ip.err")"
+  ip link set "$name-p" netns "$name"
+  ip link set "$name" master "$BRIDGE"
+  ip link set "$name" up
+  ip netns exec "$name" ip link set lo up
+  ip netns exec "$name" ip link set "$name-p" name eth0
+  ip netns exec "$name" ip addr add "$addr/24" dev eth0
+  ip netns exec "$name" ip link set eth0 up
+}
+
+# Run a command inside a node: its network namespace, its own hostname and the cluster's /etc/hosts, /etc/slurm
+# and jail mount (bind mounts private to the node; /sys stays this machine's, so slurmd finds its cgroups).
+# Daemons fork away and keep these namespaces.
+in_node() {
+  local netns="$1" host="$2"
+  shift 2
+  nsenter --net="/run/netns/$netns" unshare --mount --uts --propagation private sh -c '
+    hostname "$1" && mount --bind "$2/hosts" /etc/hosts && mount --bind "$2" /etc/slurm &&
+      mount --bind "$3" "$4" || exit 1
+    shift 4
+    exec "$@"' sh "$host" "$ETC" "$JAIL" "$JAIL_MOUNT" "$@"
+}
+
+write_config() {
+  local nodes="$1" cpus mem_mb i addrs
+  cpus=$(( $(nproc) / nodes )); [ "$cpus" -ge 1 ] || cpus=1
+  mem_mb=$(( $(awk '/MemTotal/ {print int($2/1024)}' /proc/meminfo) * 90 / 100 / nodes ))
+  {
+    echo "127.0.0.1 localhost"
+    echo "$SUBNET.2 $CTL"
+    echo "$SUBNET.3 $LOGIN_NODE"
+    for i in $(seq "$nodes"); do echo "$SUBNET.$((10 + i)) $(worker "$i")"; done
+  } >"$ETC/hosts.tmp"
+  mv "$ETC/hosts.tmp" "$ETC/hosts"
+  cat >"$CONF.tmp" <<EOF
+# Written by scripts/local-cluster.sh; edits are overwritten on start.
+ClusterName=$PREFIX
+SlurmctldHost=$CTL($SUBNET.2)
+SlurmctldPort=$CTLD_PORT
+SlurmdPort=$SLURMD_PORT
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket=$MUNGE/munge.socket
+CredType=cred/munge
+StateSaveLocation=$STATE
+SlurmdSpoolDir=$SPOOL/%n
+SlurmctldPidFile=$RUN/slurmctld.pid
+SlurmdPidFile=$RUN/slurmd-%n.pid
+SlurmctldLogFile=$LOG/slurmctld.log
+SlurmdLogFile=$LOG/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/backfill
+MpiDefault=none
+ReturnToService=2
+JobRequeue=1
+MinJobAge=86400
+KillWait=30
+InactiveLimit=0
+SlurmctldTimeout=60
+SlurmdTimeout=10
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+JobAcctGatherType=jobacct_gather/none
+EOF
+  addrs=""
+  for i in $(seq "$nodes"); do
+    echo "NodeName=$(worker "$i") NodeAddr=$SUBNET.$((10 + i)) CPUs=$cpus RealMemory=$mem_mb State=UNKNOWN" >>"$CONF.tmp"
+    addrs="$addrs${addrs:+,}$(worker "$i")"
+  done
+  echo "PartitionName=cluster Nodes=$addrs Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO" >>"$CONF.tmp"
+  mv "$CONF.tmp" "$CONF"
+}
+
+start_munge() {
+  alive "$MUNGE/munged.pid" && return
+  if [ ! -s "$MUNGE/munge.key" ]; then
+    (umask 077 && dd if=/dev/urandom bs=1 count=1024 of="$MUNGE/munge.key.tmp" status=none)
+    mv "$MUNGE/munge.key.tmp" "$MUNGE/munge.key"
+  fi
+  chmod 700 "$MUNGE"
+  chmod 400 "$MUNGE/munge.key"
+  munged --force --key-file="$MUNGE/munge.key" --socket="$MUNGE/munge.socket" \
+    --pid-file="$MUNGE/munged.pid" --log-file="$MUNGE/munged.log" --seed-file="$MUNGE/munged.seed"
+  for _ in $(seq 50); do [ -S "$MUNGE/munge.socket" ] && return; sleep 0.1; done
+  die "munged did not create its socket; see $MUNGE/munged.log"
+}
+
+keygen() { [ -s "$1" ] || ssh-keygen -q -t ed25519 -N "" -C "$2" -f "$1"; }
+
+start_login() {
+  mkdir -p "$LOGIN" /run/sshd
+  keygen "$LOGIN/ssh_host_ed25519_key" "$LOGIN_NODE"
+  keygen "$LOGIN/id_ed25519" "ftstack@$PREFIX"
+  cp "$LOGIN/id_ed25519.pub" "$LOGIN/authorized_keys"
+  cat >"$LOGIN/sshd_config" <<EOF
+# Written by scripts/local-cluster.sh: the login node's sshd.
+ListenAddress $SUBNET.3
+Port 22
+HostKey $LOGIN/ssh_host_ed25519_key
+PidFile $RUN/sshd.pid
+AuthorizedKeysFile $LOGIN/authorized_keys
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+StrictModes no
+UsePAM no
+MaxStartups 30:50:60
+Subsystem sftp internal-sftp
+EOF
+  alive "$RUN/sshd.pid" && return
+  in_node "$LOGIN_NODE" "$LOGIN_NODE" /usr/sbin/sshd -f "$LOGIN/sshd_config" -E "$LOG/sshd.log" ||
+    die "sshd did not start in $LOGIN_NODE; see $LOG/sshd.log"
+}
+
+wait_pidfile() {
+  for _ in $(seq 100); do alive "$1" && return; sleep 0.1; done
+  die "$2 did not start; see $3"
+}
+
+start_daemons() {
+  local nodes="$1" i
+  if ! alive "$RUN/slurmctld.pid"; then
+    in_node "$CTL" "$CTL" slurmctld || die "slurmctld did not start in $CTL; see $LOG/slurmctld.log"
+    wait_pidfile "$RUN/slurmctld.pid" slurmctld "$LOG/slurmctld.log"
+  fi
+  for _ in $(seq 100); do scontrol ping 2>/dev/null | grep -q "is UP" && break; sleep 0.2; done
+  for i in $(seq "$nodes"); do
+    alive "$RUN/slurmd-$(worker "$i").pid" && continue
+    mkdir -p "$SPOOL/$(worker "$i")"
+    in_node "$(worker "$i")" "$(worker "$i")" slurmd || die "slurmd did not start in $(worker "$i"); see $LOG/slurmd-$(worker "$i").log"
+    wait_pidfile "$RUN/slurmd-$(worker "$i").pid" "slurmd of $(worker "$i")" "$LOG/slurmd-$(worker "$i").log"
+  done
+}
+
+wait_idle() {
+  local nodes="$1" state="" i
+  for i in $(seq "$nodes"); do
+    local node
+    node="$(worker "$i")"
+    for _ in $(seq 300); do
+      state="$(sinfo -h -n "$node" -o '%T' 2>/dev/null || true)"
+      case "$state" in
+        idle* | mixed* | allocated* | completing*) break ;;
+        down* | drain*) scontrol update nodename="$node" state=resume 2>/dev/null || true ;;
+      esac
+      sleep 0.2
+    done
+    case "$state" in idle* | mixed* | allocated* | completing*) ;; *) die "node $node did not become idle (last state: ${state:-none}); see $LOG" ;; esac
+  done
+  log "$nodes node(s) up, login $SUBNET.3:22 (SLURM_CONF=$CONF)"
+}
+
+start() {
+  local nodes="$1" i
+  check_names
+  need_tools
+  mkdir -p "$ETC" "$RUN" "$LOG" "$STATE" "$SPOOL" "$MUNGE" "$LOGIN" "$JAIL/home/shared" "$JAIL/opt" "$JAIL_MOUNT" /etc/slurm
+  if [ -f "$RUN/nodes" ] && [ "$(cat "$RUN/nodes")" != "$nodes" ]; then
+    die "the cluster in $BASE has $(cat "$RUN/nodes") node(s); stop it before starting it with $nodes"
+  fi
+  echo "$nodes" >"$RUN/nodes"
+  [ -e "$JAIL/opt/venv" ] || ln -sfn "$(readlink -f "$ROOT/.venv")" "$JAIL/opt/venv"
+  write_config "$nodes"
+  make_bridge
+  make_node_netns "$CTL" "$SUBNET.2"
+  make_node_netns "$LOGIN_NODE" "$SUBNET.3"
+  for i in $(seq "$nodes"); do make_node_netns "$(worker "$i")" "$SUBNET.$((10 + i))"; done
+  start_munge
+  start_login
+  start_daemons "$nodes"
+  wait_idle "$nodes"
+}
+
+stop_pid() {
+  local pidfile="$1" name="$2" pid
+  if alive "$pidfile"; then
+    pid="$(cat "$pidfile")"
+    kill "$pid"
+    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$pid" 2>/dev/null && kill -9 "$pid"
+    log "stopped $name ($pid)"
+  fi
+  rm -f "$pidfile"
+}
+
+# Everything still running in a namespace of ours (job steps, training processes) ends with it.
+kill_netns_processes() {
+  local name="$1" pids
+  pids="$(ip netns pids "$name" 2>/dev/null || true)"
+  [ -n "$pids" ] && kill -9 $pids 2>/dev/null || true
+}
+
+lose_node() {
+  local node="$1"
+  owned "netns:$node" || die "$node is not a node of the cluster in $BASE"
+  kill_netns_processes "$node"
+  rm -f "$RUN/slurmd-$node.pid"
+  log "lost $node: its slurmd and every process in it were killed"
+}
+
+stop() {
+  local entry i
+  for i in $(seq "$(node_count)"); do stop_pid "$RUN/slurmd-$(worker "$i").pid" "slurmd of $(worker "$i")"; done
+  stop_pid "$RUN/slurmctld.pid" slurmctld
+  stop_pid "$RUN/sshd.pid" sshd
+  stop_pid "$MUNGE/munged.pid" munged
+  [ -f "$RUN/created" ] || return 0
+  for entry in $(tac "$RUN/created"); do
+    case "$entry" in
+      netns:*) kill_netns_processes "${entry#netns:}"; ip netns del "${entry#netns:}" 2>/dev/null || true ;;
+      link:*) ip link del "${entry#link:}" 2>/dev/null || true ;;
+    esac
+  done
+  rm -f "$RUN/created" "$RUN/nodes"
+  rmdir "$JAIL_MOUNT" "/run/$PREFIX" 2>/dev/null || true
+  log "namespaces and bridge removed"
+}
+
+status() {
+  local rc=0 d i
+  for d in "$MUNGE/munged.pid:munged" "$RUN/slurmctld.pid:slurmctld" "$RUN/sshd.pid:sshd (login $SUBNET.3:22)"; do
+    if alive "${d%%:*}"; then echo "${d#*:}: running ($(cat "${d%%:*}"))"; else echo "${d#*:}: stopped"; rc=1; fi
+  done
+  for i in $(seq "$(node_count)"); do
+    if alive "$RUN/slurmd-$(worker "$i").pid"; then echo "slurmd $(worker "$i"): running"; else echo "slurmd $(worker "$i"): stopped"; rc=1; fi
+  done
+  [ $rc -eq 0 ] && sinfo -N -o '%N %T %c %m'
+  return $rc
+}
+
+command="${1:-}"
+shift || true
+nodes=2
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --nodes) nodes="${2:-}"; shift 2 ;;
+    --nodes=*) nodes="${1#--nodes=}"; shift ;;
+    *) [ "$command" = lose-node ] && [ -z "${target:-}" ] && { target="$1"; shift; continue; }
+       echo "usage: $0 start|stop|status [--nodes N] | lose-node NAME" >&2; exit 2 ;;
+  esac
+done
+[[ "$nodes" =~ ^[1-9][0-9]?$ ]] || die "--nodes must be a number from 1 to 99, got '$nodes'"
+case "$command" in
+  start) start "$nodes" ;;
+  stop) stop ;;
+  status) status ;;
+  lose-node) lose_node "${target:?usage: $0 lose-node NAME}" ;;
+  *) echo "usage: $0 start|stop|status [--nodes N] | lose-node NAME" >&2; exit 2 ;;
+esac

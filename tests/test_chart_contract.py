@@ -1,0 +1,89 @@
+"""Every Helm value the program emits, for every cloud stack, is in the chart contract of the pinned version
+(infra/charts/*.yaml, written from the charts at their tags); values the charts drop or the CRDs prune fail."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from infra import chart_contract
+from infra.chart_contract import ContractError, contract, violations
+from infra.config import load_stack_config
+from infra.nebius.layout import layout
+from infra.soperator_values import BackupTarget, release_plan
+
+CLOUD_STACKS = ("dev", "demo", "h100")
+SIZES = {"jail": 256, "controller-spool": 128, "accounting": 256}
+
+
+def plan(stack: str, version: str | None = None):
+    cfg = load_stack_config(stack)
+    if version is not None:
+        assert cfg.soperator
+        cfg = cfg.model_copy(update={"soperator": cfg.soperator.model_copy(update={"version": version})})
+    specs = layout(cfg)
+    sizes = SIZES | {fs.mount_tag: fs.size_gib for fs in specs.filesystems}
+    backup = BackupTarget("bucket", "https://storage.eu-north1.nebius.cloud") if cfg.buckets and cfg.buckets.backups.enabled else None
+    return {r.key: r for r in release_plan(cfg, list(specs.node_groups), "alloc", sizes, backup)}
+
+
+@pytest.mark.parametrize("stack", CLOUD_STACKS)
+@pytest.mark.parametrize("version", [None, "5.0.0"])
+def test_every_emitted_value_is_in_the_contract_of_the_pinned_version(stack, version) -> None:
+    releases = plan(stack, version)
+    assert {"kruise", "slurm-cluster", "nodesets"} <= set(releases)
+    for release in releases.values():
+        assert release.violations() == [], release.key
+
+
+def _bad(release, change) -> list[str]:
+    values = copy.deepcopy(release.values)
+    change(values)
+    family, chart = release.contract
+    return violations(contract(family, release.version, chart), values)
+
+
+def test_the_findings_of_issue_12_are_contract_violations() -> None:
+    demo = plan("demo")
+    cluster, nodesets, kruise = demo["slurm-cluster"], demo["nodesets"], demo["kruise"]
+    assert _bad(cluster, lambda v: v["slurmNodes"]["controller"].update(size=2)) == [
+        "slurm-cluster 4.1.7: slurmNodes.controller.size is not a value the chart reads or its CRD keeps"]
+    spool = {"volumeClaimTemplateSpec": {"storageClassName": "x", "resources": {"requests": {"storage": "128Gi"}}}}
+    found = _bad(nodesets, lambda v: v["nodesets"][0]["slurmd"]["volumes"].update(spool=spool))
+    assert found and all("slurmd.volumes.spool.volumeClaimTemplateSpec" in f for f in found)
+    assert _bad(cluster, lambda v: v["slurmNodes"]["accounting"]["mariadbOperator"].pop("storage")) == [
+        "slurm-cluster 4.1.7: slurmNodes.accounting.mariadbOperator.storage is required (spec.slurmNodes.accounting."
+        "mariadbOperator.storage (copied into the MariaDB CR; the chart default {} is rejected by mariadb-operator's "
+        "webhook))"]
+    assert _bad(kruise, lambda v: v.pop("installation"))[0].startswith(
+        "kruise 1.8.0: installation.createNamespace is required")
+    assert _bad(cluster, lambda v: v["slurmNodes"]["controller"]["volumes"]["spool"].update(
+        volumeClaimTemplateSpec={"x": 1})) == [
+        "slurm-cluster 4.1.7: slurmNodes.controller.volumes.spool.volumeClaimTemplateSpec.x is not a value the "
+        "chart reads or its CRD keeps"]
+
+
+def test_5_0_nodesets_need_the_cluster_name() -> None:
+    nodesets = plan("demo", "5.0.0")["nodesets"]
+    assert nodesets.values["clusterName"] == "innovationbank"
+    assert _bad(nodesets, lambda v: v.pop("clusterName")) == [
+        "nodesets 5.0.0: clusterName is required (spec.clusterName)"]
+    assert _bad(plan("demo")["nodesets"], lambda v: v.update(clusterName="x")) == [
+        "nodesets 4.1.7: clusterName is not a value the chart reads or its CRD keeps"]
+
+
+def test_versions_are_data_and_a_new_release_shows_what_changed() -> None:
+    assert {"4.1.7", "5.0.0"} <= set(chart_contract.versions("soperator"))
+    assert chart_contract.changes("soperator", "4.1.7", "5.0.0") == {"nodesets": {"added": ["clusterName"], "removed": []}}
+    with pytest.raises(ContractError, match="no chart contract for soperator 9.9.9"):
+        contract("soperator", "9.9.9", "nodesets")
+
+
+def test_subtree_and_schema_rules() -> None:
+    c = contract("soperator", "4.1.7", "nodesets")
+    ok = {"nodesets": [{"affinity": {"anything": {"deep": 1}}, "slurmd": {"volumes": {"spool": {"emptyDir": {}}}}}]}
+    assert violations(c, ok) == []
+    bad = {"nodesets": [{"slurmd": {"volumes": {"spool": {"hostPathX": {}}}}}]}
+    assert violations(c, bad) == [
+        "nodesets 4.1.7: nodesets.[].slurmd.volumes.spool.hostPathX is not a value the chart reads or its CRD keeps"]

@@ -1,0 +1,151 @@
+"""The cloud path on the multi-node rehearsal cluster: `ftstack run --stack cluster --wait` over SSH to the login
+node (bundle upload, sbatch, waits, log tails), 2-node readiness and training, artifacts fetched back, a second
+run that submits nothing, `ftstack status` and `ftstack runs`; the SSH link dropped mid-wait is reconnected.
+
+One pipeline run (tiny model, 4 steps) serves every assertion of this module.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cluster_fixtures import Cluster
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[1]
+STACK = "cluster-test"
+FTSTACK = str(Path(sys.executable).with_name("ftstack"))
+
+
+def tiny_cluster_config(model_dir: Path, root: str) -> dict[str, Any]:
+    """workloads/configs/cluster.json on the tiny model, 64 conversations and 4 training steps."""
+    config = json.loads((REPO / "workloads/configs/cluster.json").read_text())
+    config["name"] = "ctiny"
+    config["paths"]["root"] = root
+    config["model"] = {"source": f"dir:{model_dir}"}
+    config["data"].update(rows=64, max_length=256)
+    config["train"].update(quantization="none", max_steps=4, save_steps=2, micro_batch_size=1,
+                           lora={"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]})
+    config["eval"].update(perplexity_rows=8, num_prompts=2, num_samples=1, max_new_tokens=8)
+    return config
+
+
+def ftstack(*args: str, cluster: Cluster, config_dir: Path, timeout: float = 1500) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([FTSTACK, *args, "--stack", STACK, "--config-dir", str(config_dir),
+                           "--ssh-key", str(cluster.private_key)],
+                          cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def drop_ssh_links_once_training(cluster: Cluster, metrics: Path, done: threading.Event, dropped: dict[str, Any]) -> None:
+    """Once training has logged a step, end every SSH session of the login node (the per-connection sshd
+    children of its listener) as a dropped link would; the listener stays, so ftstack can reconnect.
+    Records the killed pids and how far the login node's sshd log had got at that moment."""
+    listener = (cluster.base / "run" / "sshd.pid").read_text().strip()
+    while not done.is_set():
+        if metrics.is_file() and metrics.stat().st_size > 0:
+            children = subprocess.run(["ps", "-o", "pid=", "--ppid", listener], capture_output=True, text=True)
+            dropped["log_offset"] = (cluster.base / "log" / "sshd.log").stat().st_size
+            for pid in children.stdout.split():
+                subprocess.run(["kill", "-9", pid], capture_output=True)
+                dropped.setdefault("pids", []).append(int(pid))
+            return
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def cluster_run(local_cluster: Cluster, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The first `ftstack run --wait` (with its SSH links dropped mid-training) and the facts the tests check."""
+    root = "mnt/data/pytest-cluster"
+    shutil.rmtree(local_cluster.jail / root, ignore_errors=True)
+    here = tmp_path_factory.mktemp("cluster-stack")
+    config = here / "ctiny.json"
+    config.write_text(json.dumps(tiny_cluster_config(tiny_model_dir, root), indent=2))
+    local_cluster.stack_file(here / "stacks", STACK, config)
+    (REPO / ".local/pipeline" / f"{STACK}.json").unlink(missing_ok=True)
+    shutil.rmtree(REPO / ".local/artifacts/runs" / STACK, ignore_errors=True)
+
+    metrics = local_cluster.jail / root / "outputs/ctiny/metrics.jsonl"
+    done, dropped = threading.Event(), {}
+    dropper = threading.Thread(target=drop_ssh_links_once_training, args=(local_cluster, metrics, done, dropped))
+    dropper.start()
+    started = time.monotonic()
+    try:
+        first = ftstack("run", "--wait", "--json", cluster=local_cluster, config_dir=here / "stacks")
+    finally:
+        done.set()
+        dropper.join()
+    assert first.returncode == 0, first.stderr[-4000:]
+    return {"first": first, "run": json.loads(first.stdout), "seconds": time.monotonic() - started,
+            "dropped": dropped, "config_dir": here / "stacks", "root": local_cluster.jail / root}
+
+
+def test_pipeline_runs_over_ssh_with_two_node_training(cluster_run: dict[str, Any], local_cluster: Cluster) -> None:
+    run, stderr = cluster_run["run"], cluster_run["first"].stderr
+    assert run["submitted"] == ["prepare", "readiness", "train", "eval"]
+    assert {job["state"] for job in run["jobs"].values()} == {"COMPLETED"}
+    assert f"uploaded to {local_cluster.jail_root}/home/shared/finetune_code/" in stderr
+    assert "step 4 loss" in stderr
+    root = cluster_run["root"]
+    readiness = json.loads(next((root / "results").glob("readiness-*.json")).read_text())
+    assert readiness["ok"] and readiness["world_size"] == 2
+    assert readiness["allreduce"]["nodes"] == 2 and readiness["allreduce"]["correct"]
+    assert sorted(node["hostname"] for node in readiness["nodes"]) == local_cluster.workers
+    manifest = json.loads((root / "outputs/ctiny/run_manifest.json").read_text())
+    assert manifest["status"] == "completed" and manifest["world_size"] == 2 and manifest["nodes"] == 2
+    train_log = local_cluster.on_host(run["jobs"]["train"]["output"].replace("%j", run["jobs"]["train"]["job_id"]))
+    assert f"2 node(s) x 1 process(es), rendezvous {local_cluster.workers[0]}:" in train_log.read_text()
+
+
+def test_dropped_ssh_link_is_reconnected_without_resubmitting(cluster_run: dict[str, Any], local_cluster: Cluster) -> None:
+    dropped = cluster_run["dropped"]
+    assert dropped.get("pids"), "no SSH session was open to drop while training"
+    after_drop = (local_cluster.base / "log" / "sshd.log").read_bytes()[dropped["log_offset"]:].decode(errors="replace")
+    assert "Accepted publickey for root" in after_drop, "ftstack did not log in again after the drop"
+    stderr = cluster_run["first"].stderr
+    assert stderr.count("submitted job") == 4 and "step 4 loss" in stderr
+    logs = sorted(p.name.rsplit("-", 1)[0] for p in (cluster_run["root"] / "results/logs").glob("*.out"))
+    assert logs == ["ctiny-eval", "ctiny-prepare", "ctiny-readiness", "ctiny-train"]
+
+
+def test_second_run_submits_nothing_and_status_reads_over_ssh(cluster_run: dict[str, Any], local_cluster: Cluster) -> None:
+    second = ftstack("run", "--wait", "--json", cluster=local_cluster, config_dir=cluster_run["config_dir"], timeout=300)
+    assert second.returncode == 0, second.stderr[-3000:]
+    again = json.loads(second.stdout)
+    assert again["submitted"] == [] and again["evaluation"] == cluster_run["run"]["evaluation"]
+    status = ftstack("status", "--json", cluster=local_cluster, config_dir=cluster_run["config_dir"], timeout=300)
+    assert status.returncode == 0, status.stderr
+    jobs = json.loads(status.stdout)
+    assert {stage: job["job_id"] for stage, job in jobs.items()} == \
+        {stage: job["job_id"] for stage, job in cluster_run["run"]["jobs"].items()}
+    assert {job["state"] for job in jobs.values()} == {"COMPLETED"}
+
+
+def test_artifacts_come_back_listed_and_reported(cluster_run: dict[str, Any], tmp_path: Path) -> None:
+    assert "artifacts stored in" in cluster_run["first"].stderr
+    listed = subprocess.run([FTSTACK, "runs", "--stack", STACK, "--config-dir", str(cluster_run["config_dir"]), "--json"],
+                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    (index,) = json.loads(listed.stdout)
+    eval_job = cluster_run["run"]["jobs"]["eval"]["job_id"]
+    assert index["job_ids"]["eval"] == eval_job
+    assert {"train/metrics.jsonl", "train/run_manifest.json", f"eval/evaluator_{eval_job}.json"} <= set(index["files"])
+    assert index["perplexity_finetuned"] == cluster_run["run"]["evaluation"]["finetuned_model"]["perplexity"]
+    stored = REPO / ".local/artifacts/runs" / STACK / index["run_id"]
+    remote = cluster_run["root"] / "outputs/ctiny/metrics.jsonl"
+    assert (stored / "train/metrics.jsonl").read_bytes() == remote.read_bytes()
+    for chart in (cluster_run["root"] / "outputs/ctiny").glob("*.png"):
+        assert (stored / "train" / chart.name).read_bytes() == chart.read_bytes()
+    report = subprocess.run([FTSTACK, "report", "--stack", STACK, "--config-dir", str(cluster_run["config_dir"]),
+                             "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0, report.stderr
+    assert index["run_id"] in (tmp_path / "index.html").read_text()

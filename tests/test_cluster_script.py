@@ -1,0 +1,46 @@
+"""scripts/local-cluster.sh refusals, without starting a cluster: a public subnet, and a namespace of the same
+name that this cluster did not make (it is never reused or removed)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "local-cluster.sh"
+
+
+def script(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "LOCAL_CLUSTER_DIR": str(tmp_path / "cluster"), **env})
+
+
+def test_a_subnet_outside_the_private_ranges_is_refused(tmp_path: Path) -> None:
+    result = script(tmp_path, "start", LOCAL_CLUSTER_SUBNET="8.8.8", LOCAL_CLUSTER_PREFIX="ftcq")
+    assert result.returncode == 1
+    assert "LOCAL_CLUSTER_SUBNET=8.8.8 is not the first three octets of a private /24" in result.stderr
+
+
+def test_status_of_a_cluster_never_started_says_stopped(tmp_path: Path) -> None:
+    result = script(tmp_path, "status", LOCAL_CLUSTER_PREFIX="ftcq")
+    assert result.returncode == 1 and "slurmctld: stopped" in result.stdout and "slurmd ftcq-n2: stopped" in result.stdout
+
+
+def test_a_namespace_this_cluster_did_not_make_is_refused_and_left_alone(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("CI runs make test as root; network namespaces need it")
+        pytest.skip("network namespaces need root")
+    subprocess.run(["ip", "netns", "add", "ftcq-ctl"], check=True)
+    try:
+        result = script(tmp_path, "start", LOCAL_CLUSTER_PREFIX="ftcq", LOCAL_CLUSTER_SUBNET="10.213.250")
+        assert result.returncode == 1
+        assert "netns ftcq-ctl exists but was not made by this cluster" in result.stderr
+        stopped = script(tmp_path, "stop", LOCAL_CLUSTER_PREFIX="ftcq")
+        assert stopped.returncode == 0
+        assert Path("/run/netns/ftcq-ctl").exists()
+    finally:
+        script(tmp_path, "stop", LOCAL_CLUSTER_PREFIX="ftcq", LOCAL_CLUSTER_SUBNET="10.213.250")
+        subprocess.run(["ip", "netns", "del", "ftcq-ctl"], capture_output=True)

@@ -1,0 +1,74 @@
+"""How many tokens one request may hold (prompt plus reply), counted by the gateway before an engine sees it.
+
+A `transformers serve` engine's continuous-batching worker dies for good on a request its KV cache cannot
+hold; a prompt past the model's context is garbage at best. The gateway counts the prompt with the model's
+own tokenizer and chat template and refuses what does not fit with a 400.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from workloads.serve.config import ServeConfig
+
+# transformers' continuous batching pages hold 256 tokens (ContinuousBatchingConfig.page_size); the engines are
+# started without --cb-block-size, so --cb-num-blocks N is a cache of N x 256 tokens.
+CB_PAGE_TOKENS = 256
+
+
+def model_context(folder: Path) -> int | None:
+    """The model's position limit from its config.json (text_config for multimodal models), if it states one."""
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    for section in (config, config.get("text_config") or {}):
+        value = section.get("max_position_embeddings")
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+@dataclass(frozen=True)
+class TokenBudget:
+    """The most tokens (prompt plus reply) one request may use, and what sets that limit."""
+
+    tokens: int
+    reason: str
+
+
+def token_budget(folder: Path, cfg: ServeConfig) -> TokenBudget | None:
+    """The smaller of the model's context and, when its size is fixed, the engine's KV cache."""
+    limits = []
+    if (context := model_context(folder)) is not None:
+        limits.append(TokenBudget(context, "the model's context"))
+    if cfg.continuous_batching and cfg.cb_num_blocks is not None:
+        limits.append(TokenBudget(cfg.cb_num_blocks * CB_PAGE_TOKENS,
+                                  f"the engine's KV cache ({cfg.cb_num_blocks} blocks of {CB_PAGE_TOKENS} tokens)"))
+    return min(limits, key=lambda b: b.tokens) if limits else None
+
+
+class PromptCounter:
+    """Counts a conversation's prompt tokens with the served model's tokenizer and chat template."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._tokenizer: Any = None
+        self._lock = threading.Lock()
+
+    def _load(self) -> Any:
+        with self._lock:
+            if self._tokenizer is None:
+                from transformers import AutoTokenizer
+
+                self._tokenizer = AutoTokenizer.from_pretrained(self.folder)
+            return self._tokenizer
+
+    def count(self, messages: list[dict[str, str]]) -> int:
+        tokenizer = self._load()
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return len(ids["input_ids"] if hasattr(ids, "keys") else ids)
