@@ -16,7 +16,6 @@ and cost per chat. No cloud calls; every figure is reproducible from the stack f
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict
 
@@ -306,36 +305,3 @@ def training_run(tokens: float, epochs: float, tokens_per_second_per_gpu: float 
     return TrainingRun(tokens=tokens, epochs=epochs, tokens_per_second_per_gpu=tokens_per_second_per_gpu,
                        throughput_source=throughput_source, gpus=gpus, gpu_hours=gpu_hours, wall_hours=wall,
                        usd=wall * workers_usd_per_hour)
-
-
-def _round(value: float) -> float:
-    return round(value, 4)
-
-
-def flat_outputs(monthly: MonthlyCost, training: TrainingRun | None,
-                 chats: Iterable[ChatScenario]) -> dict[str, float | str]:
-    """Stack outputs for dashboards: flat keys, numeric values (the pricing date is the one string)."""
-    out: dict[str, float | str] = {
-        "cost_monthly_usd_low": _round(monthly.usd_low),
-        "cost_monthly_usd_high": _round(monthly.usd_high),
-        "cost_hours_per_month": monthly.hours_per_month,
-        "cost_pricing_date": monthly.pricing_date,
-    }
-    for category, (low, high) in monthly.categories.items():
-        out[f"cost_category_{category}_usd_low"] = _round(low)
-        out[f"cost_category_{category}_usd_high"] = _round(high)
-    for line in monthly.lines:
-        out[f"cost_line_{line.key}_usd_low"] = _round(line.usd_low)
-        out[f"cost_line_{line.key}_usd_high"] = _round(line.usd_high)
-    if training is not None:
-        out["training_run_tokens"] = _round(training.tokens * training.epochs)
-        out["training_run_gpus"] = training.gpus
-        for name in ("tokens_per_second_per_gpu", "gpu_hours", "wall_hours", "usd"):
-            value = getattr(training, name)
-            if value is not None:
-                out[f"training_run_{name}"] = _round(value)
-    for s in chats:
-        out[f"cost_per_chat_{s.name}_tokens_per_second"] = _round(s.tokens_per_second)
-        out[f"cost_per_chat_{s.name}_conversations_per_day"] = _round(s.conversations_per_day)
-        out[f"cost_per_chat_{s.name}_usd"] = _round(s.usd_per_chat)
-    return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -18,7 +19,17 @@ from infra.commands import report
 
 SCREENSHOTS = REPO / ".local" / "screenshots"
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium not installed (make system-deps)")
+
+
+@pytest.fixture(autouse=True)
+def chromium() -> None:
+    """Skip without Chromium on a developer's machine; in CI (CI=true) a missing browser is a failure."""
+    if Path(CHROMIUM).exists():
+        return
+    message = f"Debian chromium not installed at {CHROMIUM} (make system-deps)"
+    if os.environ.get("CI", "").lower() in ("true", "1"):
+        pytest.fail(f"{message}: CI runs the browser tests, it does not skip them")
+    pytest.skip(message)
 
 
 def cli(argv: list[str]) -> int:
@@ -123,7 +134,8 @@ def test_local_stack_report_with_stored_run(repo: Path, tmp_path: Path, capsys: 
     assert f"{(4.704128742218018 - 7.033111572265625) / 7.033111572265625 * 100:+.1f} %" in text
     assert text.count("COMPLETED") >= 4 and "1h 02m 05s" in text and "103" in text
     assert f"final train loss {run['final_loss']:.4g}" in text
-    assert str(EVALUATOR["finetuned_model"]["tokens_per_second"]) in text
+    assert str(EVALUATOR.finetuned_model.tokens_per_second) in text
+    assert "What does a <b>bond</b> coupon mean?" in text, "the sample's markup shows as text, escaped"
     assert "single-node Slurm" in text
     assert charts == 2
     assert not list(out_dir.glob(".index.html.*"))

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from infra.pipeline import ssh
 from infra.pipeline.ssh import (
     HostKeyMismatch,
     SshAuthError,
@@ -19,6 +20,7 @@ from infra.pipeline.ssh import (
 )
 from infra.pipeline.transport import CommandTimeout, Transport, TransportError
 from sshd_fixtures import SshServer, free_port
+from test_transport_local import alive
 
 
 def _transport(server: SshServer, tmp_path: Path, **kw) -> SshTransport:
@@ -75,15 +77,17 @@ def test_unparseable_private_key_is_a_clear_error() -> None:
         SshTransport("127.0.0.1", private_key="not a key")
 
 
-def test_closed_port_fails_after_bounded_retries(tmp_path: Path, sshd: SshServer) -> None:
+def test_closed_port_fails_after_bounded_retries(tmp_path: Path, sshd: SshServer,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     port = free_port()
-    t = SshTransport("127.0.0.1", port=port, private_key=sshd.private_key, known_hosts=tmp_path / "kh", attempts=3, backoff_s=0.1)
-    start = time.monotonic()
-    with pytest.raises(SshConnectError, match="after 3 attempts") as err:
+    t = SshTransport("127.0.0.1", port=port, private_key=sshd.private_key, known_hosts=tmp_path / "kh", attempts=4,
+                     backoff_s=0.1, max_backoff_s=0.25)
+    waits: list[float] = []
+    monkeypatch.setattr(ssh.time, "sleep", waits.append)
+    with pytest.raises(SshConnectError, match="after 4 attempts") as err:
         t.run("true")
-    elapsed = time.monotonic() - start
     assert "refused" in str(err.value).lower()
-    assert 0.3 <= elapsed < 5
+    assert waits == [0.1, 0.2, 0.25], "exponential backoff between attempts, capped"
 
 
 def test_unresolvable_host_is_a_clear_error(sshd: SshServer) -> None:
@@ -130,15 +134,17 @@ def test_put_directory_failure_leaves_no_partial_target(sshd: SshServer, tmp_pat
 
 
 def test_run_timeout_is_a_clear_error_and_kills_the_command(sshd: SshServer, tmp_path: Path) -> None:
-    marker = tmp_path / "late"
+    pid_file = tmp_path / "pid"
     with _transport(sshd, tmp_path, host_key=sshd.host_public_key) as t:
-        start = time.monotonic()
         with pytest.raises(CommandTimeout, match="within 1s"):
-            t.run(f"sleep 3; touch {marker}", timeout=1)
-        assert time.monotonic() - start < 8
+            t.run(f"echo $$ > {pid_file}; exec sleep 60", timeout=1)
         assert t.run("echo still usable", timeout=10).check().stdout == "still usable\n"
-    time.sleep(2.5)
-    assert not marker.exists()
+    pid = int(pid_file.read_text())
+    for _ in range(100):  # sshd tears the session down after the client closed the channel
+        if not alive(pid):
+            break
+        time.sleep(0.1)
+    assert not alive(pid), f"remote command (pid {pid}) still runs after the timeout"
 
 
 def test_transport_refuses_pickling_and_hides_key(sshd: SshServer, tmp_path: Path) -> None:

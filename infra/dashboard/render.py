@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -13,6 +11,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescap
 
 from infra.dashboard import charts
 from infra.dashboard.model import CATEGORY_LABELS, DashboardData
+from workloads.common.atomic import write_text_atomic
 
 PAGE_NAME = "index.html"
 
@@ -100,15 +99,6 @@ def write_dashboard(data: DashboardData, out_dir: Path, source: str) -> Path:
     """Write `<out_dir>/index.html` atomically (temp file in the same folder, then rename)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    html = render_html(data, source)
     target = out_dir / PAGE_NAME
-    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{PAGE_NAME}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(html)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomic(target, render_html(data, source))
     return target

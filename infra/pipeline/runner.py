@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from datetime import datetime, timezone
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +28,7 @@ from infra.pipeline.run_lock import stack_lock
 from infra.pipeline.slurm import JobNotFound, SlurmClient, SlurmJobFailed
 from infra.pipeline.connect import open_transport
 from infra.pipeline.transport import TransportError
+from workloads.common.atomic import write_text_atomic
 from workloads.config import load_run_config
 from workloads.eval.report import EvaluatorReport
 
@@ -103,11 +103,7 @@ def load_state(path: Path, stack: str) -> PipelineState:
 
 
 def save_state(path: Path, state: PipelineState) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(state.model_dump_json(indent=2))
-    os.replace(tmp, path)
+    write_text_atomic(path, state.model_dump_json(indent=2), mode=0o600)
 
 
 def transport_spec(stack: StackConfig, *, login_host: str | None = None, private_key: str | None = None,

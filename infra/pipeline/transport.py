@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from workloads.common.atomic import replace_dir
+
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -115,13 +117,7 @@ class LocalTransport:
         staging = target.parent / f".{target.name}.tmp-{uuid.uuid4().hex[:12]}"
         try:
             shutil.copytree(source, staging, symlinks=True)
-            if target.exists():
-                old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:12]}"
-                os.rename(target, old)
-                os.rename(staging, target)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.rename(staging, target)
+            replace_dir(staging, target)
         finally:
             if staging.exists():
                 shutil.rmtree(staging, ignore_errors=True)

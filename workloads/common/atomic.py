@@ -29,8 +29,9 @@ def utc_now() -> str:
 
 
 @contextmanager
-def atomic_file(target: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a temporary path beside `target`; on success it replaces `target`, on error it is removed."""
+def atomic_file(target: str | os.PathLike[str], mode: int = 0o644) -> Iterator[Path]:
+    """Yield a temporary path beside `target`; on success it replaces `target` (with permissions `mode`),
+    on error it is removed. The one atomic writer: every file the project publishes goes through it."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -41,7 +42,7 @@ def atomic_file(target: str | os.PathLike[str]) -> Iterator[Path]:
     tmp = Path(name)
     try:
         yield tmp
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, mode)
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
@@ -92,8 +93,8 @@ def replace_dir(source: Path, target: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
-    with atomic_file(path) as tmp:
+def write_text_atomic(path: str | os.PathLike[str], text: str, mode: int = 0o644) -> None:
+    with atomic_file(path, mode) as tmp:
         tmp.write_text(text, encoding="utf-8")
 
 
