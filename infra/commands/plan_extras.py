@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -43,17 +45,22 @@ def _policy_config(path: Path | None) -> dict[str, Any]:
     return config
 
 
+def _plan_check() -> Callable[..., Any]:
+    """The policy pack's offline check, registered under the `ftstack.plan_checks` entry point."""
+    found = entry_points(group="ftstack.plan_checks", name="policies")
+    if not found:
+        raise SystemExit("ftstack plan --policies: no policy pack is installed "
+                         "(entry point ftstack.plan_checks:policies; reinstall with `make venv`)")
+    return next(iter(found)).load()
+
+
 def plan_extras(cfg: StackConfig, result: MockRun, args: argparse.Namespace) -> PlanExtras:
     report = cost_report(cfg)
     text = ["", render_table(report)]
     document: dict[str, Any] = {"cost": report_document(report)}
     code = 0
     if args.policies:
-        from policies.rules import Res, evaluate, mandatory_failures
-
-        results = evaluate([Res.from_mock(r) for r in result.resources], cfg, load_run(cfg),
-                           _policy_config(args.policy_config))
-        failed = mandatory_failures(results)
+        results, failed = _plan_check()(result.resources, cfg, load_run(cfg), _policy_config(args.policy_config))
         code = 1 if failed else 0
         document["policies"] = [r.model_dump() for r in results]
         text += ["", f"Policies ({len(results)}, {len(failed)} mandatory violations):"]

@@ -1,0 +1,33 @@
+"""Import direction between the packages: policies -> infra -> workloads, never back."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def imported_packages(package: str) -> dict[str, set[str]]:
+    """Top-level package of every import in each module of `package`, by module path."""
+    found: dict[str, set[str]] = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        names: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.split(".")[0])
+        found[str(path.relative_to(ROOT))] = names
+    return found
+
+
+@pytest.mark.parametrize(("package", "forbidden"), [("infra", {"policies"}), ("workloads", {"infra", "policies"})])
+def test_no_import_points_back_up(package: str, forbidden: set[str]) -> None:
+    offenders = {module: sorted(names & forbidden) for module, names in imported_packages(package).items()
+                 if names & forbidden}
+    assert not offenders, f"{package} must not import {sorted(forbidden)}: {offenders}"
+
