@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra import catalog, chart_contract
+from infra import chart_contract
 from infra.config import StackConfig
 from infra.nebius.layout import (
     ACCOUNTING,

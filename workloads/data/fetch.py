@@ -12,7 +12,6 @@ import argparse
 import json
 import logging
 import sys
-import tempfile
 from pathlib import Path
 
 import pyarrow as pa

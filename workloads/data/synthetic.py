@@ -19,7 +19,6 @@ SYSTEM_PROMPTS = [
     "Answer the finance question concisely.",
 ]
 
-PRODUCTS = ["checking account", "savings account", "credit card", "personal loan", "mortgage", "debit card"]
 CURRENCIES = [("USD", "EUR", 0.92), ("EUR", "USD", 1.09), ("GBP", "USD", 1.27), ("USD", "JPY", 151.3),
               ("EUR", "GBP", 0.86), ("USD", "CAD", 1.36), ("CHF", "EUR", 1.04), ("AUD", "USD", 0.66)]
 
