@@ -89,13 +89,13 @@ def test_cancel_running_job(slurm_client: SlurmClient, tmp_path: Path) -> None:
 
 def test_wait_reports_training_progress_from_metrics(slurm_client: SlurmClient, tmp_path: Path) -> None:
     metrics = tmp_path / "metrics.jsonl"
-    body = "".join(f'echo "{{\\"step\\": {s}, \\"loss\\": {3.0 / s:.3f}, \\"job_id\\": \\"$SLURM_JOB_ID\\"}}" >> {metrics}; '
+    body = "".join(f'echo "{{\\"step\\": {s}, \\"epoch\\": {s / 10}, \\"loss\\": {3.0 / s:.3f}, \\"job_id\\": \\"$SLURM_JOB_ID\\"}}" >> {metrics}; '
                    'sleep 0.7\n' for s in range(1, 6))
     job = slurm_client.submit(_script(tmp_path / "train.sh", body), job_name="ft-train", output=str(tmp_path / "t-%j.out"))
     messages: list[str] = []
     slurm_client.wait(job, timeout=WAIT, progress=messages.append, metrics_path=str(metrics))
     steps = [m for m in messages if ": step " in m]
-    assert steps and steps[-1] == f"job {job} (ft-train): step 5 loss 0.6000"
+    assert steps and steps[-1] == f"job {job} (ft-train): step 5 loss 0.6000 epoch 0.50"
     assert len(steps) >= 2, messages
 
 

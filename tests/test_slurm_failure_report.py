@@ -49,9 +49,9 @@ def test_failed_torchrun_job_names_each_ranks_first_exception(slurm_client: Slur
 
 def test_progress_reads_only_this_jobs_metrics(slurm_client: SlurmClient, tmp_path: Path) -> None:
     metrics = tmp_path / "metrics.jsonl"
-    metrics.write_text(json.dumps({"step": 30, "loss": 0.5, "job_id": "1"}) + "\n"
-                       + json.dumps({"step": 31, "loss": 0.4}) + "\n")
-    record = '{"step": 2, "loss": 1.25, "job_id": "%s"}'
+    metrics.write_text(json.dumps({"step": 30, "epoch": 1.0, "loss": 0.5, "job_id": "1"}) + "\n"
+                       + json.dumps({"step": 31, "epoch": 1.0, "loss": 0.4}) + "\n")
+    record = '{"step": 2, "epoch": 0.1, "loss": 1.25, "job_id": "%s"}'
     job = slurm_client.submit(
         _script(tmp_path / "train.sh", f"sleep 2\nprintf '{record}\\n' \"$SLURM_JOB_ID\" >> {metrics}\nsleep 2\n"),
         job_name="ft-train", output=str(tmp_path / "t-%j.out"), workdir=str(tmp_path))
