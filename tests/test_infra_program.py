@@ -234,3 +234,18 @@ def test_outputs_are_flat_typed_and_secrets_stay_secret(run_stack) -> None:
     assert "mock-private-key-material" not in text
     provider = next(r for r in run.resources if r.type == "pulumi:providers:kubernetes")
     assert provider.inputs["kubeconfig"] == SECRET
+
+
+def test_programs_leave_the_pickler_as_they_found_it(run_stack) -> None:
+    """pulumi wraps pickle's dict writers anew for every dynamic resource; many programs in one process
+    (a test suite, the Automation API) then nest the wrappers until datasets' dill hashing overflows."""
+    import pickle
+
+    import datasets
+
+    before = {attr: pickle._Pickler.__dict__[attr] for attr in ("_batch_setitems", "save_dict")}
+    for _ in range(3):
+        run = run_stack("demo")
+        assert {"pulumi-python:dynamic:Resource"} <= set(types(run))
+    assert {attr: pickle._Pickler.__dict__[attr] for attr in before} == before
+    assert datasets.Dataset.from_dict({"text": ["a", "b"]})._fingerprint

@@ -13,7 +13,9 @@ from typing import Any
 
 import pulumi
 import pulumi_nebius as nebius
-from pulumi.dynamic import CreateResult, DiffResult, Resource, ResourceProvider
+from pulumi.dynamic import CreateResult, DiffResult, ResourceProvider
+
+from infra.dynamic_resource import DynamicResource
 
 
 @dataclass
@@ -45,7 +47,7 @@ class _PasswordProvider(ResourceProvider):
         return DiffResult(changes=olds.get("name") != news.get("name"), replaces=["name"] if olds.get("name") != news.get("name") else [])
 
 
-class RepositoryPassword(Resource):
+class RepositoryPassword(DynamicResource):
     password: pulumi.Output[str]
 
     def __init__(self, name: str, opts: pulumi.ResourceOptions | None = None):

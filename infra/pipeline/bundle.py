@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pulumi
-from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
+from pulumi.dynamic import CreateResult, DiffResult, ReadResult, ResourceProvider, UpdateResult
 
+from infra.dynamic_resource import DynamicResource
 from infra.pipeline.connect import open_transport
 from infra.pipeline.transport import Transport
 
@@ -102,7 +103,7 @@ class WorkloadBundleProvider(ResourceProvider):
         """Keeps the uploaded code: jobs that already ran or are queued may use it."""
 
 
-class WorkloadBundle(Resource):
+class WorkloadBundle(DynamicResource):
     """The workload code on the Slurm machine; outputs content_hash, path (the versioned folder), current."""
 
     content_hash: pulumi.Output[str]

@@ -12,8 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 import pulumi
-from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
+from pulumi.dynamic import CreateResult, DiffResult, ReadResult, ResourceProvider, UpdateResult
 
+from infra.dynamic_resource import DynamicResource
 from infra.documents import read_evaluator_report
 from infra.pipeline.slurm import JobInfo, SlurmClient
 from workloads.eval.report import EvaluatorReport
@@ -129,7 +130,7 @@ def job_inputs(
     }
 
 
-class SlurmJob(Resource):
+class SlurmJob(DynamicResource):
     """A submitted stage; outputs job_id, state, exit_code, elapsed_s, results_path and, for a waited
     job with a result_file, `result` (the evaluator report; `job_report` types it). Keyword arguments: see
     job_inputs."""
