@@ -114,7 +114,7 @@ def test_second_run_of_a_stack_says_who_holds_it_and_ctrl_c_leaves_jobs_running(
         assert json.loads(state.read_text())["stages"]["train"]["outs"]["job_id"] == train_job
 
         first.send_signal(signal.SIGINT)
-        code, _, err = finished(first, timeout=60)
+        code, _, err = finished(first, timeout=120)
         assert code == 130 and "Traceback" not in err, err
         assert "keep running" in err and "ftstack run --stack guard --wait" in err and "ftstack status" in err, err
         squeue = subprocess.run(["squeue", "-h", "-j", train_job, "-o", "%T"], capture_output=True, text=True,

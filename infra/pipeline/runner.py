@@ -245,17 +245,23 @@ def wait_chain(
     except SlurmJobFailed as failure:
         for job_id in ids[ids.index(failure.info.job_id) + 1:]:
             client.cancel(job_id)
+        _record_final_states(client, chain, state, state_file)
         raise
-    finally:
-        for job in chain:
-            record = state.stages[job.stage]
-            info = client.state(record.outs["job_id"])
-            record.outs.update({"state": info.state, "exit_code": info.exit_code, "elapsed_s": info.elapsed_s})
-        save_state(state_file, state)
+    _record_final_states(client, chain, state, state_file)
     evaluator = next(job for job in chain if job.stage == "eval")
     state.evaluation = read_result(client.transport, evaluator.result_file, state.stages["eval"].outs["job_id"])
     save_state(state_file, state)
     return state
+
+
+def _record_final_states(client: SlurmClient, chain: list[JobSpec], state: PipelineState, state_file: Path) -> None:
+    """Each job's state, exit code and run time as Slurm has them now, saved to the state file. Not after
+    Ctrl-C or a lost link: the jobs run on, and the user wants the prompt back, not more Slurm queries."""
+    for job in chain:
+        record = state.stages[job.stage]
+        info = client.state(record.outs["job_id"])
+        record.outs.update({"state": info.state, "exit_code": info.exit_code, "elapsed_s": info.elapsed_s})
+    save_state(state_file, state)
 
 
 def _public_jobs(state: PipelineState) -> dict[str, dict[str, Any]]:
