@@ -107,7 +107,9 @@ def test_readiness_job_fails_without_gpu_and_stops_dependents(slurm_client: Slur
     after = slurm_client.submit(str(train), job_name="ft-train-test", dependencies=[job], output=str(tmp_path / "t-%j.out"))
     with pytest.raises(SlurmJobFailed) as err:
         slurm_client.wait_all([job, after], timeout=300, progress=None)
-    assert err.value.info.exit_code == 1
+    # srun --kill-on-bad-exit ends a rank still running with SIGTERM once the other exited 1: the job then
+    # reports 128 + 15, the highest task code (which one wins is timing: slow machines see 143)
+    assert err.value.info.exit_code in (1, 143)
     assert "gpu_present" in str(err.value) and "readiness: FAIL" in str(err.value)
     assert not marker.exists()
     assert not os.path.exists(tmp_path / f"t-{after}.out")
