@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict
 
 from infra.documents import DocumentError, read_evaluator_report, read_metrics
 from workloads.common.atomic import atomic_file
+from workloads.config import load_run_config
 from workloads.train.manifest import RUN_MANIFEST_NAME
 from workloads.train.metrics import METRICS_NAME
 
@@ -341,18 +342,15 @@ def upload_run(
 ) -> UploadResult:
     """Copy one run's artifacts to `runs/<stack>/<run-id>/` and write its `run.json` index last.
 
-    `train_run_dir`/`results_dir` default to the run config's own locations. Raises
+    The run's name comes from the run config; `train_run_dir`/`results_dir` (folders fetched from a cluster)
+    default to the run config's own locations on this machine. Raises
     ArtifactUploadError naming every file that failed after retries; local files are never removed.
     """
     prefix = run_prefix(stack, run_id)
-    run_name: str | None = None
-    if train_run_dir is None or results_dir is None:
-        from workloads.config import load_run_config
-
-        config = load_run_config(run_config_path)
-        run_name = config.name
-        train_run_dir = train_run_dir or config.train_run_dir
-        results_dir = results_dir or config.results_dir
+    config = load_run_config(run_config_path)
+    run_name = config.name
+    train_run_dir = train_run_dir or config.train_run_dir
+    results_dir = results_dir or config.results_dir
     eval_job = (job_ids or {}).get("eval")
     files = collect_run_files(Path(run_config_path), train_run_dir, results_dir, eval_job)
     index = build_index(

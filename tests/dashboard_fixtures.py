@@ -36,7 +36,7 @@ def store_run(store: ArtifactStore, stack: str, work: Path, run_id: str = "20260
     """A finished run as the pipeline leaves it (config, manifest, metrics, evaluator JSON), uploaded."""
     work.mkdir(parents=True, exist_ok=True)
     config = work / "local.json"
-    config.write_text(json.dumps({"name": "local"}))
+    config.write_text((REPO / "workloads" / "configs" / "local.json").read_text())
     train = work / "outputs" / "local"
     train.mkdir(parents=True)
     metrics = [MetricsRecord(step=s, epoch=s / 20, loss=round(2.9 * 0.9**s, 4), tokens_per_s=512.0) for s in range(1, 21)]

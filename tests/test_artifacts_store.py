@@ -22,11 +22,13 @@ from infra.artifacts import (
     upload_run,
 )
 
+LOCAL_CONFIG = Path(__file__).resolve().parents[1] / "workloads" / "configs" / "local.json"
+
 
 def make_run(tmp_path: Path, base_ppl: float = 7.03, tuned_ppl: float = 4.70, eval_job: str = "41") -> dict:
     tmp_path.mkdir(parents=True, exist_ok=True)
     config = tmp_path / "run.json"
-    config.write_text(json.dumps({"name": "demo", "paths": {"root": str(tmp_path)}}))
+    config.write_text(json.dumps({**json.loads(LOCAL_CONFIG.read_text()), "name": "demo", "paths": {"root": str(tmp_path)}}))
     train = tmp_path / "out" / "demo"
     train.mkdir(parents=True)
     (train / "metrics.jsonl").write_text("".join(
@@ -58,6 +60,7 @@ def test_local_store_layout_index_and_listing(tmp_path: Path) -> None:
     assert index["perplexity_improvement_pct"] == pytest.approx((7.03 - 4.70) / 7.03 * 100)
     assert index["tokens_per_s"] == pytest.approx(104.0)
     assert index["train_loss_final"] == pytest.approx(3.0 - 1.6)
+    assert index["run_name"] == "demo"  # from the run config, also when the folders are given (fetched runs)
     assert index["cost_usd"] == 1.25 and index["job_ids"]["eval"] == "41"
     assert (run["train_run_dir"] / "metrics.jsonl").is_file()
 

@@ -137,7 +137,7 @@ def test_artifacts_come_back_listed_and_reported(cluster_run: dict[str, Any], tm
     assert listed.returncode == 0, listed.stderr
     (index,) = json.loads(listed.stdout)
     eval_job = cluster_run["run"]["jobs"]["eval"]["job_id"]
-    assert index["job_ids"]["eval"] == eval_job
+    assert index["job_ids"]["eval"] == eval_job and index["run_name"] == "ctiny"
     assert {"train/metrics.jsonl", "train/run_manifest.json", f"eval/evaluator_{eval_job}.json"} <= set(index["files"])
     assert index["perplexity_finetuned"] == cluster_run["run"]["evaluation"]["finetuned_model"]["perplexity"]
     stored = REPO / ".local/artifacts/runs" / STACK / index["run_id"]
