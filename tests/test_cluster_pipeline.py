@@ -1,6 +1,7 @@
 """The cloud path on the multi-node rehearsal cluster: `ftstack run --stack cluster --wait` over SSH to the login
 node (bundle upload, sbatch, waits, log tails), 2-node readiness and training, artifacts fetched back, a second
-run that submits nothing, `ftstack status` and `ftstack runs`; the SSH link dropped mid-wait is reconnected.
+run that submits nothing, `ftstack status` and `ftstack runs`; the SSH link dropped mid-wait is reconnected; a
+replaced or destroyed stage is cancelled over SSH.
 
 One pipeline run (tiny model, 4 steps) serves every assertion of this module.
 """
@@ -19,6 +20,12 @@ from typing import Any
 import pytest
 
 from cluster_fixtures import Cluster
+
+from infra.config import load_stack_config
+from infra.pipeline.connect import open_transport
+from infra.pipeline.jobs import SlurmJobProvider, job_inputs
+from infra.pipeline.runner import transport_spec
+from infra.pipeline.slurm import SlurmClient
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -149,3 +156,28 @@ def test_artifacts_come_back_listed_and_reported(cluster_run: dict[str, Any], tm
                              "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert report.returncode == 0, report.stderr
     assert index["run_id"] in (tmp_path / "index.html").read_text()
+
+
+def test_replaced_or_destroyed_job_is_cancelled_over_ssh(cluster_run: dict[str, Any], local_cluster: Cluster) -> None:
+    """What `pulumi up` (replace) and `pulumi destroy` do to a live stage: the provider's delete scancels it
+    through the login node, and the job's own work never happens."""
+    stack = load_stack_config(STACK, cluster_run["config_dir"])
+    spec = transport_spec(stack, private_key=local_cluster.private_key.read_text(), repo_root=REPO)
+    folder = local_cluster.jail / "home/shared/cancel-test"
+    folder.mkdir(parents=True, exist_ok=True)
+    marker = folder / "finished"
+    marker.unlink(missing_ok=True)
+    (folder / "sleep.sbatch").write_text("#!/bin/bash\nsleep 120\ntouch finished\n")
+    bundle = f"{local_cluster.jail_root}/home/shared/cancel-test"
+    provider = SlurmJobProvider()
+    props = job_inputs(script="sleep.sbatch", bundle_path=bundle, fingerprint="cancel-test", transport=spec,
+                       job_name="ft-cancel-test", output=f"{bundle}/cancel-%j.out")
+    created = provider.create(props)
+    client = SlurmClient(open_transport(spec))
+    deadline = time.monotonic() + 120
+    while client.state(created.id).state == "PENDING" and time.monotonic() < deadline:
+        time.sleep(1)
+    assert client.state(created.id).state == "RUNNING"
+    provider.delete(created.id, created.outs)
+    assert client.state(created.id).state == "CANCELLED"
+    assert not marker.exists()

@@ -9,16 +9,14 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from cluster_fixtures import Cluster
+from slurm_jobs import job_field, release_requeued, wait_for
 from train_fixtures import with_train, write_config
 from workloads.config import RunConfig
 from workloads.train.metrics import read_metrics
@@ -44,34 +42,8 @@ def sbatch(cluster: Cluster, config: Path, log: Path, nodes: int) -> str:
     return submit.stdout.strip().split(";")[0]
 
 
-def job_field(cluster: Cluster, job: str, field: str) -> str | None:
-    out = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True,
-                         env={**os.environ, "SLURM_CONF": str(cluster.slurm_conf)}).stdout
-    match = re.search(rf"\b{field}=(\S+)", out)
-    return match.group(1) if match else None
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str, log: Path) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.5)
-    tail = log.read_text(errors="replace")[-4000:] if log.exists() else "(no log)"
-    pytest.fail(f"timed out waiting for {what}; job log:\n{tail}")
-
-
-def release_requeued(cluster: Cluster, job: str, log: Path) -> None:
-    """Slurm holds a requeued job back for two minutes (BeginTime) before it may start again; once it is back in
-    the queue, let it start now (an operator's `scontrol update`; the requeue itself is Slurm's)."""
-    wait_for(lambda: (job_field(cluster, job, "JobState"), job_field(cluster, job, "Reason")) == ("PENDING", "BeginTime"),
-             180, "the job to be back in the queue", log)
-    subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], capture_output=True, check=True,
-                   env={**os.environ, "SLURM_CONF": str(cluster.slurm_conf)})
-
-
 def finished(cluster: Cluster, job: str) -> bool:
-    return job_field(cluster, job, "JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
+    return job_field(job, "JobState", cluster.slurm_conf) in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
 
 
 def run_to_end(cluster: Cluster, run: RunConfig, tmp_path: Path, nodes: int, name: str) -> list[float]:
@@ -81,7 +53,7 @@ def run_to_end(cluster: Cluster, run: RunConfig, tmp_path: Path, nodes: int, nam
         wait_for(lambda: finished(cluster, job), 900, f"{name} to finish", log)
     finally:
         subprocess.run(["scancel", job], capture_output=True, env={**os.environ, "SLURM_CONF": str(cluster.slurm_conf)})
-    assert job_field(cluster, job, "JobState") == "COMPLETED", log.read_text(errors="replace")[-4000:]
+    assert job_field(job, "JobState", cluster.slurm_conf) == "COMPLETED", log.read_text(errors="replace")[-4000:]
     return [r.loss for r in read_metrics(run.train_run_dir / "metrics.jsonl") if r.loss is not None]
 
 
@@ -118,8 +90,8 @@ def test_requeue_signal_then_a_lost_node_resume_on_both_nodes_from_the_last_chec
     try:
         wait_for(lambda: metrics.is_file() and len(read_metrics(metrics)) >= 3, 600, "three logged steps", log)
         subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True, env=env)
-        wait_for(lambda: job_field(local_cluster, job, "Restarts") == "1", 180, "the job to requeue itself", log)
-        release_requeued(local_cluster, job, log)
+        wait_for(lambda: job_field(job, "Restarts", local_cluster.slurm_conf) == "1", 180, "the job to requeue itself", log)
+        release_requeued(job, log, local_cluster.slurm_conf)
         interrupted = json.loads((run.train_run_dir / "run_manifest.json").read_text())["attempts"][0]
         saved = run.checkpoints_dir / f"checkpoint-{interrupted['global_step']}"
         assert sorted(p.name for p in saved.glob("rng_state_*.pth")) == ["rng_state_0.pth", "rng_state_1.pth"]
@@ -128,16 +100,16 @@ def test_requeue_signal_then_a_lost_node_resume_on_both_nodes_from_the_last_chec
         lost = local_cluster.script("lose-node", local_cluster.workers[0])
         assert lost.returncode == 0, lost.stderr
         saved_before = checkpoints(run)
-        wait_for(lambda: job_field(local_cluster, job, "Restarts") == "2", 180, "Slurm to requeue the job", log)
+        wait_for(lambda: job_field(job, "Restarts", local_cluster.slurm_conf) == "2", 180, "Slurm to requeue the job", log)
         back = local_cluster.script("start", "--nodes", "2")
         assert back.returncode == 0, back.stderr
-        release_requeued(local_cluster, job, log)
+        release_requeued(job, log, local_cluster.slurm_conf)
         wait_for(lambda: finished(local_cluster, job), 600, "the requeued job to finish", log)
     finally:
         subprocess.run(["scancel", job], capture_output=True, env=env)
         local_cluster.script("start", "--nodes", "2")
     text = log.read_text(errors="replace")
-    assert job_field(local_cluster, job, "JobState") == "COMPLETED", text[-4000:]
+    assert job_field(job, "JobState", local_cluster.slurm_conf) == "COMPLETED", text[-4000:]
     assert "requeueing job" in text and text.count("2 node(s) x 1 process(es)") == 3, text[-4000:]
     manifest = json.loads((run.train_run_dir / "run_manifest.json").read_text())
     first, second, third = manifest["attempts"]

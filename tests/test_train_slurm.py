@@ -4,35 +4,18 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from slurm_jobs import job_field, release_requeued, wait_for
 from train_fixtures import with_train, write_config
 from workloads.train.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slurm
-
-
-def _job_field(job: str, field: str) -> str | None:
-    out = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
-    match = re.search(rf"\b{field}=(\S+)", out)
-    return match.group(1) if match else None
-
-
-def _wait(predicate, timeout: float, what: str, log: Path) -> None:  # noqa: ANN001
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.5)
-    tail = log.read_text(errors="replace")[-4000:] if log.exists() else "(no log)"
-    pytest.fail(f"timed out waiting for {what}; job log:\n{tail}")
 
 
 def test_requeued_training_resumes_from_its_checkpoint(slurm: str, tiny_prepared, tmp_path: Path) -> None:
@@ -49,16 +32,17 @@ def test_requeued_training_resumes_from_its_checkpoint(slurm: str, tiny_prepared
     job = submit.stdout.strip().split(";")[0]
     metrics = run.train_run_dir / "metrics.jsonl"
     try:
-        _wait(lambda: _job_field(job, "JobState") != "PENDING", 1200, "the job to start (node busy?)", log)
-        _wait(lambda: len(read_metrics(metrics)) >= 3, 300, "three logged steps", log)
+        wait_for(lambda: job_field(job, "JobState") != "PENDING", 1200, "the job to start (node busy?)", log)
+        wait_for(lambda: len(read_metrics(metrics)) >= 3, 300, "three logged steps", log)
         subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True)
-        _wait(lambda: _job_field(job, "Restarts") == "1", 120, "the job to requeue itself", log)
-        _wait(lambda: _job_field(job, "JobState") in ("COMPLETED", "FAILED", "CANCELLED"), 420,
+        wait_for(lambda: job_field(job, "Restarts") == "1", 120, "the job to requeue itself", log)
+        release_requeued(job, log)
+        wait_for(lambda: job_field(job, "JobState") in ("COMPLETED", "FAILED", "CANCELLED"), 420,
               "the requeued job to finish", log)
     finally:
         subprocess.run(["scancel", job], capture_output=True)
     text = log.read_text(errors="replace")
-    assert _job_field(job, "JobState") == "COMPLETED", text[-4000:]
+    assert job_field(job, "JobState") == "COMPLETED", text[-4000:]
     assert "requeueing job" in text
 
     manifest = json.loads((run.train_run_dir / "run_manifest.json").read_text())
