@@ -98,7 +98,7 @@ def run_arm(arm: str, options: argparse.Namespace) -> dict[str, Any]:
     from workloads.train.batching import PackedCollator, PackedDataset, PaddedCollator, batch_tokens
     from workloads.train.config import create_training_arguments, detect_precision, max_length, train_paths
     from workloads.train.finetune import FinetuneTrainer, batch_plan, load_model
-    from workloads.train.metrics import TokenCounter, peak_memory_mb
+    from workloads.train.metrics_callback import TokenCounter, peak_memory_mb
     from workloads.train.model_shapes import shape_from_hf_config
 
     run = load_run(options)

@@ -157,6 +157,10 @@ def test_prepare_summary_counts_every_step(tiny_model_dir: Path, tmp_path: Path)
     assert train.dropped == {"overlong": 0, "answer_too_long": 0, "no_assistant_tokens": 0}
     text = "\n".join(summary.lines())
     assert "tokenize train:" in text and "truncated (overlong context, max_length 512)" in text
+    assert "dropped 0, lost 0.0%" in text
+    lossy = summary.model_copy(update={"tokenized": {"train": train.model_copy(
+        update={"dropped": {"overlong": 0, "answer_too_long": 3, "no_assistant_tokens": 1}})}})
+    assert "dropped 4 (answer too long 3, no assistant tokens 1), lost" in "\n".join(lossy.lines())
 
 
 def test_prepare_checks_the_data_before_the_base_model(tmp_path: Path) -> None:

@@ -70,16 +70,22 @@ class PrepareSummary(_Document):
         """Human-readable loss accounting, one line per step."""
         skipped = sum(self.convert.skipped.values())
         out = [f"convert: {self.convert.rows_read} rows read, {self.convert.rows_kept} kept, {skipped} skipped"
-               + (f" {self.convert.skipped}" if skipped else ""),
+               + _by_reason(self.convert.skipped),
                f"split: {self.split.train_rows} train / {self.split.test_rows} test rows; {self.split.groups} groups "
                f"({self.split.train_groups} / {self.split.test_groups})"
                + (f" by {self.split.group_by}" if self.split.group_by else "")]
         for side, t in self.tokenized.items():
             out.append(f"tokenize {side}: {t.rows_read} read, {t.rows_kept} kept, {t.truncated} truncated "
                        f"(overlong {self.settings.overlong}, max_length {self.settings.max_length}), dropped "
-                       f"{sum(t.dropped.values())} {t.dropped}, lost {t.lost_fraction:.1%} "
+                       f"{sum(t.dropped.values())}{_by_reason(t.dropped)}, lost {t.lost_fraction:.1%} "
                        f"(limit {self.settings.max_lost_fraction:.0%})")
         return out
+
+
+def _by_reason(counts: dict[str, int]) -> str:
+    """" (answer too long 3, overlong 1)" for the reasons that lost rows; nothing when none did."""
+    lost = [f"{reason.replace('_', ' ')} {count}" for reason, count in sorted(counts.items()) if count]
+    return f" ({', '.join(lost)})" if lost else ""
 
 
 SUMMARY_NAME = "prepare.json"

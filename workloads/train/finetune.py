@@ -48,7 +48,8 @@ from workloads.train.manifest import (
     start_attempt,
     training_fingerprint,
 )
-from workloads.train.metrics import METRICS_NAME, MetricsCallback, TokenCounter, plot_loss, truncate_metrics
+from workloads.train.metrics import METRICS_NAME, plot_loss, truncate_metrics
+from workloads.train.metrics_callback import MetricsCallback, TokenCounter
 from workloads.train.model_shapes import shape_from_hf_config
 from workloads.train.sizing import BatchPlan, plan_batches
 from workloads.train.preemption import INTERRUPTED_EXIT, STOP_FILE_ENV, PreemptionCallback, StopRequest
