@@ -31,3 +31,15 @@ def test_no_import_points_back_up(package: str, forbidden: set[str]) -> None:
                  if names & forbidden}
     assert not offenders, f"{package} must not import {sorted(forbidden)}: {offenders}"
 
+
+
+def test_the_operator_cli_loads_without_the_training_stack() -> None:
+    """`ftstack` reads the workloads' documents (metrics, reports, manifests), never their torch code: importing
+    torch, transformers and peft made every command, even `ftstack runs`, take 11 s on the reference machine."""
+    import subprocess
+    import sys
+
+    probe = ("import sys; from infra.cli import build_parser; build_parser(); "
+             "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers', 'peft', 'datasets'}))")
+    loaded = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "[]", loaded.stdout
