@@ -305,7 +305,10 @@ stop() {
   [ -f "$RUN/created" ] || return 0
   for entry in $(tac "$RUN/created"); do
     case "$entry" in
-      netns:*) kill_netns_processes "${entry#netns:}"; ip netns del "${entry#netns:}" 2>/dev/null || true ;;
+      # the host end of the node's veth pair too: deleting the namespace does not always take it along (seen
+      # here after a run that left SSH sessions open), and a leftover end blocks the next start
+      netns:*) kill_netns_processes "${entry#netns:}"; ip netns del "${entry#netns:}" 2>/dev/null || true
+               ip link del "${entry#netns:}" 2>/dev/null || true ;;
       link:*) ip link del "${entry#link:}" 2>/dev/null || true ;;
     esac
   done

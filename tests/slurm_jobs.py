@@ -32,8 +32,10 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str, log: Path
 
 def release_requeued(job: str, log: Path, slurm_conf: Path | None = None) -> None:
     """Slurm holds a requeued job back for two minutes (BeginTime) before it may start again; once it is back in
-    the queue, let it start now (an operator's `scontrol update`; the requeue itself is Slurm's)."""
+    the queue, let it start in 5 s (an operator's `scontrol update`; the requeue itself is Slurm's). Not at once:
+    slurmd refuses a launch whose credential is from the same second as its revocation of the job's previous run
+    ("Job credential revoked", seen in CI when released within 0.2 s)."""
     wait_for(lambda: (job_field(job, "JobState", slurm_conf), job_field(job, "Reason", slurm_conf)) == ("PENDING", "BeginTime"),
              180, "the job to be back in the queue", log)
     env = {**os.environ, **({"SLURM_CONF": str(slurm_conf)} if slurm_conf else {})}
-    subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], capture_output=True, check=True, env=env)
+    subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now+5"], capture_output=True, check=True, env=env)

@@ -173,11 +173,15 @@ def test_replaced_or_destroyed_job_is_cancelled_over_ssh(cluster_run: dict[str, 
     props = job_inputs(script="sleep.sbatch", bundle_path=bundle, fingerprint="cancel-test", transport=spec,
                        job_name="ft-cancel-test", output=f"{bundle}/cancel-%j.out")
     created = provider.create(props)
-    client = SlurmClient(open_transport(spec))
-    deadline = time.monotonic() + 120
-    while client.state(created.id).state == "PENDING" and time.monotonic() < deadline:
-        time.sleep(1)
-    assert client.state(created.id).state == "RUNNING"
-    provider.delete(created.id, created.outs)
-    assert client.state(created.id).state == "CANCELLED"
+    transport = open_transport(spec)
+    try:
+        client = SlurmClient(transport)
+        deadline = time.monotonic() + 120
+        while client.state(created.id).state == "PENDING" and time.monotonic() < deadline:
+            time.sleep(1)
+        assert client.state(created.id).state == "RUNNING"
+        provider.delete(created.id, created.outs)
+        assert client.state(created.id).state == "CANCELLED"
+    finally:
+        transport.close()
     assert not marker.exists()

@@ -55,11 +55,12 @@ def test_values_are_finite_and_samples_come_from_the_test_split(report) -> None:
         low, high = block["rouge_l_ci95"]
         assert low <= block["rouge_l"] <= high
         assert block["perplexity_tokens"] > 0 and block["tokens_per_second"] > 0
+        assert block["decode_tokens_per_second"] is None or block["decode_tokens_per_second"] > 0
         assert len(block["sample_generations"]) == 2
         assert {"input", "reference", "generated"} == set(block["sample_generations"][0])
     for key in Comparison.model_fields:
         value = document["comparison"][key]
-        assert value is None and key == "numeric_match" or math.isfinite(value), key
+        assert value is None and key in ("numeric_match", "decode_speed") or math.isfinite(value), key
     assert document["data"]["test"]["rows_kept"] == document["settings"]["test_rows_perplexity"]
     references = [json.loads(line)["messages"][-1]["content"] for line in run.test_jsonl.read_text().splitlines()]
     assert document["finetuned_model"]["sample_generations"][0]["reference"] == references[0]

@@ -25,6 +25,18 @@ def test_comparison_reproduces_seed_figures() -> None:
     assert result["speed"] == pytest.approx(-83.47, abs=1e-2)
     assert result["rouge_l"] == pytest.approx(15.0)
     assert result["time_to_first_token"] == 0.0
+    assert result["decode_speed"] is None  # neither side measured it
+
+
+def test_decode_speed_compares_the_rates_without_prefill() -> None:
+    # the demo's case: the same decode rate, the fine-tuned replies half as long behind the same first-token time,
+    # so the prefill-inclusive speed drops while the decode speed does not: 15 tokens in 0.85 + 14 / 20 s against
+    # 7 tokens in 0.85 + 6 / 20 s
+    base = {**_side(7.0, 15 / (0.85 + 14 / 20), 60.0), "decode_tokens_per_second": 20.0}
+    tuned = {**_side(2.0, 7 / (0.85 + 6 / 20), 13.0), "decode_tokens_per_second": 20.0}
+    result = compare(base, tuned)
+    assert result["speed"] == pytest.approx((7 / 1.15 - 15 / 1.55) / (15 / 1.55) * 100)
+    assert result["speed"] < -30 and result["decode_speed"] == 0.0
 
 
 def test_percent_change_of_zero_baseline_is_none() -> None:

@@ -9,6 +9,8 @@ reads the live state; delete cancels a queued or running job and never deletes i
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pulumi
@@ -26,9 +28,15 @@ REPLACING = ("script", "args", "env", "fingerprint", "dependencies", "job_name",
 _RESULT_KEYS = ("job_id", "state", "exit_code", "elapsed_s")
 
 
-def _client(props: dict[str, Any]) -> SlurmClient:
-    return SlurmClient(open_transport(props["transport"]), env=props.get("slurm_env") or {},
-                       poll_s=float(props.get("poll_s") or 5.0))
+@contextmanager
+def _client(props: dict[str, Any]) -> Iterator[SlurmClient]:
+    """A Slurm client over the props' transport, closed after use: a long-lived process (the Automation API, a
+    test session) keeps no SSH session open to the login node per resource it touched."""
+    transport = open_transport(props["transport"])
+    try:
+        yield SlurmClient(transport, env=props.get("slurm_env") or {}, poll_s=float(props.get("poll_s") or 5.0))
+    finally:
+        transport.close()
 
 
 def _result(info: JobInfo) -> dict[str, Any]:
@@ -37,7 +45,11 @@ def _result(info: JobInfo) -> dict[str, Any]:
 
 def submit_stage(props: dict[str, Any]) -> dict[str, Any]:
     """sbatch the stage from the bundle folder (FT_CODE_DIR) after its dependencies; wait if asked."""
-    client = _client(props)
+    with _client(props) as client:
+        return _submit_stage(client, props)
+
+
+def _submit_stage(client: SlurmClient, props: dict[str, Any]) -> dict[str, Any]:
     bundle = props["bundle_path"].rstrip("/")
     job_id = client.submit(
         f"{bundle}/{props['script']}",
@@ -88,15 +100,18 @@ class SlurmJobProvider(ResourceProvider):
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         outs = {**news, **{k: olds.get(k) for k in (*_RESULT_KEYS, "result")}}
         if news.get("wait") and olds.get("job_id"):
-            outs.update(_result(_client(news).wait(olds["job_id"], timeout=news.get("wait_timeout"),
-                                                   metrics_path=news.get("metrics_path"))))
+            with _client(news) as client:
+                outs.update(_result(client.wait(olds["job_id"], timeout=news.get("wait_timeout"),
+                                                metrics_path=news.get("metrics_path"))))
         return UpdateResult(outs=outs)
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
-        return ReadResult(id_=id_, outs={**props, **_result(_client(props).state(id_))})
+        with _client(props) as client:
+            return ReadResult(id_=id_, outs={**props, **_result(client.state(id_))})
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
-        _client(props).cancel(id_)
+        with _client(props) as client:
+            client.cancel(id_)
 
 
 def job_inputs(

@@ -80,6 +80,9 @@ class Transport(Protocol):
     def read_file(self, path: str) -> str:
         """Return a text file's content (UTF-8; undecodable bytes replaced)."""
 
+    def close(self) -> None:
+        """Release the connection, if any (a later call connects again)."""
+
 
 def shell_command(command: str | Sequence[str]) -> str:
     """A shell command line from a string (kept) or an argv sequence (quoted)."""
@@ -105,6 +108,9 @@ class LocalTransport:
 
     def __repr__(self) -> str:
         return "LocalTransport()"
+
+    def close(self) -> None:
+        """Nothing to release."""
 
     def put_directory(self, local_dir: str | Path, remote_dir: str, *, replace: bool = False) -> None:
         source = Path(local_dir)

@@ -80,6 +80,7 @@ def measure(model, tokenizer, dataset, prompts: list[Prompt], cfg: EvalConfig, n
         "perplexity_tokens": scored,
         "time_to_first_token": timing.ttft_s,
         "tokens_per_second": timing.tokens_per_second,
+        "decode_tokens_per_second": timing.decode_tokens_per_second,
         "timing_runs": timing.runs,
         "total_time": total,
         "message_length_avg": sum(len(o.text) for o in outputs) / n,

@@ -41,6 +41,8 @@ class Timing:
     ttft_s: float
     tokens_per_second: float
     runs: int
+    decode_tokens_per_second: float | None = None
+    """tokens after the first over the seconds after it (no prefill); None when no timed reply had two tokens."""
 
 
 def _final_turns(messages: list[dict[str, str]]) -> tuple[str, str]:
@@ -109,14 +111,16 @@ def generate_all(model, tokenizer, prompts: list[Prompt], max_new_tokens: int, b
     replies: dict[int, Generation] = {}
     runs = []
     for index in tqdm(range(timed), desc=f"{desc} (timed)", unit="prompt"):
-        replies[index], ttft, speed = _timed(model, tokenizer, prompts[index], max_new_tokens)
-        runs.append((ttft, speed))
+        replies[index], ttft, speed, decode = _timed(model, tokenizer, prompts[index], max_new_tokens)
+        runs.append((ttft, speed, decode))
     order = sorted(range(timed, len(prompts)), key=lambda i: len(prompts[i].ids))
     for first in tqdm(range(0, len(order), batch_size), desc=desc, unit="batch"):
         chunk = order[first: first + batch_size]
         for index, reply in zip(chunk, generate_batch(model, tokenizer, [prompts[i] for i in chunk], max_new_tokens)):
             replies[index] = reply
-    timing = Timing(statistics.median(t for t, _ in runs), statistics.median(s for _, s in runs), len(runs))
+    decodes = [d for _, _, d in runs if d is not None]
+    timing = Timing(statistics.median(t for t, _, _ in runs), statistics.median(s for _, s, _ in runs), len(runs),
+                    statistics.median(decodes) if decodes else None)
     return [replies[i] for i in range(len(prompts))], time.perf_counter() - start, timing
 
 
@@ -138,8 +142,9 @@ class _FirstTokenClock(BaseStreamer):
 
 
 @torch.no_grad()
-def _timed(model, tokenizer, prompt: Prompt, max_new_tokens: int) -> tuple[Generation, float, float]:
-    """One greedy reply, the seconds to its first token, and its tokens per second (prefill included)."""
+def _timed(model, tokenizer, prompt: Prompt, max_new_tokens: int) -> tuple[Generation, float, float, float | None]:
+    """One greedy reply, the seconds to its first token, its tokens per second (prefill included) and its decode
+    rate (tokens after the first over the seconds after the first; None for a one-token reply)."""
     device = next(model.parameters()).device
     ids = torch.tensor([prompt.ids], device=device)
     clock = _FirstTokenClock()
@@ -148,4 +153,6 @@ def _timed(model, tokenizer, prompt: Prompt, max_new_tokens: int) -> tuple[Gener
                             max_new_tokens=max_new_tokens, pad_token_id=_pad_id(tokenizer), streamer=clock)
     total = time.perf_counter() - start
     reply = _reply(tokenizer, output[0, ids.shape[1]:].tolist())
-    return reply, clock.first_token_at - start, reply.tokens / total
+    ttft = clock.first_token_at - start
+    decode = (reply.tokens - 1) / (total - ttft) if reply.tokens > 1 and total > ttft else None
+    return reply, ttft, reply.tokens / total, decode

@@ -45,6 +45,7 @@ def compare(base: Mapping[str, float], finetuned: Mapping[str, float]) -> dict[s
 
     perplexity            (base - ft) / base * 100        improvement in %
     speed                 (ft - base) / base * 100        on tokens_per_second, %
+    decode_speed          (ft - base) / base * 100        on decode_tokens_per_second, % (None when either lacks it)
     time_to_first_token   (ft - base) / base * 100        %, negative = faster first token
     message_length        (ft - base) / base * 100        on message_length_avg (characters), %
     message_tokens        (ft - base) / base * 100        on message_tokens_avg, %
@@ -56,6 +57,9 @@ def compare(base: Mapping[str, float], finetuned: Mapping[str, float]) -> dict[s
     result: dict[str, float | None] = {
         "perplexity": None if ppl is None else -ppl,
         "speed": percent_change(base["tokens_per_second"], finetuned["tokens_per_second"]),
+        "decode_speed": (None if base.get("decode_tokens_per_second") is None
+                         or finetuned.get("decode_tokens_per_second") is None
+                         else percent_change(base["decode_tokens_per_second"], finetuned["decode_tokens_per_second"])),
         "time_to_first_token": percent_change(base["time_to_first_token"], finetuned["time_to_first_token"]),
         "message_length": percent_change(base["message_length_avg"], finetuned["message_length_avg"]),
         "message_tokens": percent_change(base["message_tokens_avg"], finetuned["message_tokens_avg"]),

@@ -38,7 +38,9 @@ class SideReport(_Document):
     time_to_first_token: float
     """median seconds to the first generated token over the timed runs (after a warm-up)."""
     tokens_per_second: float
-    """median tokens per second (prefill included) of the timed single-prompt runs."""
+    """median tokens per second (prefill included) of the timed single-prompt runs: it falls with shorter replies."""
+    decode_tokens_per_second: float | None = None
+    """median decode rate of the timed runs: tokens after the first over the seconds after the first token."""
     total_time: float
     """seconds generating every prompt took (warm-up, timed runs and batches)."""
     message_length_avg: float
@@ -72,6 +74,8 @@ class Comparison(_Document):
 
     perplexity: float | None
     speed: float | None
+    decode_speed: float | None = None
+    """on decode_tokens_per_second, %: the models' generation speed without the prefill and reply-length effect."""
     time_to_first_token: float | None
     message_length: float | None
     message_tokens: float | None
