@@ -42,7 +42,8 @@ export SLURM_CONF="$CONF"
 
 log() { echo "local-cluster: $*" >&2; }
 die() { log "$*"; exit 1; }
-alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+# shellcheck source=scripts/slurm-common.sh
+. "$ROOT/scripts/slurm-common.sh"
 owned() { grep -qxF "$1" "$RUN/created" 2>/dev/null; }
 node_count() { cat "$RUN/nodes" 2>/dev/null || echo 2; }
 worker() { echo "$PREFIX-n$1"; }
@@ -131,33 +132,10 @@ ClusterName=$PREFIX
 SlurmctldHost=$CTL($SUBNET.2)
 SlurmctldPort=$CTLD_PORT
 SlurmdPort=$SLURMD_PORT
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-AuthInfo=socket=$MUNGE/munge.socket
-CredType=cred/munge
-StateSaveLocation=$STATE
-SlurmdSpoolDir=$SPOOL/%n
-SlurmctldPidFile=$RUN/slurmctld.pid
 SlurmdPidFile=$RUN/slurmd-%n.pid
-SlurmctldLogFile=$LOG/slurmctld.log
 SlurmdLogFile=$LOG/slurmd-%n.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-SchedulerType=sched/backfill
-MpiDefault=none
-ReturnToService=2
-JobRequeue=1
-MinJobAge=86400
-KillWait=30
-InactiveLimit=0
-SlurmctldTimeout=60
 SlurmdTimeout=10
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-JobAcctGatherType=jobacct_gather/none
+$(common_slurm_settings)
 EOF
   addrs=""
   for i in $(seq "$nodes"); do
@@ -166,20 +144,6 @@ EOF
   done
   echo "PartitionName=cluster Nodes=$addrs Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO" >>"$CONF.tmp"
   mv "$CONF.tmp" "$CONF"
-}
-
-start_munge() {
-  alive "$MUNGE/munged.pid" && return
-  if [ ! -s "$MUNGE/munge.key" ]; then
-    (umask 077 && dd if=/dev/urandom bs=1 count=1024 of="$MUNGE/munge.key.tmp" status=none)
-    mv "$MUNGE/munge.key.tmp" "$MUNGE/munge.key"
-  fi
-  chmod 700 "$MUNGE"
-  chmod 400 "$MUNGE/munge.key"
-  munged --force --key-file="$MUNGE/munge.key" --socket="$MUNGE/munge.socket" \
-    --pid-file="$MUNGE/munged.pid" --log-file="$MUNGE/munged.log" --seed-file="$MUNGE/munged.seed"
-  for _ in $(seq 50); do [ -S "$MUNGE/munge.socket" ] && return; sleep 0.1; done
-  die "munged did not create its socket; see $MUNGE/munged.log"
 }
 
 keygen() { [ -s "$1" ] || ssh-keygen -q -t ed25519 -N "" -C "$2" -f "$1"; }

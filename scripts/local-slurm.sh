@@ -23,7 +23,8 @@ export SLURM_CONF="$CONF"
 
 log() { echo "local-slurm: $*" >&2; }
 
-alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+# shellcheck source=scripts/slurm-common.sh
+. "$ROOT/scripts/slurm-common.sh"
 
 install_packages() {
   command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null && return
@@ -43,52 +44,15 @@ ClusterName=local
 SlurmctldHost=$NODE(127.0.0.1)
 SlurmctldPort=$CTLD_PORT
 SlurmdPort=$SLURMD_PORT
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-AuthInfo=socket=$MUNGE/munge.socket
-CredType=cred/munge
-StateSaveLocation=$STATE
-SlurmdSpoolDir=$SPOOL/%n
-SlurmctldPidFile=$RUN/slurmctld.pid
 SlurmdPidFile=$RUN/slurmd.pid
-SlurmctldLogFile=$LOG/slurmctld.log
 SlurmdLogFile=$LOG/slurmd.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-SchedulerType=sched/backfill
 SchedulerParameters=defer_batch
-MpiDefault=none
-ReturnToService=2
-JobRequeue=1
-MinJobAge=86400
-KillWait=30
-InactiveLimit=0
-SlurmctldTimeout=60
 SlurmdTimeout=60
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-JobAcctGatherType=jobacct_gather/none
+$(common_slurm_settings)
 NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem_mb State=UNKNOWN
 PartitionName=local Nodes=$NODE Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 EOF
   mv "$CONF.tmp" "$CONF"
-}
-
-start_munge() {
-  alive "$MUNGE/munged.pid" && return
-  if [ ! -s "$MUNGE/munge.key" ]; then
-    (umask 077 && dd if=/dev/urandom bs=1 count=1024 of="$MUNGE/munge.key.tmp" status=none)
-    mv "$MUNGE/munge.key.tmp" "$MUNGE/munge.key"
-  fi
-  chmod 700 "$MUNGE"
-  chmod 400 "$MUNGE/munge.key"
-  munged --force --key-file="$MUNGE/munge.key" --socket="$MUNGE/munge.socket" \
-    --pid-file="$MUNGE/munged.pid" --log-file="$MUNGE/munged.log" --seed-file="$MUNGE/munged.seed"
-  for _ in $(seq 50); do [ -S "$MUNGE/munge.socket" ] && return; sleep 0.1; done
-  log "munged did not create its socket; see $MUNGE/munged.log"; exit 1
 }
 
 start_daemons() {

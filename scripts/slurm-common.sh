@@ -1,0 +1,50 @@
+# Shared by scripts/local-slurm.sh and scripts/local-cluster.sh (sourced, not run): munged and the slurm.conf
+# settings both clusters use. The caller sets MUNGE, STATE, SPOOL, RUN, LOG and defines log().
+
+alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+start_munge() {
+  alive "$MUNGE/munged.pid" && return
+  if [ ! -s "$MUNGE/munge.key" ]; then
+    (umask 077 && dd if=/dev/urandom bs=1 count=1024 of="$MUNGE/munge.key.tmp" status=none)
+    mv "$MUNGE/munge.key.tmp" "$MUNGE/munge.key"
+  fi
+  chmod 700 "$MUNGE"
+  chmod 400 "$MUNGE/munge.key"
+  munged --force --key-file="$MUNGE/munge.key" --socket="$MUNGE/munge.socket" \
+    --pid-file="$MUNGE/munged.pid" --log-file="$MUNGE/munged.log" --seed-file="$MUNGE/munged.seed"
+  for _ in $(seq 50); do [ -S "$MUNGE/munge.socket" ] && return; sleep 0.1; done
+  log "munged did not create its socket; see $MUNGE/munged.log"
+  exit 1
+}
+
+# slurm.conf lines common to both: root daemons, munge auth, one state/spool/log layout, no accounting,
+# requeue allowed, finished jobs kept a day for `scontrol show job`.
+common_slurm_settings() {
+  cat <<EOF
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket=$MUNGE/munge.socket
+CredType=cred/munge
+StateSaveLocation=$STATE
+SlurmdSpoolDir=$SPOOL/%n
+SlurmctldPidFile=$RUN/slurmctld.pid
+SlurmctldLogFile=$LOG/slurmctld.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/backfill
+MpiDefault=none
+ReturnToService=2
+JobRequeue=1
+MinJobAge=86400
+KillWait=30
+InactiveLimit=0
+SlurmctldTimeout=60
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+JobAcctGatherType=jobacct_gather/none
+EOF
+}
