@@ -25,25 +25,17 @@ PREFIX="${LOCAL_CLUSTER_PREFIX:-ftc}"
 SUBNET="${LOCAL_CLUSTER_SUBNET:-10.213.0}"
 CTLD_PORT="${LOCAL_CLUSTER_CTLD_PORT:-6990}"
 SLURMD_PORT="${LOCAL_CLUSTER_SLURMD_PORT:-6991}"
-ETC="$BASE/etc"
-RUN="$BASE/run"
-LOG="$BASE/log"
-STATE="$BASE/state"
-SPOOL="$BASE/spool"
-MUNGE="$BASE/munge"
+# shellcheck source=scripts/slurm-common.sh
+. "$ROOT/scripts/slurm-common.sh"
 LOGIN="$BASE/login"
 JAIL="$BASE/jail"
 JAIL_MOUNT="/run/$PREFIX/jail"
-CONF="$ETC/slurm.conf"
 BRIDGE="$PREFIX-br"
 CTL="$PREFIX-ctl"
 LOGIN_NODE="$PREFIX-login"
-export SLURM_CONF="$CONF"
 
 log() { echo "local-cluster: $*" >&2; }
 die() { log "$*"; exit 1; }
-# shellcheck source=scripts/slurm-common.sh
-. "$ROOT/scripts/slurm-common.sh"
 owned() { grep -qxF "$1" "$RUN/created" 2>/dev/null; }
 node_count() { cat "$RUN/nodes" 2>/dev/null || echo 2; }
 worker() { echo "$PREFIX-n$1"; }

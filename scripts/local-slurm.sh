@@ -9,22 +9,13 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BASE="${LOCAL_SLURM_DIR:-$ROOT/.local/slurm}"
-ETC="$BASE/etc"
-RUN="$BASE/run"
-LOG="$BASE/log"
-STATE="$BASE/state"
-SPOOL="$BASE/spool"
-MUNGE="$BASE/munge"
-CONF="$ETC/slurm.conf"
+# shellcheck source=scripts/slurm-common.sh
+. "$ROOT/scripts/slurm-common.sh"
 CTLD_PORT="${LOCAL_SLURM_CTLD_PORT:-6817}"
 SLURMD_PORT="${LOCAL_SLURM_SLURMD_PORT:-6818}"
 NODE="$(hostname -s)"
-export SLURM_CONF="$CONF"
 
 log() { echo "local-slurm: $*" >&2; }
-
-# shellcheck source=scripts/slurm-common.sh
-. "$ROOT/scripts/slurm-common.sh"
 
 install_packages() {
   command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null && return

@@ -1,5 +1,14 @@
-# Shared by scripts/local-slurm.sh and scripts/local-cluster.sh (sourced, not run): munged and the slurm.conf
-# settings both clusters use. The caller sets MUNGE, STATE, SPOOL, RUN, LOG and defines log().
+# Shared by scripts/local-slurm.sh and scripts/local-cluster.sh (sourced, not run): the folder layout under BASE,
+# munged and the slurm.conf settings both clusters use. The caller sets BASE first and defines log().
+
+ETC="$BASE/etc"
+RUN="$BASE/run"
+LOG="$BASE/log"
+STATE="$BASE/state"
+SPOOL="$BASE/spool"
+MUNGE="$BASE/munge"
+CONF="$ETC/slurm.conf"
+export SLURM_CONF="$CONF"
 
 alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
