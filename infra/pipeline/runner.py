@@ -230,7 +230,11 @@ def wait_chain(
     ids = [state.stages[job.stage].outs["job_id"] for job in chain]
     metrics = {state.stages[job.stage].outs["job_id"]: job.metrics_path for job in chain if job.metrics_path}
     state_file = state_path(repo_root, stack.stack)
-    client = SlurmClient(open_transport(transport), env=state.slurm_env, poll_s=2.0)
+
+    def connect() -> SlurmClient:
+        return SlurmClient(open_transport(transport), env=state.slurm_env, poll_s=2.0)
+
+    client = connect()
     try:
         for attempt in range(RECONNECTS + 1):
             try:
@@ -241,7 +245,8 @@ def wait_chain(
                     raise TransportError(f"lost the connection {RECONNECTS + 1} times while waiting: {drop}") from drop
                 progress(f"connection lost while waiting ({type(drop).__name__}: {drop}); reconnecting "
                          f"({attempt + 1}/{RECONNECTS}), the jobs are not resubmitted")
-                client = SlurmClient(open_transport(transport), env=state.slurm_env, poll_s=2.0)
+                client.transport.close()
+                client = connect()
     except SlurmJobFailed as failure:
         for job_id in ids[ids.index(failure.info.job_id) + 1:]:
             client.cancel(job_id)
