@@ -181,6 +181,7 @@ def run_arm(arm: str, options: argparse.Namespace) -> dict[str, Any]:
         "micro_batch_tokens": plan.micro_batch_tokens if arm != "naive" else train.micro_batch_size * length,
         "gradient_accumulation_steps": args.gradient_accumulation_steps,
         "gradient_checkpointing": plan.gradient_checkpointing,
+        "kbit_upcast": train.kbit_upcast,
         "attention": choice.model_dump(),
         "threads": torch.get_num_threads(),
     }

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The GPU training benchmark as run on a lent single-GPU machine (figures in docs/training.md).
 #
-#   bench/train_gpu.sh smoke|14b|14b-naive OUT_DIR TOKENIZER_DIR DATASET_DIR
+#   bench/train_gpu.sh smoke|14b|14b-naive|14b-upcast OUT_DIR TOKENIZER_DIR DATASET_DIR
 #
 # smoke:     CUDA tests (varlen attention, fused loss), then every arm on a random SmolLM2-135M-shaped base.
 # 14b:       random Qwen3-14B-shaped base, dev.json's QLoRA settings with `auto` sizing, global batch of
 #            16 x 1,024 tokens: packed with the fused loss, packed, TRL SFTTrainer.
 # 14b-naive: the same base and settings, the naive padded arm.
+# 14b-upcast: the packed arms with peft's fp32 upcast of the frozen norms/embeddings/LM head (train.kbit_upcast,
+#            what every arm ran with until 2026-11-23), for the side-by-side with `14b`.
 # The data is the project's own: the synthetic generator, converted and tokenized (max_length 1,024).
 set -euo pipefail
 mode=$1 out=$2 tokenizer=$3 dataset=$4
@@ -20,11 +22,12 @@ case $mode in
     python3 bench/train.py "${dev[@]}" --random-base HuggingFaceTB/SmolLM2-135M-Instruct --model-dir /tmp/base-135m \
       --steps 4 --warmup 2 --arms naive,packed,packed_fused,trl \
       --train '{"micro_batch_tokens": "auto", "gradient_checkpointing": "auto"}' --out "$out/smoke.json" ;;
-  14b|14b-naive)
-    arms=packed_fused,packed,trl
+  14b|14b-naive|14b-upcast)
+    arms=packed_fused,packed,trl upcast=false
     [ "$mode" = 14b-naive ] && arms=naive
+    [ "$mode" = 14b-upcast ] && arms=packed_fused,packed upcast=true
     python3 bench/train.py "${dev[@]}" --random-base Qwen/Qwen3-14B --model-dir /tmp/base-14b --steps 5 --warmup 2 \
       --arms "$arms" --out "$out/$mode.json" \
-      --train '{"micro_batch_tokens": "auto", "gradient_checkpointing": "auto", "gradient_accumulation_steps": 16}' ;;
+      --train '{"micro_batch_tokens": "auto", "gradient_checkpointing": "auto", "gradient_accumulation_steps": 16, "kbit_upcast": '$upcast'}' ;;
   *) echo "unknown mode $mode" >&2; exit 2 ;;
 esac

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import pytest
 import torch
 
-from workloads.train.memory import GIB, MemoryInputs, estimate, lora_params
+from workloads.train.memory import ALL_LINEAR, GIB, MemoryInputs, estimate, layer_activation_bytes_per_token, lora_params
 from workloads.train.model_shapes import KNOWN, ModelShape, UnknownModel, shape_for_source, shape_from_hf_config
 
 L40S_GIB = 48
@@ -168,3 +169,74 @@ def test_method_and_settings_from_a_run_config():
     assert (qlora.micro_batch, qlora.max_length, qlora.quantization) == (4, 2048, "4bit")
     lora = inputs_from_run(run(quantization="none", max_length=512, gradient_checkpointing=False))
     assert (lora.method, lora.quantization, lora.max_length, lora.gradient_checkpointing) == ("lora", "none", 512, False)
+
+
+def _saved_bytes(module: torch.nn.Module, run: Callable[[], object], dropout: float) -> int:
+    """Bytes of the distinct storages `module` saves for backward during `run()`. Dropout masks count one byte per
+    element (CUDA keeps a bool mask; CPU keeps it at the input dtype, with values 0 and 1/(1-p))."""
+    saved: dict[int, int] = {}
+    inside = [False]
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        if inside[0]:
+            storage = tensor.untyped_storage()
+            size = storage.nbytes()
+            if dropout and tensor.is_floating_point() and tensor.numel() > 1:
+                kept = 1 / (1 - dropout)
+                values = torch.unique(tensor.detach().float()).tolist()
+                if len(values) <= 2 and all(v == 0 or abs(v - kept) < 1e-2 * kept for v in values):
+                    size = tensor.numel()
+            saved[storage.data_ptr()] = size
+        return tensor
+
+    hooks = (module.register_forward_pre_hook(lambda *_: inside.__setitem__(0, True)),
+             module.register_forward_hook(lambda *_: inside.__setitem__(0, False)))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        run()
+    for hook in hooks:
+        hook.remove()
+    return sum(saved.values())
+
+
+@pytest.mark.parametrize(("upcast", "dropout"), [(True, 0.05), (False, 0.05), (True, 0.0), (False, 0.0)])
+def test_qlora_layer_activations_match_what_autograd_saves(tmp_path, monkeypatch, upcast, dropout):
+    """A 4-bit NF4 Qwen3 (bitsandbytes on CPU) with LoRA on every linear, one forward under bf16 autocast: the
+    bytes one decoder layer saves for backward against the estimate's per-layer term. With peft's fp32 upcast
+    (`kbit_upcast`) the residual stream and MLP are fp32; without it everything stays bf16. peft's bnb LoRA skips
+    its fp32 input cast only when (CUDA) autocast is on, so the test reports CPU autocast as that. Per token is the
+    slope between two lengths: weight casts and rotary tables do not grow with the tokens."""
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig, Qwen3Config
+
+    torch.manual_seed(0)
+    config = Qwen3Config(hidden_size=512, intermediate_size=1740, num_hidden_layers=2, num_attention_heads=8,
+                         num_key_value_heads=2, head_dim=64, vocab_size=4000, tie_word_embeddings=False)
+    AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(tmp_path)
+    bnb = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                             bnb_4bit_compute_dtype=torch.bfloat16, bnb_4bit_quant_storage=torch.bfloat16)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16, quantization_config=bnb,
+                                                 attn_implementation="sdpa", device_map="cpu")
+    if upcast:
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=dropout, task_type="CAUSAL_LM",
+                                             target_modules=list(ALL_LINEAR)))
+    model.train()
+    cpu_autocast = torch.is_autocast_enabled
+    monkeypatch.setattr(torch, "is_autocast_enabled",
+                        lambda *args, **kwargs: cpu_autocast(*args, **kwargs) if args or kwargs else cpu_autocast("cpu"))
+    layer = model.base_model.model.model.layers[1]
+
+    def saved(tokens: int) -> int:
+        ids = torch.randint(0, config.vocab_size, (1, tokens))
+
+        def forward() -> None:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                model(input_ids=ids, labels=ids)
+
+        return _saved_bytes(layer, forward, dropout)
+
+    measured = (saved(384) - saved(128)) / 256
+    shape = shape_from_hf_config(config.to_dict())
+    predicted = layer_activation_bytes_per_token(shape, MemoryInputs(
+        method="qlora", quantization="4bit", kbit_upcast=upcast, lora_dropout=dropout, max_length=384))
+    assert 0.98 <= predicted / measured <= 1.02, (predicted, measured)

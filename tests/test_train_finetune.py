@@ -146,6 +146,34 @@ def test_4bit_nf4_trains_on_cpu(tiny_prepared, tmp_path: Path) -> None:
     assert (run.adapter_dir / "adapter_model.safetensors").is_file()
 
 
+@pytest.mark.parametrize(("upcast", "stream"), [(False, "torch.bfloat16"), (True, "torch.float32")])
+def test_4bit_frozen_weights_stay_in_the_compute_dtype_unless_upcast(tiny_prepared, tmp_path: Path,
+                                                                     upcast: bool, stream: str) -> None:
+    """bf16 4-bit base (bitsandbytes on CPU) under bf16 autocast, as on a GPU: by default the norms and embeddings
+    stay bf16 and so does every layer's output; `kbit_upcast` (peft's prepare_model_for_kbit_training) makes them
+    fp32. Either way the LoRA weights are fp32 and get gradients through checkpointed layers."""
+    import torch
+
+    from workloads.train import attention
+    from workloads.train.finetune import load_model
+
+    run = with_train(tiny_prepared, tmp_path, quantization="4bit", kbit_upcast=upcast)
+    model = load_model(train_paths(run).model_dir, run.train, "bf16", 0, attention.choose(False, True), True)
+    model.train()
+    inner = model.base_model.model.model
+    assert str(inner.norm.weight.dtype) == stream and str(inner.embed_tokens.weight.dtype) == stream
+    outputs: list[torch.dtype] = []
+    inner.layers[-1].register_forward_hook(lambda _m, _i, out: outputs.append((out[0] if isinstance(out, tuple)
+                                                                               else out).dtype))
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    assert str(outputs[0]) == stream
+    lora = [p for n, p in model.named_parameters() if "lora_A" in n]
+    assert lora and all(p.dtype == torch.float32 and p.grad is not None for p in lora)
+
+
 def test_cli_runs_the_config_file(tiny_prepared, tmp_path: Path) -> None:
     run = with_train(tiny_prepared, tmp_path, max_steps=1, save_steps=1)
     assert main(["--config", str(write_config(run, tmp_path / "run.json"))]) == 0

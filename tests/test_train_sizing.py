@@ -47,16 +47,35 @@ def test_auto_keeps_the_global_batch_in_the_fewest_micro_batches_that_fit(gpu_gi
         assert not _fits(run, QWEN14, ALIGN * -(-step // fewer // ALIGN), True, budget)
 
 
-def test_14b_qlora_on_an_h100_plans_what_was_measured() -> None:
-    """The plan of the H100 benchmark (docs/training.md): one micro-batch of 16,384 tokens with checkpointing."""
+# Peak allocated memory measured on one H100 80GB HBM3 (79.19 GiB), 2026-11-23 (docs/training.md): Qwen3-14B
+# shape, dev.json's QLoRA with peft's fp32 upcast of the frozen norms/embeddings/LM head, 16,384 packed tokens.
+H100_GIB = 79.19
+MEASURED_14B_PEAK_GIB = {True: 35.42, False: 55.07}  # fused loss: with / without
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_14b_qlora_on_an_h100_plans_what_was_measured(fused: bool) -> None:
+    """The H100 benchmark's plan (one micro-batch of 16,384 tokens, checkpointing) and its estimate within 10% of
+    the peak measured with those settings."""
     run = _dev(micro_batch_tokens="auto", gradient_checkpointing="auto", gradient_accumulation_steps=16,
-               fused_loss=True)
-    plan = plan_batches(run, QWEN14, 79.19)
+               fused_loss=fused, kbit_upcast=True)
+    plan = plan_batches(run, QWEN14, H100_GIB)
     assert (plan.micro_batch_tokens, plan.gradient_accumulation_steps, plan.gradient_checkpointing) == (16384, 1, True)
-    assert plan.estimate_gib == pytest.approx(36.79, abs=0.01)
-    unfused = plan_batches(_dev(micro_batch_tokens="auto", gradient_checkpointing="auto",
-                                gradient_accumulation_steps=16), QWEN14, 79.19)
-    assert unfused.estimate_gib > plan.estimate_gib + 20  # 16,384 x 151,936 logits in fp32, twice
+    assert plan.estimate_gib == pytest.approx(MEASURED_14B_PEAK_GIB[fused], rel=0.10)
+
+
+def test_frozen_weights_in_the_compute_dtype_halve_the_checkpointed_stream() -> None:
+    """Without the fp32 upcast (the default) the same step plans the same micro-batch in less memory: the
+    checkpointed layer inputs are bf16 (40 layers x 16,384 tokens x 5,120 x 2 B = 6.25 GiB instead of 12.5) and
+    the embeddings and LM head are bf16 (2 x 151,936 x 5,120 x 2 B less)."""
+    settings = {"micro_batch_tokens": "auto", "gradient_checkpointing": "auto", "gradient_accumulation_steps": 16,
+                "fused_loss": True}
+    upcast = plan_batches(_dev(**settings, kbit_upcast=True), QWEN14, H100_GIB)
+    default = plan_batches(_dev(**settings), QWEN14, H100_GIB)
+    assert (default.micro_batch_tokens, default.gradient_checkpointing) == (16384, True)
+    stream = 40 * 16384 * 5120 * 2 / GIB
+    heads = 2 * 151936 * 5120 * 2 / GIB
+    assert upcast.estimate_gib - default.estimate_gib > stream + heads
 
 
 def test_auto_checkpointing_is_off_when_the_step_fits_without_it() -> None:

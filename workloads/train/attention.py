@@ -3,10 +3,10 @@
 On CUDA, packed micro-batches go through PyTorch's variable-length flash attention (`varlen_attn`): the
 collator's sequence boundaries (`cu_seq_lens_q`) replace a (tokens x tokens) block-diagonal mask, so nothing is
 built per batch on the host and no token attends across a boundary. Padded batches (`grouped`, the benchmark's
-naive arm) and CPU runs use transformers' SDPA with PyTorch's own kernel choice (`default`): under k-bit
-training the frozen norms are fp32, so queries and keys reach SDPA in fp32 beside bf16 values, which the
-memory-efficient kernel refuses (seen on an H100: "No available kernel"); on CPU the packed mask is built from
-the restarting position ids.
+naive arm) and CPU runs use transformers' SDPA with PyTorch's own kernel choice (`default`): with
+`train.kbit_upcast` the frozen norms are fp32, so queries and keys reach SDPA in fp32 beside bf16 values, which
+the memory-efficient kernel refuses (seen on an H100: "No available kernel"); on CPU the packed mask is built
+from the restarting position ids.
 """
 
 from __future__ import annotations

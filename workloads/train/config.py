@@ -90,6 +90,10 @@ class TrainConfig(_Section):
         "micro_batch_size x max_length")
     memory_fraction: float = Field(0.9, gt=0.0, le=1.0, description="share of GPU memory `auto` sizing may plan for")
     fused_loss: bool = Field(False, description="fused linear + cross-entropy (Liger, CUDA): no logits tensor")
+    kbit_upcast: bool = Field(
+        False, description="4/8-bit base: upcast the frozen norms, embeddings and LM head to fp32 (peft's "
+        "prepare_model_for_kbit_training), which makes the residual stream and MLP fp32; off keeps them in the "
+        "compute dtype: about half the activation memory and traffic")
     max_length: int | None = Field(None, ge=16, description="longest sequence (default data.max_length)")
     batching: Literal["packed", "grouped"] = Field(
         "packed", description="packed: sequences concatenated, attention kept within each; grouped: by length"

@@ -101,8 +101,9 @@ class FinetuneTrainer(Trainer):
 
 def load_model(model_dir: Path, train: TrainConfig, precision: str, local_rank: int,
                choice: attention.AttentionChoice, checkpointing: bool) -> Any:
-    """Base model (NF4 4-bit, int8 or unquantized) with the chosen attention, prepared for k-bit training, with
-    activation checkpointing when asked, the fused loss when configured, and a fresh LoRA adapter."""
+    """Base model (NF4 4-bit, int8 or unquantized) with the chosen attention, its frozen floating-point weights
+    in the compute dtype (or fp32 under `train.kbit_upcast`), activation checkpointing when asked, the fused loss
+    when configured, and a fresh LoRA adapter."""
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
     dtype = DTYPES[precision]
@@ -122,7 +123,7 @@ def load_model(model_dir: Path, train: TrainConfig, precision: str, local_rank: 
         device_map={"": local_rank} if cuda else None,
     )
     model.config.use_cache = False
-    if quantization is not None:
+    if quantization is not None and train.kbit_upcast:
         model = prepare_model_for_kbit_training(
             model, use_gradient_checkpointing=checkpointing, gradient_checkpointing_kwargs={"use_reentrant": False},
         )

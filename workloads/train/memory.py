@@ -1,6 +1,6 @@
 """Peak GPU memory of one training rank (DDP: every GPU holds a full replica), in bytes.
 
-    total = weights + lora + gradients + optimizer + activations + logits + overhead
+    total = weights + lora + gradients + optimizer + activations + max(recompute, logits) + overhead
 
 weights
     ``full``/``lora``: every parameter at the weight dtype (bf16 2 B, fp32 4 B).
@@ -17,23 +17,31 @@ gradients
 optimizer
     AdamW: two states per trainable parameter, fp32 for LoRA adapters, the parameter's dtype for full
     fine-tuning (``torch.optim.AdamW`` allocates ``zeros_like(param)``); 8-bit AdamW: 2 x 1 B.
-activations (saved for backward, per token, at the compute dtype ``a`` bytes unless noted)
-    per decoder layer: 2 RMSNorms (fp32 copy of the input, 4h, plus the a-byte output), q/k/v outputs,
-    q/k norms (Qwen3), rotary outputs, k/v expanded to all heads (GQA), attention output and o_proj
-    input, and the SwiGLU MLP (gate, up, activation, product: 4 x intermediate). SDPA/flash attention
-    keeps no s x s matrix; ``attention="eager"`` adds scores and probabilities (2 x heads x seq).
-    LoRA adds an fp32 copy of each targeted linear's input, plus the dropout output and mask when
-    ``lora_dropout > 0``. With gradient checkpointing only each layer's input (a x h) is kept, plus one
-    layer's full activations while it is recomputed.
+activations (saved for backward, per token; ``a`` is the compute dtype's bytes, ``s`` the residual stream's:
+    4 under ``kbit_upcast``, whose fp32 norm weights make the stream, norm outputs and MLP fp32, else ``a``)
+    per decoder layer: 2 RMSNorms (fp32 copy of the input 4h, fp32 rstd), Qwen3's q/k norms likewise,
+    attention's q, k, v and output at ``a`` (k/v expanded to every head: the varlen kernel without native GQA;
+    SDPA keeps them grouped) plus an fp32 log-sum-exp per head; ``eager`` adds scores and probabilities
+    (2 x heads x seq); SwiGLU: gate, act(gate) and up at ``s`` (3 x intermediate).
+    Linear inputs: a frozen (or 4-bit) base linear saves none (its input gradient needs only the weight). A LoRA
+    branch saves its input at ``a``, per module (mask 1 B + dropout output) when ``lora_dropout > 0``, once per
+    shared input (q/k/v, gate/up) when the input is already at ``a``, and once per module when autocast casts an
+    fp32 input; plus the rank-r output. Full fine-tuning saves each distinct linear input at ``a``. o_proj's
+    input is the attention output, saved already.
+    Measured per saved tensor on CPU (bitsandbytes 4-bit, peft, autocast): tests/test_memory_estimate.py.
+    Gradient checkpointing keeps each layer's input (``s`` x h) and, in backward, one layer's recomputed
+    activations (``recompute``).
 logits
     per token: vocab x (a-byte logits + fp32 log-softmax output, saved for backward + fp32 gradient); the
-    fp32 upcast of a < 4-byte logits is not saved (measured on an H100, Qwen3-14B QLoRA, 16,384 tokens:
-    55.1 GiB allocated against 59.7 estimated; counting the upcast gave 69.9). With ``fused_loss`` (Liger's fused linear + cross-entropy) no logits are kept: a compute-dtype
+    fp32 upcast of a < 4-byte logits is not saved (measured on an H100, Qwen3-14B QLoRA, 16,384 tokens).
+    With ``fused_loss`` (Liger's fused linear + cross-entropy) no logits are kept: a compute-dtype
     copy of the LM head (vocab x hidden x a) plus, per token, the fp32 gradient of the hidden state and one
     chunk's fp32 logits and gradient (Liger sizes chunks to about tokens x hidden / vocab rows: 2 x 4 x hidden).
+    The loss is done before the first layer is recomputed, so the peak holds the larger of ``logits`` and
+    ``recompute``, not both.
 overhead
     CUDA context, cuBLAS/NCCL workspaces: ``overhead_gib`` (default 1.0), plus ``fragmentation``
-    (default 10%) of the dynamic part (gradients, optimizer, activations, logits).
+    (default 10%) of the dynamic part (gradients, optimizer, activations, the larger of recompute and logits).
 
 Tokens per step = micro_batch x max_length (padding to the longest sequence is the worst case).
 """
@@ -67,7 +75,7 @@ class MemoryInputs(BaseModel):
     quantization: Literal["4bit", "8bit", "none"] = "none"
     double_quant: bool = True
     dtype: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="weights (full/lora) and compute dtype")
-    kbit_upcast: bool = Field(True, description="peft prepare_model_for_kbit_training: non-quantized params to fp32")
+    kbit_upcast: bool = Field(False, description="peft prepare_model_for_kbit_training: non-quantized params to fp32")
     lora_r: int = Field(16, gt=0)
     lora_target_modules: tuple[str, ...] = ALL_LINEAR
     lora_dropout: float = Field(0.05, ge=0, lt=1)
@@ -75,7 +83,7 @@ class MemoryInputs(BaseModel):
     max_length: int = Field(2048, gt=0)
     gradient_checkpointing: bool = True
     optimizer: Literal["adamw", "adamw_8bit"] = "adamw"
-    attention: Literal["sdpa", "eager"] = "sdpa"
+    attention: Literal["sdpa", "varlen", "eager"] = "sdpa"
     fused_loss: bool = Field(False, description="fused linear + cross-entropy: logits never materialize")
     overhead_gib: float = Field(1.0, ge=0)
     fragmentation: float = Field(0.10, ge=0)
@@ -91,6 +99,7 @@ class MemoryEstimate(BaseModel):
     gradients: int
     optimizer: int
     activations: int
+    recompute: int
     logits: int
     overhead: int
     trainable_params: int
@@ -98,7 +107,7 @@ class MemoryEstimate(BaseModel):
     @property
     def total(self) -> int:
         return (self.weights + self.lora + self.gradients + self.optimizer + self.activations
-                + self.logits + self.overhead)
+                + max(self.recompute, self.logits) + self.overhead)
 
     @property
     def total_gib(self) -> float:
@@ -108,7 +117,7 @@ class MemoryEstimate(BaseModel):
         return self.total <= gpu_memory_gib * GIB
 
     def breakdown_gib(self) -> dict[str, float]:
-        parts = ("weights", "lora", "gradients", "optimizer", "activations", "logits", "overhead")
+        parts = ("weights", "lora", "gradients", "optimizer", "activations", "recompute", "logits", "overhead")
         return {p: round(getattr(self, p) / GIB, 2) for p in parts} | {"total": round(self.total_gib, 2)}
 
 
@@ -140,35 +149,54 @@ def lora_params(shape: ModelShape, r: int, targets: tuple[str, ...]) -> int:
     return shape.layers * sum(r * (linears[t][0] + linears[t][1]) for t in targets)
 
 
+def stream_bytes(inp: MemoryInputs) -> int:
+    """Bytes per element of the residual stream, norm outputs and MLP activations."""
+    return 4 if inp.method == "qlora" and inp.kbit_upcast else DTYPE_BYTES[inp.dtype]
+
+
+def _linear_input_bytes(shape: ModelShape, inp: MemoryInputs) -> float:
+    """Bytes per token a layer's linears (base and LoRA branches) save of their inputs. o_proj's input is the
+    attention output, which attention already saves."""
+    a, s = DTYPE_BYTES[inp.dtype], stream_bytes(inp)
+    linears = shape.linears()
+    groups = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("down_proj",), ("o_proj",))
+    if inp.method == "full":
+        return sum(a * linears[g[0]][0] for g in groups[:3])
+    total = 0.0
+    for group in groups:
+        fan_in = linears[group[0]][0]
+        targeted = sum(1 for t in group if t in inp.lora_target_modules)
+        total += targeted * a * inp.lora_r
+        if not targeted:
+            continue
+        if inp.lora_dropout > 0:
+            total += targeted * (1 + a) * fan_in
+        elif group != ("o_proj",):
+            total += (1 if s == a else targeted) * a * fan_in
+    return total
+
+
 def layer_activation_bytes_per_token(shape: ModelShape, inp: MemoryInputs) -> float:
-    """Bytes one decoder layer saves for backward, per token."""
-    a = DTYPE_BYTES[inp.dtype]
+    """Bytes one decoder layer saves for backward, per token (see the module docstring)."""
+    a, s = DTYPE_BYTES[inp.dtype], stream_bytes(inp)
     h, i = shape.hidden, shape.intermediate
     q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
-    total = 2 * (4 * h + a * h)                      # two RMSNorms: fp32 input copy + output
-    total += a * (q + 2 * kv)                        # q, k, v projections
+    total = 2 * (4 * h + 4)                          # two RMSNorms: fp32 input copy, rstd
     if shape.qk_norm:
-        total += (4 + a) * (q + kv)                  # per-head RMSNorm of q and k
-    total += 2 * a * (q + kv)                        # rotary embedding (inputs and rotated halves)
-    if kv != q:
-        total += 2 * a * q                           # k, v repeated to every head
-    total += 2 * a * q                               # attention output, o_proj input
-    total += 4 * a * i                               # SwiGLU: gate, up, act(gate), product
+        total += 4 * (q + kv) + 4 * (shape.heads + shape.kv_heads)
+    kv_saved = kv if inp.attention == "sdpa" else q
+    total += a * (2 * q + 2 * kv_saved) + 4 * shape.heads  # q, k, v, output; log-sum-exp
     if inp.attention == "eager":
         total += 2 * a * shape.heads * inp.max_length
-    if inp.method != "full":
-        linears = shape.linears()
-        for t in inp.lora_target_modules:
-            fan_in = linears[t][0]
-            total += 4 * fan_in + (5 * fan_in if inp.lora_dropout > 0 else 0)
-    return total
+    total += 3 * s * i                               # SwiGLU: gate, act(gate), up
+    return total + _linear_input_bytes(shape, inp)
 
 
 def estimate(shape: ModelShape, inp: MemoryInputs) -> MemoryEstimate:
     """Peak memory of one training rank; see the module docstring for every term."""
     if inp.method == "qlora" and inp.quantization == "none":
         raise ValueError("method qlora needs quantization 4bit or 8bit")
-    a = DTYPE_BYTES[inp.dtype]
+    a, s = DTYPE_BYTES[inp.dtype], stream_bytes(inp)
     tokens = inp.micro_batch * inp.max_length
     if inp.method == "full":
         trainable, lora, grad_bytes = shape.params, 0, a
@@ -177,23 +205,23 @@ def estimate(shape: ModelShape, inp: MemoryInputs) -> MemoryEstimate:
         trainable = lora_params(shape, inp.lora_r, inp.lora_target_modules)
         lora, grad_bytes = 4 * trainable, 4
         state_bytes = 2 if inp.optimizer == "adamw_8bit" else 8
-    per_layer = layer_activation_bytes_per_token(shape, inp)
+    per_layer = tokens * layer_activation_bytes_per_token(shape, inp)
     if inp.gradient_checkpointing:
-        activations = tokens * (shape.layers * a * shape.hidden + per_layer)
+        activations, recompute = tokens * shape.layers * s * shape.hidden, per_layer
     else:
-        activations = tokens * shape.layers * per_layer
-    activations += tokens * (4 * shape.hidden + a * shape.hidden)  # final norm
+        activations, recompute = shape.layers * per_layer, 0
+    activations += tokens * (4 * shape.hidden + 4 + a * shape.hidden)  # final norm
     if inp.fused_loss:
         logits = shape.vocab * shape.hidden * a + tokens * shape.hidden * (4 + 2 * 4)
     else:
         logits = tokens * shape.vocab * (a + 4 + 4)
     gradients, optimizer = trainable * grad_bytes, trainable * state_bytes
-    dynamic = gradients + optimizer + activations + logits
+    dynamic = gradients + optimizer + activations + max(recompute, logits)
     overhead = inp.overhead_gib * GIB + inp.fragmentation * dynamic
     return MemoryEstimate(
         weights=int(weight_bytes(shape, inp)), lora=int(lora), gradients=int(gradients),
-        optimizer=int(optimizer), activations=int(activations), logits=int(logits), overhead=int(overhead),
-        trainable_params=trainable,
+        optimizer=int(optimizer), activations=int(activations), recompute=int(recompute), logits=int(logits),
+        overhead=int(overhead), trainable_params=trainable,
     )
 
 
@@ -219,6 +247,8 @@ def inputs_from_run(run: RunConfig) -> MemoryInputs:
         micro_batch=train.micro_batch_size,
         max_length=train.max_length or run.data.max_length,
         gradient_checkpointing=train.gradient_checkpointing is not False,  # auto: planned by workloads.train.sizing
+        kbit_upcast=train.kbit_upcast,
         optimizer="adamw",
+        attention="varlen" if train.batching == "packed" else "sdpa",
         fused_loss=train.fused_loss,
     )
