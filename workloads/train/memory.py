@@ -35,7 +35,7 @@ logits
     per token: vocab x (a-byte logits + fp32 log-softmax output, saved for backward + fp32 gradient); the
     fp32 upcast of a < 4-byte logits is not saved (measured on an H100, Qwen3-14B QLoRA, 16,384 tokens).
     With ``fused_loss`` (Liger's fused linear + cross-entropy) no logits are kept: a compute-dtype
-    copy of the LM head (vocab x hidden x a) plus, per token, the fp32 gradient of the hidden state and one
+    copy of the LM head (vocab x hidden x a) when it is fp32 (``kbit_upcast``) plus, per token, the fp32 gradient of the hidden state and one
     chunk's fp32 logits and gradient (Liger sizes chunks to about tokens x hidden / vocab rows: 2 x 4 x hidden).
     The loss is done before the first layer is recomputed, so the peak holds the larger of ``logits`` and
     ``recompute``, not both.
@@ -212,7 +212,8 @@ def estimate(shape: ModelShape, inp: MemoryInputs) -> MemoryEstimate:
         activations, recompute = shape.layers * per_layer, 0
     activations += tokens * (4 * shape.hidden + 4 + a * shape.hidden)  # final norm
     if inp.fused_loss:
-        logits = shape.vocab * shape.hidden * a + tokens * shape.hidden * (4 + 2 * 4)
+        head_copy = shape.vocab * shape.hidden * a if s != a else 0  # an fp32 (upcast) LM head cast for the kernel
+        logits = head_copy + tokens * shape.hidden * (4 + 2 * 4)
     else:
         logits = tokens * shape.vocab * (a + 4 + 4)
     gradients, optimizer = trainable * grad_bytes, trainable * state_bytes
