@@ -13,9 +13,12 @@ from pathlib import Path
 import pytest
 
 
+def _env(slurm_conf: Path | None) -> dict[str, str]:
+    return {**os.environ, **({"SLURM_CONF": str(slurm_conf)} if slurm_conf else {})}
+
+
 def job_field(job: str, field: str, slurm_conf: Path | None = None) -> str | None:
-    env = {**os.environ, **({"SLURM_CONF": str(slurm_conf)} if slurm_conf else {})}
-    out = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, env=env).stdout
+    out = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, env=_env(slurm_conf)).stdout
     match = re.search(rf"\b{field}=(\S+)", out)
     return match.group(1) if match else None
 
@@ -37,5 +40,5 @@ def release_requeued(job: str, log: Path, slurm_conf: Path | None = None) -> Non
     ("Job credential revoked", seen in CI when released within 0.2 s)."""
     wait_for(lambda: (job_field(job, "JobState", slurm_conf), job_field(job, "Reason", slurm_conf)) == ("PENDING", "BeginTime"),
              180, "the job to be back in the queue", log)
-    env = {**os.environ, **({"SLURM_CONF": str(slurm_conf)} if slurm_conf else {})}
-    subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now+5"], capture_output=True, check=True, env=env)
+    subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now+5"], capture_output=True, check=True,
+                   env=_env(slurm_conf))

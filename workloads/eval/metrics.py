@@ -54,12 +54,11 @@ def compare(base: Mapping[str, float], finetuned: Mapping[str, float]) -> dict[s
     numeric_match
     """
     ppl = percent_change(base["perplexity"], finetuned["perplexity"])
+    decode = base.get("decode_tokens_per_second"), finetuned.get("decode_tokens_per_second")
     result: dict[str, float | None] = {
         "perplexity": None if ppl is None else -ppl,
         "speed": percent_change(base["tokens_per_second"], finetuned["tokens_per_second"]),
-        "decode_speed": (None if base.get("decode_tokens_per_second") is None
-                         or finetuned.get("decode_tokens_per_second") is None
-                         else percent_change(base["decode_tokens_per_second"], finetuned["decode_tokens_per_second"])),
+        "decode_speed": None if None in decode else percent_change(*decode),
         "time_to_first_token": percent_change(base["time_to_first_token"], finetuned["time_to_first_token"]),
         "message_length": percent_change(base["message_length_avg"], finetuned["message_length_avg"]),
         "message_tokens": percent_change(base["message_tokens_avg"], finetuned["message_tokens_avg"]),

@@ -154,24 +154,25 @@ def stream_bytes(inp: MemoryInputs) -> int:
     return 4 if inp.method == "qlora" and inp.kbit_upcast else DTYPE_BYTES[inp.dtype]
 
 
+# Linears by shared input, and whether another op saves that input already (o_proj's is attention's output).
+INPUT_GROUPS = ((("q_proj", "k_proj", "v_proj"), False), (("gate_proj", "up_proj"), False), (("down_proj",), False),
+                (("o_proj",), True))
+
+
 def _linear_input_bytes(shape: ModelShape, inp: MemoryInputs) -> float:
-    """Bytes per token a layer's linears (base and LoRA branches) save of their inputs. o_proj's input is the
-    attention output, which attention already saves."""
+    """Bytes per token a layer's linears (base and LoRA branches) save of their inputs."""
     a, s = DTYPE_BYTES[inp.dtype], stream_bytes(inp)
     linears = shape.linears()
-    groups = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("down_proj",), ("o_proj",))
     if inp.method == "full":
-        return sum(a * linears[g[0]][0] for g in groups[:3])
+        return sum(a * linears[group[0]][0] for group, saved_elsewhere in INPUT_GROUPS if not saved_elsewhere)
     total = 0.0
-    for group in groups:
+    for group, saved_elsewhere in INPUT_GROUPS:
         fan_in = linears[group[0]][0]
         targeted = sum(1 for t in group if t in inp.lora_target_modules)
         total += targeted * a * inp.lora_r
-        if not targeted:
-            continue
-        if inp.lora_dropout > 0:
+        if targeted and inp.lora_dropout > 0:
             total += targeted * (1 + a) * fan_in
-        elif group != ("o_proj",):
+        elif targeted and not saved_elsewhere:
             total += (1 if s == a else targeted) * a * fan_in
     return total
 
