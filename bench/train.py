@@ -74,6 +74,18 @@ def build_random_base(name: str, out: Path, tokenizer_dir: Path) -> Path:
     return out
 
 
+def prepare_random_base(name: str, out: Path, tokenizer_dir: Path) -> Path:
+    """`build_random_base` in a child process, so that this parent never holds device memory.
+
+    Built here, the weights' memory would stay in this process's CUDA cache (about 28 GiB for the 14B shape)
+    while every arm runs, and an arm that needs more than the rest of the GPU would run out of memory.
+    """
+    if not (out / "config.json").is_file():
+        subprocess.run([sys.executable, __file__, "--random-base", name, "--model-dir", str(out),
+                        "--tokenizer", str(tokenizer_dir), "--build-base-only"], check=True)
+    return out
+
+
 def load_run(options: argparse.Namespace) -> Any:
     from workloads.config import load_run_config, parse_run_config
 
@@ -215,9 +227,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokenizer", help="tokenizer folder copied into a --random-base model")
     parser.add_argument("--out", help="also write the JSON here")
     parser.add_argument("--arm", choices=ARMS, help=argparse.SUPPRESS)
+    parser.add_argument("--build-base-only", action="store_true", help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
     if not 1 <= options.warmup < options.steps:
         parser.error("--warmup must be at least 1 and below --steps")
+    if options.build_base_only:
+        build_random_base(options.random_base, Path(options.model_dir), Path(options.tokenizer))
+        return 0
     if options.arm:
         print(json.dumps(run_arm(options.arm, options)))
         return 0
@@ -228,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     if options.random_base:
         if not (options.model_dir and options.tokenizer):
             parser.error("--random-base needs --model-dir and --tokenizer")
-        build_random_base(options.random_base, Path(options.model_dir), Path(options.tokenizer))
+        prepare_random_base(options.random_base, Path(options.model_dir), Path(options.tokenizer))
     results: dict[str, Any] = {"config": options.config, "steps": options.steps, "warmup": options.warmup,
                                "train": json.loads(options.train or "{}"), "random_base": options.random_base}
     forwarded = [a for a in sys.argv[1:] if a not in ("--random-base", options.random_base)] if argv is None else argv
