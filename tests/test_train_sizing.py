@@ -57,7 +57,7 @@ MEASURED_14B_PEAK_GIB = {True: 35.42, False: 55.07}  # fused loss: with / withou
 def test_14b_qlora_on_an_h100_plans_what_was_measured(fused: bool) -> None:
     """The H100 benchmark's plan (one micro-batch of 16,384 tokens, checkpointing) and its estimate within 10% of
     the peak measured with those settings."""
-    run = _dev(micro_batch_tokens="auto", gradient_checkpointing="auto", gradient_accumulation_steps=16,
+    run = _dev(micro_batch_tokens="auto", gradient_checkpointing=True, gradient_accumulation_steps=16,
                fused_loss=fused, kbit_upcast=True)
     plan = plan_batches(run, QWEN14, H100_GIB)
     assert (plan.micro_batch_tokens, plan.gradient_accumulation_steps, plan.gradient_checkpointing) == (16384, 1, True)
@@ -68,7 +68,7 @@ def test_frozen_weights_in_the_compute_dtype_halve_the_checkpointed_stream() -> 
     """Without the fp32 upcast (the default) the same step plans the same micro-batch in less memory: the
     checkpointed layer inputs are bf16 (40 layers x 16,384 tokens x 5,120 x 2 B = 6.25 GiB instead of 12.5) and
     the embeddings and LM head are bf16 (2 x 151,936 x 5,120 x 2 B less)."""
-    settings = {"micro_batch_tokens": "auto", "gradient_checkpointing": "auto", "gradient_accumulation_steps": 16,
+    settings = {"micro_batch_tokens": "auto", "gradient_checkpointing": True, "gradient_accumulation_steps": 16,
                 "fused_loss": True}
     upcast = plan_batches(_dev(**settings, kbit_upcast=True), QWEN14, H100_GIB)
     default = plan_batches(_dev(**settings), QWEN14, H100_GIB)
@@ -82,9 +82,33 @@ def test_auto_checkpointing_is_off_when_the_step_fits_without_it() -> None:
     run = _dev(micro_batch_tokens="auto", gradient_checkpointing="auto", gradient_accumulation_steps=4)
     small = plan_batches(run, SMOL, 80)
     assert small.gradient_checkpointing is False and small.micro_batch_tokens == 4096
-    big = plan_batches(run, QWEN14, 80)  # 14B without recomputation fits only ~2k tokens: below EFFICIENT_TOKENS
-    assert big.gradient_checkpointing is True
-    assert not _fits(run, QWEN14, 4096, False, 72)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_14b_on_an_h100_trades_recomputation_for_smaller_micro_batches(fused: bool) -> None:
+    """The 14B step (16 x 1,024 tokens) does not fit in one micro-batch without recomputation, but equal
+    micro-batches of at least 2,048 tokens do: `auto` takes the fewest of those and no recomputation."""
+    run = _dev(micro_batch_tokens="auto", gradient_checkpointing="auto", gradient_accumulation_steps=16,
+               fused_loss=fused)
+    budget = 0.9 * H100_GIB
+    plan = plan_batches(run, QWEN14, H100_GIB)
+    assert plan.gradient_checkpointing is False and plan.micro_batch_tokens >= 2048
+    assert plan.micro_batch_tokens * plan.gradient_accumulation_steps >= 16 * 1024
+    assert _fits(run, QWEN14, plan.micro_batch_tokens, False, budget)
+    fewer = plan.gradient_accumulation_steps - 1
+    assert not _fits(run, QWEN14, ALIGN * -(-16 * 1024 // fewer // ALIGN), False, budget)
+    assert not _fits(run, QWEN14, 16 * 1024, False, budget)
+
+
+def test_checkpointing_stays_on_when_only_small_micro_batches_fit_without_it() -> None:
+    """On a 48 GB GPU 14B fits under 2,048 tokens per micro-batch without recomputation: `auto` keeps it on
+    and the whole step in one checkpointed micro-batch."""
+    gib = 44.4  # an L40S 48GB as PyTorch reports it
+    run = _dev(micro_batch_tokens="auto", gradient_checkpointing="auto", gradient_accumulation_steps=16,
+               fused_loss=True)
+    assert not _fits(run, QWEN14, 2048, False, 0.9 * gib)
+    plan = plan_batches(run, QWEN14, gib)
+    assert (plan.micro_batch_tokens, plan.gradient_accumulation_steps, plan.gradient_checkpointing) == (16384, 1, True)
 
 
 def test_without_a_gpu_the_configured_sizes_stand() -> None:

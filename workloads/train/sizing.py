@@ -21,7 +21,13 @@ from workloads.train.model_shapes import ModelShape
 if TYPE_CHECKING:
     from workloads.config import RunConfig
 
-EFFICIENT_TOKENS = 4096
+EFFICIENT_TOKENS = 2048
+"""Smallest micro-batch worth trading recomputation for. Recomputation runs every forward twice: with a frozen
+base, 6N instead of 4N FLOPs per token, +50 %. Smaller micro-batches cost little by comparison. A GEMM of
+2,048 rows against a 5,120 x 17,408 weight does about 1,350 FLOPs per byte it moves, over 4x an H100's
+bf16 ridge point (989 TFLOP/s over 3.35 TB/s, about 300), so it is still compute-bound. A 4-bit base is
+dequantized twice per micro-batch (forward and backward, 2.5 bytes per weight each time). For Qwen3-14B
+that is about 25 ms against about 170 ms of GEMMs at 2,048 tokens (4N FLOPs per token at 700 TFLOP/s)."""
 ALIGN = 64
 
 
