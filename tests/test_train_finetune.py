@@ -146,20 +146,24 @@ def test_4bit_nf4_trains_on_cpu(tiny_prepared, tmp_path: Path) -> None:
     assert (run.adapter_dir / "adapter_model.safetensors").is_file()
 
 
+@pytest.mark.parametrize("checkpointing", [True, False])
 @pytest.mark.parametrize(("upcast", "stream"), [(False, "torch.bfloat16"), (True, "torch.float32")])
-def test_4bit_frozen_weights_stay_in_the_compute_dtype_unless_upcast(tiny_prepared, tmp_path: Path,
-                                                                     upcast: bool, stream: str) -> None:
+def test_4bit_frozen_weights_stay_in_the_compute_dtype_unless_upcast(tiny_prepared, tmp_path: Path, upcast: bool,
+                                                                     stream: str, checkpointing: bool) -> None:
     """bf16 4-bit base (bitsandbytes on CPU) under bf16 autocast, as on a GPU: by default the norms and embeddings
     stay bf16 and so does every layer's output; `kbit_upcast` (peft's prepare_model_for_kbit_training) makes them
-    fp32. Either way the LoRA weights are fp32 and get gradients through checkpointed layers."""
+    fp32. Either way the LoRA weights are fp32 and get gradients, through checkpointed layers or without
+    recomputation (what `auto` plans for 14B on an H100)."""
     import torch
 
     from workloads.train import attention
     from workloads.train.finetune import load_model
 
     run = with_train(tiny_prepared, tmp_path, quantization="4bit", kbit_upcast=upcast)
-    model = load_model(train_paths(run).model_dir, run.train, "bf16", 0, attention.choose(False, True), True)
+    model = load_model(train_paths(run).model_dir, run.train, "bf16", 0, attention.choose(False, True),
+                       checkpointing)
     model.train()
+    assert model.base_model.model.is_gradient_checkpointing == checkpointing
     inner = model.base_model.model.model
     assert str(inner.norm.weight.dtype) == stream and str(inner.embed_tokens.weight.dtype) == stream
     outputs: list[torch.dtype] = []
