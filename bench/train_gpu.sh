@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU training benchmark as run on a lent single-GPU machine (figures in docs/training.md).
 #
-#   bench/train_gpu.sh smoke|14b|14b-naive|14b-upcast|14b-dropout0 OUT_DIR TOKENIZER_DIR DATASET_DIR
+#   bench/train_gpu.sh smoke|14b|14b-naive|14b-upcast|14b-dropout0|14b-recompute OUT_DIR TOKENIZER_DIR DATASET_DIR
 #
 # smoke:     CUDA tests (varlen attention, fused loss), then every arm on a random SmolLM2-135M-shaped base.
 # 14b:       random Qwen3-14B-shaped base, dev.json's QLoRA settings with `auto` sizing, global batch of
@@ -10,6 +10,8 @@
 # 14b-upcast: the packed arms with peft's fp32 upcast of the frozen norms/embeddings/LM head (train.kbit_upcast,
 #            what every arm ran with until 2026-11-23), for the side-by-side with `14b`.
 # 14b-dropout0: the fused packed arm with LoRA dropout 0 (a recipe change: no dropout masks or dropped copies).
+# 14b-recompute: the fused packed arm with checkpointing forced on (one 16,384-token micro-batch), for the
+#            side-by-side with `14b`, whose `auto` plan trains without recomputation in smaller micro-batches.
 # The data is the project's own: the synthetic generator, converted and tokenized (max_length 1,024).
 set -euo pipefail
 mode=$1 out=$2 tokenizer=$3 dataset=$4
@@ -23,14 +25,15 @@ case $mode in
     python3 bench/train.py "${dev[@]}" --random-base HuggingFaceTB/SmolLM2-135M-Instruct --model-dir /tmp/base-135m \
       --steps 4 --warmup 2 --arms naive,packed,packed_fused,trl \
       --train '{"micro_batch_tokens": "auto", "gradient_checkpointing": "auto"}' --out "$out/smoke.json" ;;
-  14b|14b-naive|14b-upcast|14b-dropout0)
-    arms=packed_fused,packed,trl upcast=false lora=
+  14b|14b-naive|14b-upcast|14b-dropout0|14b-recompute)
+    arms=packed_fused,packed,trl upcast=false lora= ckpt='"auto"'
     [ "$mode" = 14b-naive ] && arms=naive
     [ "$mode" = 14b-upcast ] && arms=packed_fused,packed upcast=true
+    [ "$mode" = 14b-recompute ] && arms=packed_fused ckpt=true
     [ "$mode" = 14b-dropout0 ] && arms=packed_fused \
       lora=', "lora": {"r": 16, "alpha": 32, "dropout": 0.0, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}'
     python3 bench/train.py "${dev[@]}" --random-base Qwen/Qwen3-14B --model-dir /tmp/base-14b --steps 5 --warmup 2 \
       --arms "$arms" --out "$out/$mode.json" \
-      --train '{"micro_batch_tokens": "auto", "gradient_checkpointing": "auto", "gradient_accumulation_steps": 16, "kbit_upcast": '"$upcast$lora"'}' ;;
+      --train '{"micro_batch_tokens": "auto", "gradient_checkpointing": '"$ckpt"', "gradient_accumulation_steps": 16, "kbit_upcast": '"$upcast$lora"'}' ;;
   *) echo "unknown mode $mode" >&2; exit 2 ;;
 esac
