@@ -15,11 +15,24 @@ from infra.pipeline.slurm import SlurmClient, SlurmJobFailed
 pytestmark = pytest.mark.slurm
 WAIT = 300
 
+# Each rank prints its traceback, then exits only once every rank has printed its own: torchrun stops the other
+# ranks as soon as one exits, and would otherwise cut a slower rank short before its exception.
 RANK_SCRIPT = """
-import os
+import os, sys, time
+from pathlib import Path
 from huggingface_hub.utils import validate_repo_id
 
-rank = int(os.environ["RANK"])
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+
+def print_then_wait_for_every_rank(kind, value, traceback):
+    sys.__excepthook__(kind, value, traceback)
+    sys.stderr.flush()
+    Path(f"failed-{rank}").touch()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not all(Path(f"failed-{r}").exists() for r in range(world)):
+        time.sleep(0.05)
+
+sys.excepthook = print_then_wait_for_every_rank
 print(f"rank {rank} loading the base model", flush=True)
 validate_repo_id(f"models//base-{rank}")
 """
