@@ -53,8 +53,6 @@ def build_random_base(name: str, out: Path, tokenizer_dir: Path) -> Path:
 
     from workloads.train.model_shapes import KNOWN
 
-    if (out / "config.json").is_file():
-        return out
     shape = KNOWN[name]
     kind = Qwen3Config if shape.qk_norm else LlamaConfig
     config = kind(vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
@@ -86,12 +84,20 @@ def prepare_random_base(name: str, out: Path, tokenizer_dir: Path) -> Path:
     return out
 
 
+def merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `override`'s values, nested objects merged key by key (`{"lora": {"dropout": 0}}`)."""
+    out = dict(base)
+    for key, value in override.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
 def load_run(options: argparse.Namespace) -> Any:
     from workloads.config import load_run_config, parse_run_config
 
     run = load_run_config(options.config)
     data = run.model_dump(mode="json")
-    train = {**data["train"], **json.loads(options.train or "{}")}
+    train = merged(data["train"], json.loads(options.train or "{}"))
     if options.model_dir:
         train["model_dir"] = str(Path(options.model_dir).resolve())
     if options.dataset_dir:
@@ -222,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arms", default="naive,packed,trl", help=f"comma-separated, from {', '.join(ARMS)}")
     parser.add_argument("--model-dir", help="base model folder (default: the run config's)")
     parser.add_argument("--dataset-dir", help="tokenized train folder (default: the run config's)")
-    parser.add_argument("--train", help="JSON object merged into the run config's train section")
+    parser.add_argument("--train", help="JSON object merged (nested objects too) into the run config's train section")
     parser.add_argument("--random-base", help="build --model-dir with random weights in this known model's shape")
     parser.add_argument("--tokenizer", help="tokenizer folder copied into a --random-base model")
     parser.add_argument("--out", help="also write the JSON here")

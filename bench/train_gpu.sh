@@ -30,8 +30,7 @@ case $mode in
     [ "$mode" = 14b-naive ] && arms=naive
     [ "$mode" = 14b-upcast ] && arms=packed_fused,packed upcast=true
     [ "$mode" = 14b-recompute ] && arms=packed_fused ckpt=true
-    [ "$mode" = 14b-dropout0 ] && arms=packed_fused \
-      lora=', "lora": {"r": 16, "alpha": 32, "dropout": 0.0, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}'
+    [ "$mode" = 14b-dropout0 ] && arms=packed_fused lora=', "lora": {"dropout": 0.0}'
     python3 bench/train.py "${dev[@]}" --random-base Qwen/Qwen3-14B --model-dir /tmp/base-14b --steps 5 --warmup 2 \
       --arms "$arms" --out "$out/$mode.json" \
       --train '{"micro_batch_tokens": "auto", "gradient_checkpointing": '"$ckpt"', "gradient_accumulation_steps": 16, "kbit_upcast": '"$upcast$lora"'}' ;;

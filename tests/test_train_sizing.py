@@ -103,7 +103,7 @@ def test_14b_on_an_h100_trades_recomputation_for_smaller_micro_batches(fused: bo
 def test_checkpointing_stays_on_when_only_small_micro_batches_fit_without_it() -> None:
     """On a 48 GB GPU 14B fits under 2,048 tokens per micro-batch without recomputation: `auto` keeps it on
     and the whole step in one checkpointed micro-batch."""
-    gib = 44.4  # an L40S 48GB as PyTorch reports it
+    gib = 44.4  # an L40S 48GB's usable memory, assumed (not measured): PyTorch reports less than the nominal size
     run = _dev(micro_batch_tokens="auto", gradient_checkpointing="auto", gradient_accumulation_steps=16,
                fused_loss=True)
     assert not _fits(run, QWEN14, 2048, False, 0.9 * gib)
