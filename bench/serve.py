@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from workloads.config import load_run_config  # noqa: E402
+from documents.run_config import load_run_config  # noqa: E402
 from workloads.eval.generation import read_prompts  # noqa: E402
 from workloads.serve.client import stream_chat  # noqa: E402
 from workloads.serve.process import start_launcher, stop_launcher  # noqa: E402

@@ -93,7 +93,7 @@ def merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_run(options: argparse.Namespace) -> Any:
-    from workloads.config import load_run_config, parse_run_config
+    from documents.run_config import load_run_config, parse_run_config
 
     run = load_run_config(options.config)
     data = run.model_dump(mode="json")

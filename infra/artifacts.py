@@ -21,9 +21,9 @@ from pydantic import BaseModel, ConfigDict
 
 from infra.documents import DocumentError, read_evaluator_report, read_metrics
 from workloads.common.atomic import atomic_file
-from workloads.config import load_run_config
-from workloads.train.manifest import RUN_MANIFEST_NAME
-from workloads.train.metrics import METRICS_NAME
+from documents.run_config import load_run_config
+from documents.run_manifest import RUN_MANIFEST_NAME
+from documents.metrics import METRICS_NAME
 
 RUNS_PREFIX = "runs"
 INDEX_NAME = "run.json"

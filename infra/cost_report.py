@@ -27,9 +27,9 @@ from infra.cost import (
 from infra.documents import read_metrics
 from infra.outputs import cost_outputs
 from infra.pricing import PriceBook
-from workloads.config import RunConfig
+from documents.run_config import RunConfig
 from workloads.train.config import TrainConfig
-from workloads.train.metrics import METRICS_NAME
+from documents.metrics import METRICS_NAME
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -48,7 +48,7 @@ class CostReport(BaseModel):
 
 def load_run(cfg: StackConfig, root: Path = REPO_ROOT) -> RunConfig | None:
     """The stack's run config, or None where it is not readable here."""
-    from workloads.config import load_run_config
+    from documents.run_config import load_run_config
 
     path = Path(cfg.pipeline.run_config)
     path = path if path.is_absolute() else root / path
@@ -103,8 +103,8 @@ def passes(train: TrainConfig | None, tokens: float, rows: float | None, gpus: i
 
 
 def _measured(cfg: StackConfig, run: RunConfig) -> tuple[float | None, str]:
-    """Benchmark throughput recorded for the workers' GPU model, this model and method (infra/throughput.py)."""
-    from infra.throughput import measured_throughput
+    """Benchmark throughput recorded for the workers' GPU model, this model and method (documents/throughput.py)."""
+    from documents.throughput import measured_throughput
     from workloads.train.memory import inputs_from_run
 
     if cfg.nodes is None or run.train is None:

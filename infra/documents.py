@@ -4,11 +4,11 @@ Each document is one pydantic model defined next to its writer in ``workloads/``
 
 | document | model | reader |
 | --- | --- | --- |
-| ``evaluator_<job>.json`` | ``workloads.eval.report.EvaluatorReport`` | ``read_evaluator_report`` |
-| ``metrics.jsonl`` | ``workloads.train.metrics.MetricsRecord`` (a line) | ``read_metrics`` |
-| ``run_manifest.json`` | ``workloads.train.manifest.RunManifest`` | ``read_run_manifest`` |
+| ``evaluator_<job>.json`` | ``documents.evaluator_report.EvaluatorReport`` | ``read_evaluator_report`` |
+| ``metrics.jsonl`` | ``documents.metrics.MetricsRecord`` (a line) | ``read_metrics`` |
+| ``run_manifest.json`` | ``documents.run_manifest.RunManifest`` | ``read_run_manifest`` |
 | ``readiness-<job>.json`` | ``workloads.checks.readiness.ReadinessReport`` | ``read_readiness_report`` |
-| ``prepare.json`` | ``workloads.data.summary.PrepareSummary`` | ``read_prepare_summary`` |
+| ``prepare.json`` | ``documents.prepare_summary.PrepareSummary`` | ``read_prepare_summary`` |
 
 Every reader takes the text and where it came from (a path, an SSH path, an artifact key) and raises
 ``DocumentError`` naming that origin and the field (or line) at fault.
@@ -21,10 +21,10 @@ from typing import TypeVar
 from pydantic import BaseModel, ValidationError
 
 from workloads.checks.readiness import ReadinessReport
-from workloads.data.summary import PrepareSummary
-from workloads.eval.report import EvaluatorReport
-from workloads.train.manifest import RunManifest
-from workloads.train.metrics import MetricsRecord
+from documents.prepare_summary import PrepareSummary
+from documents.evaluator_report import EvaluatorReport
+from documents.run_manifest import RunManifest
+from documents.metrics import MetricsRecord
 
 Document = TypeVar("Document", bound=BaseModel)
 

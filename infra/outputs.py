@@ -13,7 +13,7 @@ from typing import Any
 
 from infra.cost import ChatScenario, MonthlyCost, TrainingRun, chat_scenarios
 from infra.pricing import ChatAssumptions
-from workloads.eval.report import EvaluatorReport
+from documents.evaluator_report import EvaluatorReport
 
 SIDES = ("base", "finetuned")
 EVAL_FIGURES: dict[str, str] = {
@@ -24,7 +24,7 @@ EVAL_FIGURES: dict[str, str] = {
     "exact_match": "exact_match",
     "numeric_match": "numeric_match",
 }
-"""figure in the output key -> field of workloads.eval.report.SideReport."""
+"""figure in the output key -> field of documents.evaluator_report.SideReport."""
 JOB_FIELDS = ("job_id", "state", "elapsed_s")
 CHAT_FIELDS = ("tokens_per_second", "conversations_per_day", "usd")
 LINE_FIELDS = ("usd_low", "usd_high", "category", "label", "quantity", "unit_price")

@@ -29,7 +29,7 @@ from infra.outputs import measured_chat_outputs
 from infra.soperator import Soperator, SoperatorArgs
 from infra.soperator_values import BackupTarget, release_plan
 from infra.backends import nebius_s3_endpoint
-from workloads.config import load_run_config
+from documents.run_config import load_run_config
 
 PIPELINE_KEY_CONFIG = SECRET_KEYS[0]
 REPO_ROOT = Path(__file__).resolve().parent.parent

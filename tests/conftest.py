@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from workloads.config import RunConfig, parse_run_config
+from documents.run_config import RunConfig, parse_run_config
 
 pytest_plugins = ["sshd_fixtures", "pipeline_fixtures", "eval_fixtures", "cluster_fixtures"]
 

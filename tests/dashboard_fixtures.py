@@ -11,7 +11,7 @@ from document_fixtures import evaluator_report, side
 from infra.artifacts import ArtifactStore, upload_run
 from infra.config import load_stack_config
 from infra.mocks import run_under_mocks
-from workloads.train.metrics import MetricsRecord
+from documents.metrics import MetricsRecord
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from workloads.eval.metrics import compare
-from workloads.eval.report import EvaluatorReport
+from documents.evaluator_report import EvaluatorReport
 
 
 def side(perplexity: float, tokens_per_second: float, **figures: Any) -> dict[str, Any]:

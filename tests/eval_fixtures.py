@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from workloads.config import RunConfig, parse_run_config
+from documents.run_config import RunConfig, parse_run_config
 from workloads.serve.process import start_launcher, stop_launcher
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -11,7 +11,7 @@ from artifacts_fixtures import S3Server, s3_server, start_server  # noqa: F401
 from document_fixtures import evaluator_report, side
 from moto.server import ThreadedMotoServer
 
-from workloads.train.metrics import MetricsRecord
+from documents.metrics import MetricsRecord
 from infra.artifacts import (
     ArtifactError,
     ArtifactUploadError,
@@ -150,7 +150,7 @@ def test_upload_succeeds_when_server_comes_back_during_retries(tmp_path: Path) -
 
 
 def test_upload_run_finds_files_through_the_run_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from workloads.config import load_run_config
+    from documents.run_config import load_run_config
 
     repo = Path(__file__).resolve().parents[1]
     config_path = repo / "workloads" / "configs" / "local.json"

@@ -18,8 +18,8 @@ import pytest
 from cluster_fixtures import Cluster
 from slurm_jobs import job_field, release_requeued, wait_for
 from train_fixtures import with_train, write_config
-from workloads.config import RunConfig
-from workloads.train.metrics import read_metrics
+from documents.run_config import RunConfig
+from documents.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]

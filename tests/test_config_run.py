@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from workloads.config import ConfigError, RunConfig, load_run_config, parse_run_config
+from documents.run_config import ConfigError, RunConfig, load_run_config, parse_run_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "workloads" / "configs").glob("*.json"))

@@ -11,7 +11,7 @@ from infra.cost import chat_scenario, chat_scenarios, monthly_cost, node_price, 
 from infra.cost_report import cost_report, render_table, tokenized_tokens, training_throughput
 from infra.mocks import run_under_mocks
 from infra.pricing import CATALOG, PriceBook, PriceOverride, PricingConfig
-from workloads.train.metrics import MetricsRecord
+from documents.metrics import MetricsRecord
 
 # seed 000, "Total Cost of Ownership": line key -> (low, high) in whole dollars as printed, except the
 # controller lines: the seed bills 2 controller nodes, Soperator 4.1.7 runs one slurmctld
@@ -208,9 +208,9 @@ def test_rendered_table_carries_the_seed_totals():
 
 def test_training_cost_uses_the_throughput_measured_for_the_gpu_model(tmp_path):
     """h100 stack with a QLoRA run of Qwen3-14B and no throughput of its own: the H100 benchmark figure
-    (infra/training_throughput.json) prices the run; unquantized LoRA has no figure and says so."""
+    (documents/training_throughput.json) prices the run; unquantized LoRA has no figure and says so."""
     from infra.cost_report import load_run, training_estimate
-    from infra.throughput import measured_throughput
+    from documents.throughput import measured_throughput
 
     cfg = load_stack_config("h100")
     run = load_run(cfg)

@@ -11,8 +11,8 @@ from infra.config import load_stack_config
 from infra.artifacts import RunIndex
 from infra.dashboard.model import StoredRun, build, chat_label, comparison, loss_curves, unwrap_outputs
 from infra.dashboard.render import render_html
-from workloads.data.summary import TokenizeLosses
-from workloads.train.metrics import MetricsRecord
+from documents.prepare_summary import TokenizeLosses
+from documents.metrics import MetricsRecord
 
 
 @pytest.mark.parametrize("stack", ["demo", "dev", "h100"])

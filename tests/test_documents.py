@@ -22,9 +22,9 @@ from infra.documents import (
 )
 
 from workloads.checks.readiness import CheckResult, ReadinessReport, check_line
-from workloads.eval.report import EvaluatorReport, write_report
-from workloads.train.manifest import RunManifest, finish_attempt, read_run_manifest, start_attempt
-from workloads.train.metrics import MetricsRecord, read_metrics, truncate_metrics
+from documents.evaluator_report import EvaluatorReport, write_report
+from documents.run_manifest import RunManifest, finish_attempt, read_run_manifest, start_attempt
+from documents.metrics import MetricsRecord, read_metrics, truncate_metrics
 
 
 def test_evaluator_report_round_trips_through_its_file(tmp_path: Path) -> None:

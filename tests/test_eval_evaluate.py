@@ -11,7 +11,7 @@ import sys
 import pytest
 from eval_fixtures import ROOT
 
-from workloads.eval.report import Comparison, EvaluatorReport, SideReport
+from documents.evaluator_report import Comparison, EvaluatorReport, SideReport
 
 pytestmark = pytest.mark.slow
 

@@ -14,8 +14,8 @@ import httpx
 import pytest
 from eval_fixtures import ROOT
 
-from workloads.config import RunConfig
-from workloads.eval.report import EvaluatorReport
+from documents.run_config import RunConfig
+from documents.evaluator_report import EvaluatorReport
 from workloads.serve.process import free_port
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]

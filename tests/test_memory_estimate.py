@@ -155,7 +155,7 @@ def test_full_fine_tuning_peak_matches_a_measured_cpu_run(checkpointing):
 
 
 def test_method_and_settings_from_a_run_config():
-    from workloads.config import parse_run_config
+    from documents.run_config import parse_run_config
     from workloads.train.memory import inputs_from_run
 
     def run(**train):

@@ -9,7 +9,7 @@ import pytest
 from infra.config import load_stack_config
 from infra.mocks import run_under_mocks
 from infra.pipeline.chain import CHAIN, code_hash, pipeline_jobs, placement_for, stage_fingerprint
-from workloads.config import load_run_config
+from documents.run_config import load_run_config
 
 REPO = Path(__file__).resolve().parents[1]
 KEY = {"pipelineSshPrivateKey": "-----BEGIN OPENSSH PRIVATE KEY-----\nnot-a-key\n-----END OPENSSH PRIVATE KEY-----"}

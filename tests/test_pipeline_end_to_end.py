@@ -13,7 +13,7 @@ import pytest
 
 from infra.artifacts import list_runs, local_store, read_run_file
 from infra.documents import read_evaluator_report, read_metrics, read_run_manifest
-from workloads.eval.report import EvaluatorReport
+from documents.evaluator_report import EvaluatorReport
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

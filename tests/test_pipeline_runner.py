@@ -38,6 +38,8 @@ def make_repo(root: Path, fail: str | None = None) -> Path:
     jobs.mkdir(parents=True)
     (root / "workloads" / "configs").mkdir()
     (root / "workloads" / "__init__.py").write_text("")
+    (root / "documents").mkdir()
+    (root / "documents" / "__init__.py").write_text("")
     for stage in ("prepare", "readiness", "train", "eval"):
         body = EVAL_BODY if stage == "eval" else ""
         if stage == fail:

@@ -13,7 +13,7 @@ import pytest
 from datasets import load_from_disk
 
 from conftest import tiny_run_config
-from workloads.config import RunConfig
+from documents.run_config import RunConfig
 from workloads.prepare import run
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ import sys
 import pytest
 from eval_fixtures import ROOT
 
-from workloads.config import parse_run_config
+from documents.run_config import parse_run_config
 from workloads.serve.auth import AccessError, bearer_matches, is_loopback, require_key_beyond_loopback
 from workloads.serve.chat import check_exposure
 from workloads.serve.config import ServeConfig

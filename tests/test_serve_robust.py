@@ -18,7 +18,7 @@ import httpx
 import pytest
 from eval_fixtures import children, start_server, stop_server
 
-from workloads.config import RunConfig
+from documents.run_config import RunConfig
 from workloads.serve.process import free_port
 
 pytestmark = pytest.mark.slow

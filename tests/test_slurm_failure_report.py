@@ -76,7 +76,7 @@ def test_progress_reads_only_this_jobs_metrics(slurm_client: SlurmClient, tmp_pa
 
 def test_train_job_refuses_a_checkpoint_folder_a_live_job_is_writing(slurm_client: SlurmClient, tmp_path: Path) -> None:
     """Two train jobs over one checkpoint folder (two stacks sharing a run config): the second stops at once."""
-    from workloads.config import parse_run_config
+    from documents.run_config import parse_run_config
     from workloads.train.config import train_paths
 
     root = Path(__file__).resolve().parents[1]

@@ -71,7 +71,7 @@ def test_processes_and_threads_per_node() -> None:
 
 
 def test_checkpoint_of_another_configuration_is_not_resumed(tmp_path: Path, caplog) -> None:  # noqa: ANN001
-    from workloads.train.manifest import training_fingerprint
+    from documents.run_manifest import training_fingerprint
 
     base = {"model": {"source": "dir:/m"}, "data": {"rows": 4}, "train": {"lora": {"r": 8}, "max_steps": 10}}
     longer = {**base, "train": {"lora": {"r": 8}, "max_steps": 20}}

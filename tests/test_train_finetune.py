@@ -11,12 +11,12 @@ import pytest
 from safetensors import safe_open
 
 from train_fixtures import with_train, write_config
-from workloads.config import ConfigError, parse_run_config
+from documents.run_config import ConfigError, parse_run_config
 from workloads.train import checkpoints
 from workloads.train.config import resolve_precision, train_paths
 from workloads.train.finetune import main, train_run
-from workloads.train.manifest import RunManifest
-from workloads.train.metrics import read_metrics
+from documents.run_manifest import RunManifest
+from documents.metrics import read_metrics
 from workloads.train.preemption import INTERRUPTED_EXIT, STOP_FILE_ENV
 
 

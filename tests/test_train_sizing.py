@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from workloads.config import parse_run_config
+from documents.run_config import parse_run_config
 from workloads.train.memory import GIB, estimate
 from workloads.train.model_shapes import KNOWN
 from workloads.train.sizing import ALIGN, DoesNotFit, plan_batches, plan_inputs

@@ -12,7 +12,7 @@ import pytest
 
 from slurm_jobs import job_field, release_requeued, wait_for
 from train_fixtures import with_train, write_config
-from workloads.train.metrics import read_metrics
+from documents.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slurm

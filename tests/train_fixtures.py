@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from workloads.config import RunConfig, parse_run_config
+from documents.run_config import RunConfig, parse_run_config
 
 
 def with_train(run: RunConfig, root: Path, **train: Any) -> RunConfig:

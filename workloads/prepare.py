@@ -14,12 +14,12 @@ import logging
 import sys
 from pathlib import Path
 
-from workloads.config import ConfigError, RunConfig, load_run_config
+from documents.run_config import ConfigError, RunConfig, load_run_config
 from workloads.data.convert import ConvertError, convert
 from workloads.data.fetch import FetchError, fetch
 from workloads.data.sample import sample
 from workloads.data.split import SplitError, split
-from workloads.data.summary import (ConvertLosses, DataSettings, PrepareSummary, SplitCounts, TokenizeLosses,
+from documents.prepare_summary import (ConvertLosses, DataSettings, PrepareSummary, SplitCounts, TokenizeLosses,
                                     write_summary)
 from workloads.data.tokenize import TokenizeError, loss_summary, tokenize
 from workloads.model.folder import ModelFolderError

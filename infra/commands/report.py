@@ -16,7 +16,7 @@ from infra.dashboard import build, write_dashboard
 from infra.dashboard.model import StoredRun, unwrap_outputs
 from infra.documents import DocumentError, read_evaluator_report, read_metrics
 from infra.outputs import ARTIFACTS_BUCKET
-from workloads.train.metrics import METRICS_NAME
+from documents.metrics import METRICS_NAME
 from infra.backends import find_repo_root
 
 

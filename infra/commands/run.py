@@ -31,9 +31,9 @@ from infra.pipeline.slurm import SlurmError
 from infra.pipeline.transport import TransportError
 from infra.backends import find_repo_root
 from workloads.common.atomic import write_text_atomic
-from workloads.config import ConfigError
-from workloads.data.summary import SUMMARY_NAME
-from workloads.eval.report import report_name
+from documents.run_config import ConfigError
+from documents.prepare_summary import SUMMARY_NAME
+from documents.evaluator_report import report_name
 
 
 def add_transport_arguments(parser: argparse.ArgumentParser) -> None:

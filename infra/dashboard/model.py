@@ -12,8 +12,8 @@ from typing import Any
 
 from infra import outputs as keys
 from infra.artifacts import RunIndex
-from workloads.eval.report import EvaluatorReport
-from workloads.train.metrics import MetricsRecord
+from documents.evaluator_report import EvaluatorReport
+from documents.metrics import MetricsRecord
 
 CATEGORY_LABELS = {
     "compute": "Compute",

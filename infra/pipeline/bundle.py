@@ -1,4 +1,5 @@
-"""WorkloadBundle: the `workloads/` package (code, job scripts, run configs) uploaded once per content hash.
+"""WorkloadBundle: the `workloads/` and `documents/` packages (code, job scripts, run configs, the models of the
+documents jobs write) uploaded once per content hash.
 
 The bundle lands in `<code_root>/<hash>` (for a cluster: `<jail>/home/shared/finetune_code/<hash>`),
 uploaded atomically by the transport; a `current` link is then switched to it with one rename.
@@ -22,22 +23,25 @@ from infra.pipeline.connect import open_transport
 from infra.pipeline.transport import Transport
 
 PACKAGE = "workloads"
+PACKAGES = (PACKAGE, "documents")
+"""what ships: the jobs and the document models they write and read."""
 _SKIP_DIRS = {"__pycache__", ".pytest_cache"}
 _SKIP_SUFFIXES = (".pyc", ".pyo")
 
 
 def bundle_files(source_dir: str | Path) -> list[Path]:
-    """The files of `<source_dir>/workloads` that ship, as paths relative to source_dir, sorted."""
+    """The files of each shipped package under `source_dir`, as paths relative to source_dir, sorted."""
     root = Path(source_dir)
-    package = root / PACKAGE
-    if not (package / "__init__.py").is_file():
-        raise FileNotFoundError(f"{package} is not a Python package (no __init__.py)")
     files = []
-    for path in package.rglob("*"):
-        rel = path.relative_to(root)
-        if any(part in _SKIP_DIRS for part in rel.parts) or path.suffix in _SKIP_SUFFIXES or not path.is_file():
-            continue
-        files.append(rel)
+    for name in PACKAGES:
+        package = root / name
+        if not (package / "__init__.py").is_file():
+            raise FileNotFoundError(f"{package} is not a Python package (no __init__.py)")
+        for path in package.rglob("*"):
+            rel = path.relative_to(root)
+            if any(part in _SKIP_DIRS for part in rel.parts) or path.suffix in _SKIP_SUFFIXES or not path.is_file():
+                continue
+            files.append(rel)
     return sorted(files)
 
 

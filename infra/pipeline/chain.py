@@ -24,9 +24,9 @@ from pydantic import BaseModel, ConfigDict
 from infra.catalog import get_platform, get_preset
 from infra.config import StackConfig
 from infra.pipeline.bundle import PACKAGE, bundle_files
-from workloads.config import RunConfig, RunPaths
-from workloads.eval.report import report_name
-from workloads.train.metrics import METRICS_NAME
+from documents.run_config import RunConfig, RunPaths
+from documents.evaluator_report import report_name
+from documents.metrics import METRICS_NAME
 
 Stage = Literal["prepare", "readiness", "train", "eval", "serve"]
 

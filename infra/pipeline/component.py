@@ -11,7 +11,7 @@ from infra.pipeline.bundle import WorkloadBundle
 from infra.pipeline.chain import JobSpec, job_arguments
 from infra.outputs import pipeline_keys, pipeline_outputs
 from infra.pipeline.jobs import SlurmJob, job_report
-from workloads.eval.report import EvaluatorReport
+from documents.evaluator_report import EvaluatorReport
 
 
 @dataclass

@@ -13,7 +13,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from infra.pipeline.transport import Transport
-from workloads.config import RunConfig
+from documents.run_config import RunConfig
 
 
 class DataSourceError(ValueError):

@@ -19,7 +19,7 @@ from pulumi.dynamic import CreateResult, DiffResult, ReadResult, ResourceProvide
 from infra.dynamic_resource import DynamicResource
 from infra.documents import read_evaluator_report
 from infra.pipeline.slurm import JobInfo, SlurmClient
-from workloads.eval.report import EvaluatorReport
+from documents.evaluator_report import EvaluatorReport
 from infra.pipeline.connect import open_transport
 from infra.pipeline.transport import Transport
 

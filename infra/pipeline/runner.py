@@ -29,8 +29,8 @@ from infra.pipeline.slurm import JobNotFound, SlurmClient, SlurmJobFailed
 from infra.pipeline.connect import open_transport
 from infra.pipeline.transport import TransportError
 from workloads.common.atomic import write_text_atomic
-from workloads.config import load_run_config
-from workloads.eval.report import EvaluatorReport
+from documents.run_config import load_run_config
+from documents.evaluator_report import EvaluatorReport
 
 Progress = Callable[[str], None]
 PASSPHRASE_ENV = "FT_SSH_KEY_PASSPHRASE"

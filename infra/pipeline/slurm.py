@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict
 
 from infra.documents import read_metrics
 from infra.pipeline.transport import Transport
-from workloads.train.metrics import MetricsRecord
+from documents.metrics import MetricsRecord
 
 SUCCESS = "COMPLETED"
 FAILED_STATES = frozenset(

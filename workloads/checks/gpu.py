@@ -63,7 +63,7 @@ def settings(args: argparse.Namespace) -> tuple[ReadinessConfig, Path | None]:
     base: dict = {}
     out = Path(args.json_out) if args.json_out else None
     if args.config:
-        from workloads.config import load_run_config
+        from documents.run_config import load_run_config
 
         run = load_run_config(args.config)
         section = getattr(run, "readiness", None)

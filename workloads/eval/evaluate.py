@@ -15,15 +15,15 @@ from typing import Any
 
 import torch
 
-from workloads.config import ConfigError, RunConfig, load_run_config
+from documents.run_config import ConfigError, RunConfig, load_run_config
 from workloads.eval.config import EvalConfig
 from workloads.common.atomic import MANIFEST_NAME
-from workloads.data.summary import TokenizeLosses
+from documents.prepare_summary import TokenizeLosses
 from workloads.data.tokenize import loss_summary
 from workloads.eval.generation import Prompt, generate_all, read_prompts
 from workloads.eval.metrics import answer_scores, compare, text_scores
 from workloads.eval.perplexity import assistant_perplexity, load_tokenized
-from workloads.eval.report import Comparison, EvalSettings, EvaluatorReport, SideReport, write_chart, write_report
+from documents.evaluator_report import Comparison, EvalSettings, EvaluatorReport, SideReport, write_chart, write_report
 
 log = logging.getLogger("workloads.eval")
 

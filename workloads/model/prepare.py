@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.config:
-        from workloads.config import ConfigError, load_run_config
+        from documents.run_config import ConfigError, load_run_config
 
         try:
             config = load_run_config(args.config)

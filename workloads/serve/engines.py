@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workloads.config import RunConfig
+from documents.run_config import RunConfig
 from workloads.serve.budget import token_budget
 from workloads.serve.config import ServeConfig
 from workloads.serve.gateway import Route

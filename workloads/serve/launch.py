@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from workloads.config import ConfigError, RunConfig, load_run_config
+from documents.run_config import ConfigError, RunConfig, load_run_config
 from workloads.serve.auth import AccessError, api_key_from_env, is_loopback, require_key_beyond_loopback
 from workloads.serve.config import ServeConfig
 from workloads.serve.engines import EnginePlan, choose_engine, plan_transformers, plan_vllm

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 if TYPE_CHECKING:
     from transformers import TrainingArguments
 
-    from workloads.config import RunConfig
+    from documents.run_config import RunConfig
 
 Precision = Literal["auto", "bf16", "fp16", "fp32"]
 DEFAULT_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

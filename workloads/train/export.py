@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from workloads.common.atomic import MANIFEST_NAME, atomic_dir, sha256_file, utc_now, write_json_atomic
-from workloads.config import ConfigError, load_run_config
+from documents.run_config import ConfigError, load_run_config
 from workloads.train.config import train_paths
 
 log = logging.getLogger("workloads.train.export")

@@ -23,7 +23,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PrinterCallback, Trainer
 
 from workloads.common.atomic import atomic_dir
-from workloads.config import ConfigError, RunConfig, load_run_config
+from documents.run_config import ConfigError, RunConfig, load_run_config
 from workloads.train import attention, checkpoints, fused_loss
 from workloads.train.batching import REAL_TOKENS, PackedCollator, PackedDataset, PaddedCollator, batch_tokens
 from workloads.train.config import (
@@ -35,7 +35,7 @@ from workloads.train.config import (
     require_train,
     train_paths,
 )
-from workloads.train.manifest import (
+from documents.run_manifest import (
     RUN_MANIFEST_NAME,
     RunManifest,
     config_hash,
@@ -48,7 +48,7 @@ from workloads.train.manifest import (
     start_attempt,
     training_fingerprint,
 )
-from workloads.train.metrics import METRICS_NAME, plot_loss, truncate_metrics
+from documents.metrics import METRICS_NAME, plot_loss, truncate_metrics
 from workloads.train.metrics_callback import MetricsCallback, TokenCounter
 from workloads.train.model_shapes import shape_from_hf_config
 from workloads.train.sizing import BatchPlan, plan_batches

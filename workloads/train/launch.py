@@ -10,7 +10,7 @@ import os
 import shlex
 import sys
 
-from workloads.config import ConfigError, load_run_config
+from documents.run_config import ConfigError, load_run_config
 from workloads.train.config import TrainConfig, require_train, train_paths
 
 

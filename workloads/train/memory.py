@@ -56,7 +56,7 @@ from workloads.train.config import require_train
 from workloads.train.model_shapes import ModelShape
 
 if TYPE_CHECKING:
-    from workloads.config import RunConfig
+    from documents.run_config import RunConfig
 
 GIB = 1024**3
 NF4_BLOCK = 64

@@ -13,9 +13,9 @@ import torch
 import torch.distributed as dist
 from transformers import TrainerCallback
 
-from workloads.train.metrics import MetricsRecord
+from documents.metrics import MetricsRecord
 
-log = logging.getLogger("workloads.train.metrics")
+log = logging.getLogger("documents.metrics")
 
 
 class TokenCounter:

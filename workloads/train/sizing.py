@@ -19,7 +19,7 @@ from workloads.train.memory import GIB, MemoryInputs, estimate, inputs_from_run
 from workloads.train.model_shapes import ModelShape
 
 if TYPE_CHECKING:
-    from workloads.config import RunConfig
+    from documents.run_config import RunConfig
 
 EFFICIENT_TOKENS = 2048
 """Smallest micro-batch worth trading recomputation for. Recomputation runs every forward twice: with a frozen

@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from workloads.common.atomic import atomic_file, write_text_atomic
-from workloads.data.summary import TokenizeLosses
+from documents.prepare_summary import TokenizeLosses
 
 REPORT_VERSION = 1
 

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from workloads.common.atomic import atomic_file, write_text_atomic
 
-log = logging.getLogger("workloads.train.metrics")
+log = logging.getLogger("documents.metrics")
 
 METRICS_VERSION = 1
 METRICS_NAME = "metrics.jsonl"
