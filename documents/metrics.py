@@ -1,8 +1,9 @@
 """The training metrics document: one `MetricsRecord` JSON line per logged step, and the loss-curve PNG.
 
 `MetricsRecord` is the one definition of a `metrics.jsonl` line; the trainer writes it through
-`workloads.train.metrics_callback`, the operator's side reads the file with `infra.documents.read_metrics`.
-New figures are new optional fields. No torch here: `ftstack` imports this module.
+`workloads.train.metrics_callback` (`MetricsRecord.line`); `read_metrics` is the one parser, strict for a finished
+file, lenient (`live`) for the tail of one being written. New figures are new optional fields. No torch here:
+`ftstack` imports this module.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from workloads.common.atomic import atomic_file, write_text_atomic
+from documents.base import DocumentError, describe
+from workloads.common.atomic import write_text_atomic
 
 log = logging.getLogger("documents.metrics")
 
@@ -49,47 +51,30 @@ class MetricsRecord(BaseModel):
         return self.model_dump_json(exclude_none=True) + "\n"
 
 
-def read_metrics(path: Path) -> list[MetricsRecord]:
-    """This run's records so far; a line torn by a crash is skipped with a warning (the node-side reader,
-    used to resume and plot; the operator's side uses infra.documents.read_metrics, which is strict)."""
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+def read_metrics(text: str | bytes, origin: str, *, live: bool = False) -> list[MetricsRecord]:
+    """Every record of a metrics.jsonl; a bad line is an error naming it, unless `live` (the tail of a file
+    being written, or a line torn by a crash), where bad lines are skipped with a warning."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="replace")
+    records: list[MetricsRecord] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
         try:
-            rows.append(MetricsRecord.model_validate_json(line))
-        except ValidationError:
-            log.warning("%s: skipping a torn line", path)
-    return rows
+            records.append(MetricsRecord.model_validate_json(line))
+        except ValidationError as error:
+            if not live:
+                raise DocumentError(f"{origin}:{number}: not a metrics record ({describe(error)})") from None
+            log.warning("%s:%d: skipping a torn line", origin, number)
+    return records
+
+
+def load_metrics(path: Path) -> list[MetricsRecord]:
+    """The records of a run's metrics file on this machine so far (none when absent), read `live`."""
+    return read_metrics(path.read_text(encoding="utf-8"), str(path), live=True) if path.is_file() else []
 
 
 def truncate_metrics(path: Path, step: int) -> None:
     """Keep only records up to `step` (the checkpoint a run resumes from), so resumed steps are not doubled."""
-    kept = [r for r in read_metrics(path) if r.step <= step]
+    kept = [r for r in load_metrics(path) if r.step <= step]
     write_text_atomic(path, "".join(r.line() for r in kept))
-
-
-def plot_loss(metrics: Path, png: Path) -> None:
-    """Loss (and eval loss) against optimizer step."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = read_metrics(metrics)
-    train = [(r.step, r.loss) for r in rows if r.loss is not None]
-    evals = [(r.step, r.eval_loss) for r in rows if r.eval_loss is not None]
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
-    if train:
-        ax.plot(*zip(*train), marker=".", label="train loss")
-    if evals:
-        ax.plot(*zip(*evals), marker="o", label="eval loss")
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("loss (assistant tokens)")
-    ax.set_title(f"Training loss: {metrics.parent.name}")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    with atomic_file(png) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)

@@ -1,6 +1,6 @@
 """The prepare stage's summary (`<results_dir>/prepare.json`): where every row went, per step.
 
-Written by `workloads.prepare`; read on the operator's side by `infra.documents.read_prepare_summary`
+Written by `workloads.prepare`; read on the operator's side by `read_prepare_summary`
 (`ftstack run` prints it) and copied into the evaluator report (`EvaluatorReport.data`), so stored run
 artifacts and the dashboard show the same counts.
 """
@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from documents.base import parse
 from workloads.common.atomic import write_text_atomic
 
 
@@ -95,3 +96,7 @@ def write_summary(summary: PrepareSummary, results_dir: Path) -> Path:
     path = results_dir / SUMMARY_NAME
     write_text_atomic(path, summary.model_dump_json(indent=2) + "\n")
     return path
+
+
+def read_prepare_summary(text: str | bytes, origin: str) -> PrepareSummary:
+    return parse(PrepareSummary, text, origin, "prepare summary")

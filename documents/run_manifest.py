@@ -1,7 +1,7 @@
 """run_manifest.json: what a training run was made from (config, data, base model, code, packages) and when.
 
 `RunManifest` is the one definition of the document; the train job writes it and the operator's side reads
-it with `infra.documents.read_run_manifest`. New facts are new optional fields.
+it with `read_run_manifest`. New facts are new optional fields.
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
+
+from documents.base import DocumentError, parse
 
 from workloads.common.atomic import MANIFEST_NAME, read_manifest, sha256_file, utc_now, write_text_atomic
 from workloads.train.attention import AttentionChoice
@@ -84,6 +86,9 @@ class RunManifest(_Document):
     batch_plan: BatchPlan | None = None
     """micro-batch tokens, accumulation and checkpointing the run trained with (workloads/train/sizing.py)."""
     fused_loss: bool = False
+    device: str | None = None
+    """what rank 0 trained on, as torch names it ('NVIDIA H100 80GB HBM3'), or 'cpu'."""
+    device_kind: Literal["gpu", "cpu"] | None = None
 
     def json_text(self) -> str:
         return self.model_dump_json(indent=2, by_alias=True) + "\n"
@@ -158,17 +163,21 @@ def package_versions() -> dict[str, str | None]:
     return versions
 
 
-def read_run_manifest(path: Path) -> RunManifest | None:
-    """The run's manifest so far, None when absent or unreadable (a fresh start); node side, for resume."""
+def read_run_manifest(text: str | bytes, origin: str) -> RunManifest:
+    return parse(RunManifest, text, origin, "run manifest")
+
+
+def load_run_manifest(path: Path) -> RunManifest | None:
+    """The run's manifest on this machine so far, None when absent or unreadable (a fresh start; for resume)."""
     try:
-        return RunManifest.model_validate_json(path.read_text(encoding="utf-8"))
-    except (OSError, ValidationError):
+        return read_run_manifest(path.read_bytes(), str(path))
+    except (OSError, DocumentError):
         return None
 
 
 def start_attempt(path: Path, base: dict[str, Any], resumed_from: int) -> RunManifest:
     """Manifest for a run (re)starting now: the first start is kept, each (re)start is one attempt."""
-    previous = read_run_manifest(path)
+    previous = load_run_manifest(path)
     same = previous is not None and previous.config_sha256 == base["config_sha256"]
     attempts = list(previous.attempts) if same else []
     attempts.append(Attempt(

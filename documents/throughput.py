@@ -1,43 +1,109 @@
-"""Training throughput measured per GPU model (data: training_throughput.json beside this file), which the cost
-model uses for a training run's cost when neither the stack's pricing nor a finished run gives one."""
+"""Measured training throughput: one figure per run or bench, with what it was measured on and where it came from.
+
+A `ThroughputMeasurement` is what the cost model prices a training run with. Two sources write them: a finished
+training run (`measure_run`, from its metrics records and run manifest, stored with the run's artifacts) and
+the GPU benches (rows of `training_throughput.json` beside this file, added by hand from `bench/train_gpu.sh`).
+The quantity is always real (non-padding) training tokens per second per device (GPU, or CPU rank where the
+run had no GPU), the run's total real tokens over its logged wall time.
+"""
 
 from __future__ import annotations
 
-import json
 from functools import cache
 from pathlib import Path
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from documents.base import DocumentError, describe
+from documents.metrics import MetricsRecord
+from documents.run_config import parse_run_config
+from documents.run_manifest import RunManifest
 
 DATA = Path(__file__).with_name("training_throughput.json")
 
 
-class MeasuredThroughput(BaseModel):
-    """One benchmark figure: real (non-padding) training tokens per second on one GPU."""
+class ThroughputMeasurement(BaseModel):
+    """Real training tokens per second per device, measured once, with its provenance."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
-    gpu_model: str = Field(description="catalog GPU model, e.g. 'NVIDIA H100 SXM'")
-    device: str = Field(description="the GPU as the benchmark saw it")
+    tokens_per_second_per_device: float = Field(
+        gt=0, validation_alias=AliasChoices("tokens_per_second_per_device", "tokens_per_second_per_gpu"))
+    device_kind: Literal["gpu", "cpu"] = "gpu"
+    gpu_model: str | None = Field(None, description="catalog GPU model, e.g. 'NVIDIA H100 SXM'; None on CPU")
+    device: str = Field(description="the device as the run or bench saw it")
+    devices: int = Field(1, ge=1, description="devices (DDP ranks) the figure was measured over")
     model: str = Field(description="run config model.source the figure is for")
     method: str = Field(description="qlora, lora or full")
-    tokens_per_second_per_gpu: float = Field(gt=0)
     mfu_6n: float | None = Field(None, gt=0, le=1)
-    setup: str
+    setup: str = ""
     date: str
-    source: str = Field(description="command or benchmark that produced the figure")
+    origin: Literal["run", "bench"] = "bench"
+    stack: str | None = Field(None, description="the stack whose run measured it")
+    run_id: str | None = Field(None, description="the stored run (runs/<stack>/<run_id>) or training job")
+    source: str = Field(description="command, bench or run that produced the figure")
+
+    @property
+    def basis(self) -> str:
+        return "tokens/s per GPU" if self.device_kind == "gpu" else "tokens/s per CPU rank"
+
+    def describe(self) -> str:
+        """One line for the cost table: the figure, where it was measured and by what."""
+        where = f"run {self.run_id} on stack {self.stack}" if self.origin == "run" else self.source
+        return (f"{self.tokens_per_second_per_device:,.4g} {self.basis} measured {self.date} on {self.devices} x "
+                f"{self.device} ({where})")
+
+
+def read_throughput(text: str | bytes, origin: str) -> ThroughputMeasurement:
+    try:
+        return ThroughputMeasurement.model_validate_json(text)
+    except ValidationError as error:
+        raise DocumentError(f"{origin}: not a valid throughput measurement ({describe(error)})") from None
+
+
+def write_throughput(measurement: ThroughputMeasurement) -> str:
+    return measurement.model_dump_json(indent=2) + "\n"
 
 
 @cache
-def measured_throughputs(path: Path = DATA) -> tuple[MeasuredThroughput, ...]:
+def bench_throughputs(path: Path = DATA) -> tuple[ThroughputMeasurement, ...]:
+    """The bench figures kept in the repository."""
     try:
-        rows = json.loads(path.read_text(encoding="utf-8"))
-        return tuple(TypeAdapter(list[MeasuredThroughput]).validate_python(rows))
-    except (OSError, ValueError) as error:
-        raise ValueError(f"{path}: invalid training throughput data: {error}") from None
+        return tuple(TypeAdapter(list[ThroughputMeasurement]).validate_json(path.read_bytes()))
+    except OSError as error:
+        raise DocumentError(f"{path}: cannot read training throughput data: {error}") from None
+    except ValidationError as error:
+        raise DocumentError(f"{path}: invalid training throughput data ({describe(error)})") from None
 
 
-def measured_throughput(gpu_model: str, model: str, method: str) -> MeasuredThroughput | None:
-    """The newest figure for this GPU model, model and method, if one was measured."""
-    found = [m for m in measured_throughputs() if (m.gpu_model, m.model, m.method) == (gpu_model, model, method)]
+def bench_throughput(gpu_model: str, model: str, method: str) -> ThroughputMeasurement | None:
+    """The newest bench figure for this GPU model, model and method, if one was measured."""
+    found = [m for m in bench_throughputs() if (m.gpu_model, m.model, m.method) == (gpu_model, model, method)]
     return max(found, key=lambda m: m.date) if found else None
+
+
+def run_tokens_per_second(records: list[MetricsRecord], job_id: str | None = None) -> float | None:
+    """Real tokens per second over every rank for a whole run: logged tokens over logged time (each record
+    covers `tokens` at `tokens_per_s` since the one before), only the records of `job_id` when given."""
+    timed = [r for r in records if r.tokens and r.tokens_per_s and (job_id is None or r.job_id in (None, job_id))]
+    seconds = sum(r.tokens / r.tokens_per_s for r in timed)
+    return sum(r.tokens for r in timed) / seconds if seconds > 0 else None
+
+
+def measure_run(records: list[MetricsRecord], manifest: RunManifest, *, gpu_model: str | None, stack: str,
+                run_id: str, source: str) -> ThroughputMeasurement | None:
+    """The throughput a finished run measured (None when it logged no timed step)."""
+    overall = run_tokens_per_second(records)
+    if overall is None:
+        return None
+    run = parse_run_config(manifest.config, f"{source}: run_manifest.json config")
+    device = manifest.device or "unknown device"
+    on_gpu = gpu_model is not None or manifest.device_kind == "gpu"
+    return ThroughputMeasurement(
+        tokens_per_second_per_device=round(overall / manifest.world_size, 3),
+        device_kind="gpu" if on_gpu else "cpu", gpu_model=gpu_model, device=device, devices=manifest.world_size,
+        model=run.model.source, method=run.train.method if run.train else "unknown",
+        setup=f"{manifest.nodes} node(s), {manifest.precision}", date=(manifest.ended or manifest.started or "")[:10],
+        origin="run", stack=stack, run_id=run_id, source=source,
+    )

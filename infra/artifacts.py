@@ -17,9 +17,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict
 
-from infra.documents import DocumentError, read_evaluator_report, read_metrics
+from documents.base import DocumentError
+from documents.run_record import RunIndex, read_run_record, write_run_record
+from documents.throughput import ThroughputMeasurement
+from documents.evaluator_report import read_evaluator_report
+from documents.metrics import read_metrics
 from workloads.common.atomic import atomic_file
 from documents.run_config import load_run_config
 from documents.run_manifest import RUN_MANIFEST_NAME
@@ -198,29 +201,6 @@ class S3Store:
         return f"s3://{self.bucket}/{key}"
 
 
-class RunIndex(BaseModel):
-    """`run.json`: what `ftstack runs` shows without reading the other files."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    stack: str
-    run_id: str
-    run_name: str | None = None
-    started_at: str | None = None
-    finished_at: str | None = None
-    uploaded_at: str
-    job_ids: dict[str, str] = {}
-    job_states: dict[str, str] = {}
-    job_durations_s: dict[str, float] = {}
-    perplexity_base: float | None = None
-    perplexity_finetuned: float | None = None
-    perplexity_improvement_pct: float | None = None
-    tokens_per_s: float | None = None
-    train_loss_final: float | None = None
-    cost_usd: float | None = None
-    files: list[str] = []
-
-
 @dataclass
 class UploadResult:
     prefix: str
@@ -339,6 +319,7 @@ def upload_run(
     started_at: str | None = None,
     finished_at: str | None = None,
     outputs: Mapping[str, Any] | None = None,
+    throughput: ThroughputMeasurement | None = None,
 ) -> UploadResult:
     """Copy one run's artifacts to `runs/<stack>/<run-id>/` and write its `run.json` index last.
 
@@ -365,12 +346,17 @@ def upload_run(
             failures["outputs.json"] = str(exc)
     if failures:
         raise ArtifactUploadError(store.describe(prefix), failures, uploaded)
-    index = index.model_copy(update={"files": sorted(uploaded)})
+    index = index.model_copy(update={"files": sorted(uploaded), "throughput": throughput})
     try:
-        store.put_bytes(f"{prefix}/{INDEX_NAME}", index.model_dump_json(indent=2).encode())
+        store.put_bytes(f"{prefix}/{INDEX_NAME}", write_run_record(index).encode())
     except ArtifactError as exc:
         raise ArtifactUploadError(store.describe(prefix), {INDEX_NAME: str(exc)}, uploaded) from exc
     return UploadResult(prefix=prefix, store=store.describe(prefix), uploaded=sorted(uploaded), index=index)
+
+
+def latest_throughput(store: ArtifactStore, stack: str) -> ThroughputMeasurement | None:
+    """The training throughput the newest stored run of `stack` measured, if any did."""
+    return next((r.throughput for r in reversed(list_runs(store, stack)) if r.throughput is not None), None)
 
 
 def list_runs(store: ArtifactStore, stack: str) -> list[RunIndex]:
@@ -380,9 +366,9 @@ def list_runs(store: ArtifactStore, stack: str) -> list[RunIndex]:
     for key in store.list_keys(prefix):
         if key.count("/") == 3 and key.endswith("/" + INDEX_NAME):
             try:
-                runs.append(RunIndex.model_validate_json(store.get_bytes(key)))
-            except ValueError as exc:
-                raise ArtifactError(f"{store.describe(key)}: not a valid run index: {exc}") from exc
+                runs.append(read_run_record(store.get_bytes(key), store.describe(key)))
+            except DocumentError as exc:
+                raise ArtifactError(str(exc)) from exc
     return sorted(runs, key=lambda r: (r.started_at or r.uploaded_at, r.run_id))
 
 

@@ -295,8 +295,9 @@ def workers_hourly_usd(cfg: StackConfig, book: PriceBook) -> float:
 
 
 def training_run(tokens: float, epochs: float, tokens_per_second_per_gpu: float | None, throughput_source: str,
-                 gpus: int, workers_usd_per_hour: float) -> TrainingRun:
-    """GPU-hours, wall time and cost of one training run; None where the throughput or GPUs are unknown."""
+                 gpus: int, workers_usd_per_hour: float | None) -> TrainingRun:
+    """Device-hours, wall time and cost of one training run; None where the throughput or devices are unknown,
+    and no cost where the workers have no price (an existing cluster)."""
     if tokens_per_second_per_gpu is None or gpus == 0:
         return TrainingRun(tokens=tokens, epochs=epochs, tokens_per_second_per_gpu=tokens_per_second_per_gpu,
                            throughput_source=throughput_source, gpus=gpus, gpu_hours=None, wall_hours=None, usd=None)
@@ -304,4 +305,4 @@ def training_run(tokens: float, epochs: float, tokens_per_second_per_gpu: float 
     wall = gpu_hours / gpus
     return TrainingRun(tokens=tokens, epochs=epochs, tokens_per_second_per_gpu=tokens_per_second_per_gpu,
                        throughput_source=throughput_source, gpus=gpus, gpu_hours=gpu_hours, wall_hours=wall,
-                       usd=wall * workers_usd_per_hour)
+                       usd=wall * workers_usd_per_hour if workers_usd_per_hour is not None else None)

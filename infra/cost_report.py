@@ -1,6 +1,9 @@
 """A stack's cost report: gathers what the pure model in ``infra/cost.py`` needs (run config, dataset
 tokens, the training throughput), returns the flat stack outputs and renders the table ``ftstack plan`` prints.
 
+The training throughput is never read from this machine at the run's paths (on a cluster stack those are the
+cluster's): the caller passes what a run on the stack measured (``documents.throughput.measure_run``).
+
 The ``measured`` cost-per-chat scenario is not here: it comes from the eval job's report
 (``infra.outputs.measured_scenario``), on the stack that ran it, never from files on this machine.
 """
@@ -24,12 +27,11 @@ from infra.cost import (
     worker_gpus,
     workers_hourly_usd,
 )
-from infra.documents import read_metrics
 from infra.outputs import cost_outputs
 from infra.pricing import PriceBook
 from documents.run_config import RunConfig
 from workloads.train.config import TrainConfig
-from documents.metrics import METRICS_NAME
+from documents.throughput import ThroughputMeasurement, bench_throughput
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -72,14 +74,6 @@ def tokenized_tokens(tokenized_dir: Path) -> int | None:
     return total
 
 
-def training_throughput(metrics_file: Path) -> float | None:
-    """tokens/s per GPU of the newest record of a finished (or running) training run that has one."""
-    if not metrics_file.is_file():
-        return None
-    records = read_metrics(metrics_file.read_text(encoding="utf-8"), str(metrics_file), live=True)
-    return next((r.tokens_per_second_per_gpu for r in reversed(records) if r.tokens_per_second_per_gpu), None)
-
-
 def step_tokens(train: TrainConfig, gpus: int, tokens_per_row: float, max_length: int) -> float:
     """Tokens one optimizer step takes in: gradient accumulation x data-parallel ranks (one per GPU) x a
     micro-batch (packed: micro_batch_size x max_length tokens at most; padded: micro_batch_size rows)."""
@@ -102,23 +96,42 @@ def passes(train: TrainConfig | None, tokens: float, rows: float | None, gpus: i
     return epochs
 
 
-def _measured(cfg: StackConfig, run: RunConfig) -> tuple[float | None, str]:
-    """Benchmark throughput recorded for the workers' GPU model, this model and method (documents/throughput.py)."""
-    from documents.throughput import measured_throughput
-    from workloads.train.memory import inputs_from_run
+def stack_gpu_model(cfg: StackConfig) -> str | None:
+    """The catalog GPU model of the stack's workers (None for CPU workers or a stack without nodes)."""
+    if cfg.nodes is None:
+        return None
+    return next((g for g in (catalog.get_platform(w.platform).gpu_model for w in cfg.nodes.workers) if g), None)
 
-    if cfg.nodes is None or run.train is None:
+
+def choose_throughput(cfg: StackConfig, run: RunConfig, measured: ThroughputMeasurement | None,
+                      notes: list[str]) -> tuple[float | None, str]:
+    """The training throughput a stack is priced with and where it came from, in this order: the stack's
+    pricing.training.tokensPerSecondPerGpu, a run measured on this stack, a bench figure for the workers' GPU
+    model, this model and method (borrowed, and said so)."""
+    if cfg.pricing.training.tokens_per_second_per_gpu is not None:
+        return cfg.pricing.training.tokens_per_second_per_gpu, "pricing.training.tokensPerSecondPerGpu"
+    if measured is not None:
+        return measured.tokens_per_second_per_device, f"measured: {measured.describe()}"
+    gpu = stack_gpu_model(cfg)
+    method = run.train.method if run.train else None
+    borrowed = bench_throughput(gpu, run.model.source, method) if gpu and method else None
+    if borrowed is None:
         return None, "unknown"
-    method = inputs_from_run(run).method
-    for worker in cfg.nodes.workers:
-        gpu = catalog.get_platform(worker.platform).gpu_model
-        figure = measured_throughput(gpu, run.model.source, method) if gpu else None
-        if figure is not None:
-            return figure.tokens_per_second_per_gpu, f"measured on {figure.device}, {figure.date} ({figure.source})"
-    return None, "unknown"
+    notes.append(f"training run: stack {cfg.stack!r} has no throughput measured by a run of its own; borrowed the "
+                 f"bench figure {borrowed.describe()}")
+    return borrowed.tokens_per_second_per_device, f"borrowed: {borrowed.describe()}"
 
 
-def training_estimate(cfg: StackConfig, run: RunConfig | None, book: PriceBook, notes: list[str]) -> TrainingRun | None:
+def training_devices(cfg: StackConfig, measured: ThroughputMeasurement | None) -> int:
+    """GPUs of the stack's workers; on an existing cluster without GPUs, the ranks the measured run had."""
+    if cfg.cluster is not None:
+        gpus = cfg.cluster.nodes * cfg.cluster.gpus_per_node
+        return gpus or (measured.devices if measured is not None else 0)
+    return worker_gpus(cfg)
+
+
+def training_estimate(cfg: StackConfig, run: RunConfig | None, book: PriceBook, notes: list[str],
+                      measured: ThroughputMeasurement | None = None) -> TrainingRun | None:
     if run is None:
         notes.append(f"training run: run config {cfg.pipeline.run_config} not found here")
         return None
@@ -135,27 +148,25 @@ def training_estimate(cfg: StackConfig, run: RunConfig | None, book: PriceBook, 
         basis = "tokens/row from pricing.training.avgTokensPerRow" if cfg.pricing.training.avg_tokens_per_row \
             else "data.max_length tokens/row (upper bound)"
         notes.append(f"training tokens: {rows:g} train rows x {per_row:g} ({basis})")
-    gpus = worker_gpus(cfg)
+    gpus = training_devices(cfg, measured)
     epochs = passes(run.train, tokens, rows, gpus, max_length, notes)
-    tps, source = cfg.pricing.training.tokens_per_second_per_gpu, "pricing.training.tokensPerSecondPerGpu"
-    if tps is None:
-        metrics = paths.train_run_dir / METRICS_NAME
-        tps, source = training_throughput(metrics), f"{metrics}"
-    if tps is None:
-        tps, source = _measured(cfg, run)
+    tps, source = choose_throughput(cfg, run, measured, notes)
     if tps is None:
         notes.append("training run: no throughput (set pricing.training.tokensPerSecondPerGpu or run training once)")
-        source = "unknown"
-    return training_run(tokens, epochs, tps, source, gpus, workers_hourly_usd(cfg, book))
+    hourly = workers_hourly_usd(cfg, book) if cfg.target == "nebius" else None
+    if cfg.target != "nebius":
+        notes.append("training run: an existing cluster has no price here; hours only")
+    return training_run(tokens, epochs, tps, source, gpus, hourly)
 
 
-def cost_report(cfg: StackConfig, root: Path = REPO_ROOT) -> CostReport:
-    """Monthly TCO, training-run cost and the fixed cost-per-chat scenarios of a stack."""
+def cost_report(cfg: StackConfig, root: Path = REPO_ROOT, measured: ThroughputMeasurement | None = None) -> CostReport:
+    """Monthly TCO, training-run cost and the fixed cost-per-chat scenarios of a stack; `measured`: the training
+    throughput a run on this stack measured (its records fetched from the Slurm machine), when there is one."""
     book = PriceBook(cfg.pricing.overrides)
     monthly = monthly_cost(cfg, cfg.pricing, book)
     notes = [line.note and f"{line.label}: {line.note}" for line in monthly.lines if line.note]
     run = load_run(cfg, root)
-    training = training_estimate(cfg, run, book, notes) if cfg.target == "nebius" else None
+    training = training_estimate(cfg, run, book, notes, measured) if cfg.target != "local" else None
     chats = chat_scenarios(monthly, cfg.pricing.chat) if monthly.usd_high > 0 else []
     return CostReport(monthly=monthly, training=training, chats=chats, notes=[n for n in notes if n])
 

@@ -28,7 +28,7 @@ EVAL_FIGURES: dict[str, str] = {
 JOB_FIELDS = ("job_id", "state", "elapsed_s")
 CHAT_FIELDS = ("tokens_per_second", "conversations_per_day", "usd")
 LINE_FIELDS = ("usd_low", "usd_high", "category", "label", "quantity", "unit_price")
-TRAINING_FIELDS = ("tokens", "gpus", "tokens_per_second_per_gpu", "gpu_hours", "wall_hours", "usd")
+TRAINING_FIELDS = ("tokens", "gpus", "tokens_per_second_per_gpu", "gpu_hours", "wall_hours", "usd", "throughput_source")
 MEASURED = "measured"
 """the cost-per-chat scenario at the fine-tuned model's generation speed measured by the eval job."""
 BUNDLE_HASH = "pipeline_bundle_hash"
@@ -122,6 +122,7 @@ def cost_outputs(monthly: MonthlyCost, training: TrainingRun | None, chats: Iter
     if training is not None:
         out[training_key("tokens")] = _round(training.tokens * training.epochs)
         out[training_key("gpus")] = training.gpus
+        out[training_key("throughput_source")] = training.throughput_source
         for name in ("tokens_per_second_per_gpu", "gpu_hours", "wall_hours", "usd"):
             value = getattr(training, name)
             if value is not None:

@@ -17,6 +17,7 @@ from infra.pipeline.chain import code_hash, pipeline_jobs, placement_for, run_ro
 from infra.pipeline.datasource import fingerprint_source
 from infra.pipeline.transport import LocalTransport
 from infra.pipeline.component import Pipeline, PipelineArgs
+from infra.artifacts import latest_throughput, local_store
 from infra.cost_report import cost_report
 from infra.kubeconfig import kubeconfig
 from infra.nebius.backups import BackupAccess, BackupAccessArgs
@@ -30,6 +31,7 @@ from infra.soperator import Soperator, SoperatorArgs
 from infra.soperator_values import BackupTarget, release_plan
 from infra.backends import nebius_s3_endpoint
 from documents.run_config import load_run_config
+from documents.throughput import ThroughputMeasurement
 
 PIPELINE_KEY_CONFIG = SECRET_KEYS[0]
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -223,6 +225,14 @@ def build_pipeline(cfg: StackConfig, platform: Platform | None) -> Pipeline | No
     ))
 
 
+def stored_throughput(cfg: StackConfig) -> ThroughputMeasurement | None:
+    """The training throughput the newest run of a cluster stack measured, from this machine's artifacts store
+    (where `ftstack run` keeps the runs of local and cluster stacks); a cloud stack's runs are in its bucket."""
+    if cfg.target != "cluster":
+        return None
+    return latest_throughput(local_store(REPO_ROOT), cfg.stack)
+
+
 def build_stack(cfg: StackConfig) -> dict[str, Any]:
     """Build every resource of the stack and return its flat outputs."""
     outputs = stack_outputs(cfg)
@@ -230,7 +240,7 @@ def build_stack(cfg: StackConfig) -> dict[str, Any]:
     platform = build_platform(cfg, plan)
     if platform is not None:
         outputs.update(platform_outputs(cfg, plan, platform))
-    report = cost_report(cfg)
+    report = cost_report(cfg, measured=stored_throughput(cfg))
     outputs.update(report.outputs())
     pipeline = build_pipeline(cfg, platform)
     if pipeline is not None:

@@ -12,7 +12,7 @@ import torch
 
 from infra.pipeline.slurm import SlurmClient, SlurmJobFailed
 from workloads.checks import gpu, measure
-from workloads.checks.readiness import ReadinessReport
+from documents.readiness_report import ReadinessReport
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL_CONFIG = ROOT / "workloads" / "configs" / "local.json"

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from documents.readiness_report import AllReduceResult, GpuInfo, GpuPerf, NodeInventory
 from workloads.checks.config import ReadinessConfig
 from workloads.checks.readiness import (
     BANDWIDTH_FLOOR_FRACTION,
     GPU_SPECS,
     MATMUL_FLOOR_FRACTION,
-    AllReduceResult,
-    GpuInfo,
-    GpuPerf,
-    NodeInventory,
     bus_bandwidth,
     evaluate,
     floors_for,

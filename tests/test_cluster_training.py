@@ -19,7 +19,7 @@ from cluster_fixtures import Cluster
 from slurm_jobs import job_field, release_requeued, wait_for
 from train_fixtures import with_train, write_config
 from documents.run_config import RunConfig
-from documents.metrics import read_metrics
+from documents.metrics import load_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -54,7 +54,7 @@ def run_to_end(cluster: Cluster, run: RunConfig, tmp_path: Path, nodes: int, nam
     finally:
         subprocess.run(["scancel", job], capture_output=True, env={**os.environ, "SLURM_CONF": str(cluster.slurm_conf)})
     assert job_field(job, "JobState", cluster.slurm_conf) == "COMPLETED", log.read_text(errors="replace")[-4000:]
-    return [r.loss for r in read_metrics(run.train_run_dir / "metrics.jsonl") if r.loss is not None]
+    return [r.loss for r in load_metrics(run.train_run_dir / "metrics.jsonl") if r.loss is not None]
 
 
 def test_two_nodes_match_one_node_with_two_processes(local_cluster: Cluster, tiny_prepared: RunConfig,
@@ -88,7 +88,7 @@ def test_requeue_signal_then_a_lost_node_resume_on_both_nodes_from_the_last_chec
     metrics = run.train_run_dir / "metrics.jsonl"
     env = {**os.environ, "SLURM_CONF": str(local_cluster.slurm_conf)}
     try:
-        wait_for(lambda: metrics.is_file() and len(read_metrics(metrics)) >= 3, 600, "three logged steps", log)
+        wait_for(lambda: metrics.is_file() and len(load_metrics(metrics)) >= 3, 600, "three logged steps", log)
         subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True, env=env)
         wait_for(lambda: job_field(job, "Restarts", local_cluster.slurm_conf) == "1", 180, "the job to requeue itself", log)
         release_requeued(job, log, local_cluster.slurm_conf)
@@ -118,5 +118,5 @@ def test_requeue_signal_then_a_lost_node_resume_on_both_nodes_from_the_last_chec
     assert third["slurm_restart_count"] == 2 and third["resumed_from_step"] in saved_before[-2:]
     assert third["resumed_from_step"] > first["global_step"]
     assert manifest["status"] == "completed" and manifest["world_size"] == 2 and manifest["nodes"] == 2
-    steps = [r.step for r in read_metrics(metrics) if r.loss is not None]
+    steps = [r.step for r in load_metrics(metrics) if r.loss is not None]
     assert steps == list(range(1, 41)), steps

@@ -8,7 +8,7 @@ import pytest
 
 from infra.config import load_stack_config
 from infra.cost import chat_scenario, chat_scenarios, monthly_cost, node_price, training_run
-from infra.cost_report import cost_report, render_table, tokenized_tokens, training_throughput
+from infra.cost_report import cost_report, render_table, tokenized_tokens
 from infra.mocks import run_under_mocks
 from infra.pricing import CATALOG, PriceBook, PriceOverride, PricingConfig
 from documents.metrics import MetricsRecord
@@ -146,19 +146,25 @@ def test_training_run_cost_arithmetic():
     assert unknown.usd is None and unknown.gpu_hours is None
 
 
-def test_tokens_from_a_saved_dataset_and_throughput_from_metrics(tmp_path):
+def test_tokens_from_a_saved_dataset(tmp_path):
     from datasets import Dataset
 
     Dataset.from_dict({"input_ids": [[1, 2, 3], [4, 5]], "length": [3, 5]}).save_to_disk(str(tmp_path / "ds"))
     assert tokenized_tokens(tmp_path / "ds") == 8
     assert tokenized_tokens(tmp_path / "missing") is None
-    metrics = tmp_path / "metrics.jsonl"
-    metrics.write_text("".join(r.line() for r in (
-        MetricsRecord(step=1, epoch=0.1, loss=2.0, tokens_per_second_per_gpu=90.0),
-        MetricsRecord(step=2, epoch=0.2, loss=1.0, tokens_per_second_per_gpu=110.0),
-        MetricsRecord(step=2, epoch=0.2, eval_loss=1.5))) + '{"step": 3, "lo')
-    assert training_throughput(metrics) == 110.0
-    assert training_throughput(tmp_path / "none.jsonl") is None
+
+
+def test_a_runs_throughput_is_its_tokens_over_its_time():
+    """1,000 tokens at 100 tokens/s (10 s) then 3,000 at 150 (20 s): 4,000 tokens in 30 s, not the newest rate
+    (150) nor the mean of rates (125); an eval-only record and another job's records do not count."""
+    from documents.throughput import run_tokens_per_second
+
+    records = [MetricsRecord(step=1, epoch=0.1, loss=2.0, tokens=1000, tokens_per_s=100.0, job_id="7"),
+               MetricsRecord(step=2, epoch=0.2, loss=1.0, tokens=3000, tokens_per_s=150.0, job_id="7"),
+               MetricsRecord(step=2, epoch=0.2, eval_loss=1.5, job_id="7"),
+               MetricsRecord(step=3, epoch=0.3, loss=1.0, tokens=50, tokens_per_s=1.0, job_id="6")]
+    assert run_tokens_per_second(records, job_id="7") == pytest.approx(4000 / 30)
+    assert run_tokens_per_second(records[2:3]) is None
 
 
 def test_dev_training_run_stops_at_max_steps():
@@ -180,7 +186,8 @@ def test_stack_outputs_are_flat_and_numeric():
     # seed: $0.24 at 60 tokens/s = 2,592 chats a day; monthly high / 30 days / 2,592
     assert round(cost["cost_per_chat_tps_60_usd"], 2) == 0.24
     assert cost["cost_per_chat_tps_60_usd"] == pytest.approx(cost["cost_monthly_usd_high"] / 30 / 2592, abs=1e-4)
-    texts = {k for k in cost if k == "cost_pricing_date" or k.endswith(("_category", "_label", "_quantity", "_unit_price"))}
+    texts = {k for k in cost if k in ("cost_pricing_date", "training_run_throughput_source")
+             or k.endswith(("_category", "_label", "_quantity", "_unit_price"))}
     assert all(isinstance(v, (int, float)) for k, v in cost.items() if k not in texts)
     assert all(isinstance(cost[k], str) for k in texts)
     assert cost["cost_line_compute_worker_worker_label"] == "Worker nodes worker (gpu-l40s-d, 2gpu-64vcpu-384gb)"
@@ -210,7 +217,7 @@ def test_training_cost_uses_the_throughput_measured_for_the_gpu_model(tmp_path):
     """h100 stack with a QLoRA run of Qwen3-14B and no throughput of its own: the H100 benchmark figure
     (documents/training_throughput.json) prices the run; unquantized LoRA has no figure and says so."""
     from infra.cost_report import load_run, training_estimate
-    from documents.throughput import measured_throughput
+    from documents.throughput import bench_throughput
 
     cfg = load_stack_config("h100")
     run = load_run(cfg)
@@ -218,13 +225,22 @@ def test_training_cost_uses_the_throughput_measured_for_the_gpu_model(tmp_path):
     data["paths"] = {"root": str(tmp_path)}
     data["data"]["rows"] = 10_000  # no tokenized data here: the size comes from the row count
     qlora = type(run).model_validate({**data, "train": {**data["train"], "quantization": "4bit"}})
-    figure = measured_throughput("NVIDIA H100 SXM", "hub:Qwen/Qwen3-14B", "qlora")
+    figure = bench_throughput("NVIDIA H100 SXM", "hub:Qwen/Qwen3-14B", "qlora")
     assert figure is not None and figure.date and figure.source
     notes: list[str] = []
     estimate = training_estimate(cfg, qlora, PriceBook(cfg.pricing.overrides), notes)
-    assert estimate.tokens_per_second_per_gpu == figure.tokens_per_second_per_gpu
+    assert estimate.tokens_per_second_per_gpu == figure.tokens_per_second_per_device
+    assert estimate.throughput_source.startswith("borrowed: ")
     assert figure.date in estimate.throughput_source and "H100" in estimate.throughput_source
-    assert estimate.gpu_hours == pytest.approx(estimate.tokens * estimate.epochs / figure.tokens_per_second_per_gpu / 3600)
+    assert any("no throughput measured by a run of its own" in n and figure.source in n for n in notes)
+    assert estimate.gpu_hours == pytest.approx(estimate.tokens * estimate.epochs / figure.tokens_per_second_per_device / 3600)
+    own = figure.model_copy(update={"tokens_per_second_per_device": 1234.0, "origin": "run", "stack": "h100",
+                                    "run_id": "20261125T000000Z-42"})
+    notes = []
+    measured = training_estimate(cfg, qlora, PriceBook(cfg.pricing.overrides), notes, own)
+    assert measured.tokens_per_second_per_gpu == 1234.0
+    assert measured.throughput_source.startswith("measured: ") and "20261125T000000Z-42" in measured.throughput_source
+    assert not any("borrowed" in n for n in notes)
     lora = type(run).model_validate({**data, "train": {**data["train"], "quantization": "none"}})
     notes = []
     assert training_estimate(cfg, lora, PriceBook(cfg.pricing.overrides), notes).usd is None

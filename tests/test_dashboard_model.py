@@ -8,7 +8,7 @@ from document_fixtures import evaluator_report, side
 
 from infra import cost
 from infra.config import load_stack_config
-from infra.artifacts import RunIndex
+from documents.run_record import RunIndex
 from infra.dashboard.model import StoredRun, build, chat_label, comparison, loss_curves, unwrap_outputs
 from infra.dashboard.render import render_html
 from documents.prepare_summary import TokenizeLosses

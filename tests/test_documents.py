@@ -13,18 +13,12 @@ import pytest
 from document_fixtures import evaluator_report, side
 from pydantic import ValidationError
 
-from infra.documents import (
-    DocumentError,
-    read_evaluator_report,
-    read_metrics as read_metrics_text,
-    read_readiness_report,
-    read_run_manifest as read_run_manifest_text,
-)
-
-from workloads.checks.readiness import CheckResult, ReadinessReport, check_line
-from documents.evaluator_report import EvaluatorReport, write_report
-from documents.run_manifest import RunManifest, finish_attempt, read_run_manifest, start_attempt
-from documents.metrics import MetricsRecord, read_metrics, truncate_metrics
+from documents.base import DocumentError
+from documents.evaluator_report import EvaluatorReport, read_evaluator_report, write_report
+from documents.metrics import MetricsRecord, load_metrics, read_metrics as read_metrics_text, truncate_metrics
+from documents.readiness_report import CheckResult, ReadinessReport, read_readiness_report
+from documents.run_manifest import RunManifest, finish_attempt, load_run_manifest, read_run_manifest as read_run_manifest_text, start_attempt
+from workloads.checks.readiness import check_line
 
 
 def test_evaluator_report_round_trips_through_its_file(tmp_path: Path) -> None:
@@ -62,11 +56,11 @@ def test_metrics_records_omit_unset_figures_and_skip_a_torn_line(tmp_path: Path)
     eval_line = MetricsRecord(step=2, epoch=0.5, eval_loss=2.5).line()
     path.write_text(lines[0] + lines[1] + eval_line + lines[2] + '{"step": 4, "epo')
     assert json.loads(eval_line) == {"version": 1, "step": 2, "epoch": 0.5, "eval_loss": 2.5}
-    records = read_metrics(path)
+    records = load_metrics(path)
     assert [(r.step, r.loss, r.eval_loss) for r in records] == [(1, 2.0, None), (2, 1.0, None), (2, None, 2.5),
                                                                  (3, 0.0, None)]
     truncate_metrics(path, 2)
-    assert [r.step for r in read_metrics(path)] == [1, 2, 2]
+    assert [r.step for r in load_metrics(path)] == [1, 2, 2]
 
 
 def _base() -> dict:
@@ -91,7 +85,7 @@ def test_run_manifest_attempts_and_completion(tmp_path: Path, monkeypatch: pytes
     assert document["started"] == first.started and document["ended"] and document["adapter"] == "/out/adapter"
     assert [(a["status"], a["global_step"], a["slurm_restart_count"]) for a in document["attempts"]] == [
         ("interrupted", 3, 0), ("completed", 5, 1)]
-    assert read_run_manifest(path) == done == RunManifest.model_validate(document)
+    assert load_run_manifest(path) == done == RunManifest.model_validate(document)
 
 
 def test_run_manifest_of_another_config_starts_over_and_a_bad_one_reads_as_none(tmp_path: Path) -> None:
@@ -99,7 +93,7 @@ def test_run_manifest_of_another_config_starts_over_and_a_bad_one_reads_as_none(
     start_attempt(path, _base(), 0)
     assert len(start_attempt(path, {**_base(), "config_sha256": "d" * 64}, 0).attempts) == 1
     path.write_text('{"run": "demo"}')
-    assert read_run_manifest(path) is None
+    assert load_run_manifest(path) is None
 
 
 def test_readiness_report_line_and_model() -> None:

@@ -72,7 +72,7 @@ def with_training_throughput(cfg: StackConfig) -> StackConfig:
 def produced() -> dict[str, dict[str, Any]]:
     """Outputs of the mock run of every stack, plus a cloud stack whose training throughput is known."""
     runs = {name: run_under_mocks(load_stack_config(name, REPO / "stacks")).outputs for name in STACKS}
-    gpu_stack = next(n for n in STACKS if n != "local" and "training_run_gpus" in runs[n])
+    gpu_stack = next(n for n in STACKS if runs[n]["target"] == "nebius" and "training_run_gpus" in runs[n])
     runs[f"{gpu_stack}+throughput"] = run_under_mocks(
         with_training_throughput(load_stack_config(gpu_stack, REPO / "stacks"))).outputs
     runs[f"{gpu_stack}+waited"] = waited_outputs(load_stack_config(gpu_stack, REPO / "stacks"))

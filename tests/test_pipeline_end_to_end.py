@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from infra.artifacts import list_runs, local_store, read_run_file
-from infra.documents import read_evaluator_report, read_metrics, read_run_manifest
+from documents.evaluator_report import read_evaluator_report
+from documents.metrics import read_metrics
+from documents.run_manifest import read_run_manifest
 from documents.evaluator_report import EvaluatorReport
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]

@@ -16,7 +16,7 @@ from workloads.train import checkpoints
 from workloads.train.config import resolve_precision, train_paths
 from workloads.train.finetune import main, train_run
 from documents.run_manifest import RunManifest
-from documents.metrics import read_metrics
+from documents.metrics import load_metrics
 from workloads.train.preemption import INTERRUPTED_EXIT, STOP_FILE_ENV
 
 
@@ -62,13 +62,13 @@ def test_training_writes_adapter_metrics_plot_manifest(tiny_prepared, tmp_path: 
     out = run.train_run_dir
     with safe_open(str(out / "adapter" / "adapter_model.safetensors"), framework="pt") as handle:
         assert any("lora_A" in key for key in handle.keys())
-    rows = [r for r in read_metrics(out / "metrics.jsonl") if r.loss is not None]
+    rows = [r for r in load_metrics(out / "metrics.jsonl") if r.loss is not None]
     assert [r.step for r in rows] == [1, 2, 3, 4]
     for row in rows:
         assert row.loss > 0 and row.tokens_per_s > 0 and row.memory_mb > 0 and row.lr is not None
         assert row.padding_efficiency == round(row.tokens / 512, 4)  # every micro-batch is 2 x 256 tokens
         assert row.grad_norm is not None
-    assert any(r.eval_loss is not None for r in read_metrics(out / "metrics.jsonl"))
+    assert any(r.eval_loss is not None for r in load_metrics(out / "metrics.jsonl"))
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert all(line["version"] == 1 for line in lines) and "loss" not in next(l for l in lines if "eval_loss" in l)
     assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -93,7 +93,7 @@ def test_training_writes_adapter_metrics_plot_manifest(tiny_prepared, tmp_path: 
 def test_grouped_batching_pads_only_to_the_batch(tiny_prepared, tmp_path: Path) -> None:
     run = with_train(tiny_prepared, tmp_path, batching="grouped", max_steps=2, save_steps=5)
     assert train_run(run) == 0
-    rows = read_metrics(run.train_run_dir / "metrics.jsonl")
+    rows = load_metrics(run.train_run_dir / "metrics.jsonl")
     assert all(0.5 < r.padding_efficiency <= 1.0 for r in rows)
 
 
@@ -125,7 +125,7 @@ def test_stop_then_resume_skips_corrupt_checkpoint(
         assert train_run(run) == 0
     assert "checkpoint-3: no completion marker" in caplog.text
     assert "checkpoint-2: adapter_model.safetensors is 100 bytes" in caplog.text
-    steps = [r.step for r in read_metrics(run.train_run_dir / "metrics.jsonl") if r.loss is not None]
+    steps = [r.step for r in load_metrics(run.train_run_dir / "metrics.jsonl") if r.loss is not None]
     assert steps == [1, 2, 3, 4, 5]
     attempts = json.loads((run.train_run_dir / "run_manifest.json").read_text())["attempts"]
     assert [a["resumed_from_step"] for a in attempts] == [0, 1]
@@ -200,5 +200,5 @@ def test_micro_batch_tokens_split_the_configured_global_batch(tiny_prepared, tmp
     plan = manifest["batch_plan"]
     assert (plan["micro_batch_tokens"], plan["gradient_accumulation_steps"], plan["step_tokens"]) == (256, 4, 1024)
     assert plan["gradient_checkpointing"] is True
-    rows = [r for r in read_metrics(run.train_run_dir / "metrics.jsonl") if r.loss is not None]
+    rows = [r for r in load_metrics(run.train_run_dir / "metrics.jsonl") if r.loss is not None]
     assert [r.padding_efficiency for r in rows] == [round(r.tokens / 1024, 4) for r in rows]

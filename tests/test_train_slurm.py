@@ -12,7 +12,7 @@ import pytest
 
 from slurm_jobs import job_field, release_requeued, wait_for
 from train_fixtures import with_train, write_config
-from documents.metrics import read_metrics
+from documents.metrics import load_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slurm
@@ -33,7 +33,7 @@ def test_requeued_training_resumes_from_its_checkpoint(slurm: str, tiny_prepared
     metrics = run.train_run_dir / "metrics.jsonl"
     try:
         wait_for(lambda: job_field(job, "JobState") != "PENDING", 1200, "the job to start (node busy?)", log)
-        wait_for(lambda: len(read_metrics(metrics)) >= 3, 300, "three logged steps", log)
+        wait_for(lambda: len(load_metrics(metrics)) >= 3, 300, "three logged steps", log)
         subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True)
         wait_for(lambda: job_field(job, "Restarts") == "1", 120, "the job to requeue itself", log)
         release_requeued(job, log)
@@ -51,7 +51,7 @@ def test_requeued_training_resumes_from_its_checkpoint(slurm: str, tiny_prepared
     assert first["status"] == "interrupted" and first["global_step"] > 0
     assert second["resumed_from_step"] == first["global_step"] > 0
     assert second["slurm_restart_count"] == 1 and second["slurm_job_id"] == job
-    steps = [r.step for r in read_metrics(metrics) if r.loss is not None]
+    steps = [r.step for r in load_metrics(metrics) if r.loss is not None]
     assert steps == list(range(1, 41)), steps
     assert (run.adapter_dir / "adapter_model.safetensors").is_file()
     assert (run.train_run_dir / "loss.png").is_file()

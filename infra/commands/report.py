@@ -14,7 +14,9 @@ from infra.artifacts import ArtifactError, ArtifactStore, list_runs, run_prefix,
 from infra.config import StackConfig, StackConfigError, load_stack_config
 from infra.dashboard import build, write_dashboard
 from infra.dashboard.model import StoredRun, unwrap_outputs
-from infra.documents import DocumentError, read_evaluator_report, read_metrics
+from documents.base import DocumentError
+from documents.evaluator_report import read_evaluator_report
+from documents.metrics import read_metrics
 from infra.outputs import ARTIFACTS_BUCKET
 from documents.metrics import METRICS_NAME
 from infra.backends import find_repo_root

@@ -19,8 +19,7 @@ from typing import Any
 
 from infra.artifacts import ARTIFACTS_BUCKET_ENV, ArtifactError, ArtifactStore, list_runs, store_for_stack, upload_run
 from infra.config import StackConfig, StackConfigError, load_stack_config, stack_file
-from infra.cost_report import CostReport, cost_report, render_chat_table
-from infra.documents import DocumentError, read_prepare_summary
+from infra.cost_report import CostReport, cost_report, render_chat_table, stack_gpu_model
 from infra.outputs import measured_chat_outputs, measured_scenario, pipeline_outputs
 from infra.program import stack_outputs
 from infra.pipeline.fetch import fetch_run
@@ -32,7 +31,13 @@ from infra.pipeline.transport import TransportError
 from infra.backends import find_repo_root
 from workloads.common.atomic import write_text_atomic
 from documents.run_config import ConfigError
-from documents.prepare_summary import SUMMARY_NAME
+from documents.base import DocumentError
+from documents.metrics import METRICS_NAME, read_metrics
+from documents.run_config import load_run_config
+from documents.run_manifest import RUN_MANIFEST_NAME, read_run_manifest
+from documents.run_record import RunIndex
+from documents.throughput import ThroughputMeasurement, measure_run
+from documents.prepare_summary import SUMMARY_NAME, read_prepare_summary
 from documents.evaluator_report import report_name
 
 
@@ -79,30 +84,41 @@ def write_outputs(path: Path, outputs: dict[str, Any]) -> None:
     write_text_atomic(path, json.dumps(outputs, indent=2) + "\n")
 
 
-def store_artifacts(stack: StackConfig, repo: Path, result: PipelineRun, outputs: dict[str, Any],
-                    spec: dict[str, Any]) -> str | None:
-    """Copy the finished run's files to the artifacts store, once per eval job; returns where they went.
-
-    Local stack: straight from this machine. Cluster and cloud stacks: fetched first through the transport
-    (SSH to the login node) into a temporary folder. A cloud stack without a known bucket stores nothing."""
-    if stack.target == "nebius" and not os.environ.get(ARTIFACTS_BUCKET_ENV):
-        return None
-    store = store_for_stack(stack, repo)
+def stored_run(store: ArtifactStore, stack: StackConfig, result: PipelineRun) -> RunIndex | None:
+    """The stored run of this pipeline's eval job, if it was stored already."""
     eval_job = result.jobs["eval"]["job_id"]
-    if any(r.job_ids.get("eval") == eval_job for r in list_runs(store, stack.stack)):
+    return next((r for r in list_runs(store, stack.stack) if r.job_ids.get("eval") == eval_job), None)
+
+
+def run_folders(stack: StackConfig, result: PipelineRun, spec: dict[str, Any], dest: Path) -> dict[str, Path]:
+    """The finished run's train and results folders on this machine: the run config's own on the local stack;
+    else fetched through the transport (SSH to the login node) under `dest`."""
+    if stack.target == "local":
+        return {}
+    train_dir, results_dir = fetch_run(open_transport(spec), result.jobs["train"]["results_path"],
+                                       result.jobs["eval"]["results_path"], result.jobs["eval"]["job_id"], dest)
+    return {"train_run_dir": train_dir, "results_dir": results_dir}
+
+
+def measured_throughput(stack: StackConfig, repo: Path, folders: dict[str, Path], run_id: str
+                        ) -> ThroughputMeasurement | None:
+    """What the run's training records say it ran at (None when it logged no timed step or left no manifest)."""
+    train_dir = folders.get("train_run_dir") or load_run_config(repo / stack.pipeline.run_config).train_run_dir
+    manifest_file, metrics_file = train_dir / RUN_MANIFEST_NAME, train_dir / METRICS_NAME
+    if not manifest_file.is_file() or not metrics_file.is_file():
         return None
-    with tempfile.TemporaryDirectory(prefix="ft-fetch-") as tmp:
-        folders: dict[str, Path] = {}
-        if stack.target != "local":
-            train_dir, results_dir = fetch_run(open_transport(spec), result.jobs["train"]["results_path"],
-                                               result.jobs["eval"]["results_path"], eval_job, Path(tmp))
-            folders = {"train_run_dir": train_dir, "results_dir": results_dir}
-        return _upload(store, stack, repo, result, eval_job, folders, outputs)
+    manifest = read_run_manifest(manifest_file.read_bytes(), str(manifest_file))
+    records = read_metrics(metrics_file.read_bytes(), str(metrics_file))
+    return measure_run(records, manifest, gpu_model=stack_gpu_model(stack), stack=stack.stack, run_id=run_id,
+                       source=f"ftstack run --stack {stack.stack}")
 
 
-def _upload(store: ArtifactStore, stack: StackConfig, repo: Path, result: PipelineRun, eval_job: str,
-            folders: dict[str, Path], outputs: dict[str, Any]) -> str:
-    run_id = f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{eval_job}"
+def new_run_id(result: PipelineRun) -> str:
+    return f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{result.jobs['eval']['job_id']}"
+
+
+def _upload(store: ArtifactStore, stack: StackConfig, repo: Path, result: PipelineRun, run_id: str,
+            folders: dict[str, Path], outputs: dict[str, Any], throughput: ThroughputMeasurement | None) -> str:
     uploaded = upload_run(
         store, stack.stack, run_id, repo / stack.pipeline.run_config, **folders,
         job_ids={s: j["job_id"] for s, j in result.jobs.items()},
@@ -110,9 +126,26 @@ def _upload(store: ArtifactStore, stack: StackConfig, repo: Path, result: Pipeli
         job_durations_s={s: j["elapsed_s"] for s, j in result.jobs.items() if j["elapsed_s"] is not None},
         started_at=result.started_at,
         finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        outputs=outputs,
+        outputs=outputs, throughput=throughput,
     )
     return uploaded.store
+
+
+def finish_run(stack: StackConfig, repo: Path, result: PipelineRun, spec: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """After a finished pipeline: bring its records back, price the training run with the throughput it measured,
+    write the outputs and store the artifacts (once per eval job). Returns the outputs and where they went."""
+    store = store_for_stack(stack, repo) if stack.target != "nebius" or os.environ.get(ARTIFACTS_BUCKET_ENV) else None
+    stored = stored_run(store, stack, result) if store is not None else None
+    if stored is not None:
+        outputs = run_outputs(stack, cost_report(stack, measured=stored.throughput), result)
+        return outputs, None
+    with tempfile.TemporaryDirectory(prefix="ft-fetch-") as tmp:
+        folders = run_folders(stack, result, spec, Path(tmp))
+        run_id = new_run_id(result)
+        throughput = measured_throughput(stack, repo, folders, run_id)
+        outputs = run_outputs(stack, cost_report(stack, measured=throughput), result)
+        where = _upload(store, stack, repo, result, run_id, folders, outputs, throughput) if store is not None else None
+    return outputs, where
 
 
 def run(args: argparse.Namespace) -> int:
@@ -129,17 +162,19 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(interrupted_text(repo, args.stack), file=sys.stderr)
         return 130
-    outputs = run_outputs(stack, cost_report(stack), result)
     path = outputs_path(repo, stack.stack)
-    write_outputs(path, outputs)
     if args.wait and result.evaluation is not None:
         try:
-            where = store_artifacts(stack, repo, result, outputs, spec)
-        except (ArtifactError, TransportError) as error:
+            outputs, where = finish_run(stack, repo, result, spec)
+        except (ArtifactError, TransportError, DocumentError) as error:
+            write_outputs(path, run_outputs(stack, cost_report(stack), result))
             print(f"ftstack run: artifacts not stored (local copies kept): {error}", file=sys.stderr)
             return 1
         if where:
             print(f"artifacts stored in {where}", file=sys.stderr)
+    else:
+        outputs = run_outputs(stack, cost_report(stack), result)
+    write_outputs(path, outputs)
     print(f"outputs written to {path}", file=sys.stderr)
     if args.json:
         print(result.model_dump_json(indent=2))

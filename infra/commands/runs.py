@@ -8,7 +8,8 @@ import sys
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from infra.artifacts import ArtifactError, RunIndex, list_runs, store_for_stack
+from documents.run_record import RunIndex
+from infra.artifacts import ArtifactError, list_runs, store_for_stack
 from infra.config import StackConfigError, load_stack_config
 from infra.backends import find_repo_root
 

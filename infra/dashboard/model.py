@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infra import outputs as keys
-from infra.artifacts import RunIndex
+from documents.run_record import RunIndex
 from documents.evaluator_report import EvaluatorReport
 from documents.metrics import MetricsRecord
 

@@ -17,9 +17,8 @@ import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, ReadResult, ResourceProvider, UpdateResult
 
 from infra.dynamic_resource import DynamicResource
-from infra.documents import read_evaluator_report
 from infra.pipeline.slurm import JobInfo, SlurmClient
-from documents.evaluator_report import EvaluatorReport
+from documents.evaluator_report import EvaluatorReport, read_evaluator_report
 from infra.pipeline.connect import open_transport
 from infra.pipeline.transport import Transport
 

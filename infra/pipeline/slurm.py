@@ -15,9 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
-from infra.documents import read_metrics
 from infra.pipeline.transport import Transport
-from documents.metrics import MetricsRecord
+from documents.metrics import MetricsRecord, read_metrics
 
 SUCCESS = "COMPLETED"
 FAILED_STATES = frozenset(

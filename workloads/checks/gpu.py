@@ -22,16 +22,8 @@ import torch.distributed as dist
 
 from workloads.checks import measure
 from workloads.checks.config import ReadinessConfig
-from workloads.checks.readiness import (
-    BUSBW_FLOORS_GBS,
-    GpuPerf,
-    NodeInventory,
-    ReadinessFloors,
-    ReadinessReport,
-    check_line,
-    evaluate,
-    floors_for,
-)
+from documents.readiness_report import GpuPerf, NodeInventory, ReadinessFloors, ReadinessReport
+from workloads.checks.readiness import BUSBW_FLOORS_GBS, check_line, evaluate, floors_for
 from workloads.common.atomic import write_text_atomic
 
 _FLAGS = {

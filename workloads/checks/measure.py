@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from workloads.checks.readiness import AllReduceResult, GpuInfo, NodeInventory, bus_bandwidth, parse_nvidia_smi_csv
+from documents.readiness_report import AllReduceResult, GpuInfo, NodeInventory
+from workloads.checks.readiness import bus_bandwidth, parse_nvidia_smi_csv
 
 _SMI_QUERY = "index,uuid,name,memory.total,temperature.gpu,ecc.errors.uncorrected.volatile.total"
 

@@ -3,8 +3,7 @@
 Floors are fractions of datasheet peaks (dense tensor-core TFLOP/s, HBM/GDDR bandwidth), low enough
 that a healthy GPU clears them with margin and a throttled, mis-clocked or degraded one does not.
 
-`ReadinessReport` is the one definition of the report rank 0 writes (`<results_dir>/readiness-<job id>.json`);
-the operator's side reads it with `infra.documents.read_readiness_report`.
+The report rank 0 writes is `documents.readiness_report.ReadinessReport`.
 """
 
 from __future__ import annotations
@@ -13,10 +12,10 @@ import csv
 import io
 import re
 from collections.abc import Iterable
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from documents.readiness_report import AllReduceResult, CheckResult, GpuInfo, GpuPerf, NodeInventory
 from workloads.checks.config import ReadinessConfig
 
 MATMUL_FLOOR_FRACTION = 0.40
@@ -42,98 +41,6 @@ GPU_SPECS: dict[str, GpuSpec] = {
 }
 
 BUSBW_FLOORS_GBS: dict[str, float] = {"infiniband": 100.0, "ethernet": 1.0}
-
-Status = Literal["pass", "fail", "skip", "info"]
-
-
-class GpuInfo(BaseModel):
-    index: int
-    uuid: str | None = None
-    name: str
-    memory_total_mib: float
-    temperature_c: float | None = None
-    ecc_uncorrected: int | None = None
-
-
-class NodeInventory(BaseModel):
-    hostname: str
-    source: Literal["nvml", "nvidia-smi", "none"]
-    gpus: list[GpuInfo] = []
-    driver_version: str | None = None
-    cuda_version: str | None = None
-    torch_cuda: str | None = None
-    torch_cuda_devices: int = 0
-
-
-class GpuPerf(BaseModel):
-    hostname: str
-    rank: int
-    device: int
-    name: str
-    matmul_bf16_tflops: float
-    matmul_fp16_tflops: float
-    memory_bandwidth_gbs: float
-
-
-class AllReduceResult(BaseModel):
-    backend: str
-    world_size: int
-    nodes: int
-    size_bytes: int
-    seconds: float
-    algbw_gbs: float
-    busbw_gbs: float
-    correct: bool
-
-
-class CheckResult(BaseModel):
-    name: str
-    status: Status
-    node: str | None = None
-    gpu: int | None = None
-    value: int | float | str | None = None
-    threshold: int | float | str | None = None
-    unit: str | None = None
-    detail: str = ""
-
-
-class GpuFloors(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    matmul_bf16_tflops: float
-    matmul_fp16_tflops: float
-    memory_bandwidth_gbs: float
-
-
-class ReadinessFloors(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    gpu: dict[str, GpuFloors | None] = {}
-    """per measured GPU name; None where the table has no floor for it."""
-    busbw_gbs: float
-
-
-class ReadinessReport(BaseModel):
-    """Every check of one readiness job; `ok` is False when any check failed."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    version: Literal[1] = 1
-    ok: bool
-    created_at: str
-    slurm_job_id: str | None = None
-    world_size: int
-    backend: str | None = None
-    """torch.distributed backend of the all-reduce; None for one rank."""
-    interconnect: Literal["infiniband", "ethernet"]
-    config: ReadinessConfig
-    floors: ReadinessFloors
-    nodes: list[NodeInventory]
-    measurements: list[GpuPerf]
-    allreduce: AllReduceResult | None = None
-    checks: list[CheckResult]
-    failures: list[str]
-    """one line per failed check (see `check_line`)."""
 
 
 def check_line(check: CheckResult) -> str:

@@ -23,7 +23,8 @@ from workloads.data.tokenize import loss_summary
 from workloads.eval.generation import Prompt, generate_all, read_prompts
 from workloads.eval.metrics import answer_scores, compare, text_scores
 from workloads.eval.perplexity import assistant_perplexity, load_tokenized
-from documents.evaluator_report import Comparison, EvalSettings, EvaluatorReport, SideReport, write_chart, write_report
+from documents.evaluator_report import Comparison, EvalSettings, EvaluatorReport, SideReport, write_report
+from workloads.eval.chart import write_chart
 
 log = logging.getLogger("workloads.eval")
 

@@ -112,6 +112,11 @@ class TrainConfig(_Section):
     procs_per_node: int | None = Field(None, ge=1, description="processes per node (default: GPUs, else 1)")
     network: NetworkConfig = NetworkConfig()
 
+    @property
+    def method(self) -> Literal["lora", "qlora"]:
+        """The run always trains an adapter: QLoRA on a 4/8-bit base, LoRA on an unquantized one."""
+        return "lora" if self.quantization == "none" else "qlora"
+
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
         if self.eval_steps is not None and self.eval_steps % self.save_steps and self.save_steps % self.eval_steps:

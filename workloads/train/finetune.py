@@ -44,11 +44,12 @@ from documents.run_manifest import (
     git_commit,
     model_hash,
     package_versions,
-    read_run_manifest,
+    load_run_manifest,
     start_attempt,
     training_fingerprint,
 )
-from documents.metrics import METRICS_NAME, plot_loss, truncate_metrics
+from documents.metrics import METRICS_NAME, truncate_metrics
+from workloads.train.loss_chart import plot_loss
 from workloads.train.metrics_callback import MetricsCallback, TokenCounter
 from workloads.train.model_shapes import shape_from_hf_config
 from workloads.train.sizing import BatchPlan, plan_batches
@@ -184,7 +185,7 @@ def batch_plan(run: RunConfig, model_dir: Path) -> BatchPlan:
 
 
 def is_done(manifest_file: Path, adapter: Path, digest: str) -> bool:
-    manifest = read_run_manifest(manifest_file)
+    manifest = load_run_manifest(manifest_file)
     return manifest is not None and manifest.status == "completed" and manifest.config_sha256 == digest and (
         adapter / "adapter_model.safetensors"
     ).is_file()
@@ -228,6 +229,8 @@ def train_run(run: RunConfig) -> int:
             "attention": choice.model_dump(),
             "batch_plan": plan.model_dump(),
             "fused_loss": train.fused_loss,
+            "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+            "device_kind": "gpu" if torch.cuda.is_available() else "cpu",
         }
         manifest = start_attempt(manifest_file, base, resumed_step or 0)
     log.info("rank %d/%d precision=%s resume=%s attention=%s/%s plan=%s", args.process_index, args.world_size,

@@ -236,7 +236,7 @@ def inputs_from_run(run: RunConfig) -> MemoryInputs:
     """MemoryInputs from a RunConfig's ``train`` and ``data`` sections: QLoRA on a 4/8-bit base, LoRA on an
     unquantized one (the run config always trains an adapter); double quantization and AdamW as finetune uses them."""
     train = require_train(run)
-    method = "lora" if train.quantization == "none" else "qlora"
+    method = train.method
     targets = ALL_LINEAR if train.lora.target_modules == ["all-linear"] else tuple(train.lora.target_modules)
     return MemoryInputs(
         method=method,

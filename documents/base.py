@@ -1,0 +1,26 @@
+"""What every document module shares: the error that names a document's origin and field, and strict parsing."""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+Document = TypeVar("Document", bound=BaseModel)
+
+
+class DocumentError(ValueError):
+    """A document is not what its model says; the message names the origin and the field or line."""
+
+
+def describe(error: ValidationError) -> str:
+    """'field.sub: message; ...' for every field at fault."""
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(document)'}: {e['msg']}" for e in error.errors())
+
+
+def parse(model: type[Document], text: str | bytes, origin: str, what: str) -> Document:
+    """`text` as a `model`, or a DocumentError naming `origin` and each bad field."""
+    try:
+        return model.model_validate_json(text)
+    except ValidationError as error:
+        raise DocumentError(f"{origin}: not a valid {what} ({describe(error)})") from None

@@ -1,0 +1,45 @@
+"""`run.json`: the index of one run stored in the artifacts store (`runs/<stack>/<run_id>/run.json`).
+
+Written last by `infra.artifacts.upload_run`, read by `ftstack runs`, `ftstack report`, the dashboard and the cost
+model (the run's measured training throughput).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from documents.base import parse
+from documents.throughput import ThroughputMeasurement
+
+
+class RunIndex(BaseModel):
+    """`run.json`: what `ftstack runs` shows without reading the other files."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stack: str
+    run_id: str
+    run_name: str | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    uploaded_at: str
+    job_ids: dict[str, str] = {}
+    job_states: dict[str, str] = {}
+    job_durations_s: dict[str, float] = {}
+    perplexity_base: float | None = None
+    perplexity_finetuned: float | None = None
+    perplexity_improvement_pct: float | None = None
+    tokens_per_s: float | None = None
+    train_loss_final: float | None = None
+    cost_usd: float | None = None
+    files: list[str] = []
+    throughput: ThroughputMeasurement | None = None
+    """the training throughput the run measured (what the stack's training-run cost is priced with)."""
+
+
+def read_run_record(text: str | bytes, origin: str) -> RunIndex:
+    return parse(RunIndex, text, origin, "run index")
+
+
+def write_run_record(index: RunIndex) -> str:
+    return index.model_dump_json(indent=2) + "\n"
