@@ -7,7 +7,6 @@ small `run.json` index with its key figures, which `ftstack runs` lists.
 
 from __future__ import annotations
 
-import json
 import mimetypes
 import os
 import time
@@ -20,6 +19,7 @@ from typing import Any, Protocol
 
 from documents.base import DocumentError
 from documents.run_record import RunIndex, read_run_record, write_run_record
+from documents.stack_outputs import StackOutputs, write_stack_outputs
 from documents.throughput import ThroughputMeasurement
 from documents.evaluator_report import read_evaluator_report
 from documents.metrics import read_metrics
@@ -318,7 +318,7 @@ def upload_run(
     cost_usd: float | None = None,
     started_at: str | None = None,
     finished_at: str | None = None,
-    outputs: Mapping[str, Any] | None = None,
+    outputs: StackOutputs | None = None,
     throughput: ThroughputMeasurement | None = None,
 ) -> UploadResult:
     """Copy one run's artifacts to `runs/<stack>/<run-id>/` and write its `run.json` index last.
@@ -340,7 +340,7 @@ def upload_run(
     uploaded, failures = upload_files(store, prefix, files)
     if outputs is not None:
         try:
-            store.put_bytes(f"{prefix}/outputs.json", json.dumps(outputs, indent=2, default=str).encode())
+            store.put_bytes(f"{prefix}/outputs.json", write_stack_outputs(outputs).encode())
             uploaded.append("outputs.json")
         except ArtifactError as exc:
             failures["outputs.json"] = str(exc)

@@ -1,5 +1,5 @@
 """A stack's cost report: gathers what the pure model in ``infra/cost.py`` needs (run config, dataset
-tokens, the training throughput), returns the flat stack outputs and renders the table ``ftstack plan`` prints.
+tokens, the training throughput), returns the cost part of the stack outputs and renders the table ``ftstack plan`` prints.
 
 The training throughput is never read from this machine at the run's paths (on a cluster stack those are the
 cluster's): the caller passes what a run on the stack measured (``documents.throughput.measure_run``).
@@ -27,7 +27,8 @@ from infra.cost import (
     worker_gpus,
     workers_hourly_usd,
 )
-from infra.outputs import cost_outputs
+from infra.outputs import cost_section
+from documents.stack_outputs import Cost
 from infra.pricing import PriceBook
 from documents.run_config import RunConfig
 from workloads.train.config import TrainConfig
@@ -44,8 +45,9 @@ class CostReport(BaseModel):
     chats: list[ChatScenario]
     notes: list[str]
 
-    def outputs(self) -> dict[str, float | str]:
-        return cost_outputs(self.monthly, self.training, self.chats)
+    def section(self) -> Cost:
+        """The cost part of the stack outputs."""
+        return cost_section(self.monthly, self.training, self.chats)
 
 
 def load_run(cfg: StackConfig, root: Path = REPO_ROOT) -> RunConfig | None:

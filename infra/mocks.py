@@ -160,7 +160,7 @@ def _run(cfg: StackConfig, secrets: dict[str, str], preview: bool) -> MockRun:
     run = MockRun()
 
     def program() -> None:
-        for key, value in build_stack(cfg).items():
+        for key, value in build_stack(cfg).flat().items():
             resolved, secret = _resolve(value)
             run.outputs[key] = SECRET if secret else resolved
             if secret:

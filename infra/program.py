@@ -1,14 +1,10 @@
-"""The Pulumi program: StackConfig in, components built in order, flat stack outputs out.
-
-Output names are stable and flat (dashboards read them): snake_case, numbers as numbers, units in
-the key (``_gib``, ``_nodes``), one key per node group, filesystem and bucket.
-"""
+"""The Pulumi program: StackConfig in, components built in order, typed stack outputs out
+(``documents.stack_outputs.StackOutputs``, flattened into Pulumi's keys by ``infra/__main__.py``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pulumi
 
@@ -26,11 +22,13 @@ from infra.nebius.cluster import Mk8sCluster, Mk8sClusterArgs
 from infra.nebius.filesystems import SharedFilesystems, SharedFilesystemsArgs
 from infra.nebius.layout import Layout, layout
 from infra.nebius.network import Network, NetworkArgs
-from infra.outputs import measured_chat_outputs
+from infra.outputs import measured_chat, with_measured_chat
 from infra.soperator import Soperator, SoperatorArgs
 from infra.soperator_values import BackupTarget, release_plan
 from infra.backends import nebius_s3_endpoint
 from documents.run_config import load_run_config
+from documents.stack_outputs import ChatCost, Filesystem, NodeGroup, StackOutputs, flat_name
+from documents.stack_outputs import Platform as PlatformOutputs
 from documents.throughput import ThroughputMeasurement
 
 PIPELINE_KEY_CONFIG = SECRET_KEYS[0]
@@ -48,10 +46,6 @@ class Platform:
     backup_access: BackupAccess | None
     soperator: Soperator
     kubeconfig: pulumi.Output[str]
-
-
-def _key(name: str) -> str:
-    return name.replace("-", "_")
 
 
 def build_network(cfg: StackConfig) -> Network:
@@ -133,8 +127,8 @@ def build_platform(cfg: StackConfig, plan: Layout) -> Platform | None:
     return Platform(network, filesystems, cluster, buckets, backup_access, soperator, config)
 
 
-def stack_outputs(cfg: StackConfig) -> dict[str, Any]:
-    """Outputs every stack has, local included."""
+def stack_identity(cfg: StackConfig) -> dict[str, str]:
+    """What every stack reports about itself, local included."""
     return {
         "stack": cfg.stack,
         "target": cfg.target,
@@ -144,44 +138,36 @@ def stack_outputs(cfg: StackConfig) -> dict[str, Any]:
     }
 
 
-def platform_outputs(cfg: StackConfig, plan: Layout, platform: Platform) -> dict[str, Any]:
-    """Cluster, node groups, filesystems, buckets, login and Slurm facts of a nebius stack."""
+def platform_section(cfg: StackConfig, plan: Layout, platform: Platform) -> PlatformOutputs:
+    """Cluster, node groups, filesystems, buckets, login and Slurm facts of a nebius stack (ids still Outputs)."""
     assert cfg.nebius is not None and cfg.soperator is not None
-    out: dict[str, Any] = {
-        "region": cfg.nebius.region,
-        "k8s_version": cfg.nebius.k8s_version,
-        "cluster_id": platform.cluster.cluster_id,
-        "cluster_endpoint": platform.cluster.endpoint,
-        "subnet_id": platform.network.subnet_id,
-        "login_address": platform.network.login_address,
-        "login_port": 22,
-        "login_allocation_id": platform.network.login_allocation_id,
-        "soperator_version": cfg.soperator.version,
-        "slurm_version": cfg.soperator.slurm_version,
-        "slurm_namespace": cfg.slurm_namespace,
-        "kubeconfig": platform.kubeconfig,
-    }
     specs = plan.node_groups
-    for spec in specs:
-        key = f"node_group_{_key(spec.name)}"
-        out[f"{key}_id"] = platform.cluster.node_group_ids[spec.name]
-        out[f"{key}_platform"] = spec.platform
-        out[f"{key}_preset"] = spec.preset
-        out[f"{key}_nodes"] = spec.fixed_size if spec.fixed_size is not None else spec.min_size
-        out[f"{key}_max_nodes"] = spec.fixed_size if spec.fixed_size is not None else spec.max_size
-        out[f"{key}_gpus_per_node"] = spec.gpus
-        out[f"{key}_boot_disk_gib"] = spec.boot_disk.size_gib
     workers = [s for s in specs if s.role == "worker"]
-    out["worker_nodes"] = sum(s.fixed_size or 0 for s in workers)
-    out["gpus_total"] = sum((s.fixed_size or 0) * s.gpus for s in workers)
-    for fs in plan.filesystems:
-        key = f"filesystem_{_key(fs.mount_tag)}"
-        out[f"{key}_id"] = platform.filesystems.ids[fs.mount_tag]
-        out[f"{key}_size_gib"] = platform.filesystems.size_gib[fs.mount_tag]
-    if platform.buckets is not None:
-        for kind, name in platform.buckets.names.items():
-            out[f"{kind}_bucket_name"] = name
-    return out
+    return PlatformOutputs.model_construct(
+        region=cfg.nebius.region,
+        k8s_version=cfg.nebius.k8s_version,
+        cluster_id=platform.cluster.cluster_id,
+        cluster_endpoint=platform.cluster.endpoint,
+        subnet_id=platform.network.subnet_id,
+        login_address=platform.network.login_address,
+        login_port=22,
+        login_allocation_id=platform.network.login_allocation_id,
+        soperator_version=cfg.soperator.version,
+        slurm_version=cfg.soperator.slurm_version,
+        slurm_namespace=cfg.slurm_namespace,
+        kubeconfig=platform.kubeconfig,
+        worker_nodes=sum(s.fixed_size or 0 for s in workers),
+        gpus_total=sum((s.fixed_size or 0) * s.gpus for s in workers),
+        node_groups={flat_name(spec.name): NodeGroup.model_construct(
+            id=platform.cluster.node_group_ids[spec.name], platform=spec.platform, preset=spec.preset,
+            nodes=spec.fixed_size if spec.fixed_size is not None else spec.min_size,
+            max_nodes=spec.fixed_size if spec.fixed_size is not None else spec.max_size,
+            gpus_per_node=spec.gpus, boot_disk_gib=spec.boot_disk.size_gib) for spec in specs},
+        filesystems={flat_name(fs.mount_tag): Filesystem.model_construct(
+            id=platform.filesystems.ids[fs.mount_tag], size_gib=platform.filesystems.size_gib[fs.mount_tag])
+            for fs in plan.filesystems},
+        buckets=dict(platform.buckets.names) if platform.buckets is not None else {},
+    )
 
 
 def pipeline_transport(cfg: StackConfig, platform: Platform | None) -> pulumi.Input[dict] | None:
@@ -233,20 +219,19 @@ def stored_throughput(cfg: StackConfig) -> ThroughputMeasurement | None:
     return latest_throughput(local_store(REPO_ROOT), cfg.stack)
 
 
-def build_stack(cfg: StackConfig) -> dict[str, Any]:
-    """Build every resource of the stack and return its flat outputs."""
-    outputs = stack_outputs(cfg)
+def build_stack(cfg: StackConfig) -> StackOutputs:
+    """Build every resource of the stack and return its outputs (flattened only when exported)."""
     plan = layout(cfg)
     platform = build_platform(cfg, plan)
-    if platform is not None:
-        outputs.update(platform_outputs(cfg, plan, platform))
     report = cost_report(cfg, measured=stored_throughput(cfg))
-    outputs.update(report.outputs())
+    cost = report.section()
     pipeline = build_pipeline(cfg, platform)
-    if pipeline is not None:
-        outputs.update(pipeline.outputs())
-        if report.chats:
-            measured = pipeline.evaluation.apply(lambda e: measured_chat_outputs(report.monthly, cfg.pricing.chat, e))
-            outputs.update({key: measured.apply(lambda d, k=key: d[k])
-                            for key in measured_chat_outputs(report.monthly, cfg.pricing.chat, None)})
-    return outputs
+    if pipeline is not None and cost.chats:
+        measured = pipeline.evaluation.apply(lambda e: measured_chat(report.monthly, cfg.pricing.chat, e))
+        cost = with_measured_chat(cost, ChatCost.model_construct(
+            **{field: measured.apply(lambda c, f=field: getattr(c, f)) for field in ChatCost.model_fields}))
+    return StackOutputs.model_construct(
+        **stack_identity(cfg), cost=cost,
+        platform=platform_section(cfg, plan, platform) if platform is not None else None,
+        pipeline=pipeline.section() if pipeline is not None else None,
+    )

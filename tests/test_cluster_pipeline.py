@@ -185,3 +185,29 @@ def test_replaced_or_destroyed_job_is_cancelled_over_ssh(cluster_run: dict[str, 
     finally:
         transport.close()
     assert not marker.exists()
+
+
+def test_training_cost_uses_the_throughput_this_run_measured_on_the_cluster(cluster_run: dict[str, Any]) -> None:
+    """The outputs price the training run at the throughput the cluster's records show (their tokens over their
+    time, per rank), fetched over SSH: this machine has no copy at the run config's paths."""
+    from infra.commands.run import outputs_path
+
+    run_config = json.loads((cluster_run["config_dir"] / ".." / "ctiny.json").resolve().read_text())
+    assert not (REPO / run_config["paths"]["root"]).exists() and not Path(run_config["paths"]["root"]).is_absolute()
+    remote = cluster_run["root"] / "outputs/ctiny"
+    lines = [json.loads(line) for line in (remote / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    timed = [r for r in lines if r.get("tokens") and r.get("tokens_per_s")]
+    world_size = json.loads((remote / "run_manifest.json").read_text())["world_size"]
+    expected = sum(r["tokens"] for r in timed) / sum(r["tokens"] / r["tokens_per_s"] for r in timed) / world_size
+    outputs = json.loads(outputs_path(REPO, STACK).read_text())
+    assert outputs["training_run_tokens_per_second_per_gpu"] == pytest.approx(expected, rel=1e-3)
+    assert outputs["training_run_gpus"] == world_size == 2
+    assert outputs["training_run_wall_hours"] == pytest.approx(
+        outputs["training_run_tokens"] / (expected * world_size) / 3600, rel=1e-3)
+    source = outputs["training_run_throughput_source"]
+    (index,) = json.loads(subprocess.run(
+        [FTSTACK, "runs", "--stack", STACK, "--config-dir", str(cluster_run["config_dir"]), "--json"],
+        cwd=REPO, capture_output=True, text=True, timeout=120, check=True).stdout)
+    assert source.startswith("measured: ") and index["run_id"] in source and f"stack {STACK}" in source
+    assert index["throughput"]["tokens_per_second_per_device"] == pytest.approx(expected, rel=1e-3)
+    assert index["throughput"]["device_kind"] == "cpu" and index["throughput"]["devices"] == 2

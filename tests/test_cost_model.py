@@ -175,7 +175,7 @@ def test_dev_training_run_stops_at_max_steps():
         "training": cfg.pricing.training.model_copy(update={"tokens_per_second_per_gpu": 800.0})})}))
     assert report.training.tokens * report.training.epochs == pytest.approx(200 * 8 * 1024)
     assert report.training.gpu_hours == pytest.approx(200 * 8 * 1024 / 800 / 3600)
-    assert report.outputs()["training_run_tokens"] == pytest.approx(1_638_400)
+    assert report.section().training.tokens == pytest.approx(1_638_400)
     assert any("max_steps 200" in note for note in report.notes)
 
 
@@ -188,7 +188,10 @@ def test_stack_outputs_are_flat_and_numeric():
     assert cost["cost_per_chat_tps_60_usd"] == pytest.approx(cost["cost_monthly_usd_high"] / 30 / 2592, abs=1e-4)
     texts = {k for k in cost if k in ("cost_pricing_date", "training_run_throughput_source")
              or k.endswith(("_category", "_label", "_quantity", "_unit_price"))}
-    assert all(isinstance(v, (int, float)) for k, v in cost.items() if k not in texts)
+    names = {"cost_categories", "cost_lines", "cost_per_chat_scenarios"}
+    assert all(isinstance(v, (int, float)) for k, v in cost.items() if k not in texts | names)
+    assert all(isinstance(cost[k], list) and all(isinstance(n, str) for n in cost[k]) for k in names)
+    assert all(f"cost_line_{name}_usd_high" in cost for name in cost["cost_lines"])
     assert all(isinstance(cost[k], str) for k in texts)
     assert cost["cost_line_compute_worker_worker_label"] == "Worker nodes worker (gpu-l40s-d, 2gpu-64vcpu-384gb)"
     assert cost["cost_line_compute_worker_worker_quantity"] == "5 nodes"

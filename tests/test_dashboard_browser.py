@@ -14,6 +14,7 @@ from artifacts_fixtures import KEYS, REGION, S3Server, s3_server  # noqa: F401
 from dashboard_fixtures import CHROMIUM, CHROMIUM_ARGS, EVALUATOR, REPO, stack_outputs, store_run
 from playwright.sync_api import sync_playwright
 
+from documents.stack_outputs import parse_stack_outputs
 from infra.artifacts import S3Store, local_store
 from infra.commands import report
 
@@ -124,7 +125,8 @@ def test_local_stack_report_with_stored_run(repo: Path, tmp_path: Path, capsys: 
     assert "Evaluation not run yet" in text and "Training not run yet" in text and charts == 0
     assert "the mock run of stacks/Pulumi.local.yaml" in text and "workloads/configs/local.json" in text
     outputs_file = tmp_path / "plan.json"
-    outputs_file.write_text(json.dumps({"resources": [], "outputs": {"cluster_name": "local", "target": "local"}}))
+    without_pipeline = parse_stack_outputs(mock, "mock").model_copy(update={"pipeline": None}).flat()
+    outputs_file.write_text(json.dumps({"resources": [], "outputs": without_pipeline}))  # `ftstack plan --json`
 
     run = store_run(local_store(repo), "local", tmp_path / "work")
     assert cli(["report", "--stack", "local", "--outputs", str(outputs_file), "--out", str(out_dir)]) == 0

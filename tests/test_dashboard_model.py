@@ -9,7 +9,8 @@ from document_fixtures import evaluator_report, side
 from infra import cost
 from infra.config import load_stack_config
 from documents.run_record import RunIndex
-from infra.dashboard.model import StoredRun, build, chat_label, comparison, loss_curves, unwrap_outputs
+from documents.stack_outputs import Cost, EvalSide, Job, Pipeline, StackOutputs, parse_stack_outputs
+from infra.dashboard.model import StoredRun, build, chat_label, comparison, loss_curves
 from infra.dashboard.render import render_html
 from documents.prepare_summary import TokenizeLosses
 from documents.metrics import MetricsRecord
@@ -20,7 +21,7 @@ def test_sections_match_the_cost_model_and_the_program(stack: str) -> None:
     cfg = load_stack_config(stack, REPO / "stacks")
     monthly = cost.monthly_cost(cfg, cfg.pricing)
     outputs = stack_outputs(stack)
-    data = build(stack, outputs, cfg)
+    data = build(stack, parse_stack_outputs(outputs, stack), cfg)
     assert data.target == "nebius"
     by_key = {line.key: line for line in monthly.lines}
     for row in data.lines:
@@ -51,7 +52,7 @@ def test_sections_match_the_cost_model_and_the_program(stack: str) -> None:
 
 def test_local_stack_has_no_cloud_sections() -> None:
     cfg = load_stack_config("local", REPO / "stacks")
-    data = build("local", stack_outputs("local"), cfg)
+    data = build("local", parse_stack_outputs(stack_outputs("local"), "local"), cfg)
     assert data.target == "local"
     assert data.nodes == [] and data.filesystems == [] and data.categories == [] and data.lines == []
     assert data.monthly_high == 0 and data.chats == []
@@ -63,13 +64,13 @@ def test_run_sections_and_unknown_outputs() -> None:
     index = RunIndex(stack="local", run_id="r9", uploaded_at="2026-03-01T12:00:00+00:00",
                      job_ids={"train": "5", "eval": "6"}, job_states={"train": "COMPLETED"}, job_durations_s={"train": 61.0})
     run = StoredRun(index=index, metrics=metrics, evaluator=EVALUATOR)
-    outputs = {"cluster_name": "local", "pipeline_bundle_hash": "abc", "pipeline_train_job_id": "77",
-               "pipeline_train_state": "RUNNING", "pipeline_train_elapsed_s": None}
+    outputs = local_outputs(Pipeline(bundle_hash="abc", jobs={"train": Job(job_id="77", state="RUNNING")}))
     data = build("local", outputs, None, run)
     assert [(j.stage, j.job_id, j.state, j.duration_s) for j in data.jobs] == [("train", "77", "RUNNING", None)]
-    assert data.other_outputs == {"cluster_name": "local", "pipeline_bundle_hash": "abc"}
+    assert data.other_outputs == {"cluster_name": "local", "pipeline_bundle_hash": "abc", "run_config": "local.json",
+                                  "slurm_target": "local"}
     assert data.loss_curve == [(1.0, 2.0), (2.0, 1.5)] and data.eval_loss_curve == [(2.0, 1.7)]
-    no_job_outputs = build("local", {}, None, run)
+    no_job_outputs = build("local", None, None, run)
     assert [(j.stage, j.state, j.duration_s) for j in no_job_outputs.jobs] == [
         ("train", "COMPLETED", 61.0), ("eval", "unknown", None)]
     result = comparison(EVALUATOR)
@@ -81,28 +82,34 @@ def test_run_sections_and_unknown_outputs() -> None:
 
 def test_markup_in_a_sample_is_escaped_on_the_page() -> None:
     index = RunIndex(stack="local", run_id="r9", uploaded_at="2026-03-01T12:00:00+00:00")
-    page = render_html(build("local", {}, None, StoredRun(index=index, metrics=[], evaluator=EVALUATOR)), "test")
+    page = render_html(build("local", None, None, StoredRun(index=index, metrics=[], evaluator=EVALUATOR)), "test")
     assert "What does a &lt;b&gt;bond&lt;/b&gt; coupon mean?" in page and "<b>bond</b>" not in page
 
 
 def test_helpers() -> None:
     assert chat_label("tps_3_8", 3.8) == "3.8 tokens/s" and chat_label("tps_200", 200.0) == "200 tokens/s"
     assert chat_label("measured", 41.0) == "Measured (fine-tuned model)"
-    assert unwrap_outputs({"outputs": {"a": 1}}) == {"a": 1}
-    with pytest.raises(ValueError, match="plan.json: expected a JSON object"):
-        unwrap_outputs([1, 2], "plan.json")
     assert loss_curves([MetricsRecord(step=4, epoch=1, loss=3), MetricsRecord(step=4, epoch=1)]) == ([(4.0, 3.0)], [])
 
 
-def test_comparison_from_flat_eval_outputs_when_no_run_is_stored() -> None:
-    outputs = {"eval_perplexity_base": 7.5, "eval_perplexity_finetuned": 5.0, "eval_time_to_first_token_s_base": 0.2,
-               "eval_time_to_first_token_s_finetuned": 0.1, "eval_rouge_l_base": None, "eval_rouge_l_finetuned": None}
+def local_outputs(pipeline: Pipeline) -> StackOutputs:
+    return StackOutputs(stack="local", target="local", cluster_name="local", slurm_target="local",
+                        run_config="local.json", pipeline=pipeline,
+                        cost=Cost(monthly_usd_low=0, monthly_usd_high=0, hours_per_month=730, pricing_date="2026-01-01"))
+
+
+def test_comparison_from_eval_outputs_when_no_run_is_stored() -> None:
+    jobs = {"eval": Job(job_id="9", state="COMPLETED")}
+    outputs = local_outputs(Pipeline(jobs=jobs, evaluation={
+        "base": EvalSide(perplexity=7.5, time_to_first_token_s=0.2),
+        "finetuned": EvalSide(perplexity=5.0, time_to_first_token_s=0.1)}))
     data = build("local", outputs)
-    assert data.comparison is not None and data.other_outputs == {}
+    assert data.comparison is not None
     rows = {m: (b, t, c) for m, b, t, c in data.comparison.metrics}
     assert rows["Perplexity (lower is better)"] == (7.5, 5.0, pytest.approx(-100 / 3))
     assert rows["Time to first token (s)"][:2] == (0.2, 0.1) and "ROUGE-L" not in rows
-    assert build("local", {"eval_perplexity_base": None}).comparison is None
+    waiting = local_outputs(Pipeline(jobs=jobs, evaluation={"base": EvalSide(), "finetuned": EvalSide()}))
+    assert build("local", waiting).comparison is None
 
 
 def test_answer_metrics_carry_their_counts_and_data_losses_are_listed() -> None:

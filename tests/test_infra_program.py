@@ -222,7 +222,11 @@ def test_releases_wait_for_their_predecessors(run_stack) -> None:
 def test_outputs_are_flat_typed_and_secrets_stay_secret(run_stack) -> None:
     run = run_stack("demo")
     out = run.outputs
-    assert all(not isinstance(v, (dict, list)) for v in out.values())
+    assert not any(isinstance(v, dict) for v in out.values())
+    lists = {k for k, v in out.items() if isinstance(v, list)}
+    assert lists == {"cost_categories", "cost_lines", "cost_per_chat_scenarios", "node_groups", "filesystems", "buckets",
+                     "pipeline_stages"}
+    assert out["node_groups"] == ["system", "controller", "login", "accounting", "worker"]
     assert out["kubeconfig"] == SECRET and run.secret_outputs == {"kubeconfig"}
     assert out["login_address"] == MOCK_LOGIN_CIDR.split("/")[0]
     assert out["slurm_version"] == "25.11.3" and out["cluster_id"] == "innovationbank-k8s-id"

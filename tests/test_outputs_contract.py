@@ -3,7 +3,10 @@ produces exactly those keys (mock run of every stack), so dashboards cannot brea
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,6 +15,8 @@ import pytest
 
 from document_fixtures import evaluator_report, side
 
+from documents.base import DocumentError
+from documents.stack_outputs import parse_stack_outputs, read_stack_outputs
 from infra.commands.run import run_outputs
 from infra.config import StackConfig, load_stack_config
 from infra.cost_report import cost_report
@@ -21,7 +26,8 @@ from infra.pipeline.runner import PipelineRun
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "README.md"
 STACKS = sorted(p.name.removeprefix("Pulumi.").removesuffix(".yaml") for p in (REPO / "stacks").glob("Pulumi.*.yaml"))
-TYPES = {"string", "number", "integer", "secret"}
+FTSTACK = str(Path(sys.executable).with_name("ftstack"))
+TYPES = {"string", "number", "integer", "secret", "list"}
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,8 @@ class Row:
             return "null until" in self.when
         if self.type == "secret":
             return value == SECRET
+        if self.type == "list":
+            return isinstance(value, list) and all(isinstance(item, str) for item in value)
         if self.type == "string":
             return isinstance(value, str) and value != SECRET
         if self.type == "integer":
@@ -85,7 +93,7 @@ def waited_outputs(cfg: StackConfig) -> dict[str, Any]:
             for i, stage in enumerate(("prepare", "readiness", "train", "eval"))}
     result = PipelineRun(stack=cfg.stack, started_at=None, bundle_hash="0123456789abcdef", submitted=list(jobs),
                          kept=[], jobs=jobs, evaluation=evaluator_report("103", side(9.0, 20.0), side(6.0, 41.5)))
-    return run_outputs(cfg, cost_report(cfg), result)
+    return run_outputs(cfg, cost_report(cfg), result).flat()
 
 
 def test_a_waited_pipeline_fills_eval_elapsed_and_measured_keys_with_numbers(produced: dict[str, dict[str, Any]]) -> None:
@@ -147,3 +155,40 @@ def test_secrets_stay_secret(produced: dict[str, dict[str, Any]]) -> None:
             for key, value in outputs.items():
                 if row.pattern.match(key):
                     assert value == SECRET
+
+
+def test_outputs_read_back_through_their_model(produced: dict[str, dict[str, Any]]) -> None:
+    """Every stack's exported keys are exactly the flattened typed outputs they read back as."""
+    for stack, outputs in produced.items():
+        model = parse_stack_outputs(outputs, stack)
+        assert model.flat() == outputs, stack
+        assert model.stack == stack.split("+")[0]
+
+
+def test_preview_exports_the_same_keys_with_the_costs_known() -> None:
+    """`pulumi preview` shows the cost figures (cost review) while ids and job states are still unknown."""
+    cfg = load_stack_config("demo", REPO / "stacks")
+    preview = run_under_mocks(cfg, preview=True).outputs
+    update = run_under_mocks(cfg).outputs
+    assert preview.keys() == update.keys()
+    assert {k: v for k, v in preview.items() if k.startswith("cost_")} == \
+        {k: v for k, v in update.items() if k.startswith("cost_")}
+
+
+def test_report_reads_what_pulumi_stack_output_json_prints(produced: dict[str, dict[str, Any]], tmp_path: Path) -> None:
+    """The CLI's shape (a flat object, secrets as "[secret]") through standard input; an older program's
+    outputs (no entity lists) fail naming the origin and the key."""
+    printed = json.dumps(produced["demo"], indent=2)
+    assert '"kubeconfig": "[secret]"' in printed
+    page = subprocess.run([FTSTACK, "report", "--stack", "demo", "--outputs", "-", "--out", str(tmp_path / "d")],
+                          input=printed, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert page.returncode == 0, page.stderr
+    html = (tmp_path / "d" / "index.html").read_text()
+    monthly = produced["demo"]["cost_monthly_usd_high"]
+    assert f"${monthly:,.0f}" in html and produced["demo"]["cost_line_compute_worker_worker_label"] in html
+    older = {k: v for k, v in produced["demo"].items() if k != "cost_lines"}
+    with pytest.raises(DocumentError, match=r"^outputs\.json: stack outputs lack the key 'cost_lines'"):
+        read_stack_outputs(json.dumps(older), "outputs.json")
+    failed = subprocess.run([FTSTACK, "report", "--stack", "demo", "--outputs", "-", "--out", str(tmp_path / "e")],
+                            input=json.dumps(older), cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert failed.returncode == 2 and "standard input: stack outputs lack the key 'cost_lines'" in failed.stderr

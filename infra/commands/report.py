@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,11 +12,11 @@ from botocore.exceptions import BotoCoreError, ClientError
 from infra.artifacts import ArtifactError, ArtifactStore, list_runs, run_prefix, store_for_stack
 from infra.config import StackConfig, StackConfigError, load_stack_config
 from infra.dashboard import build, write_dashboard
-from infra.dashboard.model import StoredRun, unwrap_outputs
+from infra.dashboard.model import StoredRun
 from documents.base import DocumentError
 from documents.evaluator_report import read_evaluator_report
 from documents.metrics import read_metrics
-from infra.outputs import ARTIFACTS_BUCKET
+from documents.stack_outputs import StackOutputs, parse_stack_outputs, read_stack_outputs
 from documents.metrics import METRICS_NAME
 from infra.backends import find_repo_root
 
@@ -35,7 +34,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "Writes DIR/index.html (self-contained, works offline).",
     )
     parser.add_argument("--stack", required=True, help="stack name (stacks/Pulumi.<stack>.yaml)")
-    parser.add_argument("--outputs", type=Path, help="stack outputs JSON file")
+    parser.add_argument("--outputs", help="stack outputs JSON file (`pulumi stack output --json`), or - for "
+                        "standard input")
     parser.add_argument("--out", type=Path, required=True, help="output directory for index.html")
     parser.add_argument("--run", help="run id to show (default: the latest run in the artifacts store)")
     parser.add_argument("--config-dir", default="stacks", help="directory of the stack files (default: stacks)")
@@ -43,21 +43,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def read_outputs(path: Path) -> dict[str, Any]:
+def read_outputs(path: str) -> StackOutputs:
+    """Stack outputs from a file, or standard input for `-` (`pulumi stack output --json | ftstack report ...`)."""
+    if path == "-":
+        return read_stack_outputs(sys.stdin.read(), "standard input")
     try:
-        document = json.loads(path.read_text())
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
-        raise ValueError(f"{path}: cannot read stack outputs: {exc}") from exc
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON: {exc}") from exc
-    return unwrap_outputs(document, str(path))
+        raise DocumentError(f"{path}: cannot read stack outputs: {exc}") from exc
+    return read_stack_outputs(text, path)
 
 
-def mock_outputs(stack: StackConfig) -> dict[str, Any]:
+def mock_outputs(stack: StackConfig) -> StackOutputs:
     """The outputs the Pulumi program exports for this stack, from its run under mocks."""
     from infra.mocks import run_under_mocks
 
-    return dict(run_under_mocks(stack).outputs)
+    return parse_stack_outputs(run_under_mocks(stack).outputs, f"the mock run of stack {stack.stack}")
 
 
 def latest_run(store: ArtifactStore, stack: str, run_id: str | None) -> StoredRun | None:
@@ -102,16 +103,18 @@ def run(args: argparse.Namespace) -> int:
     try:
         stack = load_stack_config(args.stack, args.config_dir)
         if args.outputs is not None:
-            outputs, source = read_outputs(args.outputs), str(args.outputs)
+            outputs = read_outputs(args.outputs)
+            source = "standard input" if args.outputs == "-" else args.outputs
         else:
             outputs, source = mock_outputs(stack), f"the mock run of stacks/Pulumi.{args.stack}.yaml"
-        run_data, warning = stored_run(stack, root, args.bucket or outputs.get(ARTIFACTS_BUCKET), args.run)
+        bucket = outputs.platform.buckets.get("artifacts") if outputs.platform is not None else None
+        run_data, warning = stored_run(stack, root, args.bucket or bucket, args.run)
         data = build(args.stack, outputs, stack, run_data)
         if warning:
             print(f"ftstack report: warning: {warning}", file=sys.stderr)
             data.warnings.append(warning)
         page = write_dashboard(data, args.out, source)
-    except (StackConfigError, ArtifactError, ValueError, BotoCoreError, ClientError) as exc:
+    except (StackConfigError, ArtifactError, DocumentError, ValueError, BotoCoreError, ClientError) as exc:
         print(f"ftstack report: {exc}", file=sys.stderr)
         return 2
     print(page.resolve())

@@ -9,7 +9,6 @@ With --wait it follows the chain to the end, writes the run's flat outputs, and 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -20,8 +19,8 @@ from typing import Any
 from infra.artifacts import ARTIFACTS_BUCKET_ENV, ArtifactError, ArtifactStore, list_runs, store_for_stack, upload_run
 from infra.config import StackConfig, StackConfigError, load_stack_config, stack_file
 from infra.cost_report import CostReport, cost_report, render_chat_table, stack_gpu_model
-from infra.outputs import measured_chat_outputs, measured_scenario, pipeline_outputs
-from infra.program import stack_outputs
+from infra.outputs import measured_chat, measured_scenario, pipeline_section, with_measured_chat
+from infra.program import stack_identity
 from infra.pipeline.fetch import fetch_run
 from infra.pipeline.run_lock import StackBusy
 from infra.pipeline.connect import open_transport
@@ -36,6 +35,7 @@ from documents.metrics import METRICS_NAME, read_metrics
 from documents.run_config import load_run_config
 from documents.run_manifest import RUN_MANIFEST_NAME, read_run_manifest
 from documents.run_record import RunIndex
+from documents.stack_outputs import StackOutputs, write_stack_outputs
 from documents.throughput import ThroughputMeasurement, measure_run
 from documents.prepare_summary import SUMMARY_NAME, read_prepare_summary
 from documents.evaluator_report import report_name
@@ -67,21 +67,21 @@ def open_spec(args: argparse.Namespace, stack: StackConfig) -> dict[str, Any]:
                           repo_root=find_repo_root())
 
 
-def run_outputs(stack: StackConfig, cost: CostReport, result: PipelineRun) -> dict[str, Any]:
-    """The run in the stack-output shape (the README's stack outputs contract), as the program writes it."""
-    out = {**stack_outputs(stack), **cost.outputs(),
-           **pipeline_outputs(result.bundle_hash, result.jobs, result.evaluation)}
-    if cost.chats:
-        out.update(measured_chat_outputs(cost.monthly, stack.pricing.chat, result.evaluation))
-    return out
+def run_outputs(stack: StackConfig, cost: CostReport, result: PipelineRun) -> StackOutputs:
+    """The run as stack outputs (the README's stack outputs contract), as the program writes them."""
+    section = cost.section()
+    if section.chats:
+        section = with_measured_chat(section, measured_chat(cost.monthly, stack.pricing.chat, result.evaluation))
+    return StackOutputs(**stack_identity(stack), cost=section,
+                        pipeline=pipeline_section(result.bundle_hash, result.jobs, result.evaluation))
 
 
 def outputs_path(repo: Path, stack: str) -> Path:
     return state_path(repo, stack).with_name(f"{stack}-outputs.json")
 
 
-def write_outputs(path: Path, outputs: dict[str, Any]) -> None:
-    write_text_atomic(path, json.dumps(outputs, indent=2) + "\n")
+def write_outputs(path: Path, outputs: StackOutputs) -> None:
+    write_text_atomic(path, write_stack_outputs(outputs))
 
 
 def stored_run(store: ArtifactStore, stack: StackConfig, result: PipelineRun) -> RunIndex | None:
@@ -118,7 +118,7 @@ def new_run_id(result: PipelineRun) -> str:
 
 
 def _upload(store: ArtifactStore, stack: StackConfig, repo: Path, result: PipelineRun, run_id: str,
-            folders: dict[str, Path], outputs: dict[str, Any], throughput: ThroughputMeasurement | None) -> str:
+            folders: dict[str, Path], outputs: StackOutputs, throughput: ThroughputMeasurement | None) -> str:
     uploaded = upload_run(
         store, stack.stack, run_id, repo / stack.pipeline.run_config, **folders,
         job_ids={s: j["job_id"] for s, j in result.jobs.items()},
@@ -131,7 +131,7 @@ def _upload(store: ArtifactStore, stack: StackConfig, repo: Path, result: Pipeli
     return uploaded.store
 
 
-def finish_run(stack: StackConfig, repo: Path, result: PipelineRun, spec: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+def finish_run(stack: StackConfig, repo: Path, result: PipelineRun, spec: dict[str, Any]) -> tuple[StackOutputs, str | None]:
     """After a finished pipeline: bring its records back, price the training run with the throughput it measured,
     write the outputs and store the artifacts (once per eval job). Returns the outputs and where they went."""
     store = store_for_stack(stack, repo) if stack.target != "nebius" or os.environ.get(ARTIFACTS_BUCKET_ENV) else None

@@ -11,7 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from infra.outputs import MEASURED
+from documents.stack_outputs import MEASURED
 from infra.dashboard.model import ChatRow, Comparison, CostRow  # noqa: E402
 
 BLUE, ORANGE, GREY = "#2f6db3", "#e07b39", "#9aa5b1"

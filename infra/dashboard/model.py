@@ -1,7 +1,6 @@
-"""Pure functions: stack outputs (+ stack config, + the latest stored run) -> what the dashboard shows.
+"""Pure functions: typed stack outputs (+ stack config, + the latest stored run) -> what the dashboard shows.
 
-Output keys are read through the patterns of ``infra/outputs.py``; cost lines carry their own category,
-label, quantity and unit price, so nothing is recomputed here.
+Cost lines carry their own category, label, quantity and unit price, so nothing is recomputed here.
 """
 
 from __future__ import annotations
@@ -10,7 +9,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra import outputs as keys
+from documents.stack_outputs import (
+    IDENTITY,
+    MEASURED,
+    PLATFORM_FACTS,
+    SIDES,
+    Cost,
+    EvalSide,
+    Pipeline,
+    Platform,
+    StackOutputs,
+    flat_name,
+)
+from infra.outputs import EVAL_FIGURES
 from documents.run_record import RunIndex
 from documents.evaluator_report import EvaluatorReport
 from documents.metrics import MetricsRecord
@@ -97,6 +108,8 @@ class DashboardData:
     lines: list[CostRow] = field(default_factory=list)
     chats: list[ChatRow] = field(default_factory=list)
     training: dict[str, float] = field(default_factory=dict)
+    training_source: str | None = None
+    """which throughput priced the training run, and where it was measured."""
     nodes: list[NodeRow] = field(default_factory=list)
     filesystems: list[FilesystemRow] = field(default_factory=list)
     jobs: list[JobRow] = field(default_factory=list)
@@ -108,94 +121,51 @@ class DashboardData:
     warnings: list[str] = field(default_factory=list)
 
 
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return None
-
-
-def unwrap_outputs(document: Any, source: str = "outputs") -> dict[str, Any]:
-    """Accept `pulumi stack output --json` (a flat object) or a document with an `outputs` object."""
-    if isinstance(document, Mapping) and isinstance(document.get("outputs"), Mapping):
-        document = document["outputs"]
-    if not isinstance(document, Mapping):
-        raise ValueError(f"{source}: expected a JSON object of stack outputs, got {type(document).__name__}")
-    return dict(document)
-
-
 def humanize(key: str) -> str:
     text = key.replace("_", " ").strip()
     return text[:1].upper() + text[1:]
 
 
 def chat_label(name: str, tokens_per_second: float | None) -> str:
-    if name == keys.MEASURED:
+    if name == MEASURED:
         return "Measured (fine-tuned model)"
     return f"{tokens_per_second:g} tokens/s" if tokens_per_second is not None else humanize(name)
 
 
-def cost_rows(outputs: Mapping[str, Any]) -> tuple[list[CostRow], list[CostRow]]:
-    """Per-category and per-line rows (low/high, and each line's own category, label, quantity, unit price)."""
-    categories: dict[str, dict[str, float]] = {}
-    lines: dict[str, dict[str, Any]] = {}
-    for key, value in outputs.items():
-        if (match := keys.CATEGORY.match(key)) and (number := _num(value)) is not None:
-            categories.setdefault(match["name"], {})[match["bound"]] = number
-        elif match := keys.LINE.match(key):
-            lines.setdefault(match["name"], {})[match["field"]] = value
-    category_rows = [
-        CostRow(name, CATEGORY_LABELS.get(name, humanize(name)), name, *_bounds(b.get("low"), b.get("high")))
-        for name, b in categories.items()
-    ]
-    line_rows = [
-        CostRow(name, str(f.get("label") or humanize(name)), str(f.get("category") or "other"),
-                *_bounds(_num(f.get("usd_low")), _num(f.get("usd_high"))),
-                str(f.get("quantity") or ""), str(f.get("unit_price") or ""))
-        for name, f in lines.items() if _num(f.get("usd_low")) is not None or _num(f.get("usd_high")) is not None
-    ]
+def _category_order(category: str) -> int:
     order = list(CATEGORY_LABELS)
-    category_rows.sort(key=lambda r: (order.index(r.category) if r.category in order else len(order), r.key))
-    line_rows.sort(key=lambda r: (order.index(r.category) if r.category in order else len(order), -r.usd_high, r.key))
+    return order.index(category) if category in order else len(order)
+
+
+def cost_rows(cost: Cost) -> tuple[list[CostRow], list[CostRow]]:
+    """Per-category and per-line rows (low/high, and each line's own category, label, quantity, unit price)."""
+    category_rows = [CostRow(name, CATEGORY_LABELS.get(name, humanize(name)), name, c.usd_low, c.usd_high)
+                     for name, c in cost.categories.items()]
+    line_rows = [CostRow(name, line.label, line.category, line.usd_low, line.usd_high, line.quantity, line.unit_price)
+                 for name, line in cost.lines.items()]
+    category_rows.sort(key=lambda r: (_category_order(r.category), r.key))
+    line_rows.sort(key=lambda r: (_category_order(r.category), -r.usd_high, r.key))
     return category_rows, line_rows
 
 
-def _bounds(low: float | None, high: float | None) -> tuple[float, float]:
-    low = low if low is not None else (high if high is not None else 0.0)
-    return low, high if high is not None else low
+def chat_rows(cost: Cost) -> list[ChatRow]:
+    rows = [ChatRow(name, chat_label(name, c.tokens_per_second), c.tokens_per_second, c.conversations_per_day, c.usd)
+            for name, c in cost.chats.items()]
+    return sorted(rows, key=lambda r: (r.name == MEASURED, r.tokens_per_second or 0.0))
 
 
-def chat_rows(outputs: Mapping[str, Any]) -> list[ChatRow]:
-    found: dict[str, dict[str, float | None]] = {}
-    for key, value in outputs.items():
-        if match := keys.CHAT.match(key):
-            found.setdefault(match["name"], {})[match["field"]] = _num(value)
-    rows = [
-        ChatRow(name, chat_label(name, f.get("tokens_per_second")), f.get("tokens_per_second"), f.get("conversations_per_day"), f.get("usd"))
-        for name, f in found.items()
-    ]
-    return sorted(rows, key=lambda r: (r.name == keys.MEASURED, r.tokens_per_second or 0.0))
+def training_figures(cost: Cost) -> dict[str, float]:
+    """The training run's figures that are known (source text aside)."""
+    if cost.training is None:
+        return {}
+    return {name: float(value) for name, value in cost.training.model_dump(exclude={"throughput_source"}).items()
+            if value is not None}
 
 
-def training_figures(outputs: Mapping[str, Any]) -> dict[str, float]:
-    return {m["field"]: n for k, v in outputs.items() if (m := keys.TRAINING.match(k)) and (n := _num(v)) is not None}
-
-
-def job_rows_from_outputs(outputs: Mapping[str, Any]) -> list[JobRow]:
-    found: dict[str, dict[str, Any]] = {}
-    for key, value in outputs.items():
-        if match := keys.JOB.match(key):
-            found.setdefault(match["stage"], {})[match["field"]] = value
-    return [
-        JobRow(stage, str(f.get("job_id") or "-"), str(f.get("state") or "unknown"), _num(f.get("elapsed_s")))
-        for stage, f in found.items()
-    ]
+def job_rows_from_outputs(pipeline: Pipeline | None) -> list[JobRow]:
+    if pipeline is None:
+        return []
+    return [JobRow(stage, job.job_id or "-", job.state or "unknown", job.elapsed_s) for stage, job in pipeline.jobs.items()]
 
 
 def job_rows_from_run(index: RunIndex) -> list[JobRow]:
@@ -203,29 +173,25 @@ def job_rows_from_run(index: RunIndex) -> list[JobRow]:
             for stage, job in index.job_ids.items()]
 
 
-def node_rows(outputs: Mapping[str, Any]) -> list[NodeRow]:
-    """One row per node group (`node_group_<name>_*`); workers first."""
+def node_rows(platform: Platform | None) -> list[NodeRow]:
+    """One row per node group; workers first."""
     rows = []
-    for name in keys.names(outputs, keys.NODE_GROUP_PREFIX, "platform"):
-        get = lambda field: outputs.get(keys.node_group_key(name, field))  # noqa: E731
-        low, high = get("nodes"), get("max_nodes")
-        count = "-" if low is None else str(low) if high in (None, low) else f"{low}-{high}"
-        gpus = _num(get("gpus_per_node"))
-        disk = get("boot_disk_gib")
-        rows.append(NodeRow(name, str(get("platform")), str(get("preset") or "-"), count,
-                            None if gpus is None else int(gpus), "-" if disk is None else f"{disk} GiB"))
+    for name, group in (platform.node_groups if platform is not None else {}).items():
+        low, high = group.nodes, group.max_nodes
+        count = str(low) if high == low else f"{low}-{high}"
+        rows.append(NodeRow(name, group.platform, group.preset or "-", count, group.gpus_per_node,
+                            f"{group.boot_disk_gib} GiB"))
     return sorted(rows, key=lambda r: (not (r.gpus or 0), r.role))
 
 
-def filesystem_rows(outputs: Mapping[str, Any], mount_paths: Mapping[str, str] | None = None) -> list[FilesystemRow]:
-    """One row per filesystem (`filesystem_<tag>_*`); mount paths from the stack config where known."""
+def filesystem_rows(platform: Platform | None, mount_paths: Mapping[str, str] | None = None) -> list[FilesystemRow]:
+    """One row per filesystem; mount paths from the stack config where known."""
     paths = mount_paths or {}
     rows = []
-    for tag in keys.names(outputs, keys.FILESYSTEM_PREFIX, "size_gib"):
-        size = _num(outputs.get(keys.filesystem_key(tag, "size_gib")))
+    for tag, filesystem in (platform.filesystems if platform is not None else {}).items():
         name = tag.removeprefix("jail_submount_")
         default = "/ (jail root)" if tag == "jail" else "-"
-        rows.append(FilesystemRow(name, paths.get(tag, default), None if size is None else int(size)))
+        rows.append(FilesystemRow(name, paths.get(tag, default), filesystem.size_gib))
     return rows
 
 
@@ -234,7 +200,7 @@ def mount_paths(stack_config: Any) -> dict[str, str]:
     filesystems = getattr(stack_config, "filesystems", None)
     if filesystems is None:
         return {}
-    return {keys.flat_name(f"jail_submount_{s.name}"): s.mount_path for s in filesystems.submounts}
+    return {flat_name(f"jail_submount_{s.name}"): s.mount_path for s in filesystems.submounts}
 
 
 def loss_curves(records: Sequence[MetricsRecord]) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
@@ -294,51 +260,51 @@ def comparison(report: EvaluatorReport | None) -> Comparison | None:
     return Comparison(_comparison_rows(figures, counts), samples, data_rows(report))
 
 
-def comparison_from_outputs(outputs: Mapping[str, Any]) -> Comparison | None:
-    """The comparison from the flat `eval_<figure>_<side>` outputs (None when none has a value)."""
-    figures: dict[str, list[float | None]] = {}
-    for key, value in outputs.items():
-        if (match := keys.EVAL.match(key)) and (number := _num(value)) is not None:
-            pair = figures.setdefault(keys.EVAL_FIGURES[match["figure"]], [None, None])
-            pair[keys.SIDES.index(match["side"])] = number
-    rows = _comparison_rows({f: (b, t) for f, (b, t) in figures.items()})
+def comparison_from_outputs(pipeline: Pipeline | None) -> Comparison | None:
+    """The comparison from the outputs' evaluation figures (None when none has a value)."""
+    if pipeline is None or pipeline.evaluation is None:
+        return None
+    base, tuned = (pipeline.evaluation.get(side) or EvalSide() for side in SIDES)
+    figures = {field: (getattr(base, figure), getattr(tuned, figure)) for figure, field in EVAL_FIGURES.items()}
+    rows = _comparison_rows(figures)
     return Comparison(rows, []) if rows else None
 
 
-_KNOWN = (keys.CATEGORY, keys.LINE, keys.CHAT, keys.TRAINING, keys.JOB, keys.EVAL)
-_SHOWN_ELSEWHERE = (keys.MONTHLY_LOW, keys.MONTHLY_HIGH, keys.PRICING_DATE, keys.HOURS_PER_MONTH)
+def other_outputs(outputs: StackOutputs) -> dict[str, Any]:
+    """What the page lists as plain facts: the stack's identity, the platform's facts, buckets, bundle hash."""
+    facts: dict[str, Any] = {field: getattr(outputs, field) for field in IDENTITY if field not in ("stack", "target")}
+    if outputs.platform is not None:
+        facts |= {fact: getattr(outputs.platform, fact) for fact in PLATFORM_FACTS}
+        facts |= {f"{kind}_bucket_name": name for kind, name in outputs.platform.buckets.items()}
+    if outputs.pipeline is not None:
+        facts["pipeline_bundle_hash"] = outputs.pipeline.bundle_hash
+    return dict(sorted(facts.items()))
 
 
-def build(stack: str, outputs: Mapping[str, Any], stack_config: Any = None, run: StoredRun | None = None) -> DashboardData:
-    """Everything the page shows."""
-    categories, lines = cost_rows(outputs)
-    if all(r.usd_high == 0 for r in categories + lines):
-        categories, lines = [], []
-    data = DashboardData(
-        stack=stack,
-        target=str(outputs.get("target") or getattr(stack_config, "target", "?")),
-        pricing_date=outputs.get(keys.PRICING_DATE),
-        monthly_low=_num(outputs.get(keys.MONTHLY_LOW)),
-        monthly_high=_num(outputs.get(keys.MONTHLY_HIGH)),
-        categories=categories,
-        lines=lines,
-        chats=chat_rows(outputs),
-        training=training_figures(outputs),
-        nodes=node_rows(outputs),
-        filesystems=filesystem_rows(outputs, mount_paths(stack_config)),
-        jobs=job_rows_from_outputs(outputs),
-        other_outputs={
-            k: v for k, v in sorted(outputs.items())
-            if not any(p.match(k) for p in _KNOWN) and k not in _SHOWN_ELSEWHERE
-            and not k.startswith((keys.NODE_GROUP_PREFIX, keys.FILESYSTEM_PREFIX))
-        },
-    )
+def build(stack: str, outputs: StackOutputs | None, stack_config: Any = None, run: StoredRun | None = None
+          ) -> DashboardData:
+    """Everything the page shows; without outputs, only what the stored run has."""
+    data = DashboardData(stack=stack, target=outputs.target if outputs else str(getattr(stack_config, "target", "?")))
+    if outputs is not None:
+        categories, lines = cost_rows(outputs.cost)
+        if all(r.usd_high == 0 for r in categories + lines):
+            categories, lines = [], []
+        data.pricing_date = outputs.cost.pricing_date
+        data.monthly_low, data.monthly_high = outputs.cost.monthly_usd_low, outputs.cost.monthly_usd_high
+        data.categories, data.lines = categories, lines
+        data.chats = chat_rows(outputs.cost)
+        data.training = training_figures(outputs.cost)
+        data.training_source = outputs.cost.training.throughput_source if outputs.cost.training else None
+        data.nodes = node_rows(outputs.platform)
+        data.filesystems = filesystem_rows(outputs.platform, mount_paths(stack_config))
+        data.jobs = job_rows_from_outputs(outputs.pipeline)
+        data.other_outputs = other_outputs(outputs)
     if run is not None:
         data.run_id = run.index.run_id
         if not data.jobs and run.index.job_ids:
             data.jobs = job_rows_from_run(run.index)
         data.loss_curve, data.eval_loss_curve = loss_curves(run.metrics)
         data.comparison = comparison(run.evaluator)
-    if data.comparison is None:
-        data.comparison = comparison_from_outputs(outputs)
+    if data.comparison is None and outputs is not None:
+        data.comparison = comparison_from_outputs(outputs.pipeline)
     return data

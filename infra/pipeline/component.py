@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import pulumi
 
 from infra.pipeline.bundle import WorkloadBundle
 from infra.pipeline.chain import JobSpec, job_arguments
-from infra.outputs import pipeline_keys, pipeline_outputs
+from infra.outputs import eval_sides
 from infra.pipeline.jobs import SlurmJob, job_report
 from documents.evaluator_report import EvaluatorReport
+from documents.stack_outputs import SIDES, EvalSide, Job
+from documents.stack_outputs import Pipeline as PipelineOutputs
 
 
 @dataclass
@@ -64,12 +65,18 @@ class Pipeline(pulumi.ComponentResource):
             return pulumi.Output.from_input(None)
         return self.jobs["eval"].result.apply(job_report)
 
-    def outputs(self) -> dict[str, Any]:
-        """Flat stack outputs (infra.outputs.pipeline_outputs): bundle hash, each job's id/state/elapsed
-        time, and the evaluation figures."""
-        jobs = {stage: pulumi.Output.all(job_id=job.job_id, state=job.state, elapsed_s=job.elapsed_s)
-                for stage, job in self.jobs.items()}
-        flat = pulumi.Output.all(bundle_hash=self.bundle_hash, jobs=pulumi.Output.all(**jobs),
-                                 evaluation=self.evaluation).apply(
-            lambda v: pipeline_outputs(v["bundle_hash"], v["jobs"], v["evaluation"]))
-        return {key: flat.apply(lambda d, k=key: d[k]) for key in pipeline_keys(self.jobs)}
+    def section(self) -> PipelineOutputs:
+        """The pipeline part of the stack outputs: bundle hash, each job's id, state and elapsed time, and the
+        evaluation figures (Outputs, known once the waited jobs finished)."""
+        evaluation = None
+        if "eval" in self.jobs:
+            sides = self.evaluation.apply(eval_sides)
+            evaluation = {side: EvalSide.model_construct(**{
+                figure: sides.apply(lambda s, side=side, figure=figure: getattr(s[side], figure))
+                for figure in EvalSide.model_fields}) for side in SIDES}
+        return PipelineOutputs.model_construct(
+            bundle_hash=self.bundle_hash,
+            jobs={stage: Job.model_construct(job_id=job.job_id, state=job.state, elapsed_s=job.elapsed_s)
+                  for stage, job in self.jobs.items()},
+            evaluation=evaluation,
+        )

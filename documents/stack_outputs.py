@@ -1,0 +1,300 @@
+"""Stack outputs: one typed document, flattened into Pulumi's output keys only where they are exported.
+
+The Pulumi program and `ftstack run` build a `StackOutputs`; `StackOutputs.flat` is the one place the flat keys
+are written (the program exports them with `pulumi.export`, `ftstack run` writes them as JSON). Every reader
+(`ftstack report`, the dashboard, tests) reads them back with `read_stack_outputs`, which takes what a user with
+the Pulumi CLI has: the object `pulumi stack output --json` prints (secrets shown as `[secret]`), or a document
+with such an object under `outputs` (`ftstack plan --json`). Entities (cost lines, categories, chat scenarios,
+node groups, filesystems, buckets, pipeline stages) are listed by name in their own keys (`cost_lines`, ...), so
+no reader parses a key. The README's stack outputs contract lists every key.
+
+At program time a leaf may still be a `pulumi.Output` (ids, job states): the program builds those sections with
+`model_construct` and `flat` copies leaves as they are.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from documents.base import DocumentError, describe
+
+SECRET = "[secret]"
+"""how `pulumi stack output --json` shows a secret without --show-secrets."""
+SIDES = ("base", "finetuned")
+MEASURED = "measured"
+"""the cost-per-chat scenario at the fine-tuned model's generation speed measured by the eval job."""
+
+
+def flat_name(name: str) -> str:
+    """A config name as it appears inside a key (node group, filesystem tag)."""
+    return name.replace("-", "_")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Category(_Section):
+    usd_low: float
+    usd_high: float
+
+
+class CostLine(_Section):
+    """One priced resource, with the texts the dashboard shows."""
+
+    usd_low: float
+    usd_high: float
+    category: str
+    label: str
+    quantity: str
+    unit_price: str
+
+
+class ChatCost(_Section):
+    """One cost-per-chat scenario; the `measured` one is null until the eval job reported."""
+
+    tokens_per_second: float | None = None
+    conversations_per_day: float | None = None
+    usd: float | None = None
+
+
+class TrainingCost(_Section):
+    """One training run's estimate; figures are null where the throughput is unknown."""
+
+    tokens: float
+    gpus: int
+    tokens_per_second_per_gpu: float | None = None
+    gpu_hours: float | None = None
+    wall_hours: float | None = None
+    usd: float | None = None
+    throughput_source: str | None = None
+
+
+class Cost(_Section):
+    monthly_usd_low: float
+    monthly_usd_high: float
+    hours_per_month: int
+    pricing_date: str
+    categories: dict[str, Category] = {}
+    lines: dict[str, CostLine] = {}
+    chats: dict[str, ChatCost] = {}
+    training: TrainingCost | None = None
+
+    def flat(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "cost_monthly_usd_low": self.monthly_usd_low, "cost_monthly_usd_high": self.monthly_usd_high,
+            "cost_hours_per_month": self.hours_per_month, "cost_pricing_date": self.pricing_date,
+            "cost_categories": list(self.categories),
+        }
+        for name, category in self.categories.items():
+            out |= {f"cost_category_{name}_usd_{bound}": value for bound, value in
+                    (("low", category.usd_low), ("high", category.usd_high))}
+        out["cost_lines"] = list(self.lines)
+        for name, line in self.lines.items():
+            out |= {f"cost_line_{name}_{field}": getattr(line, field) for field in CostLine.model_fields}
+        out["cost_per_chat_scenarios"] = list(self.chats)
+        for name, chat in self.chats.items():
+            out |= {f"cost_per_chat_{name}_{field}": getattr(chat, field) for field in ChatCost.model_fields}
+        if self.training is not None:
+            out |= {f"training_run_{field}": value for field in TrainingCost.model_fields
+                    if (value := getattr(self.training, field)) is not None}
+        return out
+
+    @classmethod
+    def unflatten(cls, flat: Mapping[str, Any]) -> dict[str, Any]:
+        training = {field: flat[f"training_run_{field}"] for field in TrainingCost.model_fields
+                    if f"training_run_{field}" in flat}
+        return {
+            "monthly_usd_low": flat["cost_monthly_usd_low"], "monthly_usd_high": flat["cost_monthly_usd_high"],
+            "hours_per_month": flat["cost_hours_per_month"], "pricing_date": flat["cost_pricing_date"],
+            "categories": {name: {"usd_low": flat[f"cost_category_{name}_usd_low"],
+                                  "usd_high": flat[f"cost_category_{name}_usd_high"]}
+                           for name in flat["cost_categories"]},
+            "lines": {name: {field: flat[f"cost_line_{name}_{field}"] for field in CostLine.model_fields}
+                      for name in flat["cost_lines"]},
+            "chats": {name: {field: flat[f"cost_per_chat_{name}_{field}"] for field in ChatCost.model_fields}
+                      for name in flat["cost_per_chat_scenarios"]},
+            "training": training or None,
+        }
+
+
+class NodeGroup(_Section):
+    id: str | None = None
+    platform: str
+    preset: str
+    nodes: int
+    max_nodes: int
+    gpus_per_node: int
+    boot_disk_gib: int
+
+
+class Filesystem(_Section):
+    id: str | None = None
+    size_gib: int | None = None
+
+
+PLATFORM_FACTS = ("region", "k8s_version", "cluster_id", "cluster_endpoint", "subnet_id", "login_address",
+                  "login_port", "login_allocation_id", "soperator_version", "slurm_version", "slurm_namespace",
+                  "kubeconfig", "worker_nodes", "gpus_total")
+
+
+class Platform(_Section):
+    """The cloud platform of a nebius stack: cluster, login, Soperator, node groups, filesystems, buckets."""
+
+    region: str
+    k8s_version: str
+    cluster_id: str | None = None
+    cluster_endpoint: str | None = None
+    subnet_id: str | None = None
+    login_address: str | None = None
+    login_port: int
+    login_allocation_id: str | None = None
+    soperator_version: str
+    slurm_version: str
+    slurm_namespace: str
+    kubeconfig: str | None = None
+    """secret: `[secret]` as the CLI prints it."""
+    worker_nodes: int
+    gpus_total: int
+    node_groups: dict[str, NodeGroup] = {}
+    filesystems: dict[str, Filesystem] = {}
+    buckets: dict[str, str | None] = {}
+    """bucket kind (artifacts, backups, ...) -> bucket name."""
+
+    def flat(self) -> dict[str, Any]:
+        out: dict[str, Any] = {fact: getattr(self, fact) for fact in PLATFORM_FACTS}
+        out["node_groups"] = list(self.node_groups)
+        for name, group in self.node_groups.items():
+            out |= {f"node_group_{name}_{field}": getattr(group, field) for field in NodeGroup.model_fields}
+        out["filesystems"] = list(self.filesystems)
+        for tag, filesystem in self.filesystems.items():
+            out |= {f"filesystem_{tag}_{field}": getattr(filesystem, field) for field in Filesystem.model_fields}
+        out["buckets"] = list(self.buckets)
+        out |= {f"{kind}_bucket_name": name for kind, name in self.buckets.items()}
+        return out
+
+    @classmethod
+    def unflatten(cls, flat: Mapping[str, Any]) -> dict[str, Any]:
+        return {
+            **{fact: flat[fact] for fact in PLATFORM_FACTS},
+            "node_groups": {name: {field: flat[f"node_group_{name}_{field}"] for field in NodeGroup.model_fields}
+                            for name in flat["node_groups"]},
+            "filesystems": {tag: {field: flat[f"filesystem_{tag}_{field}"] for field in Filesystem.model_fields}
+                            for tag in flat["filesystems"]},
+            "buckets": {kind: flat[f"{kind}_bucket_name"] for kind in flat["buckets"]},
+        }
+
+
+class Job(_Section):
+    job_id: str | None = None
+    state: str | None = None
+    elapsed_s: int | None = None
+
+
+class EvalSide(_Section):
+    """The evaluator's headline figures of one side."""
+
+    perplexity: float | None = None
+    tokens_per_second: float | None = None
+    time_to_first_token_s: float | None = None
+    rouge_l: float | None = None
+    exact_match: float | None = None
+    numeric_match: float | None = None
+
+
+class Pipeline(_Section):
+    """The jobs of the stack's pipeline and, with an eval stage, the evaluation (null figures until it reported)."""
+
+    bundle_hash: str | None = None
+    jobs: dict[str, Job] = {}
+    evaluation: dict[str, EvalSide] | None = None
+    """side (base, finetuned) -> figures, when the pipeline has an eval stage."""
+
+    def flat(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"pipeline_bundle_hash": self.bundle_hash, "pipeline_stages": list(self.jobs)}
+        for stage, job in self.jobs.items():
+            out |= {f"pipeline_{stage}_{field}": getattr(job, field) for field in Job.model_fields}
+        for side, figures in (self.evaluation or {}).items():
+            out |= {f"eval_{figure}_{side}": getattr(figures, figure) for figure in EvalSide.model_fields}
+        return out
+
+    @classmethod
+    def unflatten(cls, flat: Mapping[str, Any]) -> dict[str, Any]:
+        stages = flat["pipeline_stages"]
+        return {
+            "bundle_hash": flat["pipeline_bundle_hash"],
+            "jobs": {stage: {field: flat[f"pipeline_{stage}_{field}"] for field in Job.model_fields}
+                     for stage in stages},
+            "evaluation": {side: {figure: flat[f"eval_{figure}_{side}"] for figure in EvalSide.model_fields}
+                           for side in SIDES} if "eval" in stages else None,
+        }
+
+
+IDENTITY = ("stack", "target", "cluster_name", "slurm_target", "run_config")
+
+
+class StackOutputs(_Section):
+    """Everything a stack reports: what it is, what it costs, the platform (nebius stacks) and the pipeline."""
+
+    stack: str
+    target: str
+    cluster_name: str
+    slurm_target: str
+    run_config: str
+    cost: Cost
+    platform: Platform | None = None
+    pipeline: Pipeline | None = None
+
+    def flat(self) -> dict[str, Any]:
+        """The Pulumi output keys: numbers as numbers, entity names listed, nothing nested."""
+        out: dict[str, Any] = {field: getattr(self, field) for field in IDENTITY}
+        out |= self.cost.flat()
+        if self.platform is not None:
+            out |= self.platform.flat()
+        if self.pipeline is not None:
+            out |= self.pipeline.flat()
+        return out
+
+
+def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """The nested document of the flat keys (KeyError naming the first key missing)."""
+    return {
+        **{field: flat[field] for field in IDENTITY},
+        "cost": Cost.unflatten(flat),
+        "platform": Platform.unflatten(flat) if "node_groups" in flat else None,
+        "pipeline": Pipeline.unflatten(flat) if "pipeline_stages" in flat else None,
+    }
+
+
+def parse_stack_outputs(document: Any, origin: str) -> StackOutputs:
+    """Stack outputs from the flat object Pulumi prints (or a document with it under `outputs`)."""
+    if isinstance(document, Mapping) and isinstance(document.get("outputs"), Mapping):
+        document = document["outputs"]
+    if not isinstance(document, Mapping):
+        raise DocumentError(f"{origin}: expected a JSON object of stack outputs, got {type(document).__name__}")
+    try:
+        return StackOutputs.model_validate(unflatten(document))
+    except KeyError as error:
+        raise DocumentError(f"{origin}: stack outputs lack the key {error.args[0]!r} (outputs of an older program "
+                            "version: run `pulumi up` or `ftstack run` again)") from None
+    except TypeError as error:
+        raise DocumentError(f"{origin}: stack outputs are malformed ({error})") from None
+    except ValidationError as error:
+        raise DocumentError(f"{origin}: not valid stack outputs ({describe(error)})") from None
+
+
+def read_stack_outputs(text: str | bytes, origin: str) -> StackOutputs:
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise DocumentError(f"{origin}: not valid JSON: {error}") from None
+    return parse_stack_outputs(document, origin)
+
+
+def write_stack_outputs(outputs: StackOutputs) -> str:
+    """The JSON `pulumi stack output --json` prints for these outputs."""
+    return json.dumps(outputs.flat(), indent=2) + "\n"
