@@ -49,6 +49,7 @@ from workloads.train.manifest import (
     training_fingerprint,
 )
 from workloads.train.metrics import METRICS_NAME, plot_loss, truncate_metrics
+from workloads.common.job_metrics import JobMetricsFile
 from workloads.train.metrics_callback import MetricsCallback, TokenCounter
 from workloads.train.model_shapes import shape_from_hf_config
 from workloads.train.sizing import BatchPlan, plan_batches
@@ -242,7 +243,8 @@ def train_run(run: RunConfig) -> int:
     preemption = PreemptionCallback(stop)
     trainer = FinetuneTrainer(
         model=model, args=args, train_dataset=train_data, eval_dataset=eval_data, data_collator=collator,
-        callbacks=[MetricsCallback(metrics_file, counter), preemption], counter=counter, keep=train.save_total_limit,
+        callbacks=[MetricsCallback(metrics_file, counter, JobMetricsFile.from_env("train", run.name) if rank0 else None),
+                   preemption], counter=counter, keep=train.save_total_limit,
         fingerprint=fingerprint,
     )
     trainer.remove_callback(PrinterCallback)
