@@ -14,6 +14,7 @@ from infra.artifacts import ArtifactError, ArtifactStore, list_runs, run_prefix,
 from infra.config import StackConfig, StackConfigError, load_stack_config
 from infra.dashboard import build, write_dashboard
 from infra.dashboard.model import StoredRun, unwrap_outputs
+from infra.monitoring.view import job_metrics_view
 from infra.documents import DocumentError, read_evaluator_report, read_metrics
 from infra.outputs import ARTIFACTS_BUCKET
 from workloads.train.metrics import METRICS_NAME
@@ -105,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
             outputs, source = mock_outputs(stack), f"the mock run of stacks/Pulumi.{args.stack}.yaml"
         run_data, warning = stored_run(stack, root, args.bucket or outputs.get(ARTIFACTS_BUCKET), args.run)
         data = build(args.stack, outputs, stack, run_data)
+        data.job_metrics = job_metrics_view(stack.target, root, run_data.index if run_data else None)
         if warning:
             print(f"ftstack report: warning: {warning}", file=sys.stderr)
             data.warnings.append(warning)

@@ -12,6 +12,7 @@ from typing import Any
 
 from infra import outputs as keys
 from infra.artifacts import RunIndex
+from infra.monitoring.view import JobMetricsView
 from workloads.eval.report import EvaluatorReport
 from workloads.train.metrics import MetricsRecord
 
@@ -104,6 +105,7 @@ class DashboardData:
     loss_curve: list[tuple[float, float]] = field(default_factory=list)
     eval_loss_curve: list[tuple[float, float]] = field(default_factory=list)
     comparison: Comparison | None = None
+    job_metrics: JobMetricsView | None = None
     other_outputs: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
