@@ -24,7 +24,7 @@ launch() {
 
 # Until the daemon of PIDFILE accepts connections on ADDR:PORT; its end is an error naming its log.
 wait_listening() {
-  local pidfile="$1" listen="$2" name="$3" logfile="$4"
+  local pidfile="$1" listen="$2" name="$3" logfile="$4" i
   for i in $(seq 150); do
     if (exec 3<>"/dev/tcp/${listen%%:*}/${listen##*:}") 2>/dev/null; then return 0; fi
     [ "$i" -gt 5 ] && ! alive "$pidfile" && die "$name exited before listening on $listen; see $logfile"
