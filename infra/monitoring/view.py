@@ -51,5 +51,5 @@ def job_metrics_view(target: str, repo_root: Path, run: RunIndex | None,
     if not jobs:
         return JobMetricsView(query=selector, source=url,
                               unavailable=f"Metrics unavailable: Prometheus at {url} has no series for jobs "
-                              f"{', '.join(ids)} between {start:%Y-%m-%d %H:%M} and {end:%H:%M} UTC.")
+                              f"{', '.join(ids)} from {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC.")
     return JobMetricsView(jobs=jobs, start=start, query=selector, source=url)
