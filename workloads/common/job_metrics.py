@@ -16,9 +16,9 @@ import math
 import os
 import re
 import resource
+import threading
 import time
 from collections.abc import Mapping
-import threading
 from pathlib import Path
 from typing import Literal
 
@@ -71,7 +71,6 @@ HELP: dict[str, str] = {
     "last_update_timestamp_seconds": "Unix time of the job's last update.",
 }
 """metric name after PREFIX -> HELP text: the JobFigures fields, then the update time."""
-_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 
@@ -105,8 +104,6 @@ def exposition(figures: JobFigures, labels: Mapping[str, str], now: float | None
         if value is None:
             continue
         full = PREFIX + name
-        if not _NAME.match(full):
-            raise ValueError(f"metric {full!r}: not a valid Prometheus metric name")
         series = {**labels, "device": figures.device} if name == "utilization_percent" else labels
         lines += [f"# HELP {full} {HELP[name]}", f"# TYPE {full} gauge",
                   f"{full}{{{_labels(series)}}} {_number(float(value))}"]
