@@ -32,7 +32,8 @@ def _publish(monitoring: Monitoring, job: str, stage: str = "train", run: str = 
     return file
 
 
-def test_prometheus_answers_a_training_jobs_tokens_per_second_by_slurm_job_id(monitoring: Monitoring) -> None:
+def test_prometheus_answers_a_training_jobs_tokens_per_second_by_slurm_job_id(
+        monitoring: Monitoring, monkeypatch: pytest.MonkeyPatch) -> None:
     _publish(monitoring, "4242")
     found = eventually(lambda: query(monitoring.url, 'ftstack_job_tokens_per_second{hpc_job="4242"}'),
                        "Prometheus to scrape the job's tokens/s")
@@ -42,6 +43,9 @@ def test_prometheus_answers_a_training_jobs_tokens_per_second_by_slurm_job_id(mo
     figures = live_figures(monitoring.url, "4242")
     assert figures["loss"] == 1.875 and figures["step"] == 7 and figures["step_seconds"] == 0.42
     assert figures["utilization_percent"] == 87.5 and figures["peak_memory_bytes"] == 512 * 2**20
+    monkeypatch.setenv(URL_ENV, monitoring.url)
+    assert live_line("local", REPO, "4242") == ("live: step 7, 1234.5 tokens/s, 0.42 s/step, loss 1.875, "
+                                                "utilization 88 %, peak memory 0.50 GiB")
     now = datetime.now(timezone.utc)
     (ranged,) = query_range(monitoring.url, 'ftstack_job_loss{hpc_job="4242"}', now - timedelta(minutes=2), now, 1)
     assert ranged.points and all(isinstance(p, Point) and p.value == 1.875 for p in ranged.points)
