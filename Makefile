@@ -8,7 +8,7 @@ SYSTEM_DEPS := .local/.system-deps
 export SLURM_CONF := $(CURDIR)/.local/slurm/etc/slurm.conf
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test venv system-deps slurm-start slurm-stop cluster-start cluster-stop
+.PHONY: demo test venv system-deps slurm-start slurm-stop monitoring-start monitoring-stop cluster-start cluster-stop
 
 venv: $(INSTALLED)
 
@@ -31,6 +31,13 @@ slurm-start: system-deps
 slurm-stop:
 	scripts/local-slurm.sh stop
 
+# Prometheus and the node exporter of the local stack, on loopback (jobs' metrics: docs/operations.md).
+monitoring-start: system-deps
+	scripts/local-monitoring.sh start
+
+monitoring-stop:
+	scripts/local-monitoring.sh stop
+
 # The multi-node rehearsal cluster of the `cluster` stack (root; the tests start and stop their own).
 cluster-start: venv system-deps
 	scripts/local-cluster.sh start
@@ -38,8 +45,8 @@ cluster-start: venv system-deps
 cluster-stop:
 	scripts/local-cluster.sh stop
 
-demo: venv slurm-start
+demo: venv slurm-start monitoring-start
 	scripts/demo.sh
 
-test: venv slurm-start
+test: venv slurm-start monitoring-start
 	$(VENV)/bin/pytest

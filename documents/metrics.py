@@ -42,6 +42,10 @@ class MetricsRecord(BaseModel):
     padding_efficiency: float | None = None
     memory_mb: float | None = None
     gpu_util: float | None = None
+    cpu_util: float | None = None
+    """rank 0's CPU time over wall time and its cores since the previous record, in percent (no GPU)."""
+    step_time_s: float | None = None
+    """wall time of one optimizer step, averaged since the previous record."""
     tokens_per_second_per_gpu: float | None = None
     eval_loss: float | None = None
     job_id: str | None = None

@@ -7,13 +7,16 @@
 #
 # Layout (addresses on a private bridge made for the cluster; nothing else is ever contacted, no route leaves it):
 #   <subnet>.1   the bridge, this machine's side (tests and ftstack reach the login node from here)
-#   <subnet>.2   <prefix>-ctl    slurmctld
+#   <subnet>.2   <prefix>-ctl    slurmctld; Prometheus on <subnet>.2:9090 scraping every node's exporter
 #   <subnet>.3   <prefix>-login  sshd (host key generated for the cluster), sbatch/squeue/... for ftstack
-#   <subnet>.11+ <prefix>-n1..N  slurmd, one per node (own NodeName, spool, log, pid), CPUs = cores / N
+#   <subnet>.11+ <prefix>-n1..N  slurmd, one per node (own NodeName, spool, log, pid), CPUs = cores / N;
+#                                prometheus-node-exporter on :9100 reading <dir>/monitoring/textfile/<node>, the
+#                                folder a TaskProlog gives the node's jobs for their metrics (an Epilog cleans up)
 # Each node also has its own UTS namespace (hostname = node name) and mount namespace in which the cluster's
 # hosts file is /etc/hosts, its config folder is /etc/slurm and the jail (<dir>/jail on this machine's shared
 # filesystem) is mounted at /run/<prefix>/jail: the stack's jail root. One munged (socket under <dir>/munge)
-# serves every node. Needs root (network namespaces), iproute2, openssh-server, slurm-wlm and munge.
+# serves every node. Needs root (network namespaces), iproute2, openssh-server, slurm-wlm, munge, prometheus and
+# prometheus-node-exporter. The Prometheus URL is written to <dir>/monitoring/prometheus.url.
 # Environment: LOCAL_CLUSTER_DIR (default <repo>/.local/cluster), LOCAL_CLUSTER_PREFIX (default ftc; names of
 # namespaces, bridge and nodes), LOCAL_CLUSTER_SUBNET (default 10.213.0, a /24), LOCAL_CLUSTER_CTLD_PORT (6990),
 # LOCAL_CLUSTER_SLURMD_PORT (6991). Clients on this machine: export SLURM_CONF=<dir>/etc/slurm.conf
@@ -27,6 +30,9 @@ CTLD_PORT="${LOCAL_CLUSTER_CTLD_PORT:-6990}"
 SLURMD_PORT="${LOCAL_CLUSTER_SLURMD_PORT:-6991}"
 # shellcheck source=scripts/slurm-common.sh
 . "$ROOT/scripts/slurm-common.sh"
+# shellcheck source=scripts/monitoring-common.sh
+. "$ROOT/scripts/monitoring-common.sh"
+MON="$BASE/monitoring"
 LOGIN="$BASE/login"
 JAIL="$BASE/jail"
 JAIL_MOUNT="/run/$PREFIX/jail"
@@ -49,7 +55,7 @@ check_names() {
 need_tools() {
   [ "$(id -u)" -eq 0 ] || die "network namespaces need root; run as root (CI runs make test as root)"
   local missing=()
-  for tool in ip unshare sshd ssh-keygen slurmctld slurmd munged; do
+  for tool in ip unshare sshd ssh-keygen slurmctld slurmd munged prometheus prometheus-node-exporter; do
     command -v "$tool" >/dev/null || [ -x "/usr/sbin/$tool" ] || missing+=("$tool")
   done
   if [ ${#missing[@]} -gt 0 ]; then
@@ -128,6 +134,7 @@ SlurmdPidFile=$RUN/slurmd-%n.pid
 SlurmdLogFile=$LOG/slurmd-%n.log
 SlurmdTimeout=10
 $(common_slurm_settings)
+$(job_metrics_settings "$MON/textfile/\$(hostname)" prolog)
 EOF
   addrs=""
   for i in $(seq "$nodes"); do
@@ -186,6 +193,22 @@ start_daemons() {
   done
 }
 
+# A node exporter in every worker, and Prometheus in the controller's namespace scraping them.
+start_monitoring() {
+  local nodes="$1" i node targets=()
+  mkdir -p "$MON/etc"
+  for i in $(seq "$nodes"); do
+    node="$(worker "$i")"
+    start_node_exporter "$RUN/node-exporter-$node.pid" "$LOG/node-exporter-$node.log" "$SUBNET.$((10 + i)):9100" \
+      "$MON/textfile/$node" in_node "$node" "$node"
+    targets+=("$SUBNET.$((10 + i)):9100=$node")
+  done
+  write_prometheus_config "$MON/etc/prometheus.yml" "${targets[@]}"
+  start_prometheus "$RUN/prometheus.pid" "$LOG/prometheus.log" "$SUBNET.2:9090" "$MON/etc/prometheus.yml" "$MON/data" \
+    in_node "$CTL" "$CTL"
+  echo "http://$SUBNET.2:9090" >"$MON/prometheus.url"
+}
+
 wait_idle() {
   local nodes="$1" state="" i
   for i in $(seq "$nodes"); do
@@ -201,7 +224,7 @@ wait_idle() {
     done
     case "$state" in idle* | mixed* | allocated* | completing*) ;; *) die "node $node did not become idle (last state: ${state:-none}); see $LOG" ;; esac
   done
-  log "$nodes node(s) up, login $SUBNET.3:22 (SLURM_CONF=$CONF)"
+  log "$nodes node(s) up, login $SUBNET.3:22, prometheus http://$SUBNET.2:9090 (SLURM_CONF=$CONF)"
 }
 
 start() {
@@ -222,6 +245,7 @@ start() {
   start_munge
   start_login
   start_daemons "$nodes"
+  start_monitoring "$nodes"
   wait_idle "$nodes"
 }
 
@@ -254,7 +278,11 @@ lose_node() {
 
 stop() {
   local entry i
-  for i in $(seq "$(node_count)"); do stop_pid "$RUN/slurmd-$(worker "$i").pid" "slurmd of $(worker "$i")"; done
+  stop_pid "$RUN/prometheus.pid" prometheus
+  for i in $(seq "$(node_count)"); do
+    stop_pid "$RUN/node-exporter-$(worker "$i").pid" "node exporter of $(worker "$i")"
+    stop_pid "$RUN/slurmd-$(worker "$i").pid" "slurmd of $(worker "$i")"
+  done
   stop_pid "$RUN/slurmctld.pid" slurmctld
   stop_pid "$RUN/sshd.pid" sshd
   stop_pid "$MUNGE/munged.pid" munged
@@ -275,11 +303,13 @@ stop() {
 
 status() {
   local rc=0 d i
-  for d in "$MUNGE/munged.pid:munged" "$RUN/slurmctld.pid:slurmctld" "$RUN/sshd.pid:sshd (login $SUBNET.3:22)"; do
+  for d in "$MUNGE/munged.pid:munged" "$RUN/slurmctld.pid:slurmctld" "$RUN/sshd.pid:sshd (login $SUBNET.3:22)" \
+    "$RUN/prometheus.pid:prometheus (http://$SUBNET.2:9090)"; do
     if alive "${d%%:*}"; then echo "${d#*:}: running ($(cat "${d%%:*}"))"; else echo "${d#*:}: stopped"; rc=1; fi
   done
   for i in $(seq "$(node_count)"); do
     if alive "$RUN/slurmd-$(worker "$i").pid"; then echo "slurmd $(worker "$i"): running"; else echo "slurmd $(worker "$i"): stopped"; rc=1; fi
+    if alive "$RUN/node-exporter-$(worker "$i").pid"; then echo "node exporter $(worker "$i"): running"; else echo "node exporter $(worker "$i"): stopped"; rc=1; fi
   done
   [ $rc -eq 0 ] && sinfo -N -o '%N %T %c %m'
   return $rc

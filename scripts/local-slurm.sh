@@ -40,6 +40,7 @@ SlurmdLogFile=$LOG/slurmd.log
 SchedulerParameters=defer_batch
 SlurmdTimeout=60
 $(common_slurm_settings)
+$(job_metrics_settings "${LOCAL_MONITORING_DIR:-$ROOT/.local/monitoring}/textfile")
 NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem_mb State=UNKNOWN
 PartitionName=local Nodes=$NODE Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 EOF

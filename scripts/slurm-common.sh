@@ -57,3 +57,29 @@ JobCompType=jobcomp/none
 JobAcctGatherType=jobacct_gather/none
 EOF
 }
+
+# Job metrics (workloads/common/job_metrics.py): an Epilog that removes a job's metrics files from the node
+# exporter's textfile folder when the job ends, even a killed one (as Soperator's unmap_job_dcgm.sh epilog drops
+# a job's DCGM mapping), and with `prolog` a TaskProlog that tells every task the folder. TEXTFILE is a shell
+# expression evaluated on the node, e.g. '/x/textfile/$(hostname)' for a folder per node. Prints the slurm.conf lines.
+job_metrics_settings() {
+  local textfile="$1" prolog="${2:-}"
+  cat >"$ETC/job-epilog.sh.tmp" <<EOF2
+#!/bin/sh
+# Written by scripts/slurm-common.sh: the job's metrics end with the job.
+rm -f "$textfile/ftstack_job_\${SLURM_JOB_ID}_"*.prom
+exit 0
+EOF2
+  chmod 755 "$ETC/job-epilog.sh.tmp"
+  mv "$ETC/job-epilog.sh.tmp" "$ETC/job-epilog.sh"
+  echo "Epilog=$ETC/job-epilog.sh"
+  [ "$prolog" = prolog ] || return 0
+  cat >"$ETC/task-prolog.sh.tmp" <<EOF2
+#!/bin/sh
+# Written by scripts/slurm-common.sh: where this node's exporter reads job metrics.
+echo "export FTSTACK_METRICS_TEXTFILE_DIR=$textfile"
+EOF2
+  chmod 755 "$ETC/task-prolog.sh.tmp"
+  mv "$ETC/task-prolog.sh.tmp" "$ETC/task-prolog.sh"
+  echo "TaskProlog=$ETC/task-prolog.sh"
+}

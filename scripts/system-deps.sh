@@ -4,8 +4,11 @@
 #   openssh-server     real sshd on loopback for the SSH transport tests, and the rehearsal cluster's login node
 #   iproute2, procps   network namespaces and bridge of the rehearsal cluster (scripts/local-cluster.sh), ps in its tests
 #   chromium           headless browser for the chat UI and dashboard tests
+#   prometheus, prometheus-node-exporter
+#                      metrics store and node exporter of the local and cluster stacks (scripts/local-monitoring.sh);
+#                      run as plain processes by that script, never as the system services
 set -euo pipefail
-packages=(slurm-wlm munge openssh-server chromium iproute2 procps)
+packages=(slurm-wlm munge openssh-server chromium iproute2 procps prometheus prometheus-node-exporter)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -34,12 +34,17 @@ def test_code_hash_ignores_run_configs_but_not_code(tmp_path: Path) -> None:
     pkg = tmp_path / "workloads"
     (pkg / "configs").mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
+    (tmp_path / "documents").mkdir()
+    (tmp_path / "documents" / "__init__.py").write_text("")
     (pkg / "configs" / "a.json").write_text("{}")
     first = code_hash(tmp_path)
     (pkg / "configs" / "a.json").write_text('{"changed": 1}')
     assert code_hash(tmp_path) == first
     (pkg / "stage.py").write_text("print('new code')\n")
-    assert code_hash(tmp_path) != first
+    second = code_hash(tmp_path)
+    assert second != first
+    (tmp_path / "documents" / "report.py").write_text("FIELD = 1\n")
+    assert code_hash(tmp_path) != second, "the document models ship with the jobs"
 
 
 def test_local_placement_uses_this_repo_and_cloud_uses_the_jail() -> None:

@@ -13,11 +13,11 @@ from infra.artifacts import ArtifactError, ArtifactStore, list_runs, run_prefix,
 from infra.config import StackConfig, StackConfigError, load_stack_config
 from infra.dashboard import build, write_dashboard
 from infra.dashboard.model import StoredRun
+from infra.monitoring.view import job_metrics_view
 from documents.base import DocumentError
 from documents.evaluator_report import read_evaluator_report
-from documents.metrics import read_metrics
+from documents.metrics import METRICS_NAME, read_metrics
 from documents.stack_outputs import StackOutputs, parse_stack_outputs, read_stack_outputs
-from documents.metrics import METRICS_NAME
 from infra.backends import find_repo_root
 
 
@@ -110,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
         bucket = outputs.platform.buckets.get("artifacts") if outputs.platform is not None else None
         run_data, warning = stored_run(stack, root, args.bucket or bucket, args.run)
         data = build(args.stack, outputs, stack, run_data)
+        data.job_metrics = job_metrics_view(stack.target, root, run_data.index if run_data else None)
         if warning:
             print(f"ftstack report: warning: {warning}", file=sys.stderr)
             data.warnings.append(warning)

@@ -8,6 +8,7 @@ import sys
 
 from infra.commands.run import add_transport_arguments, open_spec
 from infra.config import StackConfigError, load_stack_config
+from infra.monitoring.live import live_line
 from infra.pipeline.runner import status
 from infra.pipeline.transport import TransportError
 from infra.backends import find_repo_root
@@ -36,4 +37,6 @@ def run(args: argparse.Namespace) -> int:
         for stage, job in jobs.items():
             elapsed = f"{job['elapsed_s']}s" if job["elapsed_s"] is not None else "-"
             print(f"{stage:<10} job {job['job_id']:<8} {job['state']:<12} {elapsed}  {job['output'] or ''}")
+            if job["state"] == "RUNNING":
+                print(f"{'':<10} {live_line(stack.target, repo, str(job['job_id']))}")
     return 0

@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from documents.stack_outputs import MEASURED
 from infra.dashboard.model import ChatRow, Comparison, CostRow  # noqa: E402
+from infra.monitoring.view import JobMetricsView  # noqa: E402
 
 BLUE, ORANGE, GREY = "#2f6db3", "#e07b39", "#9aa5b1"
 _STYLE = {
@@ -110,5 +111,30 @@ def comparison_bars(result: Comparison, salt: str) -> str:
             ax.set_ylim(0, max(base, tuned) * 1.2 or 1)
         for ax in flat[len(rows):]:
             ax.axis("off")
+        fig.tight_layout()
+        return _svg(fig, salt)
+
+
+_JOB_PANELS = (("tokens_per_second", "Throughput (tokens/s)"), ("utilization_percent", "Utilization (%)"))
+
+
+def job_metrics_over_time(view: JobMetricsView, salt: str) -> str:
+    """Throughput and utilization of each job against minutes since the run's start, one line per job."""
+    with plt.rc_context(_STYLE):
+        fig, axes = plt.subplots(1, len(_JOB_PANELS), figsize=(7.2, 2.8), squeeze=False)
+        colors = [BLUE, ORANGE, GREY]
+        for ax, (name, title) in zip(axes[0], _JOB_PANELS):
+            for color, job in zip(colors * len(view.jobs), view.jobs):
+                if series := job.figures.get(name):
+                    device = series.labels.get("device")
+                    minutes = [(p.time - view.start).total_seconds() / 60 for p in series.points]
+                    ax.plot(minutes, [p.value for p in series.points], color=color, marker="o" if len(minutes) < 30
+                            else None, markersize=3, label=f"{job.stage} {job.job_id}" + (f" ({device})" if device else ""))
+            ax.set_title(title, loc="left", fontsize=10)
+            ax.set_xlabel("minutes since the run started")
+            ax.set_ylim(bottom=0)
+            ax.grid(alpha=0.3)
+            if ax.has_data():
+                ax.legend(frameon=False, fontsize=7)
         fig.tight_layout()
         return _svg(fig, salt)

@@ -21,6 +21,7 @@ from documents.stack_outputs import (
     StackOutputs,
     flat_name,
 )
+from infra.monitoring.view import JobMetricsView
 from infra.outputs import EVAL_FIGURES
 from documents.run_record import RunIndex
 from documents.evaluator_report import EvaluatorReport
@@ -117,6 +118,7 @@ class DashboardData:
     loss_curve: list[tuple[float, float]] = field(default_factory=list)
     eval_loss_curve: list[tuple[float, float]] = field(default_factory=list)
     comparison: Comparison | None = None
+    job_metrics: JobMetricsView | None = None
     other_outputs: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 

@@ -68,7 +68,7 @@ def _environment() -> Environment:
 
 
 def chart_svgs(data: DashboardData) -> dict[str, str]:
-    out = {"categories": "", "lines": "", "chats": "", "loss": "", "comparison": ""}
+    out = {"categories": "", "lines": "", "chats": "", "loss": "", "comparison": "", "jobs": ""}
     if data.categories:
         out["categories"] = charts.cost_ranges(data.categories, "By category", "categories")
     if data.lines:
@@ -79,6 +79,8 @@ def chart_svgs(data: DashboardData) -> dict[str, str]:
         out["loss"] = charts.loss_curve(data.loss_curve, data.eval_loss_curve, "loss")
     if data.comparison and any(b is not None and t is not None for _, b, t, _ in data.comparison.metrics):
         out["comparison"] = charts.comparison_bars(data.comparison, "comparison")
+    if data.job_metrics and data.job_metrics.jobs:
+        out["jobs"] = charts.job_metrics_over_time(data.job_metrics, "jobs")
     return out
 
 

@@ -27,6 +27,7 @@ from infra.pipeline.bundle import PACKAGE, bundle_files
 from documents.run_config import RunConfig, RunPaths
 from documents.evaluator_report import report_name
 from documents.metrics import METRICS_NAME
+from workloads.common.job_metrics import TEXTFILE_DIR_ENV
 
 Stage = Literal["prepare", "readiness", "train", "eval", "serve"]
 
@@ -49,6 +50,8 @@ CONFIGS_DIR = f"{PACKAGE}/configs"
 LOCAL_CODE_ROOT = ".local/jail/home/shared/finetune_code"
 CLUSTER_CODE_ROOT = "/home/shared/finetune_code"
 LOCAL_SLURM_CONF = ".local/slurm/etc/slurm.conf"
+LOCAL_TEXTFILE_DIR = ".local/monitoring/textfile"
+"""the local node exporter's textfile folder (scripts/local-monitoring.sh), where jobs put their metrics."""
 
 
 class JobSpec(BaseModel):
@@ -109,7 +112,8 @@ def placement_for(stack: StackConfig, run: RunConfig, repo_root: Path) -> Placem
         return Placement(
             code_root=str(repo_root / LOCAL_CODE_ROOT),
             python=str(repo_root / ".venv" / "bin" / "python"),
-            env={"FT_ROOT": str(root if root.is_absolute() else (repo_root / root).resolve())},
+            env={"FT_ROOT": str(root if root.is_absolute() else (repo_root / root).resolve()),
+                 TEXTFILE_DIR_ENV: str(repo_root / LOCAL_TEXTFILE_DIR)},
             slurm_env={"SLURM_CONF": os.environ.get("SLURM_CONF") or str(repo_root / LOCAL_SLURM_CONF)},
         )
     if stack.cluster is not None:

@@ -19,6 +19,7 @@ from documents.run_config import ConfigError, RunConfig, load_run_config
 from workloads.eval.config import EvalConfig
 from workloads.common.atomic import MANIFEST_NAME
 from documents.prepare_summary import TokenizeLosses
+from workloads.common.job_metrics import JobFigures, JobMetricsFile, ProcessSampler
 from workloads.data.tokenize import loss_summary
 from workloads.eval.generation import Prompt, generate_all, read_prompts
 from workloads.eval.metrics import answer_scores, compare, text_scores
@@ -107,7 +108,8 @@ def data_losses(run: RunConfig) -> dict[str, TokenizeLosses] | None:
     return losses
 
 
-def evaluate(run: RunConfig, job_id: str) -> EvaluatorReport:
+def evaluate(run: RunConfig, job_id: str, job_metrics: JobMetricsFile | None = None) -> EvaluatorReport:
+    """Both sides measured; each side's generation speed goes to `job_metrics` as it is known."""
     from transformers import AutoTokenizer
 
     cfg = run.eval or EvalConfig()
@@ -121,6 +123,8 @@ def evaluate(run: RunConfig, job_id: str) -> EvaluatorReport:
         log.info("evaluating %s model (%s)", side, kind if side == "finetuned" else run.base_model_dir)
         model = load_model(run, side, kind, device, dtype)
         sides[side] = measure(model, tokenizer, dataset, prompts, cfg, side)
+        if job_metrics is not None:
+            job_metrics.update(JobFigures(tokens_per_second=sides[side]["tokens_per_second"]))
         del model
         gc.collect()
     return EvaluatorReport(
@@ -152,7 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     try:
         run = load_run_config(args.config)
-        report = evaluate(run, os.environ.get("SLURM_JOB_ID") or "local")
+        job_metrics = JobMetricsFile.from_env("eval", run.name)
+        with ProcessSampler(job_metrics):
+            report = evaluate(run, os.environ.get("SLURM_JOB_ID") or "local", job_metrics)
         path = write_report(report, run.results_dir)
         if (run.eval or EvalConfig()).chart:
             write_chart(report, path.with_suffix(".png"))

@@ -49,6 +49,7 @@ from documents.run_manifest import (
     training_fingerprint,
 )
 from documents.metrics import METRICS_NAME, truncate_metrics
+from workloads.common.job_metrics import JobMetricsFile
 from workloads.train.loss_chart import plot_loss
 from workloads.train.metrics_callback import MetricsCallback, TokenCounter
 from workloads.train.model_shapes import shape_from_hf_config
@@ -245,7 +246,8 @@ def train_run(run: RunConfig) -> int:
     preemption = PreemptionCallback(stop)
     trainer = FinetuneTrainer(
         model=model, args=args, train_dataset=train_data, eval_dataset=eval_data, data_collator=collator,
-        callbacks=[MetricsCallback(metrics_file, counter), preemption], counter=counter, keep=train.save_total_limit,
+        callbacks=[MetricsCallback(metrics_file, counter, JobMetricsFile.from_env("train", run.name) if rank0 else None),
+                   preemption], counter=counter, keep=train.save_total_limit,
         fingerprint=fingerprint,
     )
     trainer.remove_callback(PrinterCallback)

@@ -1,5 +1,5 @@
 """The trainer's side of metrics.jsonl: token counts across ranks, memory and GPU use, and the callback that
-writes one `MetricsRecord` per logged step (rank 0) and logs it."""
+writes one `MetricsRecord` per logged step (rank 0), logs it and exports it as the job's Prometheus figures."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import torch.distributed as dist
 from transformers import TrainerCallback
 
 from documents.metrics import MetricsRecord
+from workloads.common.job_metrics import CpuMeter, JobMetricsFile
+from workloads.train.metrics_export import record_figures
 
 log = logging.getLogger("documents.metrics")
 
@@ -54,15 +56,24 @@ def gpu_utilization() -> float | None:
 
 
 class MetricsCallback(TrainerCallback):
-    """Appends step, loss, lr, grad norm, tokens/s, padding efficiency, memory (and GPU util) to metrics.jsonl."""
+    """Appends step, loss, lr, grad norm, tokens/s, step time, padding efficiency, memory (and GPU or CPU util)
+    to metrics.jsonl, and puts each record in the job's metrics file (removed when training ends)."""
 
-    def __init__(self, path: Path, counter: TokenCounter) -> None:
+    def __init__(self, path: Path, counter: TokenCounter, job_metrics: JobMetricsFile | None = None) -> None:
         self.path = path
         self.counter = counter
+        self.job_metrics = job_metrics or JobMetricsFile(None, "none", "train")
         self.last_time = time.perf_counter()
+        self.last_step = 0
+        self.cpu = CpuMeter()
 
     def on_train_begin(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201
         self.last_time = time.perf_counter()
+        self.last_step = state.global_step
+        self.cpu = CpuMeter()
+
+    def on_train_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201
+        self.job_metrics.remove()
 
     def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ANN001, ANN201
         logs = logs or {}
@@ -76,6 +87,7 @@ class MetricsCallback(TrainerCallback):
             now = time.perf_counter()
             elapsed, self.last_time = now - self.last_time, now
             tokens_per_s = round(real / elapsed, 2) if elapsed > 0 else None
+            steps, self.last_step = state.global_step - self.last_step, state.global_step
             util = gpu_utilization()
             fields.update({
                 "loss": logs["loss"],
@@ -86,6 +98,8 @@ class MetricsCallback(TrainerCallback):
                 "padding_efficiency": round(real / processed, 4) if processed else None,
                 "memory_mb": round(peak_memory_mb(), 1),
                 "gpu_util": util,
+                "cpu_util": self.cpu.read() if util is None else None,
+                "step_time_s": round(elapsed / steps, 3) if steps > 0 else None,
                 "tokens_per_second_per_gpu": round(tokens_per_s / args.world_size, 2)
                 if util is not None and tokens_per_s is not None else None,
             })
@@ -96,6 +110,7 @@ class MetricsCallback(TrainerCallback):
             return
         with open(self.path, "a", encoding="utf-8") as handle:
             handle.write(record.line())
+        self.job_metrics.update(record_figures(record))
         shown = record.model_dump(exclude={"version", "step"}, exclude_none=True)
         log.info("step %d/%d %s", state.global_step, state.max_steps,
                  " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items()))
