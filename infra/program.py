@@ -25,6 +25,7 @@ from infra.nebius.cluster import Mk8sCluster, Mk8sClusterArgs
 from infra.nebius.filesystems import SharedFilesystems, SharedFilesystemsArgs
 from infra.nebius.layout import Layout, layout
 from infra.nebius.network import Network, NetworkArgs
+from infra.monitoring_access import monitoring_access
 from infra.outputs import measured_chat_outputs
 from infra.soperator import Soperator, SoperatorArgs
 from infra.soperator_values import BackupTarget, release_plan
@@ -230,6 +231,8 @@ def build_stack(cfg: StackConfig) -> dict[str, Any]:
     platform = build_platform(cfg, plan)
     if platform is not None:
         outputs.update(platform_outputs(cfg, plan, platform))
+    if (access := monitoring_access(cfg)) is not None:
+        outputs.update(access.outputs())
     report = cost_report(cfg)
     outputs.update(report.outputs())
     pipeline = build_pipeline(cfg, platform)

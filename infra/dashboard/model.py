@@ -18,6 +18,7 @@ from workloads.train.metrics import MetricsRecord
 CATEGORY_LABELS = {
     "compute": "Compute",
     "boot_disks": "Boot disks",
+    "volumes": "Volumes",
     "shared_fs": "Shared filesystems",
     "object_storage": "Object storage",
     "networking": "Networking",
