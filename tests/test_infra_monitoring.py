@@ -127,12 +127,13 @@ def test_the_pulumi_graph_orders_crds_secret_and_stack_and_keeps_the_password_se
         <= set(stack.dependencies)
     assert urn["innovationbank-soperator-victoria-metrics-operator-crds"] in secret.dependencies
     assert secret.inputs["metadata"] == {"name": "grafana-admin", "namespace": "monitoring-system"}
-    assert secret.inputs["stringData"] == {"admin-user": "admin", "admin-password": SECRET}
+    assert secret.inputs["stringData"] == SECRET  # the whole map, as it holds the generated password
     operator = run.by_name("innovationbank-soperator-soperator")
     assert urn["innovationbank-soperator-prometheus-operator-crds"] in operator.dependencies
     password = run.by_name("innovationbank-soperator-grafana-admin-password")
     assert password.parent == run.by_name("innovationbank-soperator").urn
-    assert all("password" not in key for key in run.outputs)
+    assert [k for k in run.outputs if "password" in k] == ["monitoring_grafana_admin_password_command"]
+    assert run.outputs["monitoring_grafana_admin_password_command"].startswith("kubectl ")
     assert SECRET not in json.dumps({k: v for k, v in run.outputs.items() if k.startswith("monitoring_")})
 
 
