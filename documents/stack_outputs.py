@@ -234,6 +234,26 @@ class Pipeline(_Section):
         }
 
 
+class MonitoringAccess(_Section):
+    """How to open Grafana and query the metrics store from a workstation holding the stack's kubeconfig
+    (`kubectl port-forward`, never a public endpoint); keys `monitoring_<field>`."""
+
+    grafana_port_forward: str
+    grafana_url: str
+    grafana_admin_user: str
+    grafana_admin_password_command: str
+    """prints the admin password from its Secret; the password itself is never an output."""
+    metrics_port_forward: str
+    metrics_query_url: str
+
+    def flat(self) -> dict[str, Any]:
+        return {f"monitoring_{field}": getattr(self, field) for field in MonitoringAccess.model_fields}
+
+    @classmethod
+    def unflatten(cls, flat: Mapping[str, Any]) -> dict[str, Any]:
+        return {field: flat[f"monitoring_{field}"] for field in MonitoringAccess.model_fields}
+
+
 IDENTITY = ("stack", "target", "cluster_name", "slurm_target", "run_config")
 
 
@@ -247,6 +267,7 @@ class StackOutputs(_Section):
     run_config: str
     cost: Cost
     platform: Platform | None = None
+    monitoring: MonitoringAccess | None = None
     pipeline: Pipeline | None = None
 
     def flat(self) -> dict[str, Any]:
@@ -255,6 +276,8 @@ class StackOutputs(_Section):
         out |= self.cost.flat()
         if self.platform is not None:
             out |= self.platform.flat()
+        if self.monitoring is not None:
+            out |= self.monitoring.flat()
         if self.pipeline is not None:
             out |= self.pipeline.flat()
         return out
@@ -266,6 +289,7 @@ def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
         **{field: flat[field] for field in IDENTITY},
         "cost": Cost.unflatten(flat),
         "platform": Platform.unflatten(flat) if "node_groups" in flat else None,
+        "monitoring": MonitoringAccess.unflatten(flat) if "monitoring_grafana_url" in flat else None,
         "pipeline": Pipeline.unflatten(flat) if "pipeline_stages" in flat else None,
     }
 

@@ -255,6 +255,18 @@ class SoperatorConfig(_Model):
     namespace: str | None = Field(None, description="Slurm cluster namespace; default clusterName.")
 
 
+class MonitoringConfig(_Model):
+    """GPU and job monitoring of a nebius stack, installed as Soperator's reference install (soperator-fluxcd 4.1.7)
+    does: the DCGM exporter with per-job labels, the Slurm exporter, VictoriaMetrics and Grafana."""
+
+    enabled: bool = Field(True, description="Install the monitoring releases (nebius stacks; off: none, and no cost lines).")
+    retention_days: int = Field(30, gt=0, description="Days VictoriaMetrics keeps samples (vmsingle retentionPeriod).")
+    storage_gib: int = Field(30, gt=0, description="Size of VictoriaMetrics' NETWORK_SSD volume claim.")
+    vm_stack_version: str = Field("0.39.4", description="victoria-metrics-k8s-stack chart (the reference pins 0.39.*).")
+    vm_crds_version: str = Field("0.0.3", description="victoria-metrics-operator-crds chart.")
+    prometheus_crds_version: str = Field("19.1.0", description="prometheus-operator-crds chart (the reference pins 19.1.*).")
+
+
 class PipelineConfig(_Model):
     run_config: str = Field(description="Run config JSON, e.g. workloads/configs/local.json.")
     wait: bool = True
@@ -331,6 +343,9 @@ class StackConfig(_Model):
     ssh_public_keys: list[str] = []
     pipeline: PipelineConfig
     pricing: PricingConfig = PricingConfig()
+    monitoring: MonitoringConfig = Field(
+        MonitoringConfig(), description="Exporters, metrics store and dashboards; nebius stacks only, on by default."
+    )
 
     @field_validator("ssh_public_keys")
     @classmethod
@@ -353,6 +368,8 @@ class StackConfig(_Model):
             for key in (*cloud, "buckets"):
                 if getattr(self, key) is not None:
                     raise ValueError(f"{key}: a {self.target} stack creates no cloud resources; remove this key")
+        if self.target != "nebius" and "monitoring" in self.model_fields_set:
+            raise ValueError(f"monitoring: only a nebius stack installs monitoring; remove it from a {self.target} stack")
         if self.target == "cluster" and self.cluster is None:
             raise ValueError("cluster: required on a cluster stack (the existing Slurm cluster's login node)")
         if self.target != "cluster" and self.cluster is not None:
@@ -367,6 +384,11 @@ class StackConfig(_Model):
             raise ValueError("nebius.tenantId: required for jail backups (the backup service account joins "
                              "the tenant's editors group)")
         return self
+
+    @property
+    def monitoring_on(self) -> bool:
+        """Whether the monitoring releases and their cost lines are part of this stack."""
+        return self.target == "nebius" and self.monitoring.enabled
 
     @property
     def slurm_namespace(self) -> str:

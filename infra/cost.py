@@ -20,12 +20,13 @@ import re
 from pydantic import BaseModel, ConfigDict
 
 from infra import catalog
+from infra.monitoring import releases as mon
 from infra.config import BootDisk, StackConfig
 from infra.nebius.layout import ACCOUNTING, CONTROLLER_SPOOL, JAIL, SUBMOUNT_PREFIX, FilesystemSpec, Layout, layout
 from infra.pricing import HOURS_PER_MONTH, ChatAssumptions, PriceBook, PricingConfig
 
 SECONDS_PER_DAY = 86_400
-CATEGORIES = ("compute", "boot_disks", "shared_fs", "object_storage", "networking")
+CATEGORIES = ("compute", "boot_disks", "volumes", "shared_fs", "object_storage", "networking")
 
 
 class _Frozen(BaseModel):
@@ -236,19 +237,51 @@ def network_lines(cfg: StackConfig, book: PriceBook) -> list[CostLine]:
                      quantity="1", unit_price=unit, usd_low=usd, usd_high=usd, price_keys=("network.public_ip",))]
 
 
+def monitoring_lines(cfg: StackConfig, plan: Layout, book: PriceBook) -> list[CostLine]:
+    """The capacity the monitoring pods request on the system node group and the metrics store's volume.
+
+    vmagent and vmsingle run on the autoscaled system group: priced as the vCPUs and GiB they request at that
+    platform's rates, since the autoscaler adds that capacity for them. The DCGM exporter runs inside the
+    daemonset reserve of GPU workers already priced whole.
+    """
+    if not cfg.monitoring_on:
+        return []
+    system = next(g for g in plan.node_groups if g.role == "system")
+    vcpu_key, ram_key = f"compute.{system.platform}.vcpu", f"compute.{system.platform}.ram"
+    vcpus = sum(p.cpu_m for p in mon.SYSTEM_PODS) / 1000
+    ram_gib = sum(p.memory_mib for p in mon.SYSTEM_PODS) / 1024
+    hourly = vcpus * book.get(vcpu_key).usd + ram_gib * book.get(ram_key).usd
+    compute = hourly * HOURS_PER_MONTH
+    disk_key = f"disk.{mon.VOLUME_DISK_TYPE}"
+    per_gib = book.get(disk_key).usd
+    gib = cfg.monitoring.storage_gib
+    return [
+        CostLine(key="compute_monitoring", category="compute",
+                 label=f"Monitoring pods on system nodes (vmagent, vmsingle; {system.platform})",
+                 quantity=f"{vcpus:g} vCPU, {ram_gib:g} GiB", unit_price=f"${hourly:.3f}/hour",
+                 usd_low=compute, usd_high=compute, price_keys=(vcpu_key, ram_key),
+                 note="requested capacity of the autoscaled system group"),
+        CostLine(key="volume_monitoring_metrics", category="volumes",
+                 label=f"VictoriaMetrics volume ({gib} GiB {mon.VOLUME_DISK_TYPE})", quantity=f"{gib} GiB",
+                 unit_price=f"${per_gib}/GiB/month", usd_low=per_gib * gib, usd_high=per_gib * gib,
+                 price_keys=(disk_key,)),
+    ]
+
+
 def monthly_cost(cfg: StackConfig, pricing: PricingConfig | None = None, book: PriceBook | None = None,
                  plan: Layout | None = None) -> MonthlyCost:
     """Every priced line of the stack, per-category and overall totals (low: autoscaling min, high: max).
 
     Node groups and filesystems come from ``plan`` (the run's one layout), computed here when not given.
     The NVIDIA GPU/network operators (Nebius applications) and k8up run on the nodes priced here and add
-    no line of their own; the backups they write are the ``object_storage_backups`` line.
+    no line of their own; the backups they write are the ``object_storage_backups`` line. Monitoring adds
+    ``compute_monitoring`` and ``volume_monitoring_metrics``.
     """
     pricing = pricing or PricingConfig()
     book = book or PriceBook(pricing.overrides)
     plan = plan or layout(cfg)
     lines = (compute_lines(plan, book) + boot_disk_lines(plan, book) + filesystem_lines(plan, book)
-             + bucket_lines(cfg, pricing, book) + network_lines(cfg, book))
+             + bucket_lines(cfg, pricing, book) + network_lines(cfg, book) + monitoring_lines(cfg, plan, book))
     categories = {
         c: (sum(l.usd_low for l in lines if l.category == c), sum(l.usd_high for l in lines if l.category == c))
         for c in CATEGORIES

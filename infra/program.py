@@ -22,6 +22,7 @@ from infra.nebius.cluster import Mk8sCluster, Mk8sClusterArgs
 from infra.nebius.filesystems import SharedFilesystems, SharedFilesystemsArgs
 from infra.nebius.layout import Layout, layout
 from infra.nebius.network import Network, NetworkArgs
+from infra.monitoring.access import monitoring_access
 from infra.outputs import measured_chat, with_measured_chat
 from infra.soperator import Soperator, SoperatorArgs
 from infra.soperator_values import BackupTarget, release_plan
@@ -233,5 +234,6 @@ def build_stack(cfg: StackConfig) -> StackOutputs:
     return StackOutputs.model_construct(
         **stack_identity(cfg), cost=cost,
         platform=platform_section(cfg, plan, platform) if platform is not None else None,
+        monitoring=monitoring_access(cfg),
         pipeline=pipeline.section() if pipeline is not None else None,
     )

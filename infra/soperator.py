@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_kubernetes as k8s
 
-from infra.nebius.backups import BackupCredentials
+from infra.monitoring import releases as mon
+from infra.nebius.backups import BackupCredentials, RepositoryPassword
 from infra.soperator_values import BACKUP_SECRET, STORAGE_CLASS, ReleaseSpec
 
 BACKUP_RELEASE = "soperator-backup-config"
@@ -30,6 +31,8 @@ class Soperator(pulumi.ComponentResource):
 
     releases: dict[str, k8s.helm.v3.Release]
     statuses: dict[str, pulumi.Output[str]]
+    grafana_admin_password: pulumi.Output[str] | None
+    """Grafana's admin password (a secret), where the monitoring releases are installed."""
 
     def __init__(self, name: str, args: SoperatorArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("soperator-finetune:k8s:Soperator", name, None, opts)
@@ -45,12 +48,15 @@ class Soperator(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, provider=provider, depends_on=args.depends_on),
         )
         self.releases = {}
+        self.grafana_admin_password = None
         for spec in args.releases:
             after: list[pulumi.Resource] = [self.releases[key] for key in spec.depends_on] or [storage_class]
             if spec.key == BACKUP_RELEASE:
                 if args.backup_credentials is None:
                     raise ValueError(f"release {BACKUP_RELEASE}: no backup credentials given")
                 after.append(self._backup_secret(name, spec.namespace, args.backup_credentials, provider, after))
+            if spec.key == mon.METRICS:
+                after.append(self._grafana_secret(name, spec.namespace, provider, after))
             self.releases[spec.key] = self._release(name, spec, provider, after)
         self.statuses = {key: r.status.apply(lambda s: s.status) for key, r in self.releases.items()}
         self.register_outputs({"statuses": self.statuses})
@@ -67,6 +73,19 @@ class Soperator(pulumi.ComponentResource):
                 "aws-access-secret-key": creds.secret_access_key,
                 "backup-password": creds.repository_password,
             },
+            opts=pulumi.ResourceOptions(parent=self, provider=provider, depends_on=after),
+        )
+
+    def _grafana_secret(self, name: str, namespace: str, provider: k8s.Provider,
+                        after: list[pulumi.Resource]) -> k8s.core.v1.Secret:
+        """The Secret the grafana subchart reads its admin login from (``admin.existingSecret``); a generated password."""
+        password = RepositoryPassword(f"{name}-grafana-admin-password", opts=pulumi.ResourceOptions(parent=self))
+        self.grafana_admin_password = pulumi.Output.secret(password.password)
+        return k8s.core.v1.Secret(
+            f"{name}-{mon.GRAFANA_ADMIN_SECRET}",
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=mon.GRAFANA_ADMIN_SECRET, namespace=namespace),
+            type="Opaque",
+            string_data={mon.GRAFANA_USER_KEY: mon.GRAFANA_ADMIN_USER, mon.GRAFANA_PASSWORD_KEY: self.grafana_admin_password},
             opts=pulumi.ResourceOptions(parent=self, provider=provider, depends_on=after),
         )
 

@@ -10,10 +10,12 @@ each stack's values against it.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from infra import chart_contract
+from infra.monitoring import releases as mon
 from infra.config import StackConfig
 from infra.nebius.layout import (
     ACCOUNTING,
@@ -166,15 +168,15 @@ def mariadb_operator_values() -> dict[str, Any]:
 
 
 def soperator_values(cfg: StackConfig) -> dict[str, Any]:
-    """The operator: cert-manager webhooks, Kruise installed separately, no Prometheus CRDs."""
+    """The operator: cert-manager webhooks, Kruise installed separately; Prometheus CRDs only with monitoring."""
     accounting = bool(cfg.nodes and cfg.nodes.accounting)
     return {
         "certManager": {"enabled": True},
         "kruise": {"installOperator": False},
-        "serviceMonitor": {"enabled": False},
+        "serviceMonitor": {"enabled": cfg.monitoring_on},
         "controllerManager": {"manager": {"env": {
             "isMariadbCrdInstalled": "true" if accounting else "false",
-            "isPrometheusCrdInstalled": "false",
+            "isPrometheusCrdInstalled": "true" if cfg.monitoring_on else "false",
         }}},
     }
 
@@ -279,7 +281,7 @@ def slurm_cluster_values(cfg: StackConfig, specs: list[NodeGroupSpec], allocatio
                     "spool": {"volumeSourceName": CONTROLLER_SPOOL, "volumeClaimTemplateSpec": None},
                     "jail": {"volumeSourceName": JAIL},
                 },
-                "openMetrics": {"enabled": False},
+                "openMetrics": {"enabled": cfg.monitoring_on},
             },
             "login": {
                 "size": nodes.login.size,
@@ -297,10 +299,13 @@ def slurm_cluster_values(cfg: StackConfig, specs: list[NodeGroupSpec], allocatio
                     ],
                 },
             },
-            "exporter": {"enabled": False, "k8sNodeFilterName": "system"},
+            "exporter": {"enabled": cfg.monitoring_on, "k8sNodeFilterName": "system"},
         },
-        "sConfigController": {"node": {"k8sNodeFilterName": "system"}, "serviceMonitor": {"enabled": False}},
-        "slurmScripts": {"builtIn": {"gpu_health_check.py": {"enabled": _hopper_only(specs)}}},
+        "sConfigController": {"node": {"k8sNodeFilterName": "system"}, "serviceMonitor": {"enabled": cfg.monitoring_on}},
+        "slurmScripts": {"builtIn": {
+            "gpu_health_check.py": {"enabled": _hopper_only(specs)},
+            **({script: {"enabled": True} for script in mon.DCGM_SCRIPTS} if cfg.monitoring_on else {}),
+        }},
     }
 
 
@@ -379,10 +384,40 @@ def backup_config_values(cfg: StackConfig, target: BackupTarget) -> dict[str, An
     }
 
 
+def monitoring_fits(specs: list[NodeGroupSpec]) -> None:
+    """The largest monitoring pod must fit one system node, or it never schedules."""
+    system = _role(specs, "system")
+    assert system is not None
+    budget = node_budget(system)
+    for pod in mon.SYSTEM_PODS:
+        if pod.cpu_m > budget.cpu_m or pod.memory_mib > budget.memory_gib * 1024:
+            raise ValueError(f"nodes.system.preset {system.preset}: a monitoring pod requests {pod.cpu_m}m CPU and "
+                             f"{pod.memory_mib} MiB, a system node offers {budget.cpu_m}m and {budget.memory_gib} GiB; "
+                             "choose a larger preset or set monitoring.enabled: false")
+
+
+def monitoring_releases(cfg: StackConfig, chart: Callable[..., ReleaseSpec]) -> list[ReleaseSpec]:
+    """Prometheus and VictoriaMetrics CRDs, the VictoriaMetrics stack with Grafana, Soperator's DCGM exporter and
+    dashboards (``chart(key, namespace, values, **kw)`` builds a Soperator chart's release)."""
+    m = cfg.monitoring
+    return [
+        ReleaseSpec(mon.PROMETHEUS_CRDS, mon.PROMETHEUS_CRDS, m.prometheus_crds_version, mon.NAMESPACE, {},
+                    (mon.PROMETHEUS_CRDS, mon.PROMETHEUS_CRDS), repo=mon.PROMETHEUS_REPO),
+        ReleaseSpec(mon.VM_CRDS, mon.VM_CRDS, m.vm_crds_version, mon.NAMESPACE, {}, (mon.VM_CRDS, mon.VM_CRDS),
+                    repo=mon.VM_REPO),
+        ReleaseSpec(mon.METRICS, mon.VM_STACK_CHART, m.vm_stack_version, mon.NAMESPACE, mon.vm_stack_values(m),
+                    (mon.VM_STACK_CHART, mon.VM_STACK_CHART), repo=mon.VM_REPO, skip_crds=True,
+                    depends_on=("cert-manager", mon.PROMETHEUS_CRDS, mon.VM_CRDS)),
+        chart(mon.DCGM_EXPORTER, mon.DCGM_NAMESPACE, mon.dcgm_exporter_values(cfg), depends_on=(mon.PROMETHEUS_CRDS,)),
+        chart(mon.DASHBOARDS, mon.NAMESPACE, {}, depends_on=(mon.METRICS,)),
+    ]
+
+
 def release_plan(cfg: StackConfig, specs: list[NodeGroupSpec], allocation_id: Any, size_gib: dict[str, Any],
                  backup: BackupTarget | None = None) -> list[ReleaseSpec]:
     """Every release in install order, each naming the releases it waits for; ``backup`` adds k8up and
-    the jail backup schedule."""
+    the jail backup schedule; monitoring (``cfg.monitoring_on``) comes before the operator, whose
+    ServiceMonitors and PodMonitors need the Prometheus CRDs."""
     sop = cfg.soperator
     assert sop is not None and cfg.nodes is not None
     ns = cfg.slurm_namespace
@@ -406,6 +441,11 @@ def release_plan(cfg: StackConfig, specs: list[NodeGroupSpec], allocation_id: An
 
     def soperator(key: str, namespace: str, values: dict[str, Any], **kw: Any) -> ReleaseSpec:
         return ReleaseSpec(key, chart_ref(sop.registry, key), sop.version, namespace, values, ("soperator", key), **kw)
+
+    if cfg.monitoring_on:
+        monitoring_fits(specs)
+        plan += monitoring_releases(cfg, soperator)
+        operator_deps += (mon.PROMETHEUS_CRDS,)
 
     plan += [
         soperator("soperator-crds", SOPERATOR_NAMESPACE, {}, depends_on=("cert-manager",)),

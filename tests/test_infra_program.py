@@ -48,11 +48,12 @@ def test_local_stack_creates_no_cloud_resources_only_the_pipeline(run_stack) -> 
 
 
 # releases: cert-manager, kruise, soperator-crds, soperator, storage, cluster, nodesets (7); + 2 mariadb with
-# accounting; + k8up and the backup schedule with backups. apps: the NVIDIA network operator on a fabric.
+# accounting; + k8up and the backup schedule with backups; + 5 monitoring (Prometheus and VictoriaMetrics CRDs,
+# metrics, DCGM exporter, dashboards). apps: the NVIDIA network operator on a fabric.
 @pytest.mark.parametrize(("stack", "groups", "filesystems", "gpu_clusters", "buckets", "releases", "apps"), [
-    ("dev", 4, 5, 0, 1, 7, 0),
-    ("demo", 5, 7, 0, 2, 11, 0),
-    ("h100", 5, 5, 1, 2, 11, 1),
+    ("dev", 4, 5, 0, 1, 12, 0),
+    ("demo", 5, 7, 0, 2, 16, 0),
+    ("h100", 5, 5, 1, 2, 16, 1),
 ])
 def test_resource_counts(run_stack, stack, groups, filesystems, gpu_clusters, buckets, releases, apps) -> None:
     counted = types(run_stack(stack))
@@ -62,7 +63,7 @@ def test_resource_counts(run_stack, stack, groups, filesystems, gpu_clusters, bu
     assert counted[BUCKET] == buckets
     assert counted[RELEASE] == releases
     assert counted[APP] == apps
-    assert counted[SECRET_TYPE] == (1 if stack != "dev" else 0)
+    assert counted[SECRET_TYPE] == (1 if stack != "dev" else 0) + 1  # jail-backup with backups; grafana-admin
     assert counted["nebius:index/mk8sV1Cluster:Mk8sV1Cluster"] == 1
     assert counted["nebius:index/vpcV1Allocation:VpcV1Allocation"] == 1
     assert counted["pulumi:providers:kubernetes"] == 1
@@ -149,7 +150,7 @@ def test_gpu_operator_instead_of_the_drivers_preset(run_stack) -> None:
 
 def test_backup_credentials_are_secrets_and_the_schedule_reads_them(run_stack) -> None:
     run = run_stack("demo")
-    (secret,) = run.of_type(SECRET_TYPE)
+    secret = next(s for s in run.of_type(SECRET_TYPE) if s.inputs["metadata"]["name"] == "jail-backup")
     assert secret.inputs["metadata"] == {"name": "jail-backup", "namespace": "innovationbank"}
     assert secret.inputs["stringData"] == SECRET
     releases = {r.inputs["name"]: r for r in run.of_type(RELEASE)}

@@ -49,7 +49,8 @@ def test_dev_without_accounting_tells_the_operator_no_mariadb() -> None:
     dev, demo = load_stack_config("dev"), load_stack_config("demo")
     env = lambda cfg: soperator_values(cfg)["controllerManager"]["manager"]["env"]  # noqa: E731
     assert env(dev)["isMariadbCrdInstalled"] == "false" and env(demo)["isMariadbCrdInstalled"] == "true"
-    assert soperator_values(dev)["serviceMonitor"] == {"enabled": False}
+    unmonitored = dev.model_copy(update={"monitoring": dev.monitoring.model_copy(update={"enabled": False})})
+    assert soperator_values(unmonitored)["serviceMonitor"] == {"enabled": False}
     assert slurm_cluster_values(dev, specs("dev"), "a", SIZES)["slurmNodes"]["accounting"]["enabled"] is False
 
 

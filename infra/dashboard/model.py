@@ -30,6 +30,7 @@ from documents.metrics import MetricsRecord
 CATEGORY_LABELS = {
     "compute": "Compute",
     "boot_disks": "Boot disks",
+    "volumes": "Volumes",
     "shared_fs": "Shared filesystems",
     "object_storage": "Object storage",
     "networking": "Networking",
@@ -273,11 +274,14 @@ def comparison_from_outputs(pipeline: Pipeline | None) -> Comparison | None:
 
 
 def other_outputs(outputs: StackOutputs) -> dict[str, Any]:
-    """What the page lists as plain facts: the stack's identity, the platform's facts, buckets, bundle hash."""
+    """What the page lists as plain facts: the stack's identity, the platform's facts, buckets, how to reach the
+    monitoring dashboards, the bundle hash."""
     facts: dict[str, Any] = {field: getattr(outputs, field) for field in IDENTITY if field not in ("stack", "target")}
     if outputs.platform is not None:
         facts |= {fact: getattr(outputs.platform, fact) for fact in PLATFORM_FACTS}
         facts |= {f"{kind}_bucket_name": name for kind, name in outputs.platform.buckets.items()}
+    if outputs.monitoring is not None:
+        facts |= outputs.monitoring.flat()
     if outputs.pipeline is not None:
         facts["pipeline_bundle_hash"] = outputs.pipeline.bundle_hash
     return dict(sorted(facts.items()))

@@ -1,1 +1,3 @@
-"""Job metrics in Prometheus: where a stack's Prometheus is, its HTTP API, a job's series and live figures."""
+"""Monitoring: on cloud stacks the releases Soperator's reference install uses (``releases``) and how to reach
+their dashboards (``access``); on every stack the job metrics in Prometheus (``prometheus``, ``jobs``, ``live``,
+``view``)."""
