@@ -12,6 +12,7 @@ from document_fixtures import evaluator_report, side
 from moto.server import ThreadedMotoServer
 
 from documents.metrics import MetricsRecord
+from documents.stack_outputs import Cost, StackOutputs, read_stack_outputs
 from infra.artifacts import (
     ArtifactError,
     ArtifactUploadError,
@@ -83,12 +84,17 @@ def test_s3_upload_lands_in_versioned_bucket(s3_server: S3Server, tmp_path: Path
     bucket = s3_server.new_bucket()
     store = S3Store(s3_server.client(), bucket, backoff_s=0.01)
     run = make_run(tmp_path)
-    result = upload_run(store, "dev", "run-1", outputs={"clusterName": "slurm"}, **run)
+    outputs = StackOutputs(stack="dev", target="nebius", cluster_name="slurm", slurm_target="soperator",
+                           run_config="workloads/configs/dev.json",
+                           cost=Cost(monthly_usd_low=1.0, monthly_usd_high=2.0, hours_per_month=730, pricing_date="2026-01-01"))
+    result = upload_run(store, "dev", "run-1", outputs=outputs, **run)
     client = s3_server.client()
     keys = {o["Key"] for o in client.list_objects_v2(Bucket=bucket)["Contents"]}
     assert keys == {f"runs/dev/run-1/{name}" for name in result.uploaded} | {"runs/dev/run-1/run.json"}
     assert "outputs.json" in result.uploaded
-    assert json.loads(read_run_file(store, "dev", "run-1", "outputs.json")) == {"clusterName": "slurm"}
+    stored = read_run_file(store, "dev", "run-1", "outputs.json")
+    assert read_stack_outputs(stored, "outputs.json") == outputs
+    assert json.loads(stored)["cluster_name"] == "slurm" and json.loads(stored)["cost_monthly_usd_high"] == 2.0
 
     upload_run(store, "dev", "run-1", **run)
     versions = client.list_object_versions(Bucket=bucket, Prefix="runs/dev/run-1/run.json")["Versions"]
