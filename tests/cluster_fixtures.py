@@ -2,12 +2,15 @@
 
 One cluster per test session: started when not already running (and then stopped at the end), left alone when
 it was. Its layout follows the script's environment (LOCAL_CLUSTER_PREFIX, LOCAL_CLUSTER_SUBNET, LOCAL_CLUSTER_DIR).
+Without LOCAL_CLUSTER_PREFIX, a bridge of the default name that another cluster made (another checkout's, or one
+left by a machine image) moves this one to the next free prefix and subnet instead of failing on it.
 In CI (CI=true) a cluster that cannot start fails the tests; elsewhere (no root, no namespaces) they skip.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -41,8 +44,14 @@ class Cluster:
         """This machine's path of a path inside the jail as the nodes see it."""
         return self.jail / Path(node_path).relative_to(self.jail_root)
 
+    @property
+    def subnet(self) -> str:
+        return self.login_host.rsplit(".", 1)[0]
+
     def script(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout)
+        env = {**os.environ, "LOCAL_CLUSTER_DIR": str(self.base), "LOCAL_CLUSTER_PREFIX": self.prefix,
+               "LOCAL_CLUSTER_SUBNET": self.subnet}
+        return subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout, env=env)
 
     def stack_file(self, config_dir: Path, name: str, run_config: Path) -> Path:
         """stacks/Pulumi.cluster.yaml pointed at this cluster and the given run config, as stack `name`."""
@@ -64,13 +73,38 @@ def _fail_or_skip(message: str) -> None:
     pytest.skip(message)
 
 
+def _taken_by_another(base: Path, prefix: str, subnet: str) -> bool:
+    """Whether the bridge of `prefix` or the subnet is in use by something the cluster in `base` did not make."""
+    created = base / "run" / "created"
+    if shutil.which("ip") is None:
+        return False
+    if created.exists() and f"link:{prefix}-br" in created.read_text().split():
+        return False
+    bridge = subprocess.run(["ip", "link", "show", f"{prefix}-br"], capture_output=True)
+    routes = subprocess.run(["ip", "-4", "route", "show"], capture_output=True, text=True).stdout
+    return bridge.returncode == 0 or f"{subnet}.0/24" in routes
+
+
+DEFAULT_IDENTITIES = [("ftc", "10.213.0")] + [(f"ftc{n}", f"10.213.{n}") for n in range(1, 10)]
+
+
+def free_identity(base: Path, candidates: list[tuple[str, str]] = DEFAULT_IDENTITIES) -> tuple[str, str]:
+    """The prefix and subnet: the environment's, else the first candidate no other cluster holds."""
+    if "LOCAL_CLUSTER_PREFIX" in os.environ:
+        return os.environ["LOCAL_CLUSTER_PREFIX"], os.environ.get("LOCAL_CLUSTER_SUBNET", "10.213.0")
+    for prefix, subnet in candidates:
+        if not _taken_by_another(base, prefix, subnet):
+            return prefix, subnet
+    return candidates[0]
+
+
 @pytest.fixture(scope="session")
 def local_cluster() -> Iterator[Cluster]:
     """A running 2-node cluster with its login node; fails in CI, skips elsewhere when it cannot start."""
-    prefix = os.environ.get("LOCAL_CLUSTER_PREFIX", "ftc")
     base = Path(os.environ.get("LOCAL_CLUSTER_DIR", ROOT / ".local" / "cluster"))
+    prefix, subnet = free_identity(base)
     cluster = Cluster(
-        base=base, prefix=prefix, login_host=f"{os.environ.get('LOCAL_CLUSTER_SUBNET', '10.213.0')}.3",
+        base=base, prefix=prefix, login_host=f"{subnet}.3",
         jail=base / "jail", jail_root=f"/run/{prefix}/jail", private_key=base / "login" / "id_ed25519",
         host_key_file=base / "login" / "ssh_host_ed25519_key.pub", slurm_conf=base / "etc" / "slurm.conf",
     )
