@@ -138,7 +138,7 @@ def training_estimate(cfg: StackConfig, run: RunConfig | None, book: PriceBook, 
         notes.append(f"training run: run config {cfg.pipeline.run_config} not found here")
         return None
     paths = run.locate()
-    max_length = (run.train.max_length if run.train else None) or run.data.max_length
+    max_length = run.max_length
     rows = run.data.rows * run.data.split_ratio if run.data.rows is not None else None
     tokens = tokenized_tokens(paths.train_dataset_dir)
     if tokens is None and rows is None:
