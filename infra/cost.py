@@ -314,12 +314,6 @@ def chat_scenarios(monthly: MonthlyCost, chat: ChatAssumptions, measured_tokens_
     return [chat_scenario(name, tps, daily, chat.output_tokens_per_chat) for name, tps in rates]
 
 
-def worker_gpus(cfg: StackConfig) -> int:
-    if cfg.nodes is None:
-        return 0
-    return sum(w.size * w.shape.gpus for w in cfg.nodes.workers)
-
-
 def workers_hourly_usd(cfg: StackConfig, book: PriceBook) -> float:
     if cfg.nodes is None:
         return 0.0
