@@ -58,7 +58,7 @@ def one_request(api: str, model: str, messages: list[dict], max_tokens: int, tok
     return {
         "ttft_s": ttft,
         "tpot_s": decode / (tokens - 1) if tokens > 1 else decode,
-        "tokens_per_s": tokens / final.total_s if final.total_s > 0 else 0.0,
+        "tokens_per_second": tokens / final.total_s if final.total_s > 0 else 0.0,
         "tokens": tokens,
     }
 
@@ -80,10 +80,10 @@ def measure(api: str, model: str, prompts: list[list[dict]], concurrency: int, r
         "requests": requests,
         "output_tokens": tokens,
         "wall_s": wall,
-        "throughput_tokens_per_s": tokens / wall,
+        "throughput_tokens_per_second": tokens / wall,
         "ttft_s": summary([r["ttft_s"] for r in results]),
         "tpot_s": summary([r["tpot_s"] for r in results]),
-        "tokens_per_s": summary([r["tokens_per_s"] for r in results]),
+        "tokens_per_second": summary([r["tokens_per_second"] for r in results]),
     }
 
 
@@ -138,16 +138,16 @@ def main(argv: list[str] | None = None) -> int:
     for key in [k for k in results if k != "base"]:
         entry: dict = {}
         for c in levels:
-            r = ratio(results[key][c]["throughput_tokens_per_s"], results["base"][c]["throughput_tokens_per_s"])
+            r = ratio(results[key][c]["throughput_tokens_per_second"], results["base"][c]["throughput_tokens_per_second"])
             entry[f"finetuned_over_base_c{c}"] = r
             entry[f"meets_target_c{c}"] = r is not None and r >= TARGET_RATIO
         if len(levels) > 1:
-            entry["batched_over_single_finetuned"] = ratio(results[key][levels[-1]]["throughput_tokens_per_s"],
-                                                           results[key][levels[0]]["throughput_tokens_per_s"])
+            entry["batched_over_single_finetuned"] = ratio(results[key][levels[-1]]["throughput_tokens_per_second"],
+                                                           results[key][levels[0]]["throughput_tokens_per_second"])
         report["ratios"][key] = entry
     if len(levels) > 1:
-        report["ratios"]["batched_over_single_base"] = ratio(results["base"][levels[-1]]["throughput_tokens_per_s"],
-                                                             results["base"][levels[0]]["throughput_tokens_per_s"])
+        report["ratios"]["batched_over_single_base"] = ratio(results["base"][levels[-1]]["throughput_tokens_per_second"],
+                                                             results["base"][levels[0]]["throughput_tokens_per_second"])
     print(json.dumps(report, indent=2))
     return 0
 

@@ -12,7 +12,7 @@ import logging
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from documents.base import DocumentError, describe
 from workloads.common.atomic import write_text_atomic
@@ -35,8 +35,9 @@ class MetricsRecord(BaseModel):
     loss: float | None = None
     lr: float | None = None
     grad_norm: float | None = None
-    tokens_per_s: float | None = None
-    """real (non-padding) tokens per second over every rank since the previous record."""
+    tokens_per_second: float | None = Field(None, validation_alias=AliasChoices("tokens_per_second", "tokens_per_s"))
+    """real (non-padding) tokens per second over every rank since the previous record (`tokens_per_s` before
+    2026-11-25)."""
     tokens: int | None = None
     """real tokens over every rank since the previous record."""
     padding_efficiency: float | None = None
@@ -46,7 +47,9 @@ class MetricsRecord(BaseModel):
     """rank 0's CPU time over wall time and its cores since the previous record, in percent (no GPU)."""
     step_time_s: float | None = None
     """wall time of one optimizer step, averaged since the previous record."""
-    tokens_per_second_per_gpu: float | None = None
+    tokens_per_second_per_device: float | None = Field(
+        None, validation_alias=AliasChoices("tokens_per_second_per_device", "tokens_per_second_per_gpu"))
+    """tokens_per_second over the ranks, on GPU (`tokens_per_second_per_gpu` before 2026-11-25)."""
     eval_loss: float | None = None
     job_id: str | None = None
     """the Slurm job that wrote the record: a resubmitted job's progress ignores its predecessors' lines."""

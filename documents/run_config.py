@@ -107,6 +107,11 @@ class RunConfig(_Section):
     def root(self) -> Path:
         return Path(os.environ.get(ROOT_ENV) or self.paths.root).expanduser().resolve()
 
+    @property
+    def max_length(self) -> int:
+        """The longest sequence training sees: train.max_length, else data.max_length (the one derivation)."""
+        return (self.train.max_length if self.train else None) or self.data.max_length
+
     def resolve_path(self, value: str) -> Path:
         """`value` as an absolute path; relative values resolve against the run root."""
         return _resolve(self.root, value)

@@ -18,7 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from documents.base import DocumentError, parse
 
-from workloads.common.atomic import MANIFEST_NAME, read_manifest, sha256_file, utc_now, write_text_atomic
+from documents.stage_manifest import MANIFEST_NAME, load_model_manifest
+from workloads.common.atomic import sha256_file, utc_now, write_text_atomic
 from workloads.train.attention import AttentionChoice
 from workloads.train.sizing import BatchPlan
 
@@ -129,13 +130,14 @@ def dataset_hash(folder: Path) -> dict[str, Any]:
 
 def model_hash(folder: Path) -> dict[str, Any]:
     """Weights hash from the prepare manifest's per-file sha256 when present, else computed from the files."""
-    prepared = read_manifest(folder / MANIFEST_NAME) or {}
-    weights = {name: info["sha256"] for name, info in (prepared.get("weights") or {}).items() if "sha256" in info}
+    prepared = load_model_manifest(folder / MANIFEST_NAME)
+    weights = {name: info.sha256 for name, info in prepared.weights.items()} if prepared is not None else {}
     source = "prepare manifest"
     if not weights:
         weights = {p.name: sha256_file(p) for p in sorted(folder.glob("*.safetensors"))}
         source = "computed"
-    return {"path": str(folder), "sha256": _combine(weights), "from": source, "source": prepared.get("source")}
+    return {"path": str(folder), "sha256": _combine(weights), "from": source,
+            "source": prepared.source if prepared is not None else None}
 
 
 def git_commit(code_dir: Path) -> str | None:

@@ -29,7 +29,7 @@ class RunIndex(BaseModel):
     perplexity_base: float | None = None
     perplexity_finetuned: float | None = None
     perplexity_improvement_pct: float | None = None
-    tokens_per_s: float | None = None
+    tokens_per_second: float | None = None
     train_loss_final: float | None = None
     cost_usd: float | None = None
     files: list[str] = []

@@ -85,9 +85,9 @@ def bench_throughput(gpu_model: str, model: str, method: str) -> ThroughputMeasu
 
 def run_tokens_per_second(records: list[MetricsRecord], job_id: str | None = None) -> float | None:
     """Real tokens per second over every rank for a whole run: logged tokens over logged time (each record
-    covers `tokens` at `tokens_per_s` since the one before), only the records of `job_id` when given."""
-    timed = [r for r in records if r.tokens and r.tokens_per_s and (job_id is None or r.job_id in (None, job_id))]
-    seconds = sum(r.tokens / r.tokens_per_s for r in timed)
+    covers `tokens` at `tokens_per_second` since the one before), only the records of `job_id` when given."""
+    timed = [r for r in records if r.tokens and r.tokens_per_second and (job_id is None or r.job_id in (None, job_id))]
+    seconds = sum(r.tokens / r.tokens_per_second for r in timed)
     return sum(r.tokens for r in timed) / seconds if seconds > 0 else None
 
 

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict
 
 from infra import catalog
 from infra.config import StackConfig
+from infra.pipeline.chain import worker_shape
 from infra.cost import (
     ChatScenario,
     MonthlyCost,
@@ -24,7 +25,6 @@ from infra.cost import (
     chat_scenarios,
     monthly_cost,
     training_run,
-    worker_gpus,
     workers_hourly_usd,
 )
 from infra.outputs import cost_section
@@ -125,11 +125,10 @@ def choose_throughput(cfg: StackConfig, run: RunConfig, measured: ThroughputMeas
 
 
 def training_devices(cfg: StackConfig, measured: ThroughputMeasurement | None) -> int:
-    """GPUs of the stack's workers; on an existing cluster without GPUs, the ranks the measured run had."""
-    if cfg.cluster is not None:
-        gpus = cfg.cluster.nodes * cfg.cluster.gpus_per_node
-        return gpus or (measured.devices if measured is not None else 0)
-    return worker_gpus(cfg)
+    """GPUs the train job spreads over (`worker_shape`, what its sbatch asks for); on workers without GPUs
+    (an existing CPU cluster), the ranks the measured run had."""
+    nodes, gpus_per_node = worker_shape(cfg)
+    return nodes * gpus_per_node or (measured.devices if measured is not None else 0)
 
 
 def training_estimate(cfg: StackConfig, run: RunConfig | None, book: PriceBook, notes: list[str],
@@ -138,7 +137,7 @@ def training_estimate(cfg: StackConfig, run: RunConfig | None, book: PriceBook, 
         notes.append(f"training run: run config {cfg.pipeline.run_config} not found here")
         return None
     paths = run.locate()
-    max_length = (run.train.max_length if run.train else None) or run.data.max_length
+    max_length = run.max_length
     rows = run.data.rows * run.data.split_ratio if run.data.rows is not None else None
     tokens = tokenized_tokens(paths.train_dataset_dir)
     if tokens is None and rows is None:

@@ -39,7 +39,7 @@ def store_run(store: ArtifactStore, stack: str, work: Path, run_id: str = "20260
     config.write_text((REPO / "workloads" / "configs" / "local.json").read_text())
     train = work / "outputs" / "local"
     train.mkdir(parents=True)
-    metrics = [MetricsRecord(step=s, epoch=s / 20, loss=round(2.9 * 0.9**s, 4), tokens_per_s=512.0) for s in range(1, 21)]
+    metrics = [MetricsRecord(step=s, epoch=s / 20, loss=round(2.9 * 0.9**s, 4), tokens_per_second=512.0) for s in range(1, 21)]
     metrics.append(MetricsRecord(step=20, epoch=1.0, eval_loss=1.234))
     (train / "metrics.jsonl").write_text("".join(m.line() for m in metrics))
     (train / "run_manifest.json").write_text(json.dumps({"run": "local", "status": "completed"}))

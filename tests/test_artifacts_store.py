@@ -33,7 +33,7 @@ def make_run(tmp_path: Path, base_ppl: float = 7.03, tuned_ppl: float = 4.70, ev
     train = tmp_path / "out" / "demo"
     train.mkdir(parents=True)
     (train / "metrics.jsonl").write_text("".join(
-        MetricsRecord(step=s, epoch=s / 4, loss=3.0 - 0.4 * s, tokens_per_s=100.0 + s).line() for s in range(1, 5)))
+        MetricsRecord(step=s, epoch=s / 4, loss=3.0 - 0.4 * s, tokens_per_second=100.0 + s).line() for s in range(1, 5)))
     (train / "run_manifest.json").write_text(json.dumps({"run": "demo", "status": "completed"}))
     (train / "loss.png").write_bytes(b"\x89PNG\r\n\x1a\nfake")
     results = tmp_path / "results"
@@ -59,7 +59,7 @@ def test_local_store_layout_index_and_listing(tmp_path: Path) -> None:
     assert index["perplexity_base"] == pytest.approx(7.03)
     assert index["perplexity_finetuned"] == pytest.approx(4.70)
     assert index["perplexity_improvement_pct"] == pytest.approx((7.03 - 4.70) / 7.03 * 100)
-    assert index["tokens_per_s"] == pytest.approx(104.0)
+    assert index["tokens_per_second"] == pytest.approx(104.0)
     assert index["train_loss_final"] == pytest.approx(3.0 - 1.6)
     assert index["run_name"] == "demo"  # from the run config, also when the folders are given (fetched runs)
     assert index["cost_usd"] == 1.25 and index["job_ids"]["eval"] == "41"

@@ -196,9 +196,9 @@ def test_training_cost_uses_the_throughput_this_run_measured_on_the_cluster(clus
     assert not (REPO / run_config["paths"]["root"]).exists() and not Path(run_config["paths"]["root"]).is_absolute()
     remote = cluster_run["root"] / "outputs/ctiny"
     lines = [json.loads(line) for line in (remote / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    timed = [r for r in lines if r.get("tokens") and r.get("tokens_per_s")]
+    timed = [r for r in lines if r.get("tokens") and r.get("tokens_per_second")]
     world_size = json.loads((remote / "run_manifest.json").read_text())["world_size"]
-    expected = sum(r["tokens"] for r in timed) / sum(r["tokens"] / r["tokens_per_s"] for r in timed) / world_size
+    expected = sum(r["tokens"] for r in timed) / sum(r["tokens"] / r["tokens_per_second"] for r in timed) / world_size
     outputs = json.loads(outputs_path(REPO, STACK).read_text())
     assert outputs["training_run_tokens_per_second_per_gpu"] == pytest.approx(expected, rel=1e-3)
     assert outputs["training_run_gpus"] == world_size == 2

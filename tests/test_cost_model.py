@@ -164,10 +164,10 @@ def test_a_runs_throughput_is_its_tokens_over_its_time():
     (150) nor the mean of rates (125); an eval-only record and another job's records do not count."""
     from documents.throughput import run_tokens_per_second
 
-    records = [MetricsRecord(step=1, epoch=0.1, loss=2.0, tokens=1000, tokens_per_s=100.0, job_id="7"),
-               MetricsRecord(step=2, epoch=0.2, loss=1.0, tokens=3000, tokens_per_s=150.0, job_id="7"),
+    records = [MetricsRecord(step=1, epoch=0.1, loss=2.0, tokens=1000, tokens_per_second=100.0, job_id="7"),
+               MetricsRecord(step=2, epoch=0.2, loss=1.0, tokens=3000, tokens_per_second=150.0, job_id="7"),
                MetricsRecord(step=2, epoch=0.2, eval_loss=1.5, job_id="7"),
-               MetricsRecord(step=3, epoch=0.3, loss=1.0, tokens=50, tokens_per_s=1.0, job_id="6")]
+               MetricsRecord(step=3, epoch=0.3, loss=1.0, tokens=50, tokens_per_second=1.0, job_id="6")]
     assert run_tokens_per_second(records, job_id="7") == pytest.approx(4000 / 30)
     assert run_tokens_per_second(records[2:3]) is None
 

@@ -71,8 +71,8 @@ def test_no_answer_is_lost_at_512_tokens(qa_jsonl: Path, tiny_model_dir: Path, t
     assert sum(n > 512 for n in full) > len(rows) // 3
 
     manifest = tokenize(qa_jsonl, tiny_model_dir, 512, tmp_path / "ctx", max_lost_fraction=0.0)
-    assert manifest["rows_read"] == manifest["rows_written"] == len(rows)
-    assert manifest["truncated"] == sum(n > 512 for n in full)
+    assert manifest.rows_read == manifest.rows_written == len(rows)
+    assert manifest.truncated == sum(n > 512 for n in full)
     data = load_from_disk(str(tmp_path / "ctx"))
     for item in data:
         row = rows[item["row"]]["messages"]
@@ -85,7 +85,7 @@ def test_no_answer_is_lost_at_512_tokens(qa_jsonl: Path, tiny_model_dir: Path, t
         assert (MARKER in prompt) == (full[item["row"]] > 512)
 
     cut = tokenize(qa_jsonl, tiny_model_dir, 512, tmp_path / "end", overlong="truncate")
-    assert cut["dropped_no_assistant_tokens"] > len(rows) // 3
+    assert cut.dropped_no_assistant_tokens > len(rows) // 3
 
 
 def test_losses_above_the_limit_fail_naming_cause_and_setting(qa_jsonl: Path, tiny_model_dir: Path,
@@ -103,7 +103,7 @@ def test_losses_above_the_limit_fail_naming_cause_and_setting(qa_jsonl: Path, ti
     with pytest.raises(TokenizeError, match=r"2 of 10 rows \(20.0%\).*2 answer too long.*larger max_length \(now 128\)"):
         tokenize(long_answer, tiny_model_dir, 128, tmp_path / "long", max_lost_fraction=0.1)
     manifest = tokenize(long_answer, tiny_model_dir, 128, tmp_path / "long", max_lost_fraction=0.2)
-    assert manifest["dropped_answer_too_long"] == 2 and manifest["rows_written"] == 8 and manifest["lost_fraction"] == 0.2
+    assert manifest.dropped_answer_too_long == 2 and manifest.rows_written == 8 and manifest.lost_fraction == 0.2
 
 
 def test_multi_turn_drops_earliest_turns_first(tokenizer) -> None:

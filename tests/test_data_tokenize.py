@@ -101,16 +101,16 @@ def test_overlong_rows_are_truncated_or_dropped_and_counted(tiny_model_dir: Path
     assert overlong > 5
 
     kept = tokenize(source, tiny_model_dir, limit, tmp_path / "trunc", overlong="truncate")
-    assert kept["truncated"] == overlong - empty_after_cut
-    assert kept["dropped_no_assistant_tokens"] == empty_after_cut
-    assert kept["rows_written"] == len(conversations) - empty_after_cut
+    assert kept.truncated == overlong - empty_after_cut
+    assert kept.dropped_no_assistant_tokens == empty_after_cut
+    assert kept.rows_written == len(conversations) - empty_after_cut
     truncated = load_from_disk(str(tmp_path / "trunc"))
     assert max(truncated["length"]) == limit
     assert truncated[-1]["input_ids"] == full[-1][:limit]
 
     dropped = tokenize(source, tiny_model_dir, limit, tmp_path / "drop", overlong="drop")
-    assert dropped["dropped_overlong"] == overlong and dropped["truncated"] == 0
-    assert dropped["rows_written"] == len(conversations) - overlong
+    assert dropped.dropped_overlong == overlong and dropped.truncated == 0
+    assert dropped.rows_written == len(conversations) - overlong
     assert max(load_from_disk(str(tmp_path / "drop"))["length"]) <= limit
 
 
@@ -126,9 +126,10 @@ def test_manifest_hashes_inputs_and_rerun_is_a_no_op(tiny_model_dir: Path, tmp_p
 
     source = _conversations(tmp_path, 10)
     manifest = tokenize(source, tiny_model_dir, 256, tmp_path / "tok")
-    assert manifest["inputs"]["input"]["sha256"] == sha256_file(source)
-    assert manifest["inputs"]["tokenizer.json"]["sha256"] == sha256_file(tiny_model_dir / "tokenizer.json")
-    assert json.loads((tmp_path / "tok" / "manifest.json").read_text()) == manifest
+    assert manifest.inputs["input"].sha256 == sha256_file(source)
+    assert manifest.inputs["tokenizer.json"].sha256 == sha256_file(tiny_model_dir / "tokenizer.json")
+    on_disk = json.loads((tmp_path / "tok" / "manifest.json").read_text())
+    assert on_disk["inputs"]["input"]["sha256"] == sha256_file(source) and on_disk["rows_written"] == manifest.rows_written
     inode = (tmp_path / "tok").stat().st_ino
     tokenize(source, tiny_model_dir, 256, tmp_path / "tok")
     assert (tmp_path / "tok").stat().st_ino == inode

@@ -52,7 +52,7 @@ def test_evaluator_report_without_version_is_version_1_and_a_newer_one_is_refuse
 
 def test_metrics_records_omit_unset_figures_and_skip_a_torn_line(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
-    lines = [MetricsRecord(step=s, epoch=s / 4, loss=3.0 - s, tokens_per_s=100.0 + s).line() for s in (1, 2, 3)]
+    lines = [MetricsRecord(step=s, epoch=s / 4, loss=3.0 - s, tokens_per_second=100.0 + s).line() for s in (1, 2, 3)]
     eval_line = MetricsRecord(step=2, epoch=0.5, eval_loss=2.5).line()
     path.write_text(lines[0] + lines[1] + eval_line + lines[2] + '{"step": 4, "epo')
     assert json.loads(eval_line) == {"version": 1, "step": 2, "epoch": 0.5, "eval_loss": 2.5}
@@ -122,3 +122,11 @@ def test_metrics_reader_is_strict_about_lines_unless_reading_a_live_tail() -> No
     with pytest.raises(DocumentError, match=r"^m.jsonl:1: not a metrics record"):
         read_metrics_text(text, "m.jsonl")
     assert [r.loss for r in read_metrics_text(text, "m.jsonl", live=True)] == [2.0]
+
+
+def test_a_metrics_file_from_before_the_one_name_per_quantity_still_reads() -> None:
+    """Lines written before 2026-11-25 named the figures tokens_per_s and tokens_per_second_per_gpu."""
+    old = '{"step": 3, "epoch": 0.5, "loss": 1.5, "tokens": 900, "tokens_per_s": 300.0, "tokens_per_second_per_gpu": 150.0}\n'
+    (record,) = read_metrics_text(old, "old/metrics.jsonl")
+    assert record.tokens_per_second == 300.0 and record.tokens_per_second_per_device == 150.0
+    assert '"tokens_per_second":300.0' in record.line() and "tokens_per_s\"" not in record.line()

@@ -13,6 +13,7 @@ import pytest
 
 from workloads.common.atomic import sha256_file
 from workloads.model.folder import ModelFolderError
+from documents.stage_manifest import ModelManifest
 from workloads.model.prepare import prepare_model
 from workloads.model.source import SourceError, parse_source
 
@@ -29,14 +30,14 @@ def test_dir_source_makes_manifest_matching_the_weights(tiny_model_dir: Path, tm
     out = tmp_path / "base"
     manifest = prepare_model(f"dir:{tiny_model_dir}", out)
     on_disk = json.loads((out / "manifest.json").read_text())
-    assert on_disk == manifest
-    assert manifest["source"] == f"dir:{tiny_model_dir}"
-    assert set(manifest["weights"]) == {p.name for p in out.glob("*.safetensors")}
-    for name, info in manifest["weights"].items():
-        assert info["sha256"] == sha256_file(out / name)
+    assert ModelManifest.model_validate(on_disk) == manifest and on_disk["weights"].keys() == manifest.weights.keys()
+    assert manifest.source == f"dir:{tiny_model_dir}"
+    assert set(manifest.weights) == {p.name for p in out.glob("*.safetensors")}
+    for name, info in manifest.weights.items():
+        assert info.sha256 == sha256_file(out / name)
     model = AutoModelForCausalLM.from_pretrained(out)
-    assert manifest["parameters"] == model.num_parameters()
-    assert manifest["dtype"] == "F32"
+    assert manifest.parameters == model.num_parameters()
+    assert manifest.dtype == "F32"
     assert AutoTokenizer.from_pretrained(out).chat_template
     assert _leftovers(tmp_path) == ["base"]
 
@@ -60,8 +61,8 @@ def test_force_rebuilds_and_replaces_atomically(tiny_model_dir: Path, tmp_path: 
 
 def test_cast_dtype_is_recorded(tiny_model_dir: Path, tmp_path: Path) -> None:
     manifest = prepare_model(f"dir:{tiny_model_dir}", tmp_path / "base", dtype="bfloat16")
-    assert manifest["dtype"] == "BF16"
-    assert manifest["requested_dtype"] == "bfloat16"
+    assert manifest.dtype == "BF16"
+    assert manifest.requested_dtype == "bfloat16"
 
 
 @pytest.mark.parametrize("source", ["dir:/no/such/folder", "gguf:/no/such/model.gguf"])

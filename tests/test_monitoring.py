@@ -23,7 +23,7 @@ from documents.metrics import MetricsRecord
 from workloads.train.metrics_export import record_figures
 
 REPO = Path(__file__).resolve().parents[1]
-RECORD = MetricsRecord(step=7, epoch=0.5, loss=1.875, tokens_per_s=1234.5, tokens=4096, memory_mb=512.0,
+RECORD = MetricsRecord(step=7, epoch=0.5, loss=1.875, tokens_per_second=1234.5, tokens=4096, memory_mb=512.0,
                        cpu_util=87.5, step_time_s=0.42, job_id="4242")
 
 

@@ -99,7 +99,7 @@ def test_runs_lists_local_runs(repo: Path, tmp_path: Path, capsys: pytest.Captur
     assert cli(["runs", "--stack", "local", "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert [r["run_id"] for r in listed] == ["20260102-101500", "20260102-111500"]
-    assert listed[0]["tokens_per_s"] == pytest.approx(104.0)
+    assert listed[0]["tokens_per_second"] == pytest.approx(104.0)
 
 
 def test_runs_cloud_stack_reads_bucket(

@@ -65,7 +65,7 @@ def test_training_writes_adapter_metrics_plot_manifest(tiny_prepared, tmp_path: 
     rows = [r for r in load_metrics(out / "metrics.jsonl") if r.loss is not None]
     assert [r.step for r in rows] == [1, 2, 3, 4]
     for row in rows:
-        assert row.loss > 0 and row.tokens_per_s > 0 and row.memory_mb > 0 and row.lr is not None
+        assert row.loss > 0 and row.tokens_per_second > 0 and row.memory_mb > 0 and row.lr is not None
         assert row.padding_efficiency == round(row.tokens / 512, 4)  # every micro-batch is 2 x 256 tokens
         assert row.grad_norm is not None
     assert any(r.eval_loss is not None for r in load_metrics(out / "metrics.jsonl"))

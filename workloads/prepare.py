@@ -64,12 +64,12 @@ def run(config: RunConfig) -> PrepareSummary:
     }
     return PrepareSummary(
         base_model_dir=str(config.base_model_dir),
-        parameters=model.get("parameters"),
+        parameters=model.parameters,
         conversations=str(config.conversations_file),
         convert=ConvertLosses(rows_read=converted["rows_read"], rows_kept=converted["rows_written"],
                               skipped=converted["skipped_by_reason"]),
         split=SplitCounts(**{k: parts[k] for k in SplitCounts.model_fields if k in parts}),
-        tokenized={side: TokenizeLosses.model_validate({**loss_summary(m), "mean_tokens": m["mean_tokens"]})
+        tokenized={side: TokenizeLosses.model_validate({**loss_summary(m), "mean_tokens": m.mean_tokens})
                    for side, m in tokenized.items()},
         train_tokenized_dir=str(config.train_tokenized_dir),
         test_tokenized_dir=str(config.test_tokenized_dir),

@@ -43,7 +43,7 @@ def table_rows(runs: list[RunIndex]) -> list[tuple[str, ...]]:
             _fmt(r.perplexity_base, 3),
             _fmt(r.perplexity_finetuned, 3),
             _fmt(r.perplexity_improvement_pct, 1),
-            _fmt(r.tokens_per_s, 1),
+            _fmt(r.tokens_per_second, 1),
             _fmt(r.cost_usd, 2),
             " ".join(f"{stage}={job}" for stage, job in r.job_ids.items()) or "-",
         )

@@ -13,23 +13,12 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from infra.pipeline.transport import Transport
+from documents.pipeline_state import SourceFingerprint
 from documents.run_config import RunConfig
 
 
 class DataSourceError(ValueError):
     """The data source cannot be read where the jobs run; the message names the source and the path."""
-
-
-class SourceFingerprint(BaseModel):
-    """What the pipeline state records of a `file:` source."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    source: str
-    path: str
-    size: int
-    mtime: str
-    sha256: str
 
 
 def source_path(run: RunConfig, run_root: str | Path) -> str | None:

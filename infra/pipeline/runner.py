@@ -9,66 +9,33 @@ run with nothing changed submits nothing.
 from __future__ import annotations
 
 import os
-import re
 from datetime import datetime, timezone
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import paramiko
-from pydantic import BaseModel, ValidationError, field_validator
+from pydantic import BaseModel
 
 from infra.config import StackConfig
 from infra.pipeline.bundle import upload_bundle
 from infra.pipeline.chain import (JobSpec, check_run_config_path, code_hash, job_arguments, log_dirs, pipeline_jobs,
                                   placement_for, run_root)
-from infra.pipeline.datasource import SourceFingerprint, fingerprint_source
+from infra.pipeline.datasource import fingerprint_source
 from infra.pipeline.jobs import SlurmJobProvider, job_inputs, read_result
 from infra.pipeline.run_lock import stack_lock
 from infra.pipeline.slurm import JobNotFound, SlurmClient, SlurmJobFailed
 from infra.pipeline.connect import open_transport
 from infra.pipeline.transport import TransportError
-from workloads.common.atomic import write_text_atomic
 from documents.run_config import load_run_config
 from documents.evaluator_report import EvaluatorReport
+from documents.pipeline_state import PipelineState, StageRecord, load_state, save_state
 
 Progress = Callable[[str], None]
 PASSPHRASE_ENV = "FT_SSH_KEY_PASSPHRASE"
 RECONNECTS = 5
 LINK_ERRORS = (TransportError, paramiko.SSHException, EOFError, ConnectionError, TimeoutError)
 RETRY_STATES = {"FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
-
-
-class StageRecord(BaseModel):
-    """A stage's provider outputs (its inputs included) as last seen."""
-
-    stage: str
-    outs: dict[str, Any]
-
-    @field_validator("outs")
-    @classmethod
-    def _names_its_job(cls, outs: dict[str, Any]) -> dict[str, Any]:
-        job_id = outs.get("job_id")
-        if not isinstance(job_id, str) or not re.fullmatch(r"\d+", job_id):
-            raise ValueError(f"'job_id' must be a Slurm job id such as \"1234\", got {job_id!r}")
-        return outs
-
-
-class PipelineState(BaseModel):
-    stack: str
-    slurm_env: dict[str, str] = {}
-    started_at: str | None = None
-    bundle: dict[str, Any] | None = None
-    data_source: SourceFingerprint | None = None
-    stages: dict[str, StageRecord] = {}
-    evaluation: EvaluatorReport | None = None
-    """the eval job's report, read once when the waited chain finished."""
-
-    @field_validator("evaluation", mode="before")
-    @classmethod
-    def _summary_of_old_state(cls, value: Any) -> Any:
-        """State written before the report was typed kept a flat summary: treated as not yet read."""
-        return None if isinstance(value, dict) and "base_model" not in value else value
 
 
 class PipelineRun(BaseModel):
@@ -85,25 +52,6 @@ class PipelineRun(BaseModel):
 
 def state_path(repo_root: Path, stack: str) -> Path:
     return repo_root / ".local" / "pipeline" / f"{stack}.json"
-
-
-def load_state(path: Path, stack: str) -> PipelineState:
-    if not path.exists():
-        return PipelineState(stack=stack)
-    try:
-        state = PipelineState.model_validate_json(path.read_text())
-    except ValidationError as error:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'document'}: {e['msg'].removeprefix('Value error, ')}"
-                             for e in error.errors())
-        raise ValueError(f"{path}: damaged pipeline state: {problems}; move it aside to start afresh "
-                         "(the jobs it recorded are not cancelled)") from None
-    if state.stack != stack:
-        raise ValueError(f"{path}: pipeline state of stack {state.stack!r}, not {stack!r}")
-    return state
-
-
-def save_state(path: Path, state: PipelineState) -> None:
-    write_text_atomic(path, state.model_dump_json(indent=2), mode=0o600)
 
 
 def transport_spec(stack: StackConfig, *, login_host: str | None = None, private_key: str | None = None,

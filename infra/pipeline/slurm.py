@@ -353,7 +353,7 @@ class SlurmClient:
             parts.append(f"==> {path} <==\n{text}" if len(paths) > 1 else text)
         return "\n".join(parts)
 
-    def read_metrics(self, path: str, lines: int = 50, job_id: str | None = None) -> MetricsRecord | None:
+    def latest_metrics_record(self, path: str, lines: int = 50, job_id: str | None = None) -> MetricsRecord | None:
         result = self._run(["tail", "-n", str(lines), path])
         return latest_metrics(result.stdout, path, job_id) if result.ok else None
 
@@ -391,7 +391,7 @@ class SlurmClient:
                     reason = f" ({info.reason})" if info.reason and info.reason != "None" else ""
                     progress(f"{info.label}: {info.state}{reason}")
             if metrics_path and info.state in ("RUNNING", "COMPLETING", SUCCESS):
-                record = self.read_metrics(metrics_path, job_id=job_id)
+                record = self.latest_metrics_record(metrics_path, job_id=job_id)
                 if record and record != last_metrics:
                     last_metrics = record
                     if progress:

@@ -7,13 +7,12 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-MANIFEST_NAME = "manifest.json"
 
 
 def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
@@ -100,55 +99,3 @@ def write_text_atomic(path: str | os.PathLike[str], text: str, mode: int = 0o644
 
 def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
     write_text_atomic(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
-
-
-def manifest_path(output: str | os.PathLike[str]) -> Path:
-    """A folder keeps its manifest inside (`DIR/manifest.json`); a file beside it (`FILE.manifest.json`)."""
-    output = Path(output)
-    if output.is_dir() or not output.suffix:
-        return output / MANIFEST_NAME
-    return output.with_name(output.name + ".manifest.json")
-
-
-def build_manifest(
-    stage: str,
-    inputs: Mapping[str, str | os.PathLike[str]],
-    params: Mapping[str, Any],
-    **extra: Any,
-) -> dict[str, Any]:
-    """Record of a stage's run: its parameters and the sha256 of each input file."""
-    return {
-        "stage": stage,
-        "inputs": {key: {"path": str(Path(p).resolve()), "sha256": sha256_file(p)} for key, p in inputs.items()},
-        "params": dict(params),
-        **extra,
-        "created": utc_now(),
-    }
-
-
-def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any] | None:
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def is_current(
-    output: str | os.PathLike[str],
-    stage: str,
-    inputs: Mapping[str, str | os.PathLike[str]],
-    params: Mapping[str, Any],
-) -> bool:
-    """True when `output` exists and its manifest records the same stage, parameters and input hashes."""
-    output = Path(output)
-    if not output.exists():
-        return False
-    manifest = read_manifest(manifest_path(output))
-    if not manifest or manifest.get("stage") != stage or manifest.get("params") != json.loads(json.dumps(params)):
-        return False
-    recorded = manifest.get("inputs", {})
-    if set(recorded) != set(inputs):
-        return False
-    return all(Path(p).is_file() and recorded[key].get("sha256") == sha256_file(p) for key, p in inputs.items())
-

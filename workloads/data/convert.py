@@ -20,8 +20,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from workloads.common.atomic import (atomic_file, build_manifest, is_current, manifest_path, os_errors_as, sha256_file,
-                                     write_json_atomic)
+from documents.stage_manifest import manifest_path, write_manifest
+from workloads.common.atomic import atomic_file, os_errors_as, sha256_file, write_json_atomic
+from workloads.data.freshness import build_manifest, is_current
 
 log = logging.getLogger("workloads.data.convert")
 
@@ -225,7 +226,7 @@ def _convert(input_path: Path, output: Path, max_bad_fraction: float, limit: int
             )
     manifest = build_manifest("convert", {"input": input_path}, params, output_sha256=sha256_file(output),
                               rows=written, skipped=skipped)
-    write_json_atomic(manifest_path(output), manifest)
+    write_manifest(manifest_path(output), manifest)
     log.info("wrote %d conversations to %s (%d rows skipped)", written, output, skipped)
     return report
 

@@ -17,7 +17,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from workloads.common.atomic import atomic_file, build_manifest, manifest_path, sha256_file, write_json_atomic
+from documents.stage_manifest import manifest_path, write_manifest
+from workloads.common.atomic import atomic_file, sha256_file
+from workloads.data.freshness import build_manifest
 
 log = logging.getLogger("workloads.data.fetch")
 
@@ -76,8 +78,8 @@ def fetch(repo_id: str, out: str | Path, revision: str | None = None) -> Path:
                          "elsewhere and use file:PATH.") from None
     result = data_file(folder, out)
     if result == out:
-        write_json_atomic(manifest_path(out), build_manifest("fetch", {}, {"source": f"hub:{repo_id}", "revision": revision},
-                                                             output_sha256=sha256_file(out)))
+        write_manifest(manifest_path(out), build_manifest("fetch", {}, {"source": f"hub:{repo_id}", "revision": revision},
+                                                          output_sha256=sha256_file(out)))
     return result
 
 

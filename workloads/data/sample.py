@@ -18,7 +18,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from workloads.common.atomic import atomic_file, build_manifest, is_current, manifest_path, sha256_file, write_json_atomic
+from documents.stage_manifest import manifest_path, write_manifest
+from workloads.common.atomic import atomic_file, sha256_file
+from workloads.data.freshness import build_manifest, is_current
 from workloads.data.finance_qa import qa_rows
 from workloads.data.synthetic import conversation
 
@@ -51,7 +53,7 @@ def sample(rows: int, seed: int, out: str | Path, kind: str = "conversations") -
     schema = pa.schema([(name, pa.string()) for name in COLUMNS[kind]])
     with atomic_file(out) as tmp:
         pq.write_table(pa.table(columns, schema=schema), tmp)
-    write_json_atomic(manifest_path(out), build_manifest("sample", {}, params, output_sha256=sha256_file(out)))
+    write_manifest(manifest_path(out), build_manifest("sample", {}, params, output_sha256=sha256_file(out)))
     log.info("wrote %d rows to %s", rows, out)
     return out
 

@@ -18,8 +18,9 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from workloads.common.atomic import (atomic_file, build_manifest, is_current, manifest_path, os_errors_as, sha256_file,
-                                     write_json_atomic)
+from documents.stage_manifest import manifest_path, write_manifest
+from workloads.common.atomic import atomic_file, os_errors_as, sha256_file, write_json_atomic
+from workloads.data.freshness import build_manifest, is_current
 
 log = logging.getLogger("workloads.data.split")
 
@@ -136,8 +137,8 @@ def _split(input_path: Path, ratio: float, shuffle: bool, seed: int, group_by: s
             with os_errors_as(SplitError, path):
                 tmp.write_text("".join(row + "\n" for row in rows), encoding="utf-8")
     for path, side, rows in ((train_path, "train", train), (test_path, "test", test)):
-        write_json_atomic(manifest_path(path), build_manifest("split", inputs, {**params, "side": side},
-                                                              output_sha256=sha256_file(path), rows=len(rows)))
+        write_manifest(manifest_path(path), build_manifest("split", inputs, {**params, "side": side},
+                                                           output_sha256=sha256_file(path), rows=len(rows)))
     report = {"input": str(input_path.resolve()), "train": str(train_path.resolve()), "test": str(test_path.resolve()),
               "rows": len(lines), "train_rows": len(train), "test_rows": len(test), **duplicates, **params}
     write_json_atomic(report_file, report)

@@ -19,7 +19,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Literal
 
-from workloads.common.atomic import MANIFEST_NAME, atomic_dir, build_manifest, is_current, os_errors_as, write_json_atomic
+from documents.stage_manifest import MANIFEST_NAME, StageManifest, read_stage_manifest, write_manifest
+from workloads.common.atomic import atomic_dir, os_errors_as
+from workloads.data.freshness import build_manifest, is_current
 from workloads.data.shorten import Messages, cap_context, fit_context, token_count
 
 log = logging.getLogger("workloads.data.tokenize")
@@ -190,11 +192,11 @@ def load_tokenizer(model: Path) -> Any:
     return tokenizer
 
 
-def loss_summary(stats: dict[str, Any]) -> dict[str, Any]:
+def loss_summary(manifest: StageManifest) -> dict[str, Any]:
     """What a stage summary shows of a tokenize manifest: rows read, kept, truncated, dropped by reason."""
-    return {"rows_read": stats["rows_read"], "rows_kept": stats["rows_written"], "truncated": stats["truncated"],
-            "dropped": {reason.removeprefix("dropped_"): stats[reason] for reason in DROPPED},
-            "lost_fraction": stats["lost_fraction"]}
+    return {"rows_read": manifest.rows_read, "rows_kept": manifest.rows_written, "truncated": manifest.truncated,
+            "dropped": {reason.removeprefix("dropped_"): getattr(manifest, reason) for reason in DROPPED},
+            "lost_fraction": manifest.lost_fraction}
 
 
 def check_losses(input_path: Path, counts: Counter, rows: int, overlong: str, max_length: int,
@@ -223,7 +225,7 @@ def tokenize(
     num_proc: int = 1,
     batch_size: int = 256,
     max_lost_fraction: float = 1.0,
-) -> dict[str, Any]:
+) -> StageManifest:
     """Tokenize `input_path` into the `datasets` folder `out` (atomic, manifest inside); no-op if current.
     Fails, writing nothing, when more than `max_lost_fraction` of the rows would be dropped."""
     with os_errors_as(TokenizeError, out):
@@ -232,7 +234,7 @@ def tokenize(
 
 
 def _tokenize(input_path: Path, model: Path, max_length: int, out: Path, overlong: Overlong, num_proc: int,
-              batch_size: int, max_lost_fraction: float) -> dict[str, Any]:
+              batch_size: int, max_lost_fraction: float) -> StageManifest:
     from datasets import Dataset, disable_caching
 
     if max_length < 1:
@@ -245,7 +247,7 @@ def _tokenize(input_path: Path, model: Path, max_length: int, out: Path, overlon
     params = {"max_length": max_length, "overlong": overlong, "max_lost_fraction": max_lost_fraction}
     if input_path.is_file() and is_current(out, "tokenize", inputs, params):
         log.info("%s is up to date", out)
-        return json.loads((out / MANIFEST_NAME).read_text(encoding="utf-8"))
+        return read_stage_manifest((out / MANIFEST_NAME).read_bytes(), str(out / MANIFEST_NAME))
     tokenizer = load_tokenizer(model)
     conversations = read_conversations(input_path)
     disable_caching()
@@ -281,9 +283,9 @@ def _tokenize(input_path: Path, model: Path, max_length: int, out: Path, overlon
     with atomic_dir(out) as tmp:
         kept.save_to_disk(str(tmp))
         manifest = build_manifest("tokenize", inputs, params, model=str(model.resolve()), **stats)
-        write_json_atomic(tmp / MANIFEST_NAME, manifest)
+        write_manifest(tmp / MANIFEST_NAME, manifest)
     log.info("wrote %d of %d rows to %s (%d truncated (%s), dropped: %s)", len(kept), len(dataset), out,
-             stats["truncated"], overlong, loss_summary(stats)["dropped"])
+             stats["truncated"], overlong, loss_summary(manifest)["dropped"])
     return manifest
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import logging
 import os
 import sys
@@ -17,7 +16,7 @@ import torch
 
 from documents.run_config import ConfigError, RunConfig, load_run_config
 from workloads.eval.config import EvalConfig
-from workloads.common.atomic import MANIFEST_NAME
+from documents.stage_manifest import MANIFEST_NAME, load_stage_manifest
 from documents.prepare_summary import TokenizeLosses
 from workloads.common.job_metrics import JobFigures, JobMetricsFile, ProcessSampler
 from workloads.data.tokenize import loss_summary
@@ -100,11 +99,10 @@ def data_losses(run: RunConfig) -> dict[str, TokenizeLosses] | None:
     """The tokenize manifests' loss accounting for both splits (None if a manifest is missing)."""
     losses = {}
     for side, folder in (("train", run.train_tokenized_dir), ("test", run.test_tokenized_dir)):
-        manifest = folder / MANIFEST_NAME
-        if not manifest.is_file():
+        manifest = load_stage_manifest(folder / MANIFEST_NAME)
+        if manifest is None:
             return None
-        stats = json.loads(manifest.read_text(encoding="utf-8"))
-        losses[side] = TokenizeLosses.model_validate({**loss_summary(stats), "mean_tokens": stats.get("mean_tokens")})
+        losses[side] = TokenizeLosses.model_validate({**loss_summary(manifest), "mean_tokens": manifest.mean_tokens})
     return losses
 
 

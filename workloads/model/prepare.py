@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from workloads.common.atomic import MANIFEST_NAME, atomic_dir, read_manifest, sha256_file, utc_now, write_json_atomic
+from documents.stage_manifest import MANIFEST_NAME, ModelManifest, load_model_manifest, write_manifest
+from workloads.common.atomic import atomic_dir, sha256_file, utc_now
 from workloads.model.folder import ModelFolderError, check_tokenizer, weight_files, weight_stats
 from workloads.model.source import ModelSource, SourceError, gguf_path, parse_source
 
@@ -90,37 +91,31 @@ def _from_dir(source: ModelSource, tmp: Path) -> dict[str, Any]:
     return {}
 
 
-def _describe(folder: Path, source: ModelSource, extra: dict[str, Any], dtype: str) -> dict[str, Any]:
+def _describe(folder: Path, source: ModelSource, extra: dict[str, Any], dtype: str) -> ModelManifest:
     files = weight_files(folder)
     parameters, weight_dtype = weight_stats(files)
     check_tokenizer(folder)
-    return {
-        "source": str(source),
-        **extra,
-        "requested_dtype": dtype,
-        "dtype": weight_dtype,
-        "parameters": parameters,
-        "weights": {f.name: {"sha256": sha256_file(f), "bytes": f.stat().st_size} for f in files},
-        "created": utc_now(),
-    }
+    return ModelManifest(
+        source=str(source), **extra, requested_dtype=dtype, dtype=weight_dtype, parameters=parameters,
+        weights={f.name: {"sha256": sha256_file(f), "bytes": f.stat().st_size} for f in files}, created=utc_now(),
+    )
 
 
 def is_prepared(out: Path, source: str, revision: str | None = None, dtype: str = "auto") -> bool:
     """True when `out` already holds this source: same manifest identity and every weight file present."""
-    manifest = read_manifest(out / MANIFEST_NAME)
-    if not manifest or manifest.get("source") != source or manifest.get("requested_dtype") != dtype:
+    manifest = load_model_manifest(out / MANIFEST_NAME)
+    if manifest is None or manifest.source != source or manifest.requested_dtype != dtype:
         return False
-    if source.startswith("hub:") and manifest.get("revision") != revision:
+    if source.startswith("hub:") and manifest.revision != revision:
         return False
-    weights = manifest.get("weights") or {}
-    return bool(weights) and all(
-        (out / name).is_file() and (out / name).stat().st_size == info.get("bytes") for name, info in weights.items()
+    return bool(manifest.weights) and all(
+        (out / name).is_file() and (out / name).stat().st_size == info.bytes for name, info in manifest.weights.items()
     )
 
 
 def prepare_model(
     source: str, out: str | os.PathLike[str], revision: str | None = None, dtype: str = "auto", force: bool = False
-) -> dict[str, Any]:
+) -> ModelManifest:
     """Prepare `source` into `out` (atomic) and return its manifest; a no-op when already prepared."""
     out = Path(out).resolve()
     parsed = parse_source(source)
@@ -130,7 +125,9 @@ def prepare_model(
         raise PrepareError(f"revision applies to hub sources only, got {revision!r} for {source}")
     if not force and is_prepared(out, source, revision, dtype):
         log.info("%s already holds %s; nothing to do", out, source)
-        return read_manifest(out / MANIFEST_NAME) or {}
+        manifest = load_model_manifest(out / MANIFEST_NAME)
+        assert manifest is not None
+        return manifest
     with atomic_dir(out) as tmp:
         if parsed.kind == "gguf":
             extra = _from_gguf(parsed, tmp, dtype)
@@ -141,8 +138,8 @@ def prepare_model(
         if dtype != "auto" and parsed.kind != "gguf":
             _cast(tmp, dtype)
         manifest = _describe(tmp, parsed, extra, dtype)
-        write_json_atomic(tmp / MANIFEST_NAME, manifest)
-    log.info("prepared %s -> %s (%d parameters, %s)", source, out, manifest["parameters"], manifest["dtype"])
+        write_manifest(tmp / MANIFEST_NAME, manifest)
+    log.info("prepared %s -> %s (%d parameters, %s)", source, out, manifest.parameters, manifest.dtype)
     return manifest
 
 

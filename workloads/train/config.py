@@ -159,7 +159,9 @@ def require_train(run: RunConfig) -> TrainConfig:
 
 
 def max_length(run: RunConfig) -> int:
-    return require_train(run).max_length or run.data.max_length
+    """The run's training sequence limit; the run must have a `train` section."""
+    require_train(run)
+    return run.max_length
 
 
 def resolve_precision(precision: Precision, cuda: bool, bf16_supported: bool) -> Literal["bf16", "fp16", "fp32"]:

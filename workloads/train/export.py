@@ -14,7 +14,8 @@ from pathlib import Path
 
 import torch
 
-from workloads.common.atomic import MANIFEST_NAME, atomic_dir, sha256_file, utc_now, write_json_atomic
+from documents.stage_manifest import MANIFEST_NAME, MergedManifest, write_manifest
+from workloads.common.atomic import atomic_dir, sha256_file, utc_now
 from documents.run_config import ConfigError, load_run_config
 from workloads.train.config import train_paths
 
@@ -47,13 +48,10 @@ def merge_adapter(adapter: Path, base: Path, out: Path, dtype: str = "float32") 
     with atomic_dir(out) as tmp:
         merged.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        write_json_atomic(tmp / MANIFEST_NAME, {
-            "stage": "export",
-            "adapter": {"path": str(adapter.resolve()), "sha256": sha256_file(adapter / "adapter_model.safetensors")},
-            "base": str(base.resolve()),
-            "dtype": dtype,
-            "created": utc_now(),
-        })
+        write_manifest(tmp / MANIFEST_NAME, MergedManifest(
+            adapter={"path": str(adapter.resolve()), "sha256": sha256_file(adapter / "adapter_model.safetensors")},
+            base=str(base.resolve()), dtype=dtype, created=utc_now(),
+        ))
     log.info("merged %s into %s -> %s (%s)", adapter, base, out, dtype)
     return out
 

@@ -247,7 +247,7 @@ def inputs_from_run(run: RunConfig) -> MemoryInputs:
         lora_target_modules=tuple(targets),
         lora_dropout=train.lora.dropout,
         micro_batch=train.micro_batch_size,
-        max_length=train.max_length or run.data.max_length,
+        max_length=run.max_length,
         gradient_checkpointing=train.gradient_checkpointing is not False,  # auto: planned by workloads.train.sizing
         kbit_upcast=train.kbit_upcast,
         optimizer="adamw",

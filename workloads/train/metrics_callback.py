@@ -86,22 +86,22 @@ class MetricsCallback(TrainerCallback):
             real, processed = self.counter.take_global(device)
             now = time.perf_counter()
             elapsed, self.last_time = now - self.last_time, now
-            tokens_per_s = round(real / elapsed, 2) if elapsed > 0 else None
+            tokens_per_second = round(real / elapsed, 2) if elapsed > 0 else None
             steps, self.last_step = state.global_step - self.last_step, state.global_step
             util = gpu_utilization()
             fields.update({
                 "loss": logs["loss"],
                 "lr": logs.get("learning_rate"),
                 "grad_norm": logs.get("grad_norm"),
-                "tokens_per_s": tokens_per_s,
+                "tokens_per_second": tokens_per_second,
                 "tokens": real,
                 "padding_efficiency": round(real / processed, 4) if processed else None,
                 "memory_mb": round(peak_memory_mb(), 1),
                 "gpu_util": util,
                 "cpu_util": self.cpu.read() if util is None else None,
                 "step_time_s": round(elapsed / steps, 3) if steps > 0 else None,
-                "tokens_per_second_per_gpu": round(tokens_per_s / args.world_size, 2)
-                if util is not None and tokens_per_s is not None else None,
+                "tokens_per_second_per_device": round(tokens_per_second / args.world_size, 2)
+                if util is not None and tokens_per_second is not None else None,
             })
         if "eval_loss" in logs:
             fields["eval_loss"] = logs["eval_loss"]

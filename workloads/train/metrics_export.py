@@ -12,7 +12,7 @@ def record_figures(record: MetricsRecord) -> JobFigures:
     on_gpu = record.gpu_util is not None
     return JobFigures(
         **({"device": "gpu"} if on_gpu else {}),
-        tokens_per_second=record.tokens_per_s,
+        tokens_per_second=record.tokens_per_second,
         step_seconds=record.step_time_s,
         loss=record.loss,
         eval_loss=record.eval_loss,
