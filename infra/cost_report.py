@@ -28,6 +28,7 @@ from infra.documents import read_metrics
 from infra.outputs import cost_outputs
 from infra.pricing import PriceBook
 from workloads.config import RunConfig
+from workloads.train.batch_choice import planned_batching
 from workloads.train.config import TrainConfig
 from workloads.train.metrics import METRICS_NAME
 
@@ -82,8 +83,10 @@ def training_throughput(metrics_file: Path) -> float | None:
 
 def step_tokens(train: TrainConfig, gpus: int, tokens_per_row: float, max_length: int) -> float:
     """Tokens one optimizer step takes in: gradient accumulation x data-parallel ranks (one per GPU) x a
-    micro-batch (packed: micro_batch_size x max_length tokens at most; padded: micro_batch_size rows)."""
-    micro = train.micro_batch_size * (max_length if train.batching == "packed" else tokens_per_row)
+    micro-batch (packed, and `auto` before the data decides: micro_batch_size x max_length tokens at most;
+    padded: micro_batch_size rows)."""
+    packed = planned_batching(train.batching) == "packed"
+    micro = train.micro_batch_size * (max_length if packed else tokens_per_row)
     return train.gradient_accumulation_steps * max(gpus, 1) * micro
 
 

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from workloads.common.atomic import MANIFEST_NAME, read_manifest, sha256_file, utc_now, write_text_atomic
 from workloads.train.attention import AttentionChoice
+from workloads.train.batch_choice import BatchingDecision
 from workloads.train.sizing import BatchPlan
 
 MANIFEST_VERSION = 1
@@ -84,6 +85,9 @@ class RunManifest(_Document):
     batch_plan: BatchPlan | None = None
     """micro-batch tokens, accumulation and checkpointing the run trained with (workloads/train/sizing.py)."""
     fused_loss: bool = False
+    batching: BatchingDecision | None = None
+    """packed or grouped micro-batches, and under `auto` the figures the choice was made from
+    (workloads/train/batch_choice.py); absent in manifests written before it was recorded."""
 
     def json_text(self) -> str:
         return self.model_dump_json(indent=2, by_alias=True) + "\n"
