@@ -96,7 +96,8 @@ def test_shipped_configs_default_to_auto() -> None:
 def test_a_manifest_without_the_batching_field_still_reads() -> None:
     document = {
         "run": "r", "config_sha256": "0" * 64, "config": {}, "precision": "fp32",
-        "dataset": {"path": "d", "sha256": "1" * 64}, "base_model": {"path": "m", "sha256": "2" * 64, "from": "computed"},
+        "dataset": {"path": "d", "sha256": "1" * 64},
+        "base_model": {"path": "m", "sha256": "2" * 64, "from": "computed"},
         "packages": {}, "world_size": 1, "nodes": 1, "status": "completed",
     }
     assert RunManifest.model_validate(document).batching is None

@@ -184,9 +184,10 @@ def create_training_arguments(
     gradient_accumulation_steps: int | None = None, batching: Batching | None = None,
 ) -> TrainingArguments:
     """TrainingArguments for `train` (`gradient_accumulation_steps` overrides the configured one, e.g. from a
-    batch plan; `batching` is the resolved choice, by default what `auto` plans with before reading the data). Checkpoints are saved under `checkpoint_dir` and pruned by this package (atomic, bounded), so
-    the Trainer's own rotation is off. Activation checkpointing is switched on by `finetune.load_model` on the
-    model itself, not through TrainingArguments (whose argument for it was renamed in transformers 5.23)."""
+    batch plan; `batching` is the resolved choice, by default what `auto` plans with before reading the data).
+    Checkpoints are saved under `checkpoint_dir` and pruned by this package (atomic, bounded), so the Trainer's own
+    rotation is off. Activation checkpointing is switched on by `finetune.load_model` on the model itself, not
+    through TrainingArguments (whose argument for it was renamed in transformers 5.23)."""
     from transformers import TrainingArguments
 
     import torch
