@@ -1,8 +1,17 @@
-"""Training throughput and memory: this trainer against TRL's SFTTrainer and a naive padded HF Trainer.
+"""Training throughput and memory: this trainer against TRL's SFTTrainer and a naive padded HF Trainer, on two
+shapes of data.
 
-    python bench/train.py [--config workloads/configs/local.json] [--steps 6] [--warmup 1]
-                          [--arms naive,packed,trl] [--model-dir DIR] [--dataset-dir DIR] [--train JSON]
+    python bench/train.py [--config workloads/configs/local.json] [--steps 8] [--warmup 2]
+                          [--arms naive,auto,packed,grouped,trl] [--datasets dense,mixed]
+                          [--model-dir DIR] [--dataset-dir DIR] [--train JSON]
                           [--random-base Qwen/Qwen3-14B --tokenizer DIR]     # GPU: random weights, known shape
+
+Data sets: `dense` is the run config's tokenized train split (or --dataset-dir) as it is (local.json: finance
+reports cut to max_length, most rows exactly 384 tokens); `mixed` is built from it deterministically: every
+fourth of its rows (the long reports) beside three short chat turns each: the project's synthetic conversations
+(workloads/data/synthetic.py, seed 0, in index order) tokenized with the base's chat template, assistant-only
+labels, keeping those of at most max_length / 2 tokens; interleaved long, short, short, short (`build_mixed`,
+cached under the run root's bench/ folder).
 
 Every arm loads the same base (the run config's quantization and LoRA), reads the same tokenized train split
 (assistant-only labels) and runs the same number of optimizer steps of the same global batch
@@ -10,15 +19,18 @@ Every arm loads the same base (the run config's quantization and LoRA), reads th
 is per arm:
 
 - `naive`: HF Trainer, every row padded to max_length, micro_batch_size rows per micro-batch (SDPA).
-- `packed`: this trainer: packed micro-batches of one fixed token length from the batch plan (`auto` sizing on
-  a GPU), varlen flash attention on CUDA; `packed_fused` adds the fused linear + cross-entropy (CUDA).
+- `auto`: this trainer as shipped: `batching: auto` picks packed or grouped from the data's lengths (the
+  decision and its figures are in the arm's `batching`).
+- `packed`: this trainer forced to pack: micro-batches of one fixed token length from the batch plan (`auto`
+  sizing on a GPU), varlen flash attention on CUDA; `packed_fused` adds the fused linear + cross-entropy (CUDA).
+- `grouped`: this trainer forced to pad: micro_batch_size rows of similar length, padded to the longest.
 - `trl`: TRL's SFTTrainer with packing (best-fit decreasing) and padding-free batches, max_length set to the
   packed arm's micro-batch tokens, on the same labels (its own chunked LM head).
 
 The first `--warmup` steps are excluded from the timings. Prints JSON: per arm effective tokens/s (tokens that
 are not padding, per second), processed tokens/s, padding efficiency, peak memory (allocated and reserved on
 GPU, resident on CPU), the memory estimate, final and mean losses, and on a GPU the MFU on the 6 x parameters
-basis; then the ratios of the packed arm to the others.
+basis; per data set, then the ratios of the auto and packed arms to the others (`auto_over_naive`, ...).
 """
 
 from __future__ import annotations
@@ -31,6 +43,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
+import hashlib  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import shutil  # noqa: E402
@@ -42,7 +55,10 @@ from typing import Any  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-ARMS = ("naive", "packed", "packed_fused", "trl")
+ARMS = ("naive", "auto", "packed", "grouped", "packed_fused", "trl")
+OURS = ("auto", "packed", "grouped", "packed_fused")
+DATASETS = ("dense", "mixed")
+MIXED_SHORT_PER_LONG = 3
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "L40S": 362.0}  # dense bf16 datasheet figures
 
 
@@ -92,6 +108,59 @@ def merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def build_mixed(dense_dir: Path, tokenizer_dir: Path, max_length: int, out: Path) -> Path:
+    """The mixed-length set: every fourth row of `dense_dir` beside MIXED_SHORT_PER_LONG short synthetic chat turns
+    each (seed 0 in index order, tokenized like the prepare stage does, those of at most max_length / 2 tokens
+    kept), interleaved; saved once at `out`."""
+    from datasets import Dataset, load_from_disk
+
+    from workloads.data.convert import to_messages
+    from workloads.data.synthetic import conversation
+    from workloads.data.tokenize import encode_batch, load_tokenizer, max_token_chars
+
+    if (out / "dataset_info.json").is_file():
+        return out
+    columns = ("input_ids", "attention_mask", "labels", "length")
+    long = load_from_disk(str(dense_dir)).select_columns(list(columns))
+    long = long.select(range(0, len(long), MIXED_SHORT_PER_LONG + 1))
+    tokenizer = load_tokenizer(tokenizer_dir)
+    count, chunk = MIXED_SHORT_PER_LONG * len(long), 256
+    max_chars = max_length * max_token_chars(tokenizer)
+    short: list[dict[str, Any]] = []
+    for start in range(0, 100 * count, chunk):
+        chats = {"messages": [to_messages(conversation(0, i)) for i in range(start, start + chunk)]}
+        encoded = encode_batch(chats, list(range(chunk)), tokenizer, max_length, "truncate", max_chars)
+        short += [{c: encoded[c][i] for c in columns} for i in range(chunk)
+                  if encoded["status"][i] == "kept" and encoded["length"][i] <= max_length // 2]
+        if len(short) >= count:
+            break
+    rows = []
+    for index, row in enumerate(long):
+        rows.append(row)
+        rows.extend(short[MIXED_SHORT_PER_LONG * index: MIXED_SHORT_PER_LONG * (index + 1)])
+    staging = out.with_name(out.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    Dataset.from_list(rows).save_to_disk(str(staging))
+    staging.rename(out)
+    return out
+
+
+def prepare_mixed(options: argparse.Namespace) -> Path:
+    """`build_mixed` for the run's data in a child process (the parent stays without torch); returns its folder."""
+    from workloads.train.config import max_length, train_paths
+
+    run = load_run(options)
+    paths = train_paths(run)
+    length = max_length(run)
+    source = hashlib.sha256(str(paths.dataset_dir).encode()).hexdigest()[:12]
+    out = run.root / "bench" / f"mixed-{length}-{source}"
+    if not (out / "dataset_info.json").is_file():
+        subprocess.run([sys.executable, __file__, "--config", options.config, "--build-mixed-only",
+                        "--model-dir", str(paths.model_dir), "--dataset-dir", str(paths.dataset_dir),
+                        "--mixed-out", str(out), "--train", options.train or "{}"], check=True)
+    return out
+
+
 def load_run(options: argparse.Namespace) -> Any:
     from documents.run_config import load_run_config, parse_run_config
 
@@ -113,24 +182,29 @@ def run_arm(arm: str, options: argparse.Namespace) -> dict[str, Any]:
     from transformers import AutoTokenizer, Trainer, TrainerCallback
 
     from workloads.train import attention
-    from workloads.train.batching import PackedCollator, PackedDataset, PaddedCollator, batch_tokens
+    from workloads.train.batch_choice import planned_batching
+    from workloads.train.batching import PaddedCollator, batch_tokens
     from workloads.train.config import create_training_arguments, detect_precision, max_length, train_paths
-    from workloads.train.finetune import FinetuneTrainer, batch_plan, load_model
+    from workloads.train.finetune import FinetuneTrainer, batch_plan, choose_batching, load_datasets, load_model
     from workloads.train.metrics_callback import TokenCounter, peak_memory_mb
     from workloads.train.model_shapes import shape_from_hf_config
 
     run = load_run(options)
-    if arm == "packed_fused":
-        run = run.model_copy(update={"train": run.train.model_copy(update={"fused_loss": True})})
+    if arm in OURS:
+        forced = {"batching": "packed" if arm == "packed_fused" else arm, "fused_loss": arm == "packed_fused"}
+        run = run.model_copy(update={"train": run.train.model_copy(update=forced)})
     train = run.train
     paths = train_paths(run)
     length = max_length(run)
     precision = detect_precision(train.precision)
     cuda = torch.cuda.is_available()
     plan = batch_plan(run, paths.model_dir)
+    decision = choose_batching(run, paths.dataset_dir, plan) if arm in OURS else None
+    if decision is not None and decision.chosen != planned_batching(train.batching):
+        plan = batch_plan(run, paths.model_dir, decision.chosen)
     tokenizer = AutoTokenizer.from_pretrained(paths.model_dir)
     rows = load_from_disk(str(paths.dataset_dir))
-    packed = arm in ("packed", "packed_fused", "trl")
+    packed = decision.chosen == "packed" if decision is not None else arm == "trl"
     choice = attention.choose(cuda, packed)
     model = load_model(paths.model_dir, train, precision, 0, choice, plan.gradient_checkpointing)
     counter = TokenCounter()
@@ -152,13 +226,12 @@ def run_arm(arm: str, options: argparse.Namespace) -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory() as scratch:
         args = create_training_arguments(train, Path(scratch), precision,
-                                         gradient_accumulation_steps=plan.gradient_accumulation_steps)
+                                         gradient_accumulation_steps=plan.gradient_accumulation_steps,
+                                         batching=decision.chosen if decision is not None else "packed")
         args.save_strategy = "no"
-        if arm in ("packed", "packed_fused"):
-            data = PackedDataset(rows, plan.micro_batch_tokens, length, train.seed)
-            pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-            trainer: Trainer = FinetuneTrainer(model=model, args=args, train_dataset=data,
-                                               data_collator=PackedCollator(plan.micro_batch_tokens, pad or 0),
+        if decision is not None:
+            data, _, collator = load_datasets(paths, train, length, tokenizer, plan, decision.chosen)
+            trainer: Trainer = FinetuneTrainer(model=model, args=args, train_dataset=data, data_collator=collator,
                                                counter=counter, keep=1, callbacks=[Clock()])
         elif arm == "naive":
             args.per_device_train_batch_size = train.micro_batch_size
@@ -190,13 +263,14 @@ def run_arm(arm: str, options: argparse.Namespace) -> dict[str, Any]:
         "seconds": round(seconds, 2),
         "real_tokens": real,
         "processed_tokens": processed,
-        "effective_tokens_per_s": round(real / seconds, 2),
-        "processed_tokens_per_s": round(processed / seconds, 2),
+        "effective_tokens_per_second": round(real / seconds, 2),
+        "processed_tokens_per_second": round(processed / seconds, 2),
         "padding_efficiency": round(real / processed, 4),
         "final_loss": round(losses[-1], 4) if losses else None,
         "mean_loss_second_half": round(sum(losses[len(losses) // 2:]) / len(losses[len(losses) // 2:]), 4)
         if losses else None,
         "micro_batch_tokens": plan.micro_batch_tokens if arm != "naive" else train.micro_batch_size * length,
+        "batching": decision.model_dump() if decision is not None else None,
         "gradient_accumulation_steps": args.gradient_accumulation_steps,
         "gradient_checkpointing": plan.gradient_checkpointing,
         "kbit_upcast": train.kbit_upcast,
@@ -213,47 +287,32 @@ def run_arm(arm: str, options: argparse.Namespace) -> dict[str, Any]:
             "params": shape.params,
             "mfu_6n": round(6 * shape.params * real / seconds / (peak * 1e12), 4) if peak else None,
         })
-        if arm in ("packed", "packed_fused"):
+        if arm in OURS:
             result["estimate_gib"] = plan.estimate_gib
     else:
         result["peak_memory_mb"] = round(peak_memory_mb(), 1)
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--config", default=str(ROOT / "workloads" / "configs" / "local.json"))
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--warmup", type=int, default=1, help="optimizer steps left out of the timings")
-    parser.add_argument("--arms", default="naive,packed,trl", help=f"comma-separated, from {', '.join(ARMS)}")
-    parser.add_argument("--model-dir", help="base model folder (default: the run config's)")
-    parser.add_argument("--dataset-dir", help="tokenized train folder (default: the run config's)")
-    parser.add_argument("--train", help="JSON object merged (nested objects too) into the run config's train section")
-    parser.add_argument("--random-base", help="build --model-dir with random weights in this known model's shape")
-    parser.add_argument("--tokenizer", help="tokenizer folder copied into a --random-base model")
-    parser.add_argument("--out", help="also write the JSON here")
-    parser.add_argument("--arm", choices=ARMS, help=argparse.SUPPRESS)
-    parser.add_argument("--build-base-only", action="store_true", help=argparse.SUPPRESS)
-    options = parser.parse_args(argv)
-    if not 1 <= options.warmup < options.steps:
-        parser.error("--warmup must be at least 1 and below --steps")
-    if options.build_base_only:
-        build_random_base(options.random_base, Path(options.model_dir), Path(options.tokenizer))
-        return 0
-    if options.arm:
-        print(json.dumps(run_arm(options.arm, options)))
-        return 0
-    arms = [a.strip() for a in options.arms.split(",") if a.strip()]
-    unknown = sorted(set(arms) - set(ARMS))
-    if unknown:
-        parser.error(f"unknown arms {unknown}; choose from {', '.join(ARMS)}")
-    if options.random_base:
-        if not (options.model_dir and options.tokenizer):
-            parser.error("--random-base needs --model-dir and --tokenizer")
-        prepare_random_base(options.random_base, Path(options.model_dir), Path(options.tokenizer))
-    results: dict[str, Any] = {"config": options.config, "steps": options.steps, "warmup": options.warmup,
-                               "train": json.loads(options.train or "{}"), "random_base": options.random_base}
-    forwarded = [a for a in sys.argv[1:] if a not in ("--random-base", options.random_base)] if argv is None else argv
+def ratios(results: dict[str, Any]) -> dict[str, float]:
+    """Effective tokens/s of the auto and packed arms over the others', and packed over naive per processed token."""
+    out: dict[str, float] = {}
+    for ours in ("auto", "packed"):
+        rate = results.get(ours, {}).get("effective_tokens_per_second")
+        for other in ("naive", "trl", "packed", "grouped", "packed_fused"):
+            base = results.get(other, {}).get("effective_tokens_per_second")
+            if rate and base and other != ours:
+                out[f"{ours}_over_{other}"] = round(rate / base, 3)
+    packed = results.get("packed", {}).get("processed_tokens_per_second")
+    naive = results.get("naive", {}).get("processed_tokens_per_second")
+    if packed and naive:
+        out["packed_over_naive_per_processed_token"] = round(packed / naive, 3)
+    return out
+
+
+def run_arms(arms: list[str], options: argparse.Namespace, forwarded: list[str]) -> dict[str, Any]:
+    """Each arm in its own process on the data of `forwarded` (the last --dataset-dir wins); results and ratios."""
+    results: dict[str, Any] = {}
     for arm in arms:
         print(f"bench/train.py: running the {arm} arm ({options.steps} steps)", file=sys.stderr, flush=True)
         proc = subprocess.run([sys.executable, __file__, *forwarded, "--arm", arm], capture_output=True, text=True,
@@ -263,20 +322,64 @@ def main(argv: list[str] | None = None) -> int:
             results[arm] = {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "failed"}
             continue
         results[arm] = json.loads(proc.stdout.strip().splitlines()[-1])
-    packed = results.get("packed", {}).get("effective_tokens_per_s")
-    for other in ("naive", "trl", "packed_fused"):
-        rate = results.get(other, {}).get("effective_tokens_per_s")
-        if packed and rate:
-            results[f"packed_over_{other}"] = round(packed / rate, 3)
-    naive = results.get("naive", {}).get("processed_tokens_per_s")
-    if packed and naive:
-        results["packed_over_naive_per_processed_token"] = round(
-            results["packed"]["processed_tokens_per_s"] / naive, 3)
+    return {**results, **ratios(results)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", default=str(ROOT / "workloads" / "configs" / "local.json"))
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--warmup", type=int, default=2, help="optimizer steps left out of the timings")
+    parser.add_argument("--arms", default="naive,auto,packed,grouped,trl",
+                        help=f"comma-separated, from {', '.join(ARMS)}")
+    parser.add_argument("--datasets", default="dense,mixed", help=f"comma-separated, from {', '.join(DATASETS)}")
+    parser.add_argument("--model-dir", help="base model folder (default: the run config's)")
+    parser.add_argument("--dataset-dir", help="tokenized train folder (default: the run config's)")
+    parser.add_argument("--train", help="JSON object merged (nested objects too) into the run config's train section")
+    parser.add_argument("--random-base", help="build --model-dir with random weights in this known model's shape")
+    parser.add_argument("--tokenizer", help="tokenizer folder copied into a --random-base model")
+    parser.add_argument("--out", help="also write the JSON here")
+    parser.add_argument("--arm", choices=ARMS, help=argparse.SUPPRESS)
+    parser.add_argument("--build-base-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--build-mixed-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--mixed-out", help=argparse.SUPPRESS)
+    options = parser.parse_args(argv)
+    if not 1 <= options.warmup < options.steps:
+        parser.error("--warmup must be at least 1 and below --steps")
+    if options.build_base_only:
+        build_random_base(options.random_base, Path(options.model_dir), Path(options.tokenizer))
+        return 0
+    if options.build_mixed_only:
+        from workloads.train.config import max_length
+
+        build_mixed(Path(options.dataset_dir), Path(options.model_dir), max_length(load_run(options)),
+                    Path(options.mixed_out))
+        return 0
+    if options.arm:
+        print(json.dumps(run_arm(options.arm, options)))
+        return 0
+    arms = [a.strip() for a in options.arms.split(",") if a.strip()]
+    datasets = [d.strip() for d in options.datasets.split(",") if d.strip()]
+    unknown = sorted(set(arms) - set(ARMS)) + sorted(set(datasets) - set(DATASETS))
+    if unknown:
+        parser.error(f"unknown arms or data sets {unknown}; arms: {', '.join(ARMS)}; data sets: {', '.join(DATASETS)}")
+    if options.random_base:
+        if not (options.model_dir and options.tokenizer):
+            parser.error("--random-base needs --model-dir and --tokenizer")
+        prepare_random_base(options.random_base, Path(options.model_dir), Path(options.tokenizer))
+    results: dict[str, Any] = {"config": options.config, "steps": options.steps, "warmup": options.warmup,
+                               "train": json.loads(options.train or "{}"), "random_base": options.random_base,
+                               "datasets": {}}
+    forwarded = [a for a in sys.argv[1:] if a not in ("--random-base", options.random_base)] if argv is None else argv
+    for name in datasets:
+        extra = ["--dataset-dir", str(prepare_mixed(options))] if name == "mixed" else []
+        results["datasets"][name] = run_arms(arms, options, [*forwarded, *extra])
     text = json.dumps(results, indent=2)
     if options.out:
         Path(options.out).write_text(text + "\n", encoding="utf-8")
     print(text)
-    return 0 if all("error" not in results[a] for a in arms) else 1
+    failed = [a for d in results["datasets"].values() for a in arms if "error" in d[a]]
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

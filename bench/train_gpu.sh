@@ -23,7 +23,7 @@ case $mode in
   smoke)
     python3 -m pytest --noconftest -q -p no:cacheprovider tests/test_train_attention.py || echo "CUDA tests failed"
     python3 bench/train.py "${dev[@]}" --random-base HuggingFaceTB/SmolLM2-135M-Instruct --model-dir /tmp/base-135m \
-      --steps 4 --warmup 2 --arms naive,packed,packed_fused,trl \
+      --steps 4 --warmup 2 --arms naive,auto,packed,grouped,packed_fused,trl \
       --train '{"micro_batch_tokens": "auto", "gradient_checkpointing": "auto"}' --out "$out/smoke.json" ;;
   14b|14b-naive|14b-upcast|14b-dropout0|14b-recompute)
     arms=packed_fused,packed,trl upcast=false lora= ckpt='"auto"'
@@ -31,7 +31,7 @@ case $mode in
     [ "$mode" = 14b-upcast ] && arms=packed_fused,packed upcast=true
     [ "$mode" = 14b-recompute ] && arms=packed_fused ckpt=true
     [ "$mode" = 14b-dropout0 ] && arms=packed_fused lora=', "lora": {"dropout": 0.0}'
-    python3 bench/train.py "${dev[@]}" --random-base Qwen/Qwen3-14B --model-dir /tmp/base-14b --steps 5 --warmup 2 \
+    python3 bench/train.py "${dev[@]}" --random-base Qwen/Qwen3-14B --model-dir /tmp/base-14b --steps 5 --warmup 2 --datasets dense \
       --arms "$arms" --out "$out/$mode.json" \
       --train '{"micro_batch_tokens": "auto", "gradient_checkpointing": '"$ckpt"', "gradient_accumulation_steps": 16, "kbit_upcast": '"$upcast$lora"'}' ;;
   *) echo "unknown mode $mode" >&2; exit 2 ;;

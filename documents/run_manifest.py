@@ -17,10 +17,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from documents.base import DocumentError, parse
-
 from documents.stage_manifest import MANIFEST_NAME, load_model_manifest
 from workloads.common.atomic import sha256_file, utc_now, write_text_atomic
 from workloads.train.attention import AttentionChoice
+from workloads.train.batch_choice import BatchingDecision
 from workloads.train.sizing import BatchPlan
 
 MANIFEST_VERSION = 1
@@ -90,6 +90,9 @@ class RunManifest(_Document):
     device: str | None = None
     """what rank 0 trained on, as torch names it ('NVIDIA H100 80GB HBM3'), or 'cpu'."""
     device_kind: Literal["gpu", "cpu"] | None = None
+    batching: BatchingDecision | None = None
+    """packed or grouped micro-batches, and under `auto` the figures the choice was made from
+    (workloads/train/batch_choice.py); absent in manifests written before it was recorded."""
 
     def json_text(self) -> str:
         return self.model_dump_json(indent=2, by_alias=True) + "\n"

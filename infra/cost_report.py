@@ -31,6 +31,7 @@ from infra.outputs import cost_section
 from documents.stack_outputs import Cost
 from infra.pricing import PriceBook
 from documents.run_config import RunConfig
+from workloads.train.batch_choice import planned_batching
 from workloads.train.config import TrainConfig
 from documents.throughput import ThroughputMeasurement, bench_throughput
 
@@ -78,8 +79,10 @@ def tokenized_tokens(tokenized_dir: Path) -> int | None:
 
 def step_tokens(train: TrainConfig, gpus: int, tokens_per_row: float, max_length: int) -> float:
     """Tokens one optimizer step takes in: gradient accumulation x data-parallel ranks (one per GPU) x a
-    micro-batch (packed: micro_batch_size x max_length tokens at most; padded: micro_batch_size rows)."""
-    micro = train.micro_batch_size * (max_length if train.batching == "packed" else tokens_per_row)
+    micro-batch (packed, and `auto` before the data decides: micro_batch_size x max_length tokens at most;
+    padded: micro_batch_size rows)."""
+    packed = planned_batching(train.batching) == "packed"
+    micro = train.micro_batch_size * (max_length if packed else tokens_per_row)
     return train.gradient_accumulation_steps * max(gpus, 1) * micro
 
 

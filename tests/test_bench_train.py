@@ -44,3 +44,31 @@ def test_the_random_base_is_built_outside_the_bench_process(smollm2_base_dir: Pa
                 shape = tensors.get_slice(name).get_shape()
                 params += math.prod(shape)
     assert params == SMOL_PARAMS == 134_515_008
+
+
+def _bench_module() -> object:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_train", ROOT / "bench" / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_mixed_data_set_puts_short_chat_turns_beside_each_long_row(tiny_prepared, tmp_path: Path) -> None:
+    from datasets import load_from_disk
+
+    bench = _bench_module()
+    dense = load_from_disk(str(tiny_prepared.train_tokenized_dir))
+    out = bench.build_mixed(tiny_prepared.train_tokenized_dir, tiny_prepared.base_model_dir, 256, tmp_path / "mixed")
+    mixed = load_from_disk(str(out))
+    every = bench.MIXED_SHORT_PER_LONG + 1
+    longs = range(0, len(dense), every)
+    assert len(mixed) == every * len(longs)
+    for slot, index in enumerate(longs):
+        assert mixed[slot * every]["input_ids"] == dense[index]["input_ids"]
+        for row in mixed.select(range(slot * every + 1, (slot + 1) * every)):
+            assert row["length"] == len(row["input_ids"]) <= 128
+            assert any(label != -100 for label in row["labels"])
+    again = bench.build_mixed(tiny_prepared.train_tokenized_dir, tiny_prepared.base_model_dir, 256, tmp_path / "b")
+    assert load_from_disk(str(again))["input_ids"] == mixed["input_ids"]

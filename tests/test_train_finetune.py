@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import shutil
 from pathlib import Path
 
 import pytest
+from datasets import load_from_disk
 from safetensors import safe_open
 
 from train_fixtures import with_train, write_config
@@ -57,7 +59,8 @@ def test_cli_without_train_section_fails_clearly(tmp_path: Path, capsys: pytest.
 
 
 def test_training_writes_adapter_metrics_plot_manifest(tiny_prepared, tmp_path: Path) -> None:
-    run = with_train(tiny_prepared, tmp_path, max_steps=4, save_steps=1, save_total_limit=2, eval_steps=2)
+    run = with_train(tiny_prepared, tmp_path, max_steps=4, save_steps=1, save_total_limit=2, eval_steps=2,
+                     batching="packed")
     assert train_run(run) == 0
     out = run.train_run_dir
     with safe_open(str(out / "adapter" / "adapter_model.safetensors"), framework="pt") as handle:
@@ -83,6 +86,7 @@ def test_training_writes_adapter_metrics_plot_manifest(tiny_prepared, tmp_path: 
         "micro_batch_tokens": 512, "gradient_accumulation_steps": 1, "gradient_checkpointing": False,
         "step_tokens": 512, "estimate_gib": None, "gpu_memory_gib": None, "memory_fraction": 0.9, "source": "config"}
     assert manifest["fused_loss"] is False
+    assert (manifest["batching"]["configured"], manifest["batching"]["chosen"]) == ("packed", "packed")
     kept = sorted(p.name for p in run.checkpoints_dir.iterdir())
     assert kept == ["checkpoint-3", "checkpoint-4"]
     assert all(checkpoints.problem(run.checkpoints_dir / k) is None for k in kept)
@@ -95,6 +99,26 @@ def test_grouped_batching_pads_only_to_the_batch(tiny_prepared, tmp_path: Path) 
     assert train_run(run) == 0
     rows = load_metrics(run.train_run_dir / "metrics.jsonl")
     assert all(0.5 < r.padding_efficiency <= 1.0 for r in rows)
+
+
+def test_auto_batching_trains_with_the_choice_it_records(tiny_prepared, tmp_path: Path) -> None:
+    """`auto` decides from the train split's lengths, records the figures, and the micro-batches follow: packed
+    ones are exactly 2 x 256 tokens, padded ones are 2 rows padded to the longer."""
+    run = with_train(tiny_prepared, tmp_path, batching="auto", max_steps=2, save_steps=5)
+    assert train_run(run) == 0
+    decision = json.loads((run.train_run_dir / "run_manifest.json").read_text())["batching"]
+    lengths = load_from_disk(str(run.train_tokenized_dir))["length"]
+    assert decision["configured"] == "auto" and decision["rows"] == len(lengths) and decision["device"] == "cpu"
+    cheaper = "packed" if decision["packed_cost"] < decision["padded_cost"] else "grouped"
+    assert decision["chosen"] == cheaper and cheaper in decision["reason"]
+    real = sum(min(n, 256) for n in lengths)
+    assert 0.5 < decision["packed_fill"] <= round(real / (512 * math.ceil(real / 512)), 4)  # no fewer bins than that
+    assert 0.0 < decision["padded_efficiency"] <= 1.0
+    rows = [r for r in read_metrics(run.train_run_dir / "metrics.jsonl") if r.loss is not None]
+    if cheaper == "packed":
+        assert [r.padding_efficiency for r in rows] == [round(r.tokens / 512, 4) for r in rows]
+    else:
+        assert all(r.tokens <= 512 for r in rows)
 
 
 def test_stop_then_resume_skips_corrupt_checkpoint(
@@ -194,7 +218,7 @@ def test_micro_batch_tokens_split_the_configured_global_batch(tiny_prepared, tmp
     """2 sequences x 2 accumulation x 256 tokens per step, as 4 packed micro-batches of 256, with activation
     checkpointing switched on on the model (not through TrainingArguments)."""
     run = with_train(tiny_prepared, tmp_path, max_steps=2, save_steps=5, gradient_accumulation_steps=2,
-                     micro_batch_tokens=256, gradient_checkpointing=True)
+                     batching="packed", micro_batch_tokens=256, gradient_checkpointing=True)
     assert train_run(run) == 0
     manifest = json.loads((run.train_run_dir / "run_manifest.json").read_text())
     plan = manifest["batch_plan"]

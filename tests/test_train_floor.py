@@ -55,7 +55,7 @@ def test_training_runs_on_the_floor_versions(tiny_prepared, tmp_path: Path) -> N
     assert set(floors) == {"transformers", "peft"}
     site = floor_site(floors)
     run = with_train(tiny_prepared, tmp_path, max_steps=2, save_steps=2, gradient_checkpointing=True,
-                     micro_batch_tokens=256)
+                     batching="packed", micro_batch_tokens=256)
     config = write_config(run, tmp_path / "run.json")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
     proc = subprocess.run([sys.executable, "-m", "workloads.train.finetune", "--config", str(config)],

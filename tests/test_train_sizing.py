@@ -125,5 +125,19 @@ def test_a_model_that_cannot_fit_names_the_budget() -> None:
 
 
 def test_micro_batch_tokens_need_packing() -> None:
-    with pytest.raises(ValueError, match="micro_batch_tokens needs batching: packed"):
+    with pytest.raises(ValueError, match="train.micro_batch_tokens sizes packed micro-batches: it needs batching "
+                       "packed or auto"):
         _dev(micro_batch_tokens=2048, batching="grouped")
+    assert _dev(micro_batch_tokens=2048, batching="auto").train.micro_batch_tokens == 2048
+
+
+def test_padded_micro_batches_keep_the_configured_rows() -> None:
+    """Once `auto` has chosen padding, micro_batch_tokens no longer sizes anything: micro_batch_size rows of up to
+    max_length tokens, the configured accumulation."""
+    run = _dev(micro_batch_tokens=4096, batching="auto")
+    packed = plan_batches(run, QWEN14, None)
+    padded = plan_batches(run, QWEN14, None, "grouped")
+    assert (packed.micro_batch_tokens, packed.gradient_accumulation_steps) == (4096, 2)
+    expected_tokens = run.train.micro_batch_size * run.data.max_length
+    assert (padded.micro_batch_tokens, padded.gradient_accumulation_steps) == (
+        expected_tokens, run.train.gradient_accumulation_steps)

@@ -8,12 +8,11 @@ them, on CPU transformers turns the restarting position ids into a block-diagona
 token attends across a boundary, and the first label of every sequence is masked so no token is trained to
 predict the next sequence.
 `grouped`: similar lengths share a micro-batch and are padded to the longest of that batch only.
+Which of the two a run uses (`auto`): workloads/train/batch_choice.py.
 """
 
 from __future__ import annotations
 
-import random
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,32 +20,11 @@ import torch
 from torch.utils.data import Dataset
 from transformers import DataCollatorForSeq2Seq, DataCollatorWithFlattening
 
+from workloads.train.batch_choice import pack_bins
+
 IGNORE_INDEX = -100
 COLUMNS = ("input_ids", "labels")
 REAL_TOKENS = "real_tokens"
-
-
-def pack_bins(lengths: Sequence[int], token_budget: int, seed: int) -> list[list[int]]:
-    """Row indices grouped into bins of at most `token_budget` tokens: a seeded shuffle, then first-fit over a
-    small window of open bins (keeps bins full without sorting the data by length)."""
-    if token_budget < 1:
-        raise ValueError(f"token_budget must be >= 1, got {token_budget}")
-    order = list(range(len(lengths)))
-    random.Random(seed).shuffle(order)
-    bins: list[list[int]] = []
-    room: list[int] = []
-    window = 8
-    for index in order:
-        size = min(lengths[index], token_budget)
-        start = max(0, len(bins) - window)
-        target = next((b for b in range(start, len(bins)) if room[b] >= size), None)
-        if target is None:
-            bins.append([])
-            room.append(token_budget)
-            target = len(bins) - 1
-        bins[target].append(index)
-        room[target] -= size
-    return bins
 
 
 class PackedDataset(Dataset):

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from workloads.train.batch_choice import Batching, planned_batching
+
 if TYPE_CHECKING:
     from transformers import TrainingArguments
 
@@ -84,10 +86,10 @@ class TrainConfig(_Section):
     micro_batch_size: int = Field(4, ge=1, description="sequences' worth of tokens per device per forward")
     gradient_accumulation_steps: int = Field(1, ge=1)
     micro_batch_tokens: int | Literal["auto"] | None = Field(
-        None, description="packed: tokens per micro-batch (every micro-batch has exactly this many); auto: sized "
-        "from the memory estimate to memory_fraction of the GPU, keeping micro_batch_size x "
-        "gradient_accumulation_steps x max_length tokens per step through accumulation; default "
-        "micro_batch_size x max_length")
+        None, description="packed micro-batches (batching packed, or auto when it chooses packing): tokens per "
+        "micro-batch (every micro-batch has exactly this many); auto: sized from the memory estimate to "
+        "memory_fraction of the GPU, keeping micro_batch_size x gradient_accumulation_steps x max_length tokens per "
+        "step through accumulation; default micro_batch_size x max_length")
     memory_fraction: float = Field(0.9, gt=0.0, le=1.0, description="share of GPU memory `auto` sizing may plan for")
     fused_loss: bool = Field(False, description="fused linear + cross-entropy (Liger, CUDA): no logits tensor")
     kbit_upcast: bool = Field(
@@ -95,8 +97,9 @@ class TrainConfig(_Section):
         "prepare_model_for_kbit_training), which makes the residual stream and MLP fp32; off keeps them in the "
         "compute dtype: about half the activation memory and traffic")
     max_length: int | None = Field(None, ge=16, description="longest sequence (default data.max_length)")
-    batching: Literal["packed", "grouped"] = Field(
-        "packed", description="packed: sequences concatenated, attention kept within each; grouped: by length"
+    batching: Literal["auto", "packed", "grouped"] = Field(
+        "auto", description="packed: sequences concatenated, attention kept within each; grouped: padded "
+        "micro-batches of similar lengths; auto: the one predicted cheaper per real token from the data's lengths"
     )
     precision: Precision = Field("auto", description="auto: bf16 if the GPU has it, else fp16; fp32 on CPU")
     gradient_checkpointing: bool | Literal["auto"] = Field(
@@ -121,8 +124,9 @@ class TrainConfig(_Section):
     def _consistent(self) -> TrainConfig:
         if self.eval_steps is not None and self.eval_steps % self.save_steps and self.save_steps % self.eval_steps:
             raise ValueError("eval_steps and save_steps must divide one another")
-        if self.micro_batch_tokens is not None and self.batching != "packed":
-            raise ValueError("micro_batch_tokens needs batching: packed")
+        if self.micro_batch_tokens is not None and self.batching == "grouped":
+            raise ValueError("train.micro_batch_tokens sizes packed micro-batches: it needs batching packed or auto "
+                             "(under auto it applies when packing is chosen), not grouped")
         return self
 
 
@@ -184,21 +188,23 @@ def detect_precision(precision: Precision) -> Literal["bf16", "fp16", "fp32"]:
 
 def create_training_arguments(
     train: TrainConfig, checkpoint_dir: Path, precision: Literal["bf16", "fp16", "fp32"], report_eval: bool = False,
-    gradient_accumulation_steps: int | None = None,
+    gradient_accumulation_steps: int | None = None, batching: Batching | None = None,
 ) -> TrainingArguments:
     """TrainingArguments for `train` (`gradient_accumulation_steps` overrides the configured one, e.g. from a
-    batch plan). Checkpoints are saved under `checkpoint_dir` and pruned by this package (atomic, bounded), so
-    the Trainer's own rotation is off. Activation checkpointing is switched on by `finetune.load_model` on the
-    model itself, not through TrainingArguments (whose argument for it was renamed in transformers 5.23)."""
+    batch plan; `batching` is the resolved choice, by default what `auto` plans with before reading the data).
+    Checkpoints are saved under `checkpoint_dir` and pruned by this package (atomic, bounded), so the Trainer's own
+    rotation is off. Activation checkpointing is switched on by `finetune.load_model` on the model itself, not
+    through TrainingArguments (whose argument for it was renamed in transformers 5.23)."""
     from transformers import TrainingArguments
 
     import torch
 
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    packed = (batching or planned_batching(train.batching)) == "packed"
     return TrainingArguments(
         output_dir=str(checkpoint_dir),
-        per_device_train_batch_size=1 if train.batching == "packed" else train.micro_batch_size,
-        per_device_eval_batch_size=1 if train.batching == "packed" else train.micro_batch_size,
+        per_device_train_batch_size=1 if packed else train.micro_batch_size,
+        per_device_eval_batch_size=1 if packed else train.micro_batch_size,
         gradient_accumulation_steps=gradient_accumulation_steps or train.gradient_accumulation_steps,
         learning_rate=train.learning_rate,
         lr_scheduler_type=train.lr_scheduler,
@@ -223,7 +229,7 @@ def create_training_arguments(
         ddp_backend=("nccl" if torch.cuda.is_available() else "gloo") if distributed else None,
         ddp_find_unused_parameters=False,
         remove_unused_columns=False,
-        train_sampling_strategy="group_by_length" if train.batching == "grouped" else "random",
+        train_sampling_strategy="random" if packed else "group_by_length",
         length_column_name="length",
         report_to="none",
         disable_tqdm=True,

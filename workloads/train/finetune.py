@@ -25,6 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 from workloads.common.atomic import atomic_dir
 from documents.run_config import ConfigError, RunConfig, load_run_config
 from workloads.train import attention, checkpoints, fused_loss
+from workloads.train.batch_choice import Batching, BatchingDecision, decide_batching, planned_batching
 from workloads.train.batching import REAL_TOKENS, PackedCollator, PackedDataset, PaddedCollator, batch_tokens
 from workloads.train.config import (
     TrainConfig,
@@ -141,24 +142,26 @@ def load_model(model_dir: Path, train: TrainConfig, precision: str, local_rank: 
     return get_peft_model(model, lora)
 
 
-def load_datasets(paths: TrainPaths, train: TrainConfig, length: int, tokenizer: Any,
-                  plan: BatchPlan) -> tuple[Any, Any, Any]:
-    """Train and optional eval datasets with their collator: packed micro-batches of exactly
-    `plan.micro_batch_tokens` tokens, or length-grouped."""
+def read_tokenized(folder: Path) -> Any:
+    """A tokenized split (input_ids, attention_mask, labels, length), checked."""
     from datasets import load_from_disk
 
-    def read(folder: Path) -> Any:
-        if not (folder / "dataset_info.json").is_file():
-            raise FileNotFoundError(f"{folder}: not a tokenized dataset folder (run the prepare stage first)")
-        data = load_from_disk(str(folder))
-        missing = {"input_ids", "attention_mask", "labels", "length"} - set(data.column_names)
-        if missing:
-            raise ValueError(f"{folder}: tokenized dataset lacks columns {sorted(missing)}")
-        return data
+    if not (folder / "dataset_info.json").is_file():
+        raise FileNotFoundError(f"{folder}: not a tokenized dataset folder (run the prepare stage first)")
+    data = load_from_disk(str(folder))
+    missing = {"input_ids", "attention_mask", "labels", "length"} - set(data.column_names)
+    if missing:
+        raise ValueError(f"{folder}: tokenized dataset lacks columns {sorted(missing)}")
+    return data
 
-    rows = read(paths.dataset_dir)
-    eval_rows = read(paths.eval_dataset_dir) if paths.eval_dataset_dir else None
-    if train.batching == "packed":
+
+def load_datasets(paths: TrainPaths, train: TrainConfig, length: int, tokenizer: Any,
+                  plan: BatchPlan, batching: Batching) -> tuple[Any, Any, Any]:
+    """Train and optional eval datasets with their collator: packed micro-batches of exactly
+    `plan.micro_batch_tokens` tokens, or length-grouped."""
+    rows = read_tokenized(paths.dataset_dir)
+    eval_rows = read_tokenized(paths.eval_dataset_dir) if paths.eval_dataset_dir else None
+    if batching == "packed":
         budget = plan.micro_batch_tokens
         packed = PackedDataset(rows, budget, length, train.seed)
         evals = PackedDataset(eval_rows, budget, length, train.seed) if eval_rows is not None else None
@@ -166,6 +169,15 @@ def load_datasets(paths: TrainPaths, train: TrainConfig, length: int, tokenizer:
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         return packed, evals, PackedCollator(budget, pad or 0)
     return rows, eval_rows, PaddedCollator(tokenizer)
+
+
+def choose_batching(run: RunConfig, dataset_dir: Path, plan: BatchPlan) -> BatchingDecision:
+    """The run's batching, decided from the train split's lengths (workloads/train/batch_choice.py)."""
+    train = require_train(run)
+    lengths = read_tokenized(dataset_dir)["length"] if train.batching == "auto" else None
+    return decide_batching(train.batching, lengths, micro_batch_size=train.micro_batch_size,
+                           accumulation=train.gradient_accumulation_steps, max_length=max_length(run),
+                           token_budget=plan.micro_batch_tokens, seed=train.seed, cuda=torch.cuda.is_available())
 
 
 def gpu_memory_gib() -> float | None:
@@ -176,13 +188,13 @@ def gpu_memory_gib() -> float | None:
     return torch.cuda.get_device_properties(index).total_memory / 2**30
 
 
-def batch_plan(run: RunConfig, model_dir: Path) -> BatchPlan:
+def batch_plan(run: RunConfig, model_dir: Path, batching: Batching | None = None) -> BatchPlan:
     """Micro-batch tokens, accumulation and checkpointing for this machine (see workloads.train.sizing)."""
     config = model_dir / "config.json"
     if not config.is_file():
         raise FileNotFoundError(f"{model_dir}: no config.json (run the prepare stage first)")
     shape = shape_from_hf_config(json.loads(config.read_text(encoding="utf-8")))
-    return plan_batches(run, shape, gpu_memory_gib())
+    return plan_batches(run, shape, gpu_memory_gib(), batching)
 
 
 def is_done(manifest_file: Path, adapter: Path, digest: str) -> bool:
@@ -205,9 +217,13 @@ def train_run(run: RunConfig) -> int:
     precision = detect_precision(train.precision)
     stop = StopRequest(os.environ.get(STOP_FILE_ENV))
     plan = batch_plan(run, paths.model_dir)
-    choice = attention.choose(torch.cuda.is_available(), train.batching == "packed")
+    batching = choose_batching(run, paths.dataset_dir, plan)
+    if batching.chosen != planned_batching(train.batching):
+        plan = batch_plan(run, paths.model_dir, batching.chosen)
+    choice = attention.choose(torch.cuda.is_available(), batching.chosen == "packed")
     args = create_training_arguments(train, paths.checkpoint_dir, precision, report_eval=bool(paths.eval_dataset_dir),
-                                     gradient_accumulation_steps=plan.gradient_accumulation_steps)
+                                     gradient_accumulation_steps=plan.gradient_accumulation_steps,
+                                     batching=batching.chosen)
     rank0 = args.process_index == 0
     resume = checkpoints.latest_complete(paths.checkpoint_dir, fingerprint)
     resumed_step = checkpoints.checkpoint_step(resume) if resume else 0
@@ -229,19 +245,21 @@ def train_run(run: RunConfig) -> int:
             "nodes": int(os.environ.get("SLURM_NNODES", "1")),
             "attention": choice.model_dump(),
             "batch_plan": plan.model_dump(),
+            "batching": batching.model_dump(),
             "fused_loss": train.fused_loss,
             "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
             "device_kind": "gpu" if torch.cuda.is_available() else "cpu",
         }
         manifest = start_attempt(manifest_file, base, resumed_step or 0)
-    log.info("rank %d/%d precision=%s resume=%s attention=%s/%s plan=%s", args.process_index, args.world_size,
-             precision, resume or "none", choice.implementation, choice.backend, plan.model_dump())
+    log.info("rank %d/%d precision=%s resume=%s attention=%s/%s plan=%s batching=%s (%s)", args.process_index,
+             args.world_size, precision, resume or "none", choice.implementation, choice.backend, plan.model_dump(),
+             batching.chosen, batching.reason)
 
     tokenizer = AutoTokenizer.from_pretrained(paths.model_dir)
     model = load_model(paths.model_dir, train, precision, args.local_process_index, choice, plan.gradient_checkpointing)
     if rank0:
         model.print_trainable_parameters()
-    train_data, eval_data, collator = load_datasets(paths, train, max_length(run), tokenizer, plan)
+    train_data, eval_data, collator = load_datasets(paths, train, max_length(run), tokenizer, plan, batching.chosen)
     counter = TokenCounter()
     preemption = PreemptionCallback(stop)
     trainer = FinetuneTrainer(

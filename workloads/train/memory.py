@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from workloads.train.batch_choice import Batching, planned_batching
 from workloads.train.config import require_train
 from workloads.train.model_shapes import ModelShape
 
@@ -232,9 +233,10 @@ def _dtype(name: str) -> str:
     return {"auto": "bf16", "bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(name, name)
 
 
-def inputs_from_run(run: RunConfig) -> MemoryInputs:
+def inputs_from_run(run: RunConfig, batching: Batching | None = None) -> MemoryInputs:
     """MemoryInputs from a RunConfig's ``train`` and ``data`` sections: QLoRA on a 4/8-bit base, LoRA on an
-    unquantized one (the run config always trains an adapter); double quantization and AdamW as finetune uses them."""
+    unquantized one (the run config always trains an adapter); double quantization and AdamW as finetune uses them.
+    `batching` is the resolved choice (default: what the configured one plans with before the data is read)."""
     train = require_train(run)
     method = train.method
     targets = ALL_LINEAR if train.lora.target_modules == ["all-linear"] else tuple(train.lora.target_modules)
@@ -251,6 +253,6 @@ def inputs_from_run(run: RunConfig) -> MemoryInputs:
         gradient_checkpointing=train.gradient_checkpointing is not False,  # auto: planned by workloads.train.sizing
         kbit_upcast=train.kbit_upcast,
         optimizer="adamw",
-        attention="varlen" if train.batching == "packed" else "sdpa",
+        attention="varlen" if (batching or planned_batching(train.batching)) == "packed" else "sdpa",
         fused_loss=train.fused_loss,
     )
