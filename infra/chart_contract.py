@@ -1,8 +1,9 @@
 """Chart contracts: which Helm value key paths the program may pass to each pinned chart version.
 
 The data lives in ``infra/charts/*.yaml``, written from reading each chart at its tag (the files name the
-chart, version and templates read). A contract may ``extends`` an older version and list only what
-changed (``add``/``remove`` per chart), so a new Soperator release shows its differences as data.
+chart, version and templates read; their model and reader are in documents/chart_contract.py). A contract may
+``extends`` an older version and list only what changed (``add``/``remove`` per chart), so a new Soperator
+release shows its differences as data.
 ``violations`` walks a values document and names every path the contract does not admit, every
 ``required`` path that is missing and every ``null_only`` path given a value.
 """
@@ -14,64 +15,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from documents.chart_contract import LIST_ITEM, ChartContract, ContractError, KeyRule, read_contract_file
 
 CHARTS_DIR = Path(__file__).resolve().parent / "charts"
-LIST_ITEM = "[]"
-ANY_KEY = "*"
-
-
-class ContractError(ValueError):
-    """No contract for a chart version, or a malformed contract file."""
-
-
-class KeyRule(BaseModel):
-    """One admitted value path and the custom-resource field (or object) it lands in."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    path: str
-    lands: str
-    read: str = ""
-    subtree: bool = Field(False, description="every path below is passed through toYaml unchanged")
-    schema_: str | None = Field(None, alias="schema", description="below: only this schema's first-level keys")
-    required: bool = False
-    required_when: str | None = Field(None, description="required when this other path is truthy")
-    null_only: bool = Field(False, description="may only be null (Helm drops the chart default)")
-
-    @property
-    def segments(self) -> tuple[str, ...]:
-        return tuple(self.path.split("."))
-
-
-class ChartContract(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    chart: str
-    version: str
-    source: str
-    keys: tuple[KeyRule, ...]
-    schemas: dict[str, tuple[str, ...]]
-
-    def rule_for(self, path: tuple[str, ...]) -> tuple[KeyRule, tuple[str, ...]] | None:
-        """The rule admitting ``path`` and the part of the path below the rule's own."""
-        for rule in self.keys:
-            n = len(rule.segments)
-            if len(path) < n or not all(_seg_match(r, p) for r, p in zip(rule.segments, path)):
-                continue
-            rest = path[n:]
-            if not rest:
-                return rule, rest
-            if rule.subtree:
-                return rule, rest
-            if rule.schema_ is not None and rest[0] in self.schemas[rule.schema_]:
-                return rule, rest
-        return None
-
-
-def _seg_match(rule: str, actual: str) -> bool:
-    return rule == actual or (rule == ANY_KEY and actual != LIST_ITEM)
+__all__ = ["ChartContract", "ContractError", "admits", "changes", "contract", "leaf_paths", "versions", "violations"]
 
 
 def leaf_paths(values: Any, prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
@@ -125,41 +72,30 @@ def violations(contract: ChartContract, values: Mapping[str, Any]) -> list[str]:
     return found
 
 
-def _load_file(path: Path) -> dict[str, Any]:
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise ContractError(f"{path}: cannot read chart contract: {exc}") from None
-    if not isinstance(doc, dict) or "charts" not in doc or "version" not in doc:
-        raise ContractError(f"{path}: a chart contract needs 'version' and 'charts'")
-    return doc
-
-
 def _file(family: str, version: str) -> Path:
     return CHARTS_DIR / f"{family}-{version}.yaml"
 
 
 @cache
-def _resolved(family: str, version: str) -> tuple[dict[str, list[dict[str, Any]]], dict[str, tuple[str, ...]], str]:
+def _resolved(family: str, version: str) -> tuple[dict[str, tuple[KeyRule, ...]], dict[str, tuple[str, ...]], str]:
+    """Every chart's rules, the schemas and the source of `family` at `version`, `extends` applied."""
     path = _file(family, version)
     if not path.is_file():
         known = sorted(p.stem.removeprefix(f"{family}-") for p in CHARTS_DIR.glob(f"{family}-*.yaml"))
         raise ContractError(f"no chart contract for {family} {version} ({path} is missing); "
                             f"known versions: {', '.join(known)}. Read the charts at that tag and add it")
-    doc = _load_file(path)
-    if "extends" in doc:
-        charts, schemas, _ = _resolved(family, str(doc["extends"]))
-        charts = {name: list(rules) for name, rules in charts.items()}
-        schemas = dict(schemas)
-        for name, change in doc["charts"].items():
-            removed = set(change.get("remove", []))
-            kept = [r for r in charts.get(name, []) if r["path"] not in removed]
-            charts[name] = kept + list(change.get("add", []))
+    document = read_contract_file(path)
+    if document.extends is None:
+        charts = {name: chart.keys or () for name, chart in document.charts.items()}
+        schemas: dict[str, tuple[str, ...]] = {}
     else:
-        charts = {name: list(chart["keys"]) for name, chart in doc["charts"].items()}
-        schemas = {}
-    schemas.update({name: tuple(s["keys"]) for name, s in (doc.get("schemas") or {}).items()})
-    return charts, schemas, str(doc.get("source", path.name))
+        charts, schemas, _ = _resolved(family, document.extends)
+        charts, schemas = dict(charts), dict(schemas)
+        for name, change in document.charts.items():
+            kept = tuple(r for r in charts.get(name, ()) if r.path not in set(change.remove))
+            charts[name] = kept + change.add
+    schemas.update({name: schema.keys for name, schema in document.schemas.items()})
+    return charts, schemas, document.source
 
 
 def contract(family: str, version: str, chart: str) -> ChartContract:
@@ -167,7 +103,7 @@ def contract(family: str, version: str, chart: str) -> ChartContract:
     charts, schemas, source = _resolved(family, version)
     if chart not in charts:
         raise ContractError(f"{_file(family, version)}: no contract for chart {chart!r}")
-    rules = tuple(KeyRule.model_validate(r) for r in charts[chart])
+    rules = charts[chart]
     for rule in rules:
         if rule.schema_ is not None and rule.schema_ not in schemas:
             raise ContractError(f"{_file(family, version)}: {chart} {rule.path}: unknown schema {rule.schema_!r}")
@@ -185,8 +121,8 @@ def changes(family: str, old: str, new: str) -> dict[str, dict[str, list[str]]]:
     b, _, _ = _resolved(family, new)
     out: dict[str, dict[str, list[str]]] = {}
     for chart in sorted(set(a) | set(b)):
-        before = {r["path"] for r in a.get(chart, [])}
-        after = {r["path"] for r in b.get(chart, [])}
+        before = {r.path for r in a.get(chart, ())}
+        after = {r.path for r in b.get(chart, ())}
         if before != after:
             out[chart] = {"added": sorted(after - before), "removed": sorted(before - after)}
     return out

@@ -8,6 +8,7 @@ import copy
 import pytest
 
 from infra import chart_contract
+from documents.chart_contract import read_contract_file
 from infra.chart_contract import ContractError, contract, violations
 from infra.config import load_stack_config
 from infra.nebius.layout import layout
@@ -87,3 +88,18 @@ def test_subtree_and_schema_rules() -> None:
     bad = {"nodesets": [{"slurmd": {"volumes": {"spool": {"hostPathX": {}}}}}]}
     assert violations(c, bad) == [
         "nodesets 4.1.7: nodesets.[].slurmd.volumes.spool.hostPathX is not a value the chart reads or its CRD keeps"]
+
+
+def test_a_malformed_contract_file_names_the_file_and_the_field(tmp_path) -> None:
+    typo = tmp_path / "soperator-9.0.0.yaml"
+    typo.write_text("version: 9.0.0\nsource: x\ncharts:\n  nodesets:\n    keys:\n      - {path: a.b, land: spec.a}\n")
+    with pytest.raises(ContractError, match=r"soperator-9\.0\.0\.yaml: not a valid chart contract "
+                                            r"\(charts\.nodesets\.keys\.0\.lands: Field required; "
+                                            r"charts\.nodesets\.keys\.0\.land: Extra inputs"):
+        read_contract_file(typo)
+    mixed = tmp_path / "soperator-9.0.1.yaml"
+    mixed.write_text("version: 9.0.1\nsource: x\nextends: 4.1.7\ncharts:\n  nodesets:\n    keys: []\n")
+    with pytest.raises(ContractError, match=r"charts\.nodesets: a file that extends 4\.1\.7 lists 'add'/'remove'"):
+        read_contract_file(mixed)
+    every = [read_contract_file(path) for path in sorted(chart_contract.CHARTS_DIR.glob("*.yaml"))]
+    assert {(f.version, f.extends) for f in every} >= {("4.1.7", None), ("5.0.0", "4.1.7")}

@@ -31,7 +31,7 @@ def test_parquet_to_messages_omits_empty_system(tmp_path: Path) -> None:
     source = pq.read_table(raw).to_pylist()
     report = convert(raw, tmp_path / "conv.jsonl")
     out = _lines(tmp_path / "conv.jsonl")
-    assert report["rows_written"] == len(out) == 200 and report["rows_skipped"] == 0
+    assert report.rows_written == len(out) == 200 and report.rows_skipped == 0
     for row, line in zip(source, out):
         roles = [m["role"] for m in line["messages"]]
         assert roles == (["system", "user", "assistant"] if row["system"] else ["user", "assistant"])
@@ -68,12 +68,12 @@ def test_bad_rows_are_skipped_and_counted_by_reason(tmp_path: Path) -> None:
     ]
     path.write_bytes(("\n".join(lines) + "\n").encode() + b'{"user": "\xff\xfe", "assistant": "A"}\n')
     report = convert(path, tmp_path / "out.jsonl", max_bad_fraction=1.0)
-    assert report["rows_read"] == 19 and report["rows_written"] == 10
-    assert report["skipped_by_reason"] == {
+    assert report.rows_read == 19 and report.rows_written == 10
+    assert report.skipped_by_reason == {
         "assistant_empty": 1, "assistant_not_string": 1, "invalid_json": 1, "not_an_object": 1, "not_utf8": 1,
         "system_not_string": 1, "user_empty": 1, "user_missing": 1, "user_not_string": 1,
     }
-    assert [b["row"] for b in report["first_bad_rows"]] == list(range(11, 20))
+    assert [b.row for b in report.first_bad_rows] == list(range(11, 20))
     assert len(_lines(tmp_path / "out.jsonl")) == 10
 
 
@@ -86,7 +86,7 @@ def test_above_bad_fraction_fails_with_counts_and_rows_and_writes_nothing(tmp_pa
     assert not (tmp_path / "out.jsonl").exists()
     assert json.loads((tmp_path / "out.report.json").read_text())["rows_skipped"] == 3
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "out.report.json"]
-    assert convert(tmp_path / "in.jsonl", tmp_path / "out.jsonl", max_bad_fraction=0.05)["rows_written"] == 97
+    assert convert(tmp_path / "in.jsonl", tmp_path / "out.jsonl", max_bad_fraction=0.05).rows_written == 97
 
 
 def test_malformed_parquet_names_the_file(tmp_path: Path) -> None:
@@ -152,7 +152,7 @@ def test_one_megabyte_row_passes_through_intact(tmp_path: Path) -> None:
 
 def test_limit_and_rerun_is_a_no_op(tmp_path: Path) -> None:
     raw = sample(30, 0, tmp_path / "raw.parquet")
-    assert convert(raw, tmp_path / "out.jsonl", limit=10)["rows_written"] == 10
+    assert convert(raw, tmp_path / "out.jsonl", limit=10).rows_written == 10
     inode = (tmp_path / "out.jsonl").stat().st_ino
     convert(raw, tmp_path / "out.jsonl", limit=10)
     assert (tmp_path / "out.jsonl").stat().st_ino == inode

@@ -26,7 +26,7 @@ def test_parquet_shards_are_joined_in_order(tmp_path: Path) -> None:
         {"system": "s", "user": "q2", "assistant": "a2"},
         {"system": None, "user": "q3", "assistant": "a3"},
     ]
-    assert convert(out, tmp_path / "conv.jsonl")["rows_written"] == 3
+    assert convert(out, tmp_path / "conv.jsonl").rows_written == 3
 
 
 def test_single_json_dataset_is_used_as_is(tmp_path: Path) -> None:

@@ -129,14 +129,14 @@ def test_grouped_split_keeps_each_report_on_one_side(qa_jsonl: Path, tmp_path: P
     source = tmp_path / "qa.jsonl"
     source.write_text(qa_jsonl.read_text())
     loose = split(source, 0.8, shuffle=True, seed=0)
-    assert documents(Path(loose["train"])) & documents(Path(loose["test"])), "rows of one report leak without grouping"
+    assert documents(Path(loose.train)) & documents(Path(loose.test)), "rows of one report leak without grouping"
 
     report = split(source, 0.8, shuffle=True, seed=0, group_by="doc_id")
-    train, test = documents(Path(report["train"])), documents(Path(report["test"]))
+    train, test = documents(Path(report.train)), documents(Path(report.test))
     assert not train & test
-    assert report["groups"] == len(train | test) == report["train_groups"] + report["test_groups"]
-    assert (report["train_groups"], report["test_groups"]) == (len(train), len(test))
-    assert report["train_rows"] + report["test_rows"] == 240 and abs(report["train_rows"] - 192) <= 5
+    assert report.groups == len(train | test) == report.train_groups + report.test_groups
+    assert (report.train_groups, report.test_groups) == (len(train), len(test))
+    assert report.train_rows + report.test_rows == 240 and abs(report.train_rows - 192) <= 5
 
     done = subprocess.run([sys.executable, "-m", "workloads.data.split", "--input", str(source), "--ratio", "0.8",
                            "--shuffle", "--group-by", "nope"], cwd=ROOT, capture_output=True, text=True)

@@ -53,11 +53,11 @@ def test_duplicates_never_land_on_both_sides(tmp_path: Path) -> None:
     train, test = set(_read(tmp_path / "d_train.jsonl")), set(_read(tmp_path / "d_test.jsonl"))
     assert not train & test
     lines = _read(source)
-    assert report["duplicate_rows"] == len(lines) - len(set(lines)) > 0
-    assert report["duplicate_groups"] == sum(1 for line in set(lines) if lines.count(line) > 1)
-    assert report["train_rows"] + report["test_rows"] == 300
+    assert report.duplicate_rows == len(lines) - len(set(lines)) > 0
+    assert report.duplicate_groups == sum(1 for line in set(lines) if lines.count(line) > 1)
+    assert report.train_rows + report.test_rows == 300
     saved = json.loads((tmp_path / "d_split.report.json").read_text())
-    assert saved == report
+    assert saved == json.loads(report.model_dump_json())
 
 
 def test_manifests_beside_outputs_and_rerun_is_a_no_op(tmp_path: Path) -> None:
@@ -70,6 +70,19 @@ def test_manifests_beside_outputs_and_rerun_is_a_no_op(tmp_path: Path) -> None:
     assert (tmp_path / "m_train.jsonl").stat().st_ino == inode
     split(source, 0.6, shuffle=True, seed=0)
     assert len(_read(tmp_path / "m_train.jsonl")) == 12
+
+
+def test_a_damaged_stored_report_is_named_and_the_split_made_again(tmp_path: Path, caplog) -> None:
+    source = _write(tmp_path / "r.jsonl", 20)
+    first = split(source, 0.5)
+    report_file = tmp_path / "r_split.report.json"
+    damaged = json.loads(report_file.read_text())
+    del damaged["train_rows"]
+    report_file.write_text(json.dumps(damaged))
+    with caplog.at_level("WARNING"):
+        again = split(source, 0.5)
+    assert f"{report_file}: not a valid split report (train_rows: Field required); splitting again" in caplog.text
+    assert again == first and json.loads(report_file.read_text())["train_rows"] == 10
 
 
 @pytest.mark.parametrize("ratio", [0.0, 1.0, -0.1, 1.5])

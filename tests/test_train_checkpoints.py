@@ -41,6 +41,9 @@ def test_problem_detects_tampering(tmp_path: Path) -> None:
     assert "trainer_state.json is 2 bytes" in checkpoints.problem(folder)
     (folder / checkpoints.MARKER).write_text("{not json")
     assert "unreadable completion marker" in checkpoints.problem(folder)
+    (folder / checkpoints.MARKER).write_text(json.dumps({"step": 3, "sealed": "2026-11-25T00:00:00Z"}))
+    assert checkpoints.problem(folder) == (f"unreadable completion marker: {folder / 'COMPLETE.json'}: not a valid "
+                                           "checkpoint completion marker (files: Field required)")
     assert checkpoints.latest_complete(tmp_path) is None
     assert checkpoints.latest_complete(tmp_path / "missing") is None
 

@@ -66,9 +66,9 @@ def run(config: RunConfig) -> PrepareSummary:
         base_model_dir=str(config.base_model_dir),
         parameters=model.parameters,
         conversations=str(config.conversations_file),
-        convert=ConvertLosses(rows_read=converted["rows_read"], rows_kept=converted["rows_written"],
-                              skipped=converted["skipped_by_reason"]),
-        split=SplitCounts(**{k: parts[k] for k in SplitCounts.model_fields if k in parts}),
+        convert=ConvertLosses(rows_read=converted.rows_read, rows_kept=converted.rows_written,
+                              skipped=converted.skipped_by_reason),
+        split=SplitCounts.model_validate(parts.model_dump(include=set(SplitCounts.model_fields))),
         tokenized={side: TokenizeLosses.model_validate({**loss_summary(m), "mean_tokens": m.mean_tokens})
                    for side, m in tokenized.items()},
         train_tokenized_dir=str(config.train_tokenized_dir),

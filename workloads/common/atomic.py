@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import tempfile
@@ -11,7 +10,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 
 
@@ -95,7 +93,3 @@ def replace_dir(source: Path, target: Path) -> None:
 def write_text_atomic(path: str | os.PathLike[str], text: str, mode: int = 0o644) -> None:
     with atomic_file(path, mode) as tmp:
         tmp.write_text(text, encoding="utf-8")
-
-
-def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
-    write_text_atomic(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")

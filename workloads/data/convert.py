@@ -21,7 +21,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from documents.stage_manifest import manifest_path, write_manifest
-from workloads.common.atomic import atomic_file, os_errors_as, sha256_file, write_json_atomic
+from documents.base import DocumentError
+from documents.data_reports import BadRow, ConvertReport, convert_report_path, read_convert_report, write_report
+from workloads.common.atomic import atomic_file, os_errors_as, sha256_file
 from workloads.data.freshness import build_manifest, is_current
 
 log = logging.getLogger("workloads.data.convert")
@@ -157,14 +159,10 @@ def to_messages(row: dict[str, Any]) -> list[dict[str, str]]:
     return messages + [{"role": "user", "content": row["user"]}, {"role": "assistant", "content": row["assistant"]}]
 
 
-def report_path(output: Path) -> Path:
-    return output.with_name(output.stem + ".report.json")
-
-
 def convert(
     input_path: str | Path, output: str | Path, max_bad_fraction: float = 0.01, limit: int | None = None,
     keep: tuple[str, ...] = (),
-) -> dict[str, Any]:
+) -> ConvertReport:
     """Convert `input_path` to chat JSONL at `output` (atomic); returns the report. No-op if current.
     Columns in `keep` (e.g. a document id to split by) are carried beside `messages`, as strings."""
     with os_errors_as(ConvertError, output):
@@ -172,17 +170,22 @@ def convert(
 
 
 def _convert(input_path: Path, output: Path, max_bad_fraction: float, limit: int | None,
-             keep: tuple[str, ...]) -> dict[str, Any]:
+             keep: tuple[str, ...]) -> ConvertReport:
     if not 0.0 <= max_bad_fraction <= 1.0:
         raise ConvertError(f"max_bad_fraction must be within [0, 1], got {max_bad_fraction}")
     if clash := [c for c in keep if c == "messages"]:
         raise ConvertError(f"cannot keep a column named {clash[0]!r} (the conversation's own field)")
     params = {"max_bad_fraction": max_bad_fraction, "limit": limit, **({"keep": list(keep)} if keep else {})}
     if input_path.is_file() and is_current(output, "convert", {"input": input_path}, params):
-        log.info("%s is up to date", output)
-        return json.loads(report_path(output).read_text(encoding="utf-8"))
+        try:
+            stored = read_convert_report(convert_report_path(output))
+        except DocumentError as error:
+            log.warning("%s; converting again", error)
+        else:
+            log.info("%s is up to date", output)
+            return stored
     reasons: Counter[str] = Counter()
-    first_bad: list[dict[str, Any]] = []
+    first_bad: list[BadRow] = []
     seen_columns: set[str] = set()
     total = written = 0
     with atomic_file(output) as tmp:
@@ -197,7 +200,7 @@ def _convert(input_path: Path, output: Path, max_bad_fraction: float, limit: int
                 if problem:
                     reasons[problem] += 1
                     if len(first_bad) < FIRST_BAD:
-                        first_bad.append({"row": number, "reason": problem})
+                        first_bad.append(BadRow(row=number, reason=problem))
                     continue
                 kept = {column: str(row[column]) for column in keep}
                 out.write(json.dumps({"messages": to_messages(row), **kept}, ensure_ascii=False) + "\n")
@@ -208,21 +211,16 @@ def _convert(input_path: Path, output: Path, max_bad_fraction: float, limit: int
         if missing:
             raise ConvertError(f"{input_path}: missing column(s) {', '.join(missing)} in every row")
         skipped = total - written
-        report = {
-            "input": str(input_path.resolve()),
-            "output": str(output.resolve()),
-            "rows_read": total,
-            "rows_written": written,
-            "rows_skipped": skipped,
-            "skipped_by_reason": dict(sorted(reasons.items())),
-            "first_bad_rows": first_bad,
-            "max_bad_fraction": max_bad_fraction,
-        }
-        write_json_atomic(report_path(output), report)
+        report = ConvertReport(
+            input=str(input_path.resolve()), output=str(output.resolve()), rows_read=total, rows_written=written,
+            rows_skipped=skipped, skipped_by_reason=dict(sorted(reasons.items())), first_bad_rows=first_bad,
+            max_bad_fraction=max_bad_fraction,
+        )
+        write_report(convert_report_path(output), report)
         if skipped / total > max_bad_fraction:
             raise ConvertError(
                 f"{input_path}: {skipped} of {total} rows are bad ({skipped / total:.2%} > {max_bad_fraction:.2%}): "
-                f"{dict(reasons)}; first bad rows: {[b['row'] for b in first_bad]} (see {report_path(output)})"
+                f"{dict(reasons)}; first bad rows: {[b.row for b in first_bad]} (see {convert_report_path(output)})"
             )
     manifest = build_manifest("convert", {"input": input_path}, params, output_sha256=sha256_file(output),
                               rows=written, skipped=skipped)
@@ -246,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConvertError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    print(json.dumps({k: report[k] for k in ("output", "rows_read", "rows_written", "rows_skipped")}))
+    print(report.model_dump_json(include={"output", "rows_read", "rows_written", "rows_skipped"}))
     return 0
 
 

@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from documents.stage_manifest import manifest_path, write_manifest
-from workloads.common.atomic import atomic_file, os_errors_as, sha256_file, write_json_atomic
+from documents.base import DocumentError
+from documents.data_reports import SplitReport, read_split_report, split_report_path, write_report
+from workloads.common.atomic import atomic_file, os_errors_as, sha256_file
 from workloads.data.freshness import build_manifest, is_current
 
 log = logging.getLogger("workloads.data.split")
@@ -107,25 +109,30 @@ def assign(lines: list[str], ratio: float, shuffle: bool, seed: int, group_by: s
 
 
 def split(input_path: str | Path, ratio: float, shuffle: bool = False, seed: int = 0,
-          group_by: str | None = None) -> dict[str, Any]:
+          group_by: str | None = None) -> SplitReport:
     """Write the two splits (atomic, with manifests) and return the report. No-op if current."""
     input_path = Path(input_path)
     with os_errors_as(SplitError, input_path.with_name(f"{input_path.stem}_{{train,test}}.jsonl")):
         return _split(input_path, ratio, shuffle, seed, group_by)
 
 
-def _split(input_path: Path, ratio: float, shuffle: bool, seed: int, group_by: str | None) -> dict[str, Any]:
+def _split(input_path: Path, ratio: float, shuffle: bool, seed: int, group_by: str | None) -> SplitReport:
     if not 0.0 < ratio < 1.0:
         raise SplitError(f"ratio must be between 0 and 1 (exclusive), got {ratio}")
     train_path, test_path = split_paths(input_path)
-    report_file = input_path.with_name(f"{input_path.stem}_split.report.json")
+    report_file = split_report_path(input_path)
     params = {"ratio": ratio, "shuffle": shuffle, "seed": seed if shuffle else None,
               **({"group_by": group_by} if group_by else {})}
     inputs = {"input": input_path}
     if input_path.is_file() and all(is_current(p, "split", inputs, {**params, "side": side})
                                     for p, side in ((train_path, "train"), (test_path, "test"))):
-        log.info("%s and %s are up to date", train_path, test_path)
-        return json.loads(report_file.read_text(encoding="utf-8"))
+        try:
+            stored = read_split_report(report_file)
+        except DocumentError as error:
+            log.warning("%s; splitting again", error)
+        else:
+            log.info("%s and %s are up to date", train_path, test_path)
+            return stored
     lines = read_lines(input_path, group_by)
     train, test, duplicates = assign(lines, ratio, shuffle, seed, group_by)
     if not train or not test:
@@ -139,9 +146,10 @@ def _split(input_path: Path, ratio: float, shuffle: bool, seed: int, group_by: s
     for path, side, rows in ((train_path, "train", train), (test_path, "test", test)):
         write_manifest(manifest_path(path), build_manifest("split", inputs, {**params, "side": side},
                                                            output_sha256=sha256_file(path), rows=len(rows)))
-    report = {"input": str(input_path.resolve()), "train": str(train_path.resolve()), "test": str(test_path.resolve()),
-              "rows": len(lines), "train_rows": len(train), "test_rows": len(test), **duplicates, **params}
-    write_json_atomic(report_file, report)
+    report = SplitReport(input=str(input_path.resolve()), train=str(train_path.resolve()),
+                         test=str(test_path.resolve()), rows=len(lines), train_rows=len(train), test_rows=len(test),
+                         **(duplicates | params))
+    write_report(report_file, report)
     log.info("split %d rows in %d groups: %d rows (%d groups) train, %d rows (%d groups) test "
              "(%d duplicate rows kept together)", len(lines), duplicates["groups"], len(train),
              duplicates["train_groups"], len(test), duplicates["test_groups"], duplicates["duplicate_rows"])
@@ -162,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     except SplitError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    print(json.dumps(report))
+    print(report.model_dump_json())
     return 0
 
 

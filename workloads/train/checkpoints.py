@@ -3,17 +3,18 @@ file and its size, renamed into place; resume picks the newest one that still ma
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import shutil
 from pathlib import Path
 
-from workloads.common.atomic import replace_dir, utc_now, write_json_atomic
+from documents.base import DocumentError
+from documents.checkpoint_marker import MARKER_NAME as MARKER
+from documents.checkpoint_marker import CheckpointMarker, read_checkpoint_marker, write_checkpoint_marker
+from workloads.common.atomic import replace_dir, utc_now
 
 log = logging.getLogger("workloads.train.checkpoints")
 
-MARKER = "COMPLETE.json"
 PREFIX = "checkpoint-"
 STAGING = ".staging-"
 _NAME = re.compile(rf"^{PREFIX}(\d+)$")
@@ -34,23 +35,22 @@ def _checkpoints(root: Path) -> list[Path]:
 def seal(folder: Path, step: int, fingerprint: str | None = None) -> None:
     """Write the completion marker: every file of `folder` with its size, and the training fingerprint."""
     files = {str(p.relative_to(folder)): p.stat().st_size for p in sorted(folder.rglob("*")) if p.is_file()}
-    write_json_atomic(folder / MARKER, {"step": step, "fingerprint": fingerprint, "files": files, "sealed": utc_now()})
+    write_checkpoint_marker(folder, CheckpointMarker(step=step, fingerprint=fingerprint, files=files, sealed=utc_now()))
 
 
 def problem(folder: Path, fingerprint: str | None = None) -> str | None:
     """Why `folder` is not a usable checkpoint (for `fingerprint`, when given), or None when it is."""
-    try:
-        marker = json.loads((folder / MARKER).read_text(encoding="utf-8"))
-        files = marker["files"]
-    except FileNotFoundError:
+    if not (folder / MARKER).exists():
         return "no completion marker (interrupted while saving)"
-    except (OSError, ValueError, KeyError, TypeError) as error:
+    try:
+        marker = read_checkpoint_marker(folder)
+    except DocumentError as error:
         return f"unreadable completion marker: {error}"
-    if marker.get("step") != checkpoint_step(folder):
-        return f"marker step {marker.get('step')} does not match the folder name"
-    if fingerprint is not None and marker.get("fingerprint") != fingerprint:
+    if marker.step != checkpoint_step(folder):
+        return f"marker step {marker.step} does not match the folder name"
+    if fingerprint is not None and marker.fingerprint != fingerprint:
         return "written by a different training configuration"
-    for name, size in files.items():
+    for name, size in marker.files.items():
         path = folder / name
         if not path.is_file():
             return f"missing {name}"
