@@ -16,14 +16,17 @@ cached under the run root's bench/ folder).
 Every arm loads the same base (the run config's quantization and LoRA), reads the same tokenized train split
 (assistant-only labels) and runs the same number of optimizer steps of the same global batch
 (micro_batch_size x gradient_accumulation_steps x max_length tokens), each in its own process, so peak memory
-is per arm:
+is per arm. Every arm logs through the training job's own `MetricsCallback` into a metrics.jsonl, and every
+figure below is read from those records the way the cost model reads a real run's
+(`documents.throughput.run_tokens_per_second`):
 
 - `naive`: HF Trainer, every row padded to max_length, micro_batch_size rows per micro-batch (SDPA).
-- `auto`: this trainer as shipped: `batching: auto` picks packed or grouped from the data's lengths (the
-  decision and its figures are in the arm's `batching`).
-- `packed`: this trainer forced to pack: micro-batches of one fixed token length from the batch plan (`auto`
+- `auto`: the training job itself (`workloads.train.finetune.train_run`, what `python -m
+  workloads.train.finetune` runs) as shipped: `batching: auto` picks packed or grouped from the data's lengths
+  (the decision and its figures, from the run manifest, are in the arm's `batching`).
+- `packed`: the training job forced to pack: micro-batches of one fixed token length from the batch plan (`auto`
   sizing on a GPU), varlen flash attention on CUDA; `packed_fused` adds the fused linear + cross-entropy (CUDA).
-- `grouped`: this trainer forced to pad: micro_batch_size rows of similar length, padded to the longest.
+- `grouped`: the training job forced to pad: micro_batch_size rows of similar length, padded to the longest.
 - `trl`: TRL's SFTTrainer with packing (best-fit decreasing) and padding-free batches, max_length set to the
   packed arm's micro-batch tokens, on the same labels (its own chunked LM head).
 
@@ -49,7 +52,6 @@ import os  # noqa: E402
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
-import time  # noqa: E402
 from typing import Any  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -176,45 +178,82 @@ def load_run(options: argparse.Namespace) -> Any:
     return parse_run_config({**data, "train": train}, options.config)
 
 
-def run_arm(arm: str, options: argparse.Namespace) -> dict[str, Any]:
+def timed_figures(records: list[Any], warmup: int) -> dict[str, Any]:
+    """Throughput and losses of a run's metrics.jsonl records (one per optimizer step) after `warmup` steps, with
+    the training job's own definition of tokens/s (documents.throughput.run_tokens_per_second)."""
+    from documents.throughput import run_tokens_per_second
+
+    steps = [r for r in records if r.loss is not None]
+    timed = [r for r in steps if r.step > warmup and r.tokens and r.tokens_per_second]
+    effective = run_tokens_per_second(timed)
+    if effective is None:
+        raise RuntimeError(f"no timed step after the first {warmup} in {len(steps)} logged steps")
+    real = sum(r.tokens for r in timed)
+    processed = sum(r.tokens / r.padding_efficiency for r in timed if r.padding_efficiency)
+    seconds = real / effective
+    losses = [r.loss for r in steps]
+    half = losses[len(losses) // 2:]
+    return {
+        "steps": steps[-1].step,
+        "timed_steps": len(timed),
+        "seconds": round(seconds, 2),
+        "real_tokens": real,
+        "processed_tokens": round(processed),
+        "effective_tokens_per_second": round(effective, 2),
+        "processed_tokens_per_second": round(processed / seconds, 2),
+        "padding_efficiency": round(real / processed, 4),
+        "final_loss": round(losses[-1], 4),
+        "mean_loss_second_half": round(sum(half) / len(half), 4),
+    }
+
+
+def train_ours(run: Any, scratch: Path) -> tuple[Path, dict[str, Any]]:
+    """The training job's own entry point (`workloads.train.finetune.train_run`) on `run`, writing its records
+    under `scratch`; the run folder and what its run manifest says of the batching, plan and attention."""
+    from documents.run_manifest import RUN_MANIFEST_NAME, load_run_manifest
+    from workloads.train.config import train_paths
+    from workloads.train.finetune import train_run
+
+    run = run.model_copy(update={"train": run.train.model_copy(update={"output_dir": str(scratch / "run")})})
+    if train_run(run) != 0:
+        raise RuntimeError("the training job's entry point stopped before the last step")
+    run_dir = train_paths(run).run_dir
+    manifest = load_run_manifest(run_dir / RUN_MANIFEST_NAME)
+    if manifest is None or manifest.batch_plan is None or manifest.batching is None:
+        raise RuntimeError(f"{run_dir}: the run wrote no run manifest with its batch plan and batching")
+    plan = manifest.batch_plan
+    return run_dir, {
+        "micro_batch_tokens": plan.micro_batch_tokens, "batching": manifest.batching.model_dump(),
+        "gradient_accumulation_steps": plan.gradient_accumulation_steps,
+        "gradient_checkpointing": plan.gradient_checkpointing, "attention": manifest.attention.model_dump(),
+        "estimate_gib": plan.estimate_gib,
+    }
+
+
+def train_peer(arm: str, run: Any, scratch: Path) -> tuple[Path, dict[str, Any]]:
+    """The naive padded HF Trainer or TRL's SFTTrainer on the same base, rows and global batch, logging through
+    the training job's MetricsCallback into `scratch`/metrics.jsonl."""
     import torch
     from datasets import load_from_disk
-    from transformers import AutoTokenizer, Trainer, TrainerCallback
+    from transformers import AutoTokenizer, Trainer
 
     from workloads.train import attention
-    from workloads.train.batch_choice import planned_batching
     from workloads.train.batching import PaddedCollator, batch_tokens
     from workloads.train.config import create_training_arguments, detect_precision, max_length, train_paths
-    from workloads.train.finetune import FinetuneTrainer, batch_plan, choose_batching, load_datasets, load_model
-    from workloads.train.metrics_callback import TokenCounter, peak_memory_mb
-    from workloads.train.model_shapes import shape_from_hf_config
+    from workloads.train.finetune import batch_plan, load_model
+    from workloads.train.metrics_callback import MetricsCallback, TokenCounter
 
-    run = load_run(options)
-    if arm in OURS:
-        forced = {"batching": "packed" if arm == "packed_fused" else arm, "fused_loss": arm == "packed_fused"}
-        run = run.model_copy(update={"train": run.train.model_copy(update=forced)})
     train = run.train
     paths = train_paths(run)
     length = max_length(run)
     precision = detect_precision(train.precision)
-    cuda = torch.cuda.is_available()
-    plan = batch_plan(run, paths.model_dir)
-    decision = choose_batching(run, paths.dataset_dir, plan) if arm in OURS else None
-    if decision is not None and decision.chosen != planned_batching(train.batching):
-        plan = batch_plan(run, paths.model_dir, decision.chosen)
+    plan = batch_plan(run, paths.model_dir, "packed")
     tokenizer = AutoTokenizer.from_pretrained(paths.model_dir)
     rows = load_from_disk(str(paths.dataset_dir))
-    packed = decision.chosen == "packed" if decision is not None else arm == "trl"
-    choice = attention.choose(cuda, packed)
+    choice = attention.choose(torch.cuda.is_available(), arm == "trl")
     model = load_model(paths.model_dir, train, precision, 0, choice, plan.gradient_checkpointing)
     counter = TokenCounter()
-    marks: list[tuple[int, float, int, int]] = []
-
-    class Clock(TrainerCallback):
-        def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201
-            if cuda:
-                torch.cuda.synchronize()
-            marks.append((state.global_step, time.perf_counter(), counter.real, counter.processed))
+    logged = MetricsCallback(scratch / "metrics.jsonl", counter)
 
     def counted(cls: type) -> type:
         class Counted(cls):  # type: ignore[misc, valid-type]
@@ -224,71 +263,68 @@ def run_arm(arm: str, options: argparse.Namespace) -> dict[str, Any]:
 
         return Counted
 
-    with tempfile.TemporaryDirectory() as scratch:
-        args = create_training_arguments(train, Path(scratch), precision,
-                                         gradient_accumulation_steps=plan.gradient_accumulation_steps,
-                                         batching=decision.chosen if decision is not None else "packed")
-        args.save_strategy = "no"
-        if decision is not None:
-            data, _, collator = load_datasets(paths, train, length, tokenizer, plan, decision.chosen)
-            trainer: Trainer = FinetuneTrainer(model=model, args=args, train_dataset=data, data_collator=collator,
-                                               counter=counter, keep=1, callbacks=[Clock()])
-        elif arm == "naive":
-            args.per_device_train_batch_size = train.micro_batch_size
-            args.gradient_accumulation_steps = train.gradient_accumulation_steps
-            data = rows.filter(lambda n: n <= length, input_columns="length")
-            trainer = counted(Trainer)(model=model, args=args, train_dataset=data, callbacks=[Clock()],
-                                       data_collator=PaddedCollator(tokenizer, pad_to=length))
-        else:
-            from trl import SFTConfig, SFTTrainer
+    args = create_training_arguments(train, scratch / "checkpoints", precision,
+                                     gradient_accumulation_steps=plan.gradient_accumulation_steps, batching="packed")
+    args.save_strategy = "no"
+    if arm == "naive":
+        args.per_device_train_batch_size = train.micro_batch_size
+        args.gradient_accumulation_steps = train.gradient_accumulation_steps
+        data = rows.filter(lambda n: n <= length, input_columns="length")
+        trainer: Trainer = counted(Trainer)(model=model, args=args, train_dataset=data, callbacks=[logged],
+                                            data_collator=PaddedCollator(tokenizer, pad_to=length))
+        micro = train.micro_batch_size * length
+    else:
+        from trl import SFTConfig, SFTTrainer
 
-            same = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init}
-            config = SFTConfig(**same, max_length=plan.micro_batch_tokens, packing=True, packing_strategy="bfd",
-                               padding_free=True, dataset_num_proc=1)
-            data = rows.select_columns(["input_ids", "labels"])
-            trainer = counted(SFTTrainer)(model=model, args=config, train_dataset=data, processing_class=tokenizer,
-                                          callbacks=[Clock()])
-        if cuda:
-            torch.cuda.reset_peak_memory_stats()
-        trainer.train()
-    warm = marks[options.warmup - 1]
-    last = marks[-1]
-    seconds = last[1] - warm[1]
-    real, processed = last[2] - warm[2], last[3] - warm[3]
-    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    shape = shape_from_hf_config(json.loads((paths.model_dir / "config.json").read_text()))
-    result: dict[str, Any] = {
-        "steps": trainer.state.global_step,
-        "timed_steps": last[0] - warm[0],
-        "seconds": round(seconds, 2),
-        "real_tokens": real,
-        "processed_tokens": processed,
-        "effective_tokens_per_second": round(real / seconds, 2),
-        "processed_tokens_per_second": round(processed / seconds, 2),
-        "padding_efficiency": round(real / processed, 4),
-        "final_loss": round(losses[-1], 4) if losses else None,
-        "mean_loss_second_half": round(sum(losses[len(losses) // 2:]) / len(losses[len(losses) // 2:]), 4)
-        if losses else None,
-        "micro_batch_tokens": plan.micro_batch_tokens if arm != "naive" else train.micro_batch_size * length,
-        "batching": decision.model_dump() if decision is not None else None,
-        "gradient_accumulation_steps": args.gradient_accumulation_steps,
-        "gradient_checkpointing": plan.gradient_checkpointing,
-        "kbit_upcast": train.kbit_upcast,
-        "attention": choice.model_dump(),
-        "threads": torch.get_num_threads(),
-    }
+        same = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init}
+        config = SFTConfig(**same, max_length=plan.micro_batch_tokens, packing=True, packing_strategy="bfd",
+                           padding_free=True, dataset_num_proc=1)
+        trainer = counted(SFTTrainer)(model=model, args=config, train_dataset=rows.select_columns(["input_ids", "labels"]),
+                                      processing_class=tokenizer, callbacks=[logged])
+        micro = plan.micro_batch_tokens
+    trainer.train()
+    return scratch, {"micro_batch_tokens": micro, "batching": None,
+                     "gradient_accumulation_steps": args.gradient_accumulation_steps,
+                     "gradient_checkpointing": plan.gradient_checkpointing, "attention": choice.model_dump()}
+
+
+def run_arm(arm: str, options: argparse.Namespace) -> dict[str, Any]:
+    """One arm in this process: the figures of its metrics.jsonl after warm-up, its peak memory, its setup."""
+    import torch
+
+    from documents.metrics import METRICS_NAME, load_metrics
+    from workloads.train.config import train_paths
+    from workloads.train.metrics_callback import peak_memory_mb
+    from workloads.train.model_shapes import shape_from_hf_config
+
+    run = load_run(options)
+    if arm in OURS:
+        forced = {"batching": "packed" if arm == "packed_fused" else arm, "fused_loss": arm == "packed_fused"}
+        run = run.model_copy(update={"train": run.train.model_copy(update=forced)})
+    cuda = torch.cuda.is_available()
     if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    with tempfile.TemporaryDirectory() as scratch:
+        run_dir, setup = (train_ours if arm in OURS else train_peer)(run, Path(scratch))
+        records = load_metrics(run_dir / METRICS_NAME)
+    result: dict[str, Any] = {**timed_figures(records, options.warmup), **setup,
+                              "kbit_upcast": run.train.kbit_upcast, "threads": torch.get_num_threads()}
+    estimate = result.pop("estimate_gib", None)
+    if cuda:
+        model_dir = train_paths(run).model_dir
+        shape = shape_from_hf_config(json.loads((model_dir / "config.json").read_text()))
         name = torch.cuda.get_device_name()
         peak = next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
+        rate = result["effective_tokens_per_second"]
         result.update({
             "device": name,
             "peak_allocated_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
             "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 2),
             "params": shape.params,
-            "mfu_6n": round(6 * shape.params * real / seconds / (peak * 1e12), 4) if peak else None,
+            "mfu_6n": round(6 * shape.params * rate / (peak * 1e12), 4) if peak else None,
         })
-        if arm in OURS:
-            result["estimate_gib"] = plan.estimate_gib
+        if estimate is not None:
+            result["estimate_gib"] = estimate
     else:
         result["peak_memory_mb"] = round(peak_memory_mb(), 1)
     return result

@@ -72,3 +72,36 @@ def test_the_mixed_data_set_puts_short_chat_turns_beside_each_long_row(tiny_prep
             assert any(label != -100 for label in row["labels"])
     again = bench.build_mixed(tiny_prepared.train_tokenized_dir, tiny_prepared.base_model_dir, 256, tmp_path / "b")
     assert load_from_disk(str(again))["input_ids"] == mixed["input_ids"]
+
+
+def test_timed_figures_leave_out_the_warm_up_and_weigh_each_step_by_its_time() -> None:
+    from documents.metrics import MetricsRecord
+
+    bench = _bench_module()
+    records = [MetricsRecord(step=s, epoch=0.1 * s, loss=4.0 - s, tokens=100 * s, tokens_per_second=10.0 * s,
+                             padding_efficiency=0.5) for s in (1, 2, 3, 4)]
+    records.insert(2, MetricsRecord(step=2, epoch=0.2, eval_loss=3.5))
+    figures = bench.timed_figures(records, warmup=1)
+    # steps 2-4: 900 real tokens over 200/20 + 300/30 + 400/40 = 30 s; half of what was processed was padding
+    assert figures["timed_steps"] == 3 and figures["seconds"] == 30.0 and figures["real_tokens"] == 900
+    assert figures["effective_tokens_per_second"] == 30.0 and figures["processed_tokens_per_second"] == 60.0
+    assert (figures["final_loss"], figures["mean_loss_second_half"], figures["steps"]) == (0.0, 0.5, 4)
+
+
+def test_the_bench_trains_this_trainer_through_the_training_jobs_entry_point(tiny_prepared, tmp_path: Path) -> None:
+    from train_fixtures import with_train, write_config
+
+    run = with_train(tiny_prepared, tmp_path / "run", max_steps=3, gradient_accumulation_steps=1, batching="auto")
+    config = write_config(run, tmp_path / "bench.json")
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "train.py"), "--config", str(config), "--steps", "3",
+                           "--warmup", "1", "--arms", "auto", "--datasets", "dense"],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    auto = json.loads(proc.stdout)["datasets"]["dense"]["auto"]
+    assert (auto["steps"], auto["timed_steps"]) == (3, 2)
+    # the decision comes from the run manifest train_run writes: rows of the tiny train split, its token budget
+    from datasets import load_from_disk
+
+    rows = len(load_from_disk(str(tiny_prepared.train_tokenized_dir)))
+    assert auto["batching"]["configured"] == "auto" and auto["batching"]["rows"] == rows
+    assert auto["batching"]["chosen"] in ("packed", "grouped") and auto["effective_tokens_per_second"] > 0
