@@ -33,6 +33,7 @@ from infra.pricing import PriceBook
 from documents.run_config import RunConfig
 from workloads.train.batch_choice import planned_batching
 from workloads.train.config import TrainConfig
+from documents.prepare_summary import PrepareSummary
 from documents.throughput import ThroughputMeasurement, bench_throughput
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -134,15 +135,30 @@ def training_devices(cfg: StackConfig, measured: ThroughputMeasurement | None) -
     return nodes * gpus_per_node or (measured.devices if measured is not None else 0)
 
 
+def prepared_tokens(prepared: PrepareSummary | None) -> tuple[int, int] | None:
+    """Train rows and tokens the run's prepare stage kept (its prepare.json), when it recorded the mean length."""
+    side = prepared.tokenized.get("train") if prepared is not None else None
+    if side is None or side.mean_tokens is None:
+        return None
+    return side.rows_kept, round(side.rows_kept * side.mean_tokens)
+
+
 def training_estimate(cfg: StackConfig, run: RunConfig | None, book: PriceBook, notes: list[str],
-                      measured: ThroughputMeasurement | None = None) -> TrainingRun | None:
+                      measured: ThroughputMeasurement | None = None, prepared: PrepareSummary | None = None,
+                      ) -> TrainingRun | None:
+    """The training run's tokens, passes, GPU hours and price. Data size: the run's prepare summary (fetched
+    with the run), else the tokenized train split where this machine finds it, else data.rows."""
     if run is None:
         notes.append(f"training run: run config {cfg.pipeline.run_config} not found here")
         return None
-    paths = run.locate()
     max_length = run.max_length
-    rows = run.data.rows * run.data.split_ratio if run.data.rows is not None else None
-    tokens = tokenized_tokens(paths.train_dataset_dir)
+    rows: float | None = run.data.rows * run.data.split_ratio if run.data.rows is not None else None
+    kept = prepared_tokens(prepared)
+    if kept is not None:
+        rows, tokens = kept
+        notes.append(f"training tokens: {tokens:,} in {rows:,} train rows, from the run's prepare summary")
+    else:
+        tokens = tokenized_tokens(run.locate().train_dataset_dir)
     if tokens is None and rows is None:
         notes.append("training run: dataset size unknown (no tokenized dataset here and data.rows unset)")
         return None
@@ -163,14 +179,16 @@ def training_estimate(cfg: StackConfig, run: RunConfig | None, book: PriceBook, 
     return training_run(tokens, epochs, tps, source, gpus, hourly)
 
 
-def cost_report(cfg: StackConfig, root: Path = REPO_ROOT, measured: ThroughputMeasurement | None = None) -> CostReport:
+def cost_report(cfg: StackConfig, root: Path = REPO_ROOT, measured: ThroughputMeasurement | None = None,
+                prepared: PrepareSummary | None = None) -> CostReport:
     """Monthly TCO, training-run cost and the fixed cost-per-chat scenarios of a stack; `measured`: the training
-    throughput a run on this stack measured (its records fetched from the Slurm machine), when there is one."""
+    throughput a run on this stack measured, `prepared`: its prepare summary (both fetched from the Slurm
+    machine), when there are."""
     book = PriceBook(cfg.pricing.overrides)
     monthly = monthly_cost(cfg, cfg.pricing, book)
     notes = [line.note and f"{line.label}: {line.note}" for line in monthly.lines if line.note]
     run = load_run(cfg, root)
-    training = training_estimate(cfg, run, book, notes, measured) if cfg.target != "local" else None
+    training = training_estimate(cfg, run, book, notes, measured, prepared) if cfg.target != "local" else None
     chats = chat_scenarios(monthly, cfg.pricing.chat) if monthly.usd_high > 0 else []
     return CostReport(monthly=monthly, training=training, chats=chats, notes=[n for n in notes if n])
 

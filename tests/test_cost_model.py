@@ -253,3 +253,35 @@ def test_training_cost_uses_the_throughput_measured_for_the_gpu_model(tmp_path):
     notes = []
     assert training_estimate(cfg, lora, PriceBook(cfg.pricing.overrides), notes).usd is None
     assert any("no throughput" in n for n in notes)
+
+
+def test_the_training_run_is_sized_from_the_runs_own_prepare_summary(tmp_path):
+    """The prepare summary fetched with the run (900 train rows of 350 tokens on average) sizes the run, not
+    data.rows x max_length and not whatever this machine has at the run config's paths."""
+    from documents.prepare_summary import PrepareSummary
+    from infra.cost_report import load_run, training_estimate
+
+    cfg = load_stack_config("h100")
+    run = load_run(cfg)
+    data = run.model_dump(mode="json")
+    data["paths"] = {"root": str(tmp_path)}
+    data["data"]["rows"] = 10_000
+    data["train"] = {**data["train"], "quantization": "4bit", "max_steps": None, "epochs": 2}
+    sized = type(run).model_validate(data)
+    losses = {"rows_read": 1000, "truncated": 0, "dropped": {}, "lost_fraction": 0.1}
+    summary = PrepareSummary.model_validate({
+        "base_model_dir": "/m", "parameters": None, "conversations": "/c.jsonl",
+        "convert": {"rows_read": 1000, "rows_kept": 1000, "skipped": {}},
+        "split": {"train_rows": 1000, "test_rows": 100, "groups": 1100, "train_groups": 1000, "test_groups": 100,
+                  "group_by": None, "duplicate_rows": 0},
+        "tokenized": {"train": {**losses, "rows_kept": 900, "mean_tokens": 350.0},
+                      "test": {**losses, "rows_kept": 90, "mean_tokens": 340.0}},
+        "train_tokenized_dir": "/t", "test_tokenized_dir": "/e",
+        "settings": {"max_length": 1024, "overlong": "drop", "max_lost_fraction": 0.2, "max_bad_fraction": 0.01,
+                     "group_by": None}})
+    notes: list[str] = []
+    estimate = training_estimate(cfg, sized, PriceBook(cfg.pricing.overrides), notes, prepared=summary)
+    assert (estimate.tokens, estimate.epochs) == (315_000, 2)
+    assert "training tokens: 315,000 in 900 train rows, from the run's prepare summary" in notes
+    without = training_estimate(cfg, sized, PriceBook(cfg.pricing.overrides), [])
+    assert without.tokens == 10_000 * sized.data.split_ratio * sized.data.max_length

@@ -37,7 +37,7 @@ from documents.run_manifest import RUN_MANIFEST_NAME, read_run_manifest
 from documents.run_record import RunIndex
 from documents.stack_outputs import StackOutputs, write_stack_outputs
 from documents.throughput import ThroughputMeasurement, measure_run
-from documents.prepare_summary import SUMMARY_NAME, read_prepare_summary
+from documents.prepare_summary import SUMMARY_NAME, PrepareSummary, read_prepare_summary
 from documents.evaluator_report import report_name
 
 
@@ -136,14 +136,15 @@ def finish_run(stack: StackConfig, repo: Path, result: PipelineRun, spec: dict[s
     write the outputs and store the artifacts (once per eval job). Returns the outputs and where they went."""
     store = store_for_stack(stack, repo) if stack.target != "nebius" or os.environ.get(ARTIFACTS_BUCKET_ENV) else None
     stored = stored_run(store, stack, result) if store is not None else None
+    prepared = prepare_summary(spec, result) if stack.target != "local" else None
     if stored is not None:
-        outputs = run_outputs(stack, cost_report(stack, measured=stored.throughput), result)
+        outputs = run_outputs(stack, cost_report(stack, measured=stored.throughput, prepared=prepared), result)
         return outputs, None
     with tempfile.TemporaryDirectory(prefix="ft-fetch-") as tmp:
         folders = run_folders(stack, result, spec, Path(tmp))
         run_id = new_run_id(result)
         throughput = measured_throughput(stack, repo, folders, run_id)
-        outputs = run_outputs(stack, cost_report(stack, measured=throughput), result)
+        outputs = run_outputs(stack, cost_report(stack, measured=throughput, prepared=prepared), result)
         where = _upload(store, stack, repo, result, run_id, folders, outputs, throughput) if store is not None else None
     return outputs, where
 
@@ -196,11 +197,27 @@ def cost_stack_config(name: str, repo: Path, config_dir: Path) -> StackConfig:
     return load_stack_config(name, folder)
 
 
+def read_run_prepare_summary(spec: dict[str, Any], result: PipelineRun) -> tuple[str, PrepareSummary]:
+    """The prepare stage's prepare.json, read through the stack's transport, and its path there."""
+    path = f"{result.jobs['prepare']['results_path']}/{SUMMARY_NAME}"
+    return path, read_prepare_summary(open_transport(spec).read_file(path), path)
+
+
+def prepare_summary(spec: dict[str, Any], result: PipelineRun) -> PrepareSummary | None:
+    """The run's prepare summary (the data size the training run is priced on), None when it has none."""
+    if "prepare" not in result.jobs:
+        return None
+    try:
+        return read_run_prepare_summary(spec, result)[1]
+    except (TransportError, OSError, DocumentError) as error:
+        print(f"ftstack run: training tokens not from the run ({error})", file=sys.stderr)
+        return None
+
+
 def data_summary_text(spec: dict[str, Any], result: PipelineRun) -> str:
     """Where the rows went in the prepare stage (read from its prepare.json), one line per step."""
-    path = f"{result.jobs['prepare']['results_path']}/{SUMMARY_NAME}"
     try:
-        summary = read_prepare_summary(open_transport(spec).read_file(path), path)
+        path, summary = read_run_prepare_summary(spec, result)
     except (TransportError, OSError, DocumentError) as error:
         return f"\ndata: no prepare summary ({error})"
     return "\n".join([f"\nData ({path}):", *(f"  {line}" for line in summary.lines())])
