@@ -249,18 +249,6 @@ start() {
   wait_idle "$nodes"
 }
 
-stop_pid() {
-  local pidfile="$1" name="$2" pid
-  if alive "$pidfile"; then
-    pid="$(cat "$pidfile")"
-    kill "$pid"
-    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -0 "$pid" 2>/dev/null && kill -9 "$pid"
-    log "stopped $name ($pid)"
-  fi
-  rm -f "$pidfile"
-}
-
 # Everything still running in a namespace of ours (job steps, training processes) ends with it.
 kill_netns_processes() {
   local name="$1" pids
@@ -278,14 +266,14 @@ lose_node() {
 
 stop() {
   local entry i
-  stop_pid "$RUN/prometheus.pid" prometheus
+  stop_daemon "$RUN/prometheus.pid" prometheus
   for i in $(seq "$(node_count)"); do
-    stop_pid "$RUN/node-exporter-$(worker "$i").pid" "node exporter of $(worker "$i")"
-    stop_pid "$RUN/slurmd-$(worker "$i").pid" "slurmd of $(worker "$i")"
+    stop_daemon "$RUN/node-exporter-$(worker "$i").pid" "node exporter of $(worker "$i")"
+    stop_daemon "$RUN/slurmd-$(worker "$i").pid" "slurmd of $(worker "$i")"
   done
-  stop_pid "$RUN/slurmctld.pid" slurmctld
-  stop_pid "$RUN/sshd.pid" sshd
-  stop_pid "$MUNGE/munged.pid" munged
+  stop_daemon "$RUN/slurmctld.pid" slurmctld
+  stop_daemon "$RUN/sshd.pid" sshd
+  stop_daemon "$MUNGE/munged.pid" munged
   [ -f "$RUN/created" ] || return 0
   for entry in $(tac "$RUN/created"); do
     case "$entry" in
