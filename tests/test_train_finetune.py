@@ -107,14 +107,14 @@ def test_auto_batching_trains_with_the_choice_it_records(tiny_prepared, tmp_path
     run = with_train(tiny_prepared, tmp_path, batching="auto", max_steps=2, save_steps=5)
     assert train_run(run) == 0
     decision = json.loads((run.train_run_dir / "run_manifest.json").read_text())["batching"]
-    lengths = load_from_disk(str(run.train_tokenized_dir))["length"]
+    lengths = load_from_disk(str(tiny_prepared.train_tokenized_dir))["length"]
     assert decision["configured"] == "auto" and decision["rows"] == len(lengths) and decision["device"] == "cpu"
     cheaper = "packed" if decision["packed_cost"] < decision["padded_cost"] else "grouped"
     assert decision["chosen"] == cheaper and cheaper in decision["reason"]
     real = sum(min(n, 256) for n in lengths)
     assert 0.5 < decision["packed_fill"] <= round(real / (512 * math.ceil(real / 512)), 4)  # no fewer bins than that
     assert 0.0 < decision["padded_efficiency"] <= 1.0
-    rows = [r for r in read_metrics(run.train_run_dir / "metrics.jsonl") if r.loss is not None]
+    rows = [r for r in load_metrics(run.train_run_dir / "metrics.jsonl") if r.loss is not None]
     if cheaper == "packed":
         assert [r.padding_efficiency for r in rows] == [round(r.tokens / 512, 4) for r in rows]
     else:
