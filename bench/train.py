@@ -305,7 +305,7 @@ def run_arm(arm: str, options: argparse.Namespace) -> dict[str, Any]:
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     with tempfile.TemporaryDirectory() as scratch:
-        run_dir, setup = (train_ours if arm in OURS else train_peer)(run, Path(scratch))
+        run_dir, setup = train_ours(run, Path(scratch)) if arm in OURS else train_peer(arm, run, Path(scratch))
         records = load_metrics(run_dir / METRICS_NAME)
     result: dict[str, Any] = {**timed_figures(records, options.warmup), **setup,
                               "kbit_upcast": run.train.kbit_upcast, "threads": torch.get_num_threads()}

@@ -94,11 +94,14 @@ def test_the_bench_trains_this_trainer_through_the_training_jobs_entry_point(tin
     run = with_train(tiny_prepared, tmp_path / "run", max_steps=3, gradient_accumulation_steps=1, batching="auto")
     config = write_config(run, tmp_path / "bench.json")
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "train.py"), "--config", str(config), "--steps", "3",
-                           "--warmup", "1", "--arms", "auto", "--datasets", "dense"],
+                           "--warmup", "1", "--arms", "auto,naive", "--datasets", "dense"],
                           capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    auto = json.loads(proc.stdout)["datasets"]["dense"]["auto"]
-    assert (auto["steps"], auto["timed_steps"]) == (3, 2)
+    dense = json.loads(proc.stdout)["datasets"]["dense"]
+    auto, naive = dense["auto"], dense["naive"]
+    assert (auto["steps"], auto["timed_steps"]) == (naive["steps"], naive["timed_steps"]) == (3, 2)
+    assert naive["batching"] is None and naive["micro_batch_tokens"] == 2 * 256  # micro_batch_size rows of max_length
+    assert dense["auto_over_naive"] == round(auto["effective_tokens_per_second"] / naive["effective_tokens_per_second"], 3)
     # the decision comes from the run manifest train_run writes: rows of the tiny train split, its token budget
     from datasets import load_from_disk
 

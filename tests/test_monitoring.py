@@ -5,6 +5,7 @@ textfile folder."""
 from __future__ import annotations
 
 import logging
+import os
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -95,6 +96,37 @@ def test_the_dashboard_charts_the_last_runs_jobs_from_prometheus(monitoring: Mon
     section = section[:section.index("</section>")]
     assert "<svg" in section and "Throughput (tokens/s)" in section and "train 4545" in section
     assert "Metrics unavailable" not in page
+    page_file = monitoring.base / "dashboard" / "index.html"
+    page_file.parent.mkdir(exist_ok=True)
+    page_file.write_text(page, encoding="utf-8")
+    text, width = _job_metrics_in_chromium(page_file, REPO / ".local" / "screenshots" / "dashboard-job-metrics.png")
+    assert "Job metrics (Prometheus)" in text and "train 4545" in text and width > 400
+
+
+def _job_metrics_in_chromium(page_file: Path, screenshot: Path) -> tuple[str, float]:
+    """The job-metrics section's visible text and its chart's rendered width in headless Chromium, with a
+    screenshot of that section."""
+    from dashboard_fixtures import CHROMIUM, CHROMIUM_ARGS
+    from playwright.sync_api import sync_playwright
+
+    if not Path(CHROMIUM).exists():
+        message = f"Debian chromium not installed at {CHROMIUM} (make system-deps)"
+        if os.environ.get("CI", "").lower() in ("true", "1"):
+            pytest.fail(f"{message}: CI runs the browser tests, it does not skip them")
+        pytest.skip(message)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.goto(page_file.as_uri(), wait_until="load")
+            section = page.locator("#job-metrics")
+            text = section.inner_text()
+            width = page.evaluate("document.querySelector('#job-metrics svg').getBoundingClientRect().width")
+            screenshot.parent.mkdir(parents=True, exist_ok=True)
+            section.screenshot(path=str(screenshot))
+        finally:
+            browser.close()
+    return text, width
 
 
 def test_with_prometheus_down_the_dashboard_and_status_say_metrics_are_unavailable(
