@@ -22,10 +22,12 @@ MICRO_BATCH_OVERHEAD_TOKENS = 64
 """Cost of one micro-batch that does not grow with its tokens (4-bit dequantization of every weight, per-op
 dispatch), in tokens' worth of compute: about 10 % of a 384-token SmolLM2-135M step in the CPU profile
 (docs/training.md, "Packed or padded")."""
-PACKED_ROW_PENALTY = {"cpu": 0.05, "cuda": 0.0}
-"""Extra cost per packed token: on CPU attention runs over the whole row under a block-diagonal mask (4 rows
-packed into 384 tokens against the same rows as a 4 x 96 padded batch: +9 % in one noisy measurement); on CUDA
-varlen attention computes only the blocks."""
+PACKED_ROW_PENALTY = {"cpu": 0.3, "cuda": 0.0}
+"""Extra cost per packed token: on CPU attention runs over the whole row under a block-diagonal mask. Fitted to
+bench/train.py on CPU (2026-11-25, SmolLM2-135M, 2 threads; docs/training.md): with a micro-batch costing 64 tokens'
+worth plus its tokens (the grouped arm on both data sets), a 384-token packed micro-batch took 1.15x its tokens'
+worth when it held one row plus filler and 1.31x when it held several rows (the mixed set). On CUDA varlen
+attention computes only the diagonal blocks."""
 
 
 class BatchingDecision(BaseModel):
