@@ -295,7 +295,7 @@ def run_arm(arm: str, options: argparse.Namespace) -> dict[str, Any]:
     from documents.metrics import METRICS_NAME, load_metrics
     from workloads.train.config import train_paths
     from workloads.train.metrics_callback import peak_memory_mb
-    from workloads.train.model_shapes import shape_from_hf_config
+    from workloads.train.model_shapes import shape_for_source
 
     run = load_run(options)
     if arm in OURS:
@@ -309,10 +309,8 @@ def run_arm(arm: str, options: argparse.Namespace) -> dict[str, Any]:
         records = load_metrics(run_dir / METRICS_NAME)
     result: dict[str, Any] = {**timed_figures(records, options.warmup), **setup,
                               "kbit_upcast": run.train.kbit_upcast, "threads": torch.get_num_threads()}
-    estimate = result.pop("estimate_gib", None)
     if cuda:
-        model_dir = train_paths(run).model_dir
-        shape = shape_from_hf_config(json.loads((model_dir / "config.json").read_text()))
+        shape = shape_for_source(f"dir:{train_paths(run).model_dir}")
         name = torch.cuda.get_device_name()
         peak = next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
         rate = result["effective_tokens_per_second"]
@@ -323,9 +321,8 @@ def run_arm(arm: str, options: argparse.Namespace) -> dict[str, Any]:
             "params": shape.params,
             "mfu_6n": round(6 * shape.params * rate / (peak * 1e12), 4) if peak else None,
         })
-        if estimate is not None:
-            result["estimate_gib"] = estimate
     else:
+        result.pop("estimate_gib", None)  # the memory estimate plans GPU memory
         result["peak_memory_mb"] = round(peak_memory_mb(), 1)
     return result
 

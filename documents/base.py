@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -24,3 +25,12 @@ def parse(model: type[Document], text: str | bytes, origin: str, what: str) -> D
         return model.model_validate_json(text)
     except ValidationError as error:
         raise DocumentError(f"{origin}: not a valid {what} ({describe(error)})") from None
+
+
+def read_document(model: type[Document], path: Path, what: str) -> Document:
+    """The file at `path` as a `model`, or a DocumentError naming the file and why (unreadable, or each bad field)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise DocumentError(f"{path}: cannot read the {what}: {error.strerror or error}") from None
+    return parse(model, text, str(path), what)

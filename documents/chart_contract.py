@@ -26,7 +26,7 @@ class ContractError(DocumentError):
 class KeyRule(BaseModel):
     """One admitted value path and the custom-resource field (or object) it lands in."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     path: str
     lands: str

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from documents.base import DocumentError, parse
+from documents.base import read_document
 from workloads.common.atomic import write_text_atomic
 
 MARKER_NAME = "COMPLETE.json"
@@ -32,9 +32,4 @@ def write_checkpoint_marker(folder: Path, marker: CheckpointMarker) -> None:
 
 def read_checkpoint_marker(folder: Path) -> CheckpointMarker:
     """The marker of checkpoint `folder`, or a DocumentError naming the file and the field."""
-    path = folder / MARKER_NAME
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as error:
-        raise DocumentError(f"{path}: cannot read the completion marker: {error.strerror or error}") from None
-    return parse(CheckpointMarker, text, str(path), "checkpoint completion marker")
+    return read_document(CheckpointMarker, folder / MARKER_NAME, "checkpoint completion marker")

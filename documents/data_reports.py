@@ -9,11 +9,10 @@ each file, `read_*`/`write_report` their one reader and writer.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-from documents.base import DocumentError, parse
+from documents.base import read_document
 from workloads.common.atomic import write_text_atomic
 
 
@@ -57,9 +56,6 @@ class SplitReport(_Report):
     group_by: str | None = None
 
 
-Report = TypeVar("Report", ConvertReport, SplitReport)
-
-
 def convert_report_path(output: Path) -> Path:
     """Where the conversion report of the chat file `output` lives."""
     return output.with_name(output.stem + ".report.json")
@@ -74,17 +70,9 @@ def write_report(path: Path, report: ConvertReport | SplitReport) -> None:
     write_text_atomic(path, report.model_dump_json(indent=2) + "\n")
 
 
-def _read(model: type[Report], path: Path, what: str) -> Report:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as error:
-        raise DocumentError(f"{path}: cannot read the {what}: {error.strerror or error}") from None
-    return parse(model, text, str(path), what)
-
-
 def read_convert_report(path: Path) -> ConvertReport:
-    return _read(ConvertReport, path, "conversion report")
+    return read_document(ConvertReport, path, "conversion report")
 
 
 def read_split_report(path: Path) -> SplitReport:
-    return _read(SplitReport, path, "split report")
+    return read_document(SplitReport, path, "split report")

@@ -55,17 +55,6 @@ class ThroughputMeasurement(BaseModel):
                 f"{self.device} ({where})")
 
 
-def read_throughput(text: str | bytes, origin: str) -> ThroughputMeasurement:
-    try:
-        return ThroughputMeasurement.model_validate_json(text)
-    except ValidationError as error:
-        raise DocumentError(f"{origin}: not a valid throughput measurement ({describe(error)})") from None
-
-
-def write_throughput(measurement: ThroughputMeasurement) -> str:
-    return measurement.model_dump_json(indent=2) + "\n"
-
-
 @cache
 def bench_throughputs(path: Path = DATA) -> tuple[ThroughputMeasurement, ...]:
     """The bench figures kept in the repository."""

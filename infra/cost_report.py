@@ -173,8 +173,10 @@ def training_estimate(cfg: StackConfig, run: RunConfig | None, book: PriceBook, 
     tps, source = choose_throughput(cfg, run, measured, notes)
     if tps is None:
         notes.append("training run: no throughput (set pricing.training.tokensPerSecondPerGpu or run training once)")
-    hourly = workers_hourly_usd(cfg, book) if cfg.target == "nebius" else None
-    if cfg.target != "nebius":
+    hourly = None
+    if cfg.target == "nebius":
+        hourly = workers_hourly_usd(cfg, book)
+    else:
         notes.append("training run: an existing cluster has no price here; hours only")
     return training_run(tokens, epochs, tps, source, gpus, hourly)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -12,6 +11,8 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
+
+from workloads.serve.process import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 T = TypeVar("T")
@@ -22,12 +23,6 @@ class Monitoring:
     url: str
     textfile_dir: Path
     base: Path
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

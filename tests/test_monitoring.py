@@ -18,8 +18,9 @@ from infra.monitoring.jobs import URL_ENV, job_series, jobs_selector, live_figur
 from infra.monitoring.live import live_line
 from infra.monitoring.prometheus import Point, PrometheusError, query, query_range
 from infra.monitoring.view import job_metrics_view
-from monitoring_fixtures import Monitoring, eventually, free_port
+from monitoring_fixtures import Monitoring, eventually
 from workloads.common.job_metrics import TEXTFILE_DIR_ENV, JobFigures, JobMetricsFile, ProcessSampler
+from workloads.serve.process import free_port
 from documents.metrics import MetricsRecord
 from workloads.train.metrics_export import record_figures
 

@@ -19,9 +19,8 @@ from workloads.data.convert import ConvertError, convert
 from workloads.data.fetch import FetchError, fetch
 from workloads.data.sample import sample
 from workloads.data.split import SplitError, split
-from documents.prepare_summary import (ConvertLosses, DataSettings, PrepareSummary, SplitCounts, TokenizeLosses,
-                                    write_summary)
-from workloads.data.tokenize import TokenizeError, loss_summary, tokenize
+from documents.prepare_summary import ConvertLosses, DataSettings, PrepareSummary, SplitCounts, write_summary
+from workloads.data.tokenize import TokenizeError, tokenize, tokenize_losses
 from workloads.model.folder import ModelFolderError
 from workloads.model.prepare import PrepareError, prepare_model
 from workloads.model.source import SourceError
@@ -69,8 +68,7 @@ def run(config: RunConfig) -> PrepareSummary:
         convert=ConvertLosses(rows_read=converted.rows_read, rows_kept=converted.rows_written,
                               skipped=converted.skipped_by_reason),
         split=SplitCounts.model_validate(parts.model_dump(include=set(SplitCounts.model_fields))),
-        tokenized={side: TokenizeLosses.model_validate({**loss_summary(m), "mean_tokens": m.mean_tokens})
-                   for side, m in tokenized.items()},
+        tokenized={side: tokenize_losses(m) for side, m in tokenized.items()},
         train_tokenized_dir=str(config.train_tokenized_dir),
         test_tokenized_dir=str(config.test_tokenized_dir),
         settings=DataSettings(max_length=data.max_length, overlong=data.overlong,

@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"ftstack report: warning: {warning}", file=sys.stderr)
             data.warnings.append(warning)
         page = write_dashboard(data, args.out, source)
-    except (StackConfigError, ArtifactError, DocumentError, ValueError, BotoCoreError, ClientError) as exc:
+    except (StackConfigError, ArtifactError, ValueError, BotoCoreError, ClientError) as exc:  # DocumentError too
         print(f"ftstack report: {exc}", file=sys.stderr)
         return 2
     print(page.resolve())

@@ -12,6 +12,7 @@ import argparse
 import os
 import sys
 import tempfile
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -131,12 +132,13 @@ def _upload(store: ArtifactStore, stack: StackConfig, repo: Path, result: Pipeli
     return uploaded.store
 
 
-def finish_run(stack: StackConfig, repo: Path, result: PipelineRun, spec: dict[str, Any]) -> tuple[StackOutputs, str | None]:
-    """After a finished pipeline: bring its records back, price the training run with the throughput it measured,
-    write the outputs and store the artifacts (once per eval job). Returns the outputs and where they went."""
+def finish_run(stack: StackConfig, repo: Path, result: PipelineRun, spec: dict[str, Any],
+               prepared: PrepareSummary | None) -> tuple[StackOutputs, str | None]:
+    """After a finished pipeline: bring its records back, price the training run with the throughput it measured
+    and the data size its prepare stage recorded, write the outputs and store the artifacts (once per eval job).
+    Returns the outputs and where they went."""
     store = store_for_stack(stack, repo) if stack.target != "nebius" or os.environ.get(ARTIFACTS_BUCKET_ENV) else None
     stored = stored_run(store, stack, result) if store is not None else None
-    prepared = prepare_summary(spec, result) if stack.target != "local" else None
     if stored is not None:
         outputs = run_outputs(stack, cost_report(stack, measured=stored.throughput, prepared=prepared), result)
         return outputs, None
@@ -164,9 +166,10 @@ def run(args: argparse.Namespace) -> int:
         print(interrupted_text(repo, args.stack), file=sys.stderr)
         return 130
     path = outputs_path(repo, stack.stack)
+    prepare = read_prepare(spec, result) if args.wait else None
     if args.wait and result.evaluation is not None:
         try:
-            outputs, where = finish_run(stack, repo, result, spec)
+            outputs, where = finish_run(stack, repo, result, spec, prepare.summary if prepare is not None else None)
         except (ArtifactError, TransportError, DocumentError) as error:
             write_outputs(path, run_outputs(stack, cost_report(stack), result))
             print(f"ftstack run: artifacts not stored (local copies kept): {error}", file=sys.stderr)
@@ -183,8 +186,8 @@ def run(args: argparse.Namespace) -> int:
     for stage, job in result.jobs.items():
         elapsed = f"{job['elapsed_s']}s" if job["elapsed_s"] is not None else "-"
         print(f"{stage:<10} job {job['job_id']:<8} {job['state']:<12} {elapsed}")
-    if args.wait and "prepare" in result.jobs:
-        print(data_summary_text(spec, result))
+    if prepare is not None:
+        print(prepare.text())
     if result.evaluation is not None:
         print(evaluation_summary_text(stack, result, cost_stack))
     return 0
@@ -197,30 +200,31 @@ def cost_stack_config(name: str, repo: Path, config_dir: Path) -> StackConfig:
     return load_stack_config(name, folder)
 
 
-def read_run_prepare_summary(spec: dict[str, Any], result: PipelineRun) -> tuple[str, PrepareSummary]:
-    """The prepare stage's prepare.json, read through the stack's transport, and its path there."""
-    path = f"{result.jobs['prepare']['results_path']}/{SUMMARY_NAME}"
-    return path, read_prepare_summary(open_transport(spec).read_file(path), path)
+@dataclass(frozen=True)
+class PrepareRead:
+    """The prepare stage's prepare.json as read once through the stack's transport, or why it could not be."""
+
+    path: str
+    summary: PrepareSummary | None
+    error: str | None = None
+
+    def text(self) -> str:
+        """Where the rows went in the prepare stage, one line per step."""
+        if self.summary is None:
+            return f"\ndata: no prepare summary ({self.error})"
+        return "\n".join([f"\nData ({self.path}):", *(f"  {line}" for line in self.summary.lines())])
 
 
-def prepare_summary(spec: dict[str, Any], result: PipelineRun) -> PrepareSummary | None:
-    """The run's prepare summary (the data size the training run is priced on), None when it has none."""
+def read_prepare(spec: dict[str, Any], result: PipelineRun) -> PrepareRead | None:
+    """The run's prepare summary (shown after the jobs; the data size the training run is priced on), None when
+    the run has no prepare job."""
     if "prepare" not in result.jobs:
         return None
+    path = f"{result.jobs['prepare']['results_path']}/{SUMMARY_NAME}"
     try:
-        return read_run_prepare_summary(spec, result)[1]
+        return PrepareRead(path, read_prepare_summary(open_transport(spec).read_file(path), path))
     except (TransportError, OSError, DocumentError) as error:
-        print(f"ftstack run: training tokens not from the run ({error})", file=sys.stderr)
-        return None
-
-
-def data_summary_text(spec: dict[str, Any], result: PipelineRun) -> str:
-    """Where the rows went in the prepare stage (read from its prepare.json), one line per step."""
-    try:
-        path, summary = read_run_prepare_summary(spec, result)
-    except (TransportError, OSError, DocumentError) as error:
-        return f"\ndata: no prepare summary ({error})"
-    return "\n".join([f"\nData ({path}):", *(f"  {line}" for line in summary.lines())])
+        return PrepareRead(path, None, str(error))
 
 
 def interrupted_text(repo: Path, stack: str) -> str:

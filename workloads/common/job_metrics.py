@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import re
 import resource
 import threading
 import time
@@ -71,7 +70,6 @@ HELP: dict[str, str] = {
     "last_update_timestamp_seconds": "Unix time of the job's last update.",
 }
 """metric name after PREFIX -> HELP text: the JobFigures fields, then the update time."""
-_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 
 def _label_value(value: str) -> str:
@@ -87,18 +85,13 @@ def _number(value: float) -> str:
 
 
 def _labels(labels: Mapping[str, str]) -> str:
-    for name in labels:
-        if not _LABEL.match(name) or name.startswith("__"):
-            raise ValueError(f"label {name!r}: not a valid Prometheus label name")
     return ",".join(f'{name}="{_label_value(value)}"' for name, value in labels.items())
 
 
-def exposition(figures: JobFigures, labels: Mapping[str, str], now: float | None = None) -> str:
-    """The text exposition of `figures`: one gauge per figure that is set, with `labels` (which must include
-    JOB_LABEL; utilization adds `device`), then the time of the update."""
-    if JOB_LABEL not in labels:
-        raise ValueError(f"labels {dict(labels)}: the Slurm job id label {JOB_LABEL!r} is required")
-    values = {**figures.model_dump(exclude={"device"}), "last_update_timestamp_seconds": time.time() if now is None else now}
+def exposition(figures: JobFigures, labels: Mapping[str, str]) -> str:
+    """The text exposition of `figures`: one gauge per figure that is set, with `labels` (JobMetricsFile's: the
+    Slurm job id as JOB_LABEL, stage, run; utilization adds `device`), then the time of the update."""
+    values = {**figures.model_dump(exclude={"device"}), "last_update_timestamp_seconds": time.time()}
     lines = []
     for name, value in values.items():
         if value is None:

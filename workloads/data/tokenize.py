@@ -19,6 +19,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Literal
 
+from documents.prepare_summary import TokenizeLosses
 from documents.stage_manifest import MANIFEST_NAME, StageManifest, read_stage_manifest, write_manifest
 from workloads.common.atomic import atomic_dir, os_errors_as
 from workloads.data.freshness import build_manifest, is_current
@@ -197,6 +198,11 @@ def loss_summary(manifest: StageManifest) -> dict[str, Any]:
     return {"rows_read": manifest.rows_read, "rows_kept": manifest.rows_written, "truncated": manifest.truncated,
             "dropped": {reason.removeprefix("dropped_"): getattr(manifest, reason) for reason in DROPPED},
             "lost_fraction": manifest.lost_fraction}
+
+
+def tokenize_losses(manifest: StageManifest) -> TokenizeLosses:
+    """The loss summary with the split's mean tokens per row, as the prepare and evaluator summaries carry it."""
+    return TokenizeLosses.model_validate({**loss_summary(manifest), "mean_tokens": manifest.mean_tokens})
 
 
 def check_losses(input_path: Path, counts: Counter, rows: int, overlong: str, max_length: int,

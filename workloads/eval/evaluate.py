@@ -19,7 +19,7 @@ from workloads.eval.config import EvalConfig
 from documents.stage_manifest import MANIFEST_NAME, load_stage_manifest
 from documents.prepare_summary import TokenizeLosses
 from workloads.common.job_metrics import JobFigures, JobMetricsFile, ProcessSampler
-from workloads.data.tokenize import loss_summary
+from workloads.data.tokenize import tokenize_losses
 from workloads.eval.generation import Prompt, generate_all, read_prompts
 from workloads.eval.metrics import answer_scores, compare, text_scores
 from workloads.eval.perplexity import assistant_perplexity, load_tokenized
@@ -102,7 +102,7 @@ def data_losses(run: RunConfig) -> dict[str, TokenizeLosses] | None:
         manifest = load_stage_manifest(folder / MANIFEST_NAME)
         if manifest is None:
             return None
-        losses[side] = TokenizeLosses.model_validate({**loss_summary(manifest), "mean_tokens": manifest.mean_tokens})
+        losses[side] = tokenize_losses(manifest)
     return losses
 
 
