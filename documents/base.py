@@ -7,6 +7,8 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from documents.text_input import TextInputError, utf8_text
+
 Document = TypeVar("Document", bound=BaseModel)
 
 
@@ -20,9 +22,12 @@ def describe(error: ValidationError) -> str:
 
 
 def parse(model: type[Document], text: str | bytes, origin: str, what: str) -> Document:
-    """`text` as a `model`, or a DocumentError naming `origin` and each bad field."""
+    """`text` as a `model`, or a DocumentError naming `origin` and each bad field (or the first byte that is not
+    UTF-8)."""
     try:
-        return model.model_validate_json(text)
+        return model.model_validate_json(utf8_text(text, origin) if isinstance(text, bytes) else text)
+    except TextInputError as error:
+        raise DocumentError(str(error)) from None
     except ValidationError as error:
         raise DocumentError(f"{origin}: not a valid {what} ({describe(error)})") from None
 
@@ -30,7 +35,7 @@ def parse(model: type[Document], text: str | bytes, origin: str, what: str) -> D
 def read_document(model: type[Document], path: Path, what: str) -> Document:
     """The file at `path` as a `model`, or a DocumentError naming the file and why (unreadable, or each bad field)."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_bytes()
     except OSError as error:
         raise DocumentError(f"{path}: cannot read the {what}: {error.strerror or error}") from None
     return parse(model, text, str(path), what)

@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from documents.base import describe
+from documents.text_input import TextInputError, read_utf8
 from documents.evaluator_report import EvaluatorReport
 from workloads.common.atomic import write_text_atomic
 
@@ -62,7 +63,9 @@ def load_state(path: Path, stack: str) -> PipelineState:
     if not path.exists():
         return PipelineState(stack=stack)
     try:
-        state = PipelineState.model_validate_json(path.read_text())
+        state = PipelineState.model_validate_json(read_utf8(path))
+    except TextInputError as error:
+        raise ValueError(f"{error}; move it aside to start afresh (the jobs it recorded are not cancelled)") from None
     except ValidationError as error:
         problems = describe(error).replace("Value error, ", "")
         raise ValueError(f"{path}: damaged pipeline state: {problems}; move it aside to start afresh "

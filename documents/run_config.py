@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
@@ -10,6 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from documents.text_input import TextInputError, load_json
 from workloads.checks.config import ReadinessConfig
 from workloads.eval.config import EvalConfig
 from workloads.serve.config import ServeConfig
@@ -271,11 +271,9 @@ def load_run_config(path: str | os.PathLike[str]) -> RunConfig:
     """Read and validate a run config JSON file."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
+        data = load_json(path.read_bytes(), str(path))
+    except OSError as error:
         raise ConfigError(f"{path}: cannot read run config: {error}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ConfigError(f"{path}: not valid JSON: {error}") from None
+    except TextInputError as error:
+        raise ConfigError(str(error)) from None
     return parse_run_config(data, str(path))

@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from documents.base import DocumentError, describe
+from documents.text_input import TextInputError, load_json
 
 SECRET = "[secret]"
 """how `pulumi stack output --json` shows a secret without --show-secrets."""
@@ -313,9 +314,9 @@ def parse_stack_outputs(document: Any, origin: str) -> StackOutputs:
 
 def read_stack_outputs(text: str | bytes, origin: str) -> StackOutputs:
     try:
-        document = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise DocumentError(f"{origin}: not valid JSON: {error}") from None
+        document = load_json(text, origin)
+    except TextInputError as error:
+        raise DocumentError(str(error)) from None
     return parse_stack_outputs(document, origin)
 
 

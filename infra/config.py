@@ -8,7 +8,6 @@ them as Pulumi secrets (see ``SECRET_KEYS``).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
@@ -24,6 +23,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from documents.text_input import TextInputError, load_json, read_utf8
 from infra import catalog
 from infra.pricing import PricingConfig
 
@@ -400,8 +400,8 @@ def _decode(field: str, raw: Any) -> Any:
     if not isinstance(raw, str) or field in ("target", "clusterName"):
         return raw
     try:
-        return json.loads(raw)
-    except json.JSONDecodeError:
+        return load_json(raw, field)
+    except TextInputError:
         return raw
 
 
@@ -460,9 +460,13 @@ def read_stack_file(stack: str, config_dir: str | Path = "stacks") -> tuple[Stac
     if not path.is_file():
         raise StackConfigError(f"{path}: no such stack file")
     try:
-        document = yaml.safe_load(path.read_text()) or {}
+        document = yaml.safe_load(read_utf8(path)) or {}
+    except TextInputError as exc:
+        raise StackConfigError(str(exc)) from None
     except yaml.YAMLError as exc:
         raise StackConfigError(f"{path}: not valid YAML: {exc}") from None
+    except RecursionError:
+        raise StackConfigError(f"{path}: YAML nested too deeply") from None
     if not isinstance(document, dict):
         raise StackConfigError(f"{path}: the file must be a mapping with a 'config' key, not a {type(document).__name__}")
     config = document.get("config") or {}

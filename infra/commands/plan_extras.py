@@ -8,13 +8,13 @@ exit 1. `--policy-config FILE.json` takes the format of `pulumi preview --policy
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+from documents.text_input import TextInputError, load_json
 from infra.config import StackConfig
 from infra.cost_report import cost_report, load_run, render_table, report_document
 from infra.mocks import MockRun
@@ -37,8 +37,8 @@ def _policy_config(path: Path | None) -> dict[str, Any]:
     if path is None:
         return {}
     try:
-        config = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        config = load_json(path.read_bytes(), str(path))
+    except (OSError, TextInputError) as exc:
         raise SystemExit(f"ftstack plan: --policy-config {path}: {exc}") from None
     if not isinstance(config, dict) or not all(isinstance(v, dict) for v in config.values()):
         raise SystemExit(f"ftstack plan: --policy-config {path}: expected {{policy: {{property: value}}}}")

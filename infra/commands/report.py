@@ -46,9 +46,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def read_outputs(path: str) -> StackOutputs:
     """Stack outputs from a file, or standard input for `-` (`pulumi stack output --json | ftstack report ...`)."""
     if path == "-":
-        return read_stack_outputs(sys.stdin.read(), "standard input")
+        return read_stack_outputs(sys.stdin.buffer.read(), "standard input")
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).read_bytes()
     except OSError as exc:
         raise DocumentError(f"{path}: cannot read stack outputs: {exc}") from exc
     return read_stack_outputs(text, path)

@@ -40,7 +40,10 @@ def atomic_file(target: str | os.PathLike[str], mode: int = 0o644) -> Iterator[P
     try:
         yield tmp
         os.chmod(tmp, mode)
-        os.replace(tmp, target)
+        try:
+            os.replace(tmp, target)
+        except OSError as error:
+            raise OSError(error.errno, error.strerror, str(target)) from None
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 
 from documents.stage_manifest import manifest_path, write_manifest
 from documents.base import DocumentError
+from documents.text_input import JsonTooDeep, TextInputError, load_json
 from documents.data_reports import BadRow, ConvertReport, convert_report_path, read_convert_report, write_report
 from workloads.common.atomic import atomic_file, os_errors_as, sha256_file
 from workloads.data.freshness import build_manifest, is_current
@@ -31,6 +32,9 @@ log = logging.getLogger("workloads.data.convert")
 REQUIRED = ("user", "assistant")
 FIRST_BAD = 10
 PARQUET_MAGIC = b"PAR1"
+UNREADABLE = {"not_utf8": "not UTF-8 text", "invalid_json": "not valid JSON",
+              "json_nested_too_deeply": "JSON nested too deeply"}
+"""parse problems of a JSON line, by reason."""
 
 
 class ConvertError(ValueError):
@@ -68,18 +72,20 @@ def _jsonl_rows(path: Path) -> Iterator[Item]:
                 yield number, None, "not_utf8"
                 continue
             try:
-                yield number, json.loads(text), None
-            except json.JSONDecodeError:
+                row = load_json(text, f"{path}:{number}")
+            except JsonTooDeep:
+                yield number, None, "json_nested_too_deeply"
+            except TextInputError:
                 yield number, None, "invalid_json"
+            else:
+                yield number, row, None
 
 
 def _json_rows(path: Path) -> Iterator[Item]:
     try:
-        data = json.loads(path.read_bytes().decode("utf-8"))
-    except UnicodeDecodeError as error:
-        raise ConvertError(f"{path}: not UTF-8 text: {error}") from None
-    except json.JSONDecodeError as error:
-        raise ConvertError(f"{path}: not valid JSON: {error}") from None
+        data = load_json(path.read_bytes(), str(path))
+    except TextInputError as error:
+        raise ConvertError(str(error)) from None
     if isinstance(data, dict) and all(isinstance(v, list) for v in data.values()) and data:
         length = len(next(iter(data.values())))
         data = [{key: values[i] if i < len(values) else None for key, values in data.items()} for i in range(length)]
@@ -97,8 +103,10 @@ def _json_array_in_lines(path: Path) -> bool:
     if not first.lstrip().startswith(b"["):
         return False
     try:
-        return isinstance(json.loads(first), list) and not more
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        return isinstance(load_json(first, str(path)), list) and not more
+    except JsonTooDeep:
+        return False
+    except TextInputError:
         return True
 
 
@@ -173,6 +181,8 @@ def _convert(input_path: Path, output: Path, max_bad_fraction: float, limit: int
              keep: tuple[str, ...]) -> ConvertReport:
     if not 0.0 <= max_bad_fraction <= 1.0:
         raise ConvertError(f"max_bad_fraction must be within [0, 1], got {max_bad_fraction}")
+    if output.is_dir():
+        raise ConvertError(f"{output}: is a folder; the output is the .jsonl file to write")
     if clash := [c for c in keep if c == "messages"]:
         raise ConvertError(f"cannot keep a column named {clash[0]!r} (the conversation's own field)")
     params = {"max_bad_fraction": max_bad_fraction, "limit": limit, **({"keep": list(keep)} if keep else {})}
@@ -207,6 +217,9 @@ def _convert(input_path: Path, output: Path, max_bad_fraction: float, limit: int
                 written += 1
         if total == 0:
             raise ConvertError(f"{input_path}: no rows")
+        if not seen_columns and set(reasons) <= set(UNREADABLE):
+            raise ConvertError(f"{input_path}: no row could be read as JSON: "
+                               + "; ".join(f"line {b.row}: {UNREADABLE[b.reason]}" for b in first_bad[:3]))
         missing = [c for c in REQUIRED if c not in seen_columns]
         if missing:
             raise ConvertError(f"{input_path}: missing column(s) {', '.join(missing)} in every row")
