@@ -97,10 +97,22 @@ def render_html(data: DashboardData, source: str) -> str:
     )
 
 
+class DashboardWriteError(ValueError):
+    """The page cannot be written where asked; the message names the path and the cause."""
+
+
 def write_dashboard(data: DashboardData, out_dir: Path, source: str) -> Path:
     """Write `<out_dir>/index.html` atomically (temp file in the same folder, then rename)."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise DashboardWriteError(f"{out_dir}: exists and is not a folder (the dashboard is written into a folder "
+                                  f"as {PAGE_NAME})")
+    page = render_html(data, source)
     target = out_dir / PAGE_NAME
-    write_text_atomic(target, render_html(data, source))
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(target, page)
+    except OSError as error:
+        raise DashboardWriteError(f"{error.filename or out_dir}: cannot write the dashboard: "
+                                  f"{error.strerror or error}") from None
     return target

@@ -60,8 +60,12 @@ def _point(pair: tuple[float, str]) -> Point:
 def _get(base_url: str, path: str, params: dict[str, str], timeout_s: float) -> _Data:
     url = base_url.rstrip("/") + path
     try:
+        httpx.URL(url)
+    except (httpx.InvalidURL, ValueError) as error:
+        raise PrometheusError(f"{base_url}: not a valid Prometheus URL ({error})") from None
+    try:
         response = httpx.get(url, params=params, timeout=timeout_s)
-    except httpx.HTTPError as error:
+    except (httpx.HTTPError, httpx.InvalidURL) as error:
         raise PrometheusError(f"{url}: {error or type(error).__name__}") from None
     try:
         answer = _Answer.model_validate_json(response.content)

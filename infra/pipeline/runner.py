@@ -9,6 +9,7 @@ run with nothing changed submits nothing.
 from __future__ import annotations
 
 import os
+import re
 from datetime import datetime, timezone
 from collections.abc import Callable
 from pathlib import Path
@@ -217,9 +218,18 @@ def _record_final_states(client: SlurmClient, chain: list[JobSpec], state: Pipel
     save_state(state_file, state)
 
 
+def log_file(pattern: str | None, job_id: str) -> str | None:
+    """The file Slurm writes for an `--output` pattern: `%j` and `%A` are the job id, `%%` a percent sign."""
+    if pattern is None:
+        return None
+    return re.sub(r"%(%|j|A)", lambda m: "%" if m[1] == "%" else job_id, pattern)
+
+
 def _public_jobs(state: PipelineState) -> dict[str, dict[str, Any]]:
     keys = ("job_id", "state", "exit_code", "elapsed_s", "output", "results_path")
-    return {stage: {k: record.outs.get(k) for k in keys} for stage, record in state.stages.items()}
+    return {stage: {**{k: record.outs.get(k) for k in keys},
+                    "output": log_file(record.outs.get("output"), record.outs["job_id"])}
+            for stage, record in state.stages.items()}
 
 
 def run_pipeline(
