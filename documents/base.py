@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from documents.text_input import TextInputError, utf8_text
 
@@ -14,6 +15,22 @@ Document = TypeVar("Document", bound=BaseModel)
 
 class DocumentError(ValueError):
     """A document is not what its model says; the message names the origin and the field or line."""
+
+
+class Figures(BaseModel):
+    """A document of measured figures: NaN and infinity are refused where a figure is required, and read as not
+    measured (None) where it is optional, as files written before this rule hold them."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _non_finite_is_not_measured(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        required = {name for name, field in cls.model_fields.items() if field.is_required()}
+        return {key: None if key not in required and isinstance(value, float) and not math.isfinite(value) else value
+                for key, value in data.items()}
 
 
 def describe(error: ValidationError) -> str:

@@ -10,17 +10,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
-from documents.base import parse
+from documents.base import Figures, parse
 from documents.prepare_summary import TokenizeLosses
 from workloads.common.atomic import write_text_atomic
 
 REPORT_VERSION = 1
 
 
-class _Document(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _Document(Figures):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class SampleGeneration(_Document):

@@ -12,9 +12,9 @@ import logging
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AliasChoices, ConfigDict, Field, ValidationError
 
-from documents.base import DocumentError, describe
+from documents.base import DocumentError, Figures, describe
 from workloads.common.atomic import write_text_atomic
 
 log = logging.getLogger("documents.metrics")
@@ -24,10 +24,10 @@ METRICS_NAME = "metrics.jsonl"
 """the file's name in the run's train_run_dir."""
 
 
-class MetricsRecord(BaseModel):
+class MetricsRecord(Figures):
     """One logged optimizer step: training figures (a `loss` step), the eval loss (an eval step), or both."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     version: Literal[1] = METRICS_VERSION
     step: int

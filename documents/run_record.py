@@ -6,19 +6,20 @@ model (the run's measured training throughput).
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
-from documents.base import parse
+from documents.base import Figures, parse
+from documents.names import RunId, StackName
 from documents.throughput import ThroughputMeasurement
 
 
-class RunIndex(BaseModel):
+class RunIndex(Figures):
     """`run.json`: what `ftstack runs` shows without reading the other files."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    stack: str
-    run_id: str
+    stack: StackName
+    run_id: RunId
     run_name: str | None = None
     started_at: str | None = None
     finished_at: str | None = None

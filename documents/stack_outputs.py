@@ -18,9 +18,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ConfigDict, ValidationError
 
-from documents.base import DocumentError, describe
+from documents.base import DocumentError, Figures, describe
 from documents.text_input import TextInputError, load_json
 
 SECRET = "[secret]"
@@ -35,8 +35,8 @@ def flat_name(name: str) -> str:
     return name.replace("-", "_")
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _Section(Figures):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class Category(_Section):

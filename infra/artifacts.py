@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 
 from documents.base import DocumentError
+from documents.names import checked_name
 from documents.run_record import RunIndex, read_run_record, write_run_record
 from documents.stack_outputs import StackOutputs, write_stack_outputs
 from documents.throughput import ThroughputMeasurement
@@ -210,9 +211,11 @@ class UploadResult:
 
 
 def run_prefix(stack: str, run_id: str) -> str:
-    for label, value in (("stack", stack), ("run id", run_id)):
-        if not value or "/" in value or value in (".", ".."):
-            raise ArtifactError(f"{label} {value!r}: must be a non-empty name without '/'")
+    for label, value in (("stack name", stack), ("run id", run_id)):
+        try:
+            checked_name(value, label)
+        except ValueError as error:
+            raise ArtifactError(str(error)) from None
     return f"{RUNS_PREFIX}/{stack}/{run_id}"
 
 

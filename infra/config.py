@@ -23,6 +23,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from documents.names import StackName, checked_name
 from documents.text_input import TextInputError, load_json, read_utf8
 from infra import catalog
 from infra.pricing import PricingConfig
@@ -331,7 +332,7 @@ class ExistingCluster(_Model):
 
 
 class StackConfig(_Model):
-    stack: str
+    stack: StackName
     target: Literal["nebius", "local", "cluster"]
     nebius: NebiusConfig | None = None
     cluster: ExistingCluster | None = None
@@ -451,6 +452,10 @@ def split_namespace(config: dict[str, Any], source: str) -> tuple[dict[str, Any]
 
 
 def stack_file(stack: str, config_dir: str | Path = "stacks") -> Path:
+    try:
+        checked_name(stack, "stack name")
+    except ValueError as error:
+        raise StackConfigError(str(error)) from None
     return Path(config_dir) / f"Pulumi.{stack}.yaml"
 
 

@@ -28,6 +28,7 @@ from infra.pipeline.run_lock import stack_lock
 from infra.pipeline.slurm import JobNotFound, SlurmClient, SlurmJobFailed
 from infra.pipeline.connect import open_transport
 from infra.pipeline.transport import TransportError
+from documents.names import checked_name
 from documents.run_config import load_run_config
 from documents.evaluator_report import EvaluatorReport
 from documents.pipeline_state import PipelineState, StageRecord, load_state, save_state
@@ -52,7 +53,7 @@ class PipelineRun(BaseModel):
 
 
 def state_path(repo_root: Path, stack: str) -> Path:
-    return repo_root / ".local" / "pipeline" / f"{stack}.json"
+    return repo_root / ".local" / "pipeline" / f"{checked_name(stack, 'stack name')}.json"
 
 
 def transport_spec(stack: StackConfig, *, login_host: str | None = None, private_key: str | None = None,
