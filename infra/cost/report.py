@@ -31,8 +31,8 @@ from infra.program.outputs import cost_section
 from documents.stack_outputs import Cost
 from infra.cost.pricing import PriceBook
 from documents.run_config import RunConfig
-from workloads.train.batch_choice import planned_batching
-from workloads.train.config import TrainConfig
+from documents.train_plan import planned_batching
+from documents.sections.train import TrainConfig
 from documents.prepare_summary import PrepareSummary
 from documents.throughput import ThroughputMeasurement, bench_throughput
 
