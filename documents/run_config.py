@@ -9,11 +9,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from documents.sections.readiness import ReadinessConfig
+from documents.sections.eval import EvalConfig
+from documents.sections.serve import ServeConfig
+from documents.sections.train import TrainConfig
 from documents.text_input import TextInputError, load_json
-from workloads.checks.config import ReadinessConfig
-from workloads.eval.config import EvalConfig
-from workloads.serve.config import ServeConfig
-from workloads.train.config import TrainConfig
 
 ROOT_ENV = "FT_ROOT"
 

@@ -38,7 +38,7 @@ def one_line_error(code: int, err: str) -> str:
 @pytest.fixture(scope="module")
 def local_outputs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The local stack's outputs as `ftstack plan --json` prints them."""
-    proc = subprocess.run([sys.executable, "-m", "infra.cli", "plan", "--stack", "local", "--json"], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "infra.commands.cli", "plan", "--stack", "local", "--json"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)["outputs"]
