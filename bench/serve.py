@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from documents.run_config import load_run_config  # noqa: E402
 from workloads.eval.generation import read_prompts  # noqa: E402
+from workloads.eval.perplexity import load_tokenized  # noqa: E402
 from workloads.serve.client import stream_chat  # noqa: E402
 from workloads.serve.process import start_launcher, stop_launcher  # noqa: E402
 
@@ -106,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
 
     run = load_run_config(args.config)
     tokenizer = AutoTokenizer.from_pretrained(run.base_model_dir)
-    prompts = [p.messages for p in read_prompts(run.test_jsonl, 16)]
+    prompts = [[{"role": "user", "content": p.input}]
+               for p in read_prompts(load_tokenized(run.test_tokenized_dir, 16), run.test_jsonl, 16)]
     work = Path(tempfile.mkdtemp(prefix="bench-serve-"))
     config = work / "run.json"
     config.write_text(run.model_dump_json())

@@ -75,7 +75,7 @@ def main() -> int:
         manifest = tokenize(work / "conv.jsonl", args.model, args.max_length, work / "tok", num_proc=args.num_proc)
         ours_s = time.perf_counter() - started
 
-    naive_rate, ours_rate = len(naive_rows) / naive_s, manifest["rows_read"] / ours_s
+    naive_rate, ours_rate = len(naive_rows) / naive_s, manifest.rows_read / ours_s
     print(json.dumps({
         "rows": args.rows,
         "max_length": args.max_length,

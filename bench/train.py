@@ -58,6 +58,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 ARMS = ("naive", "auto", "packed", "grouped", "packed_fused", "trl")
+VERSIONED = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "bitsandbytes")
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TORCH_NUM_THREADS")
 OURS = ("auto", "packed", "grouped", "packed_fused")
 DATASETS = ("dense", "mixed")
 MIXED_SHORT_PER_LONG = 3
@@ -343,18 +345,49 @@ def ratios(results: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def environment() -> dict[str, Any]:
+    """What can make the same arm's figure differ between machines: library versions, CPUs and thread settings."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(name: str) -> str | None:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
+
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        cpuinfo = ""
+    model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
+                 platform.processor() or platform.machine())
+    return {
+        "versions": {name: installed(name) for name in VERSIONED},
+        "python": platform.python_version(),
+        "cpu_model": model,
+        "cpus": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)),
+        "thread_env": {name: os.environ.get(name) for name in THREAD_ENV},
+    }
+
+
 def run_arms(arms: list[str], options: argparse.Namespace, forwarded: list[str]) -> dict[str, Any]:
-    """Each arm in its own process on the data of `forwarded` (the last --dataset-dir wins); results and ratios."""
+    """Each arm in its own process on the data of `forwarded` (the last --dataset-dir wins); results and ratios,
+    with the machine's 1, 5 and 15 minute load averages before and after each arm."""
     results: dict[str, Any] = {}
     for arm in arms:
         print(f"bench/train.py: running the {arm} arm ({options.steps} steps)", file=sys.stderr, flush=True)
+        before = [round(x, 2) for x in os.getloadavg()]
         proc = subprocess.run([sys.executable, __file__, *forwarded, "--arm", arm], capture_output=True, text=True,
                               env={**os.environ, "TQDM_DISABLE": "1"})
+        load = {"before": before, "after": [round(x, 2) for x in os.getloadavg()]}
         if proc.returncode != 0:
             print(proc.stderr[-6000:], file=sys.stderr)
-            results[arm] = {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "failed"}
+            results[arm] = {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "failed",
+                            "load_average": load}
             continue
-        results[arm] = json.loads(proc.stdout.strip().splitlines()[-1])
+        results[arm] = {**json.loads(proc.stdout.strip().splitlines()[-1]), "load_average": load}
     return {**results, **ratios(results)}
 
 
@@ -372,6 +405,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--random-base", help="build --model-dir with random weights in this known model's shape")
     parser.add_argument("--tokenizer", help="tokenizer folder copied into a --random-base model")
     parser.add_argument("--out", help="also write the JSON here")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="check the arguments (arms, data sets, the run config with --train merged), print them")
     parser.add_argument("--arm", choices=ARMS, help=argparse.SUPPRESS)
     parser.add_argument("--build-base-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--build-mixed-only", action="store_true", help=argparse.SUPPRESS)
@@ -396,12 +431,26 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(arms) - set(ARMS)) + sorted(set(datasets) - set(DATASETS))
     if unknown:
         parser.error(f"unknown arms or data sets {unknown}; arms: {', '.join(ARMS)}; data sets: {', '.join(DATASETS)}")
+    try:
+        train = json.loads(options.train or "{}")
+    except json.JSONDecodeError as error:
+        parser.error(f"--train: not JSON ({error})")
+    if not isinstance(train, dict):
+        parser.error("--train: must be a JSON object")
+    if options.dry_run:
+        try:
+            load_run(options)
+        except ValueError as error:
+            parser.error(f"--config/--train: {error}")
+        print(json.dumps({"config": options.config, "arms": arms, "datasets": datasets, "steps": options.steps,
+                          "warmup": options.warmup, "train": train, "random_base": options.random_base}))
+        return 0
     if options.random_base:
         if not (options.model_dir and options.tokenizer):
             parser.error("--random-base needs --model-dir and --tokenizer")
         prepare_random_base(options.random_base, Path(options.model_dir), Path(options.tokenizer))
     results: dict[str, Any] = {"config": options.config, "steps": options.steps, "warmup": options.warmup,
-                               "train": json.loads(options.train or "{}"), "random_base": options.random_base,
+                               "train": train, "random_base": options.random_base, "environment": environment(),
                                "datasets": {}}
     forwarded = [a for a in sys.argv[1:] if a not in ("--random-base", options.random_base)] if argv is None else argv
     for name in datasets:

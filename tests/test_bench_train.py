@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -97,8 +98,18 @@ def test_the_bench_trains_this_trainer_through_the_training_jobs_entry_point(tin
                            "--warmup", "1", "--arms", "auto,naive", "--datasets", "dense"],
                           capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    dense = json.loads(proc.stdout)["datasets"]["dense"]
+    report = json.loads(proc.stdout)
+    # what explains a figure that differs between machines: library versions, threads, the machine's load
+    from importlib.metadata import version
+
+    environment = report["environment"]
+    assert {name: environment["versions"][name] for name in ("torch", "transformers", "trl", "peft")} == \
+        {name: version(name) for name in ("torch", "transformers", "trl", "peft")}
+    assert environment["cpus_usable"] == len(os.sched_getaffinity(0)) and environment["cpu_model"]
+    dense = report["datasets"]["dense"]
     auto, naive = dense["auto"], dense["naive"]
+    for arm in (auto, naive):
+        assert arm["threads"] >= 1 and len(arm["load_average"]["before"]) == len(arm["load_average"]["after"]) == 3
     assert (auto["steps"], auto["timed_steps"]) == (naive["steps"], naive["timed_steps"]) == (3, 2)
     assert naive["batching"] is None and naive["micro_batch_tokens"] == 2 * 256  # micro_batch_size rows of max_length
     assert dense["auto_over_naive"] == round(auto["effective_tokens_per_second"] / naive["effective_tokens_per_second"], 3)

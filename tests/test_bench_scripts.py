@@ -1,0 +1,98 @@
+"""Every script under bench/ runs at its smallest setting, so a change that breaks one fails here (issue 32).
+
+bench/train.py's own run is in tests/test_bench_train.py. bench/train_gpu.sh needs CUDA; here each of its modes
+prints the bench/train.py command it would run, and bench/train.py checks that command's arguments (--dry-run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from documents.run_config import RunConfig, parse_run_config
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
+
+
+def bench(script: str, *args: str, cwd: Path, timeout: float = 600) -> dict:
+    proc = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout)
+
+
+def test_every_bench_script_has_a_test_here_or_beside() -> None:
+    tested = {"tokenize.py", "eval_generation.py", "serve.py", "train_gpu.sh", "train.py"}
+    assert {p.name for p in BENCH.iterdir() if p.suffix in (".py", ".sh")} == tested
+
+
+def test_bench_tokenize_at_its_smallest(tiny_model_dir: Path, tmp_path: Path) -> None:
+    report = bench("tokenize.py", "--rows", "8", "--num-proc", "1", "--max-length", "128", "--model",
+                   str(tiny_model_dir), cwd=tmp_path)
+    assert report["rows"] == 8 and report["num_proc"] == 1
+    assert report["naive_loop"]["conversations_per_s"] > 0 and report["workloads_tokenize"]["conversations_per_s"] > 0
+
+
+def test_bench_eval_generation_at_its_smallest(tiny_model_dir: Path, tmp_path: Path) -> None:
+    report = bench("eval_generation.py", "--model", str(tiny_model_dir), "--prompts", "2", "--max-new-tokens", "2",
+                   "--batch-size", "2", "--timing-runs", "1", "--max-length", "128", "--device", "cpu", cwd=tmp_path)
+    assert report["prompts"] == 2 and report["device"] == "cpu" and report["max_new_tokens"] == 2
+    assert report["same_replies"].endswith("/2") and report["sequential_s"] > 0
+
+
+@pytest.fixture(scope="module")
+def tiny_served_run(tiny_prepared: RunConfig, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny prepared run with a one-step LoRA adapter merged, and a CPU serve section; its config file."""
+    from eval_fixtures import train_adapter
+
+    work = tmp_path_factory.mktemp("bench-serve")
+    document = json.loads(tiny_prepared.model_dump_json())
+    document["paths"]["output_dir"] = str(work / "outputs")
+    document["serve"] = {"engine": "transformers", "device": "cpu", "dtype": "float32", "cb_num_blocks": 16,
+                         "cb_max_batch_tokens": 512}
+    run = parse_run_config(document, "tiny_served_run")
+    train_adapter(run.base_model_dir, run.train_tokenized_dir, run.adapter_dir, run.merged_dir, steps=1)
+    config = work / "run.json"
+    config.write_text(run.model_dump_json())
+    return config
+
+
+@pytest.mark.slow
+def test_bench_serve_at_its_smallest(tiny_served_run: Path, tmp_path: Path) -> None:
+    report = bench("serve.py", "--config", str(tiny_served_run), "--paths", "merged", "--concurrency", "1",
+                   "--requests", "1", "--single-requests", "1", "--max-tokens", "2", "--startup-timeout", "300",
+                   cwd=tmp_path)
+    assert set(report["results"]) == {"base", "finetuned_merged"}
+    for side in report["results"].values():
+        assert side["1"]["requests"] == 1 and side["1"]["output_tokens"] >= 1
+    assert report["ratios"]["finetuned_merged"]["finetuned_over_base_c1"] > 0
+
+
+@pytest.mark.parametrize("mode", ["smoke", "14b", "14b-naive", "14b-upcast", "14b-dropout0", "14b-recompute"])
+def test_bench_train_gpu_modes_give_bench_train_valid_arguments(mode: str, tmp_path: Path) -> None:
+    proc = subprocess.run(["bash", str(BENCH / "train_gpu.sh"), mode, str(tmp_path), "TOK", "DATA"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "BENCH_DRY_RUN": "1"})
+    assert proc.returncode == 0, proc.stderr
+    commands = [shlex.split(line) for line in proc.stdout.splitlines() if "bench/train.py" in line]
+    assert len(commands) == 1, proc.stdout
+    python, script, *args = commands[0]
+    checked = subprocess.run([sys.executable, str(ROOT / script), *args, "--dry-run"], cwd=ROOT, capture_output=True,
+                             text=True, timeout=120)
+    assert checked.returncode == 0, checked.stderr
+    plan = json.loads(checked.stdout)
+    assert plan["arms"] and plan["datasets"] and isinstance(plan["train"], dict)
+
+
+def test_bench_train_dry_run_refuses_what_a_run_would_refuse(tmp_path: Path) -> None:
+    for args, problem in ((["--arms", "auto,nope"], "nope"), (["--train", "{not json"], "--train"),
+                          (["--steps", "2", "--warmup", "2"], "--warmup")):
+        proc = subprocess.run([sys.executable, str(BENCH / "train.py"), *args, "--dry-run"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and problem in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
