@@ -15,7 +15,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -130,13 +130,172 @@ def collect_stream(lines: list[str], name: str) -> dict[str, Any]:
     return document
 
 
+@dataclass
+class Gateway:
+    """What the routes share: the served models by name, the limits, the key and one HTTP client to the engines.
+    `engine_state(url)` is the supervisor's word on an engine ("restarting", "failed"), or None."""
+
+    routes: dict[str, Route]
+    api_key: str | None
+    limits: Limits
+    client: httpx.AsyncClient
+    engine_state: Callable[[str], str | None]
+    counters: dict[str, PromptCounter] = field(default_factory=dict)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+def gateway_of(request: Request) -> Gateway:
+    return request.app.state.gateway
+
+
+def denied(gateway: Gateway, request: Request) -> JSONResponse | None:
+    """401 unless the request carries the API key (when one is set)."""
+    if gateway.api_key and not bearer_matches(request.headers.get("authorization"), gateway.api_key):
+        return error(401, "missing or wrong API key (send Authorization: Bearer <key>)", "invalid_api_key")
+    return None
+
+
+async def health(request: Request) -> JSONResponse:
+    """GET /health (open): each model's engine state; 503 unless every one is ok."""
+    gateway = gateway_of(request)
+    routes = list(gateway.routes.values())
+    states: dict[str, str] = {}
+    for url in sorted({r.url for r in routes}):
+        state = gateway.engine_state(url)
+        if state is None:
+            try:
+                answer = await gateway.client.get(f"{url}/health", timeout=5.0)
+                state = "ok" if answer.status_code == 200 else "down"
+            except httpx.HTTPError:
+                state = "down"
+        for r in routes:
+            if r.url == url:
+                states[r.name] = state
+    healthy = all(s == "ok" for s in states.values())
+    return JSONResponse({"status": "ok" if healthy else "unhealthy", "models": states}, status_code=200 if healthy else 503)
+
+
+async def list_models(request: Request) -> JSONResponse:
+    """GET /v1/models: every served name."""
+    gateway = gateway_of(request)
+    if refusal := denied(gateway, request):
+        return refusal
+    data = [{"id": r.name, "object": "model", "created": gateway.created, "owned_by": "soperator-finetune",
+             "kind": r.kind} for r in gateway.routes.values()]
+    return JSONResponse({"object": "list", "data": data})
+
+
+async def upstream_body(gateway: Gateway, request: Request) -> tuple[Route, ChatRequest, dict[str, Any]]:
+    """The validated request, its route and the body for the engine (always streamed, max_tokens granted)."""
+    limits = gateway.limits
+    raw = await read_body(request, limits.max_body_bytes)
+    try:
+        document = json.loads(raw)
+    except ValueError:
+        raise Refused(400, "request body is not JSON", "invalid_json") from None
+    try:
+        chat = parse_chat_request(document)
+    except RequestError as problem:
+        raise Refused(400, str(problem), "invalid_request") from None
+    route = gateway.routes.get(chat.model)
+    if route is None:
+        raise Refused(404, f"model {chat.model!r} is not served; choose one of {sorted(gateway.routes)}", "model_not_found")
+    asked = chat.asked_tokens
+    if asked is not None and asked > limits.max_tokens:
+        raise Refused(400, f"max_tokens {asked} is over this endpoint's limit of {limits.max_tokens}", "max_tokens_too_large")
+    granted = asked or limits.max_tokens
+    if route.name in gateway.counters and route.budget:
+        messages = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in chat.messages]
+        prompt = await run_in_threadpool(gateway.counters[route.name].count, messages)
+        budget = route.budget
+        if prompt >= budget.tokens:
+            raise Refused(400, f"prompt is {prompt} tokens; {budget.reason} holds {budget.tokens} tokens for "
+                               "prompt and reply together", "context_length_exceeded")
+        room = budget.tokens - prompt
+        if asked is not None and asked > room:
+            raise Refused(400, f"prompt ({prompt} tokens) plus max_tokens ({asked}) is over {budget.reason} of "
+                               f"{budget.tokens} tokens; ask for at most {room}", "context_length_exceeded")
+        granted = min(granted, room)
+    body = chat.model_dump(exclude_none=True, exclude={"max_completion_tokens"})
+    body.update(model=route.upstream, max_tokens=granted, stream=True)
+    if not chat.stream:
+        body["stream_options"] = {"include_usage": True}
+    return route, chat, body
+
+
+async def chat_completions(request: Request) -> Response:
+    """POST /v1/chat/completions: validate, send to the route's engine, stream back or collect one document."""
+    gateway = gateway_of(request)
+    if refusal := denied(gateway, request):
+        return refusal
+    try:
+        route, parsed, body = await upstream_body(gateway, request)
+    except Refused as refused:
+        return error(refused.status, str(refused), refused.code)
+    upstream = gateway.client.build_request("POST", f"{route.url}/v1/chat/completions", json=body)
+    try:
+        reply = await gateway.client.send(upstream, stream=True)
+    except httpx.HTTPError as exc:
+        return error(502, f"engine for {route.name!r} is unreachable: {type(exc).__name__}", "engine_unreachable")
+    if reply.status_code != 200:
+        return await engine_refusal(reply)
+    if not parsed.stream:
+        return await whole_reply(request, reply, route)
+    return StreamingResponse(relay_stream(reply, route), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache"})
+
+
+async def engine_refusal(reply: httpx.Response) -> Response:
+    """The engine's own non-200 answer, passed on."""
+    content = await reply.aread()
+    await reply.aclose()
+    try:
+        return JSONResponse(json.loads(content), status_code=reply.status_code)
+    except ValueError:
+        return Response(content, status_code=reply.status_code, media_type=reply.headers.get("content-type"))
+
+
+async def relay_stream(reply: httpx.Response, route: Route) -> AsyncIterator[str]:
+    """The engine's SSE lines with the public model name; closing it closes the engine's stream."""
+    try:
+        async for line in reply.aiter_lines():
+            yield rename_sse_line(line, route.name) + "\n"
+    finally:
+        await reply.aclose()
+
+
+async def whole_reply(request: Request, reply: httpx.Response, route: Route) -> Response:
+    """Read the engine's stream to its end, unless the client hangs up first: then close it (the engine
+    cancels the generation) and answer nobody."""
+    async def lines() -> list[str]:
+        return [line async for line in reply.aiter_lines()]
+
+    reading = asyncio.ensure_future(lines())
+    gone = asyncio.ensure_future(until_disconnected(request))
+    try:
+        await asyncio.wait({reading, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (reading, gone):
+            task.cancel()
+        await reply.aclose()
+    if not reading.done() or reading.cancelled():
+        return Response(status_code=499)
+    try:
+        return JSONResponse(collect_stream(reading.result(), route.name))
+    except Refused as refused:
+        return error(refused.status, str(refused), refused.code)
+    except (ValueError, httpx.HTTPError) as exc:
+        return error(502, f"engine for {route.name!r} sent a broken stream: {exc}", "engine_error")
+
+
 def build_gateway(routes: list[Route], api_key: str | None, limits: Limits = Limits(), timeout_s: float = 600.0,
                   engine_state: Callable[[str], str | None] = lambda url: None) -> FastAPI:
-    """`engine_state(url)` is the supervisor's word on an engine ("restarting", "failed"), or None."""
-    by_name = {r.name: r for r in routes}
-    counters = {r.name: PromptCounter(Path(r.tokenizer)) for r in routes if r.tokenizer and r.budget}
-    created = int(time.time())
+    """The gateway app: the routes above over one shared `Gateway`."""
     client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0))
+    gateway = Gateway(
+        routes={r.name: r for r in routes}, api_key=api_key, limits=limits, client=client, engine_state=engine_state,
+        counters={r.name: PromptCounter(Path(r.tokenizer)) for r in routes if r.tokenizer and r.budget},
+    )
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -144,123 +303,8 @@ def build_gateway(routes: list[Route], api_key: str | None, limits: Limits = Lim
         await client.aclose()
 
     app = FastAPI(title="soperator-finetune gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-
-    def denied(request: Request) -> JSONResponse | None:
-        if api_key and not bearer_matches(request.headers.get("authorization"), api_key):
-            return error(401, "missing or wrong API key (send Authorization: Bearer <key>)", "invalid_api_key")
-        return None
-
-    @app.get("/health")
-    async def health() -> JSONResponse:
-        states: dict[str, str] = {}
-        for url in sorted({r.url for r in routes}):
-            state = engine_state(url)
-            if state is None:
-                try:
-                    state = "ok" if (await client.get(f"{url}/health", timeout=5.0)).status_code == 200 else "down"
-                except httpx.HTTPError:
-                    state = "down"
-            for r in routes:
-                if r.url == url:
-                    states[r.name] = state
-        healthy = all(s == "ok" for s in states.values())
-        return JSONResponse({"status": "ok" if healthy else "unhealthy", "models": states}, status_code=200 if healthy else 503)
-
-    @app.get("/v1/models")
-    async def models(request: Request) -> JSONResponse:
-        if refusal := denied(request):
-            return refusal
-        data = [{"id": r.name, "object": "model", "created": created, "owned_by": "soperator-finetune", "kind": r.kind} for r in routes]
-        return JSONResponse({"object": "list", "data": data})
-
-    async def upstream_body(request: Request) -> tuple[Route, ChatRequest, dict[str, Any]]:
-        raw = await read_body(request, limits.max_body_bytes)
-        try:
-            document = json.loads(raw)
-        except ValueError:
-            raise Refused(400, "request body is not JSON", "invalid_json") from None
-        try:
-            chat = parse_chat_request(document)
-        except RequestError as problem:
-            raise Refused(400, str(problem), "invalid_request") from None
-        route = by_name.get(chat.model)
-        if route is None:
-            raise Refused(404, f"model {chat.model!r} is not served; choose one of {sorted(by_name)}", "model_not_found")
-        asked = chat.asked_tokens
-        if asked is not None and asked > limits.max_tokens:
-            raise Refused(400, f"max_tokens {asked} is over this endpoint's limit of {limits.max_tokens}", "max_tokens_too_large")
-        granted = asked or limits.max_tokens
-        if route.name in counters and route.budget:
-            messages = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in chat.messages]
-            prompt = await run_in_threadpool(counters[route.name].count, messages)
-            budget = route.budget
-            if prompt >= budget.tokens:
-                raise Refused(400, f"prompt is {prompt} tokens; {budget.reason} holds {budget.tokens} tokens for "
-                                   "prompt and reply together", "context_length_exceeded")
-            room = budget.tokens - prompt
-            if asked is not None and asked > room:
-                raise Refused(400, f"prompt ({prompt} tokens) plus max_tokens ({asked}) is over {budget.reason} of "
-                                   f"{budget.tokens} tokens; ask for at most {room}", "context_length_exceeded")
-            granted = min(granted, room)
-        body = chat.model_dump(exclude_none=True, exclude={"max_completion_tokens"})
-        body.update(model=route.upstream, max_tokens=granted, stream=True)
-        if not chat.stream:
-            body["stream_options"] = {"include_usage": True}
-        return route, chat, body
-
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> Response:
-        if refusal := denied(request):
-            return refusal
-        try:
-            route, parsed, body = await upstream_body(request)
-        except Refused as refused:
-            return error(refused.status, str(refused), refused.code)
-        upstream = client.build_request("POST", f"{route.url}/v1/chat/completions", json=body)
-        try:
-            reply = await client.send(upstream, stream=True)
-        except httpx.HTTPError as exc:
-            return error(502, f"engine for {route.name!r} is unreachable: {type(exc).__name__}", "engine_unreachable")
-        if reply.status_code != 200:
-            content = await reply.aread()
-            await reply.aclose()
-            try:
-                return JSONResponse(json.loads(content), status_code=reply.status_code)
-            except ValueError:
-                return Response(content, status_code=reply.status_code, media_type=reply.headers.get("content-type"))
-        if not parsed.stream:
-            return await whole_reply(request, reply, route)
-
-        async def relay() -> AsyncIterator[str]:
-            try:
-                async for line in reply.aiter_lines():
-                    yield rename_sse_line(line, route.name) + "\n"
-            finally:
-                await reply.aclose()
-
-        return StreamingResponse(relay(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-
-    async def whole_reply(request: Request, reply: httpx.Response, route: Route) -> Response:
-        """Read the engine's stream to its end, unless the client hangs up first: then close it (the engine
-        cancels the generation) and answer nobody."""
-        async def lines() -> list[str]:
-            return [line async for line in reply.aiter_lines()]
-
-        reading = asyncio.ensure_future(lines())
-        gone = asyncio.ensure_future(until_disconnected(request))
-        try:
-            await asyncio.wait({reading, gone}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (reading, gone):
-                task.cancel()
-            await reply.aclose()
-        if not reading.done() or reading.cancelled():
-            return Response(status_code=499)
-        try:
-            return JSONResponse(collect_stream(reading.result(), route.name))
-        except Refused as refused:
-            return error(refused.status, str(refused), refused.code)
-        except (ValueError, httpx.HTTPError) as exc:
-            return error(502, f"engine for {route.name!r} sent a broken stream: {exc}", "engine_error")
-
+    app.state.gateway = gateway
+    app.add_api_route("/health", health, methods=["GET"])
+    app.add_api_route("/v1/models", list_models, methods=["GET"])
+    app.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"])
     return app
