@@ -115,6 +115,84 @@ def test_malformed_bodies_get_a_4xx_naming_the_field(launcher: Launcher, body: o
     assert field in reply.json()["error"]["message"], reply.text
 
 
+def _raw_chat(launcher: Launcher, content: bytes, content_type: str = "application/json") -> httpx.Response:
+    return httpx.post(f"{launcher.url}/v1/chat/completions", content=content, timeout=60,
+                      headers={**launcher.headers, "Content-Type": content_type})
+
+
+def test_deeply_nested_json_is_a_400_not_a_500(launcher: Launcher) -> None:
+    deep = b'{"model": "finetuned", "messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    reply = _raw_chat(launcher, deep)
+    assert reply.status_code == 400 and "nested" in reply.json()["error"]["message"], reply.text
+    shallow = b'{"model": "finetuned", "messages": [{"role": "user", "content": "hi", "name": ' + b"[" * 80 \
+        + b"]" * 80 + b"}]}"
+    assert _raw_chat(launcher, shallow).status_code == 400
+    assert httpx.get(f"{launcher.url}/health", timeout=10).status_code == 200
+
+
+@pytest.mark.parametrize("body,field", [
+    (rb'{"model": "finetuned", "messages": [{"role": "user", "content": "a\ud800b"}]}', "messages.0.content"),
+    (rb'{"model": "finetuned", "messages": [{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}]}',
+     "messages.0.content.0.text"),
+    (rb'{"model": "finetuned", "messages": [{"role": "user", "content": "hi"}], "stop": ["\ud83d"]}', "stop.0"),
+])
+def test_text_that_is_not_valid_unicode_is_a_400_naming_the_field(launcher: Launcher, body: bytes, field: str) -> None:
+    reply = _raw_chat(launcher, body)
+    assert reply.status_code == 400, reply.text
+    message = reply.json()["error"]["message"]
+    assert field in message and "surrogate" in message, message
+    paired = body.replace(rb"\ud800", rb"\ud83d\ude00")
+    if paired != body:  # a proper pair is one emoji: accepted
+        assert _raw_chat(launcher, paired.replace(b'"finetuned",', b'"finetuned", "max_tokens": 2,')).status_code == 200
+
+
+def test_more_than_one_choice_and_a_body_that_is_not_json_are_refused(launcher: Launcher) -> None:
+    body = {"model": "finetuned", "messages": _messages("hi"), "max_tokens": 2}
+    reply = launcher.chat({**body, "n": 1000}, timeout=30)
+    assert reply.status_code == 400 and "n:" in reply.json()["error"]["message"], reply.text
+    assert launcher.chat({**body, "n": 1}, timeout=120).status_code == 200
+    for content_type in ("text/plain", "application/x-www-form-urlencoded"):
+        reply = _raw_chat(launcher, json.dumps(body).encode(), content_type)
+        assert reply.status_code == 415 and content_type in reply.json()["error"]["message"], reply.text
+    assert _raw_chat(launcher, json.dumps(body).encode(), "application/json; charset=utf-8").status_code == 200
+
+
+def _sse_lines(launcher: Launcher, body: dict, on_first_chunk=None) -> list[str]:
+    """Every line of a streamed reply, read raw (no SSE client library)."""
+    lines: list[str] = []
+    with httpx.stream("POST", f"{launcher.url}/v1/chat/completions", json=body, headers=launcher.headers,
+                      timeout=300) as reply:
+        assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/event-stream")
+        for line in reply.iter_lines():
+            lines.append(line)
+            if on_first_chunk and line.startswith("data: {"):
+                on_first_chunk()
+                on_first_chunk = None
+    return lines
+
+
+def test_every_stream_ends_with_done(launcher: Launcher) -> None:
+    lines = _sse_lines(launcher, {"model": "finetuned", "messages": _messages("What is a bond?"), "max_tokens": 6,
+                                  "stream": True})
+    events = [line for line in lines if line.strip()]
+    assert events[-1] == "data: [DONE]" and events.count("data: [DONE]") == 1, lines
+    assert all(line.startswith("data: {") for line in events[:-1]) and len(events) > 2, lines
+    assert lines[-1] == "", lines  # the event is terminated by its blank line
+
+
+def test_a_stream_broken_by_the_engine_ends_with_an_error_and_done(launcher: Launcher) -> None:
+    (engine,) = launcher.engine_pids()
+    body = {"model": "finetuned", "messages": _messages("Tell me a long story."), "temperature": 2.0,
+            "max_tokens": 2000, "stream": True}
+    lines = _sse_lines(launcher, body, on_first_chunk=lambda: os.kill(engine, signal.SIGKILL))
+    events = [line for line in lines if line.strip()]
+    assert events[-1] == "data: [DONE]", lines[-5:]
+    error = json.loads(events[-2].removeprefix("data: "))
+    assert "engine" in error["error"]["message"], events[-2]
+    _wait(lambda: httpx.get(f"{launcher.url}/health", timeout=10).status_code == 200
+          and launcher.engine_pids() not in ([], [engine]), "engine restarted")
+
+
 def test_max_tokens_above_the_configured_cap_is_refused(launcher: Launcher) -> None:
     reply = launcher.chat({"model": "finetuned", "messages": _messages("hi"), "max_tokens": 10**9}, timeout=30)
     assert reply.status_code == 400 and str(MAX_TOKENS_LIMIT) in reply.json()["error"]["message"], reply.text

@@ -26,9 +26,11 @@ from starlette.concurrency import run_in_threadpool
 
 from workloads.serve.auth import bearer_matches
 from workloads.serve.budget import PromptCounter, TokenBudget
-from workloads.serve.request import ChatRequest, RequestError, parse_chat_request
+from workloads.serve.request import ChatRequest, RequestError, read_chat_request
 
 DRAIN_LIMIT = 256 << 20
+DONE = "data: [DONE]"
+"""the last event of every stream, as OpenAI's API and vLLM send it."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,11 @@ class Refused(Exception):
     def __init__(self, status: int, message: str, code: str) -> None:
         super().__init__(message)
         self.status, self.code = status, code
+
+
+def sse_error(message: str, code: str) -> str:
+    """One SSE event with an OpenAI error object, as a stream reports a failure after its 200."""
+    return "data: " + json.dumps({"error": {"message": message, "type": "server_error", "code": code}}) + "\n\n"
 
 
 def error(status: int, message: str, code: str) -> JSONResponse:
@@ -190,13 +197,9 @@ async def upstream_body(gateway: Gateway, request: Request) -> tuple[Route, Chat
     limits = gateway.limits
     raw = await read_body(request, limits.max_body_bytes)
     try:
-        document = json.loads(raw)
-    except ValueError:
-        raise Refused(400, "request body is not JSON", "invalid_json") from None
-    try:
-        chat = parse_chat_request(document)
+        chat = read_chat_request(raw, request.headers.get("content-type"))
     except RequestError as problem:
-        raise Refused(400, str(problem), "invalid_request") from None
+        raise Refused(problem.status, str(problem), problem.code) from None
     route = gateway.routes.get(chat.model)
     if route is None:
         raise Refused(404, f"model {chat.model!r} is not served; choose one of {sorted(gateway.routes)}", "model_not_found")
@@ -216,7 +219,7 @@ async def upstream_body(gateway: Gateway, request: Request) -> tuple[Route, Chat
             raise Refused(400, f"prompt ({prompt} tokens) plus max_tokens ({asked}) is over {budget.reason} of "
                                f"{budget.tokens} tokens; ask for at most {room}", "context_length_exceeded")
         granted = min(granted, room)
-    body = chat.model_dump(exclude_none=True, exclude={"max_completion_tokens"})
+    body = chat.model_dump(exclude_none=True, exclude={"max_completion_tokens", "n"})
     body.update(model=route.upstream, max_tokens=granted, stream=True)
     if not chat.stream:
         body["stream_options"] = {"include_usage": True}
@@ -256,10 +259,21 @@ async def engine_refusal(reply: httpx.Response) -> Response:
 
 
 async def relay_stream(reply: httpx.Response, route: Route) -> AsyncIterator[str]:
-    """The engine's SSE lines with the public model name; closing it closes the engine's stream."""
+    """The engine's SSE lines with the public model name, ended as OpenAI ends a stream: `data: [DONE]` last, after
+    an error event when the engine's stream breaks. Closing it closes the engine's stream."""
+    done, pending_blank = False, False
     try:
-        async for line in reply.aiter_lines():
-            yield rename_sse_line(line, route.name) + "\n"
+        try:
+            async for line in reply.aiter_lines():
+                done = done or line.strip() == DONE
+                pending_blank = line.strip() != ""
+                yield rename_sse_line(line, route.name) + "\n"
+        except httpx.HTTPError as exc:
+            yield ("\n" if pending_blank else "") + sse_error(
+                f"engine for {route.name!r} broke the stream: {type(exc).__name__}", "engine_error")
+            pending_blank = False
+        if not done:
+            yield ("\n" if pending_blank else "") + f"{DONE}\n\n"
     finally:
         await reply.aclose()
 

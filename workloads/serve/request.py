@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, field_validator
+
+from documents.text_input import TextInputError, load_json
+
+JSON_MEDIA_TYPE = "application/json"
 
 
 class ChatMessage(BaseModel):
@@ -46,6 +51,15 @@ class ChatRequest(BaseModel):
     logprobs: StrictBool | None = None
     top_logprobs: StrictInt | None = Field(None, ge=0, le=20)
     user: StrictStr | None = None
+    n: StrictInt | None = None
+    """choices per request: only 1 is served (as one stream per request)."""
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, value: int | None) -> int | None:
+        if value is not None and value != 1:
+            raise ValueError(f"{value} choices asked; this endpoint returns one choice per request (n must be 1)")
+        return value
 
     @property
     def asked_tokens(self) -> int | None:
@@ -53,7 +67,52 @@ class ChatRequest(BaseModel):
 
 
 class RequestError(ValueError):
-    """A request body the gateway refuses; the message names each wrong field."""
+    """A request body the gateway refuses; the message names each wrong field, `status` is the HTTP status."""
+
+    def __init__(self, message: str, status: int = 400, code: str = "invalid_request") -> None:
+        super().__init__(message)
+        self.status, self.code = status, code
+
+
+def _unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def invalid_text(document: Any) -> str | None:
+    """Where (`messages.0.content`) the first string of a parsed JSON document is not valid Unicode (a lone
+    surrogate such as `\\ud800`, which JSON's escapes allow and no tokenizer takes); None when every one is."""
+    pending = deque([(document, "")])
+    while pending:
+        item, path = pending.popleft()
+        if isinstance(item, str) and not _unicode(item):
+            return path or "body"
+        if isinstance(item, dict):
+            if not all(_unicode(key) for key in item):
+                return f"a key of {path or 'the body'}"
+            pending.extend((value, f"{path}.{key}" if path else key) for key, value in item.items())
+        elif isinstance(item, list):
+            pending.extend((value, f"{path}.{index}" if path else str(index)) for index, value in enumerate(item))
+    return None
+
+
+def read_chat_request(raw: bytes, content_type: str | None) -> ChatRequest:
+    """The request in a POST body: JSON (by its Content-Type, when it names one), nesting bounded, every string
+    valid Unicode, every field as ChatRequest says; else a RequestError with the status to answer."""
+    media = (content_type or JSON_MEDIA_TYPE).split(";")[0].strip().lower()
+    if media != JSON_MEDIA_TYPE:
+        raise RequestError(f"Content-Type {content_type!r} is not supported; send the body as {JSON_MEDIA_TYPE}", 415,
+                           "unsupported_media_type")
+    try:
+        document = load_json(raw, "request body")
+    except TextInputError as problem:
+        raise RequestError(str(problem), 400, "invalid_json") from None
+    if (field := invalid_text(document)) is not None:
+        raise RequestError(f"{field}: not valid Unicode text (a lone surrogate)", 400, "invalid_text")
+    return parse_chat_request(document)
 
 
 def parse_chat_request(document: Any) -> ChatRequest:
@@ -62,5 +121,6 @@ def parse_chat_request(document: Any) -> ChatRequest:
     try:
         return ChatRequest.model_validate(document)
     except ValidationError as error:
-        problems = [f"{'.'.join(str(part) for part in e['loc']) or 'body'}: {e['msg']}" for e in error.errors()]
+        problems = [f"{'.'.join(str(part) for part in e['loc']) or 'body'}: {e['msg'].removeprefix('Value error, ')}"
+                    for e in error.errors()]
         raise RequestError("; ".join(problems)) from None
