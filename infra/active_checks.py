@@ -19,14 +19,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from infra.config import StackConfig
+from workloads.checks.node_states import NODE_PROBLEM
 
 CONTROLLER_RELEASE = "soperatorchecks"
 CHECKS_RELEASE = "soperator-activechecks"
 CHECKS_RELEASE_TIMEOUT_S = 7200
-NODE_PROBLEM = "[node_problem]"
-HARDWARE_PROBLEM = "[hardware_problem]"
-DRAIN_REASON_PREFIXES = (NODE_PROBLEM, HARDWARE_PROBLEM)
-"""Reasons a failed check drains a Slurm node with (``failureReactions.drainSlurmNode.drainReasonPrefix``)."""
 
 
 @dataclass(frozen=True)

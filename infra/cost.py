@@ -282,7 +282,7 @@ def active_checks_lines(cfg: StackConfig, book: PriceBook) -> list[CostLine]:
         scope = cfg.soperator.active_checks.scope if cfg.soperator else "off"
         lines.append(CostLine(
             key=f"one_off_active_checks_{_slug(worker.name)}", category=ONE_OFF,
-            label=f"Active checks after creation ({scope} scope) on worker nodes {worker.name}",
+            label=f"One-off: active checks after creation ({scope} scope), worker nodes {worker.name}",
             quantity=f"{use.node_hours:.2f} node-hours ({use.node_hours * worker.shape.gpus:.2f} GPU-hours)",
             unit_price=f"${price.usd_per_hour:.2f}/node/hour", usd_low=usd, usd_high=usd,
             price_keys=price.price_keys, note="once after creation, at most (Slurm time limits); not monthly",
