@@ -25,7 +25,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from infra import catalog
-from infra.pricing import PricingConfig
+from infra.cost.pricing import PricingConfig
 
 PROJECT = "soperator-finetune"
 # Config namespaces a stack file may use: this project's and those of the providers the program creates.
@@ -265,7 +265,7 @@ ActiveChecksScope = Literal["dev", "testing", "prod_quick", "prod_acceptance", "
 
 class ActiveChecksConfig(_Model):
     """Soperator's active checks (helm-soperatorchecks and helm-soperator-activechecks), as the reference install
-    sets them; see infra/active_checks.py."""
+    sets them; see infra/soperator/active_checks.py."""
 
     scope: ActiveChecksScope = Field(
         "prod_quick", description="The reference's active_checks_scope (what runs after creation); off: no checks."

@@ -9,13 +9,13 @@ import copy
 
 import pytest
 
-from infra.active_checks import CHECKS_RELEASE, CONTROLLER_RELEASE, after_creation
-from infra.chart_contract import contract, violations
+from infra.soperator.active_checks import CHECKS_RELEASE, CONTROLLER_RELEASE, after_creation
+from infra.soperator.chart_contract import contract, violations
 from infra.config import StackConfig, load_stack_config
-from infra.cost import ONE_OFF, monthly_cost, node_price
+from infra.cost.model import ONE_OFF, monthly_cost, node_price
 from infra.nebius.layout import layout
-from infra.pricing import PriceBook
-from infra.soperator_values import SOPERATOR_NAMESPACE, release_plan
+from infra.cost.pricing import PriceBook
+from infra.soperator.values import SOPERATOR_NAMESPACE, release_plan
 
 SIZES = {"jail": 256, "controller-spool": 128, "accounting": 256}
 # values.yaml 4.1.7: checks with runAfterCreation true that are GPU Slurm jobs, and their scripts' #SBATCH --time

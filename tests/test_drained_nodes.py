@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.cli import main as ftstack
+from infra.commands.cli import main as ftstack
 from infra.pipeline.slurm import SlurmClient
 from infra.pipeline.transport import LocalTransport
 from workloads.checks import node_states
