@@ -16,7 +16,9 @@ import pytest
 
 from infra.commands.cli import main as ftstack
 from infra.pipeline.slurm import SlurmClient
+from infra.pipeline.ssh import SshTransport
 from infra.pipeline.transport import LocalTransport
+from sshd_fixtures import SshServer
 from workloads.checks import node_states
 from workloads.checks.node_states import NodeState, drained_check, parse_sinfo, problem_nodes
 
@@ -60,6 +62,17 @@ def test_readiness_refuses_names_nodes_and_reasons_unless_allowed() -> None:
 
 def _sinfo(slurm: str, node: str) -> NodeState:
     return next(s for s in SlurmClient(LocalTransport(), env={"SLURM_CONF": slurm}).node_states() if s.node == node)
+
+
+@pytest.mark.slurm
+def test_node_states_read_over_ssh_as_on_the_login_node(sshd: SshServer, slurm: str) -> None:
+    """What `ftstack status` reads on a cluster or cloud stack: sinfo through the SSH transport."""
+    with SshTransport(sshd.host, port=sshd.port, user=sshd.user, private_key=sshd.private_key,
+                      host_key=sshd.host_public_key) as transport:
+        remote = SlurmClient(transport, env={"SLURM_CONF": slurm}).node_states()
+    local = SlurmClient(LocalTransport(), env={"SLURM_CONF": slurm}).node_states()
+    assert remote and [s.node for s in remote] == [s.node for s in local]
+    assert {s.partition for s in remote} == {s.partition for s in local}
 
 
 @pytest.fixture
