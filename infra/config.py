@@ -437,35 +437,38 @@ class StackConfig(_Model):
 
 def gpu_image_preconditions(k8s_version: str, workers: list[WorkerSet], soperator_version: str) -> None:
     """The reference install's ``check_driver_presets`` preconditions (catalog.REFERENCE_DRIVER_PRESETS), plus the
-    CUDA versions the pinned Soperator has images for; raises naming what is listed."""
+    CUDA versions the pinned Soperator has images for; raises with every failed one, naming what is listed."""
     table = catalog.SUPPORTED_DRIVER_PRESETS_BY_K8S
-    listed = f"listed ({catalog.REFERENCE_DRIVER_PRESETS}): {catalog.supported_pairs()}"
-    if k8s_version not in table:
-        raise ValueError(f"nebius.k8sVersion {k8s_version}: no preinstalled GPU images for this Kubernetes version; "
-                         f"supported versions: {', '.join(sorted(table))}; {listed}")
+    offered = table.get(k8s_version, {})
     gpu = [w for w in workers if w.shape.gpus]
     preinstalled = [w for w in gpu if w.gpu_drivers == "nebius-preset"]
-    if missing := sorted({w.platform for w in preinstalled if w.node_drivers_preset is None}):
-        raise ValueError(f"driversPreset: missing for GPU platform(s): {', '.join(missing)}")
-    if missing := sorted({w.platform for w in gpu if w.node_cuda_version is None}):
-        raise ValueError(f"cudaVersion: missing (X.Y.Z form) for GPU platform(s): {', '.join(missing)}")
-    offered = table[k8s_version]
-    if unlisted := sorted({w.platform for w in preinstalled if w.platform not in offered}):
-        raise ValueError(f"nodes.workers: GPU platform(s) {', '.join(unlisted)} have no preinstalled images for "
-                         f"Kubernetes {k8s_version}; {listed}")
-    for w in preinstalled:
-        if w.node_drivers_preset not in offered[w.platform]:
-            raise ValueError(f"nodes.workers {w.name}: driversPreset {w.node_drivers_preset} is not offered for "
-                             f"{w.platform} on Kubernetes {k8s_version} (offered: {', '.join(offered[w.platform])}); "
-                             f"{listed}")
-    if len(cudas := sorted({str(w.node_cuda_version) for w in gpu})) > 1:
-        raise ValueError(f"nodes.workers: all worker sets must use the same CUDA version; found {', '.join(cudas)}")
-    if len(presets := sorted({str(w.node_drivers_preset) for w in preinstalled})) > 1:
-        raise ValueError(f"nodes.workers: all worker sets must use the same drivers preset; found {', '.join(presets)}")
+    cudas = sorted({str(w.node_cuda_version) for w in gpu if w.node_cuda_version})
+    presets = sorted({str(w.node_drivers_preset) for w in preinstalled if w.node_drivers_preset})
     images = catalog.SOPERATOR_CUDA_VERSIONS.get(soperator_version)
-    if cudas and images is not None and cudas[0] not in images:
-        raise ValueError(f"cudaVersion {cudas[0]}: Soperator {soperator_version} ships images for CUDA "
-                         f"{', '.join(images)} only")
+    failed = []
+    if k8s_version not in table:
+        failed.append(f"nebius.k8sVersion {k8s_version}: no preinstalled GPU images for this Kubernetes version; "
+                      f"supported versions: {', '.join(sorted(table))}")
+    if missing := sorted({w.platform for w in preinstalled if w.node_drivers_preset is None}):
+        failed.append(f"driversPreset: missing for GPU platform(s): {', '.join(missing)}")
+    if missing := sorted({w.platform for w in gpu if w.node_cuda_version is None}):
+        failed.append(f"cudaVersion: missing (X.Y.Z form) for GPU platform(s): {', '.join(missing)}")
+    if unlisted := sorted({w.platform for w in preinstalled if w.platform not in offered}):
+        failed.append(f"nodes.workers: GPU platform(s) {', '.join(unlisted)} have no preinstalled images for "
+                      f"Kubernetes {k8s_version}")
+    failed += [f"nodes.workers {w.name}: driversPreset {w.node_drivers_preset} is not offered for {w.platform} on "
+               f"Kubernetes {k8s_version} (offered: {', '.join(offered[w.platform])})"
+               for w in preinstalled if w.platform in offered and w.node_drivers_preset not in offered[w.platform]]
+    if len(cudas) > 1:
+        failed.append(f"nodes.workers: all worker sets must use the same CUDA version; found {', '.join(cudas)}")
+    if len(presets) > 1:
+        failed.append(f"nodes.workers: all worker sets must use the same drivers preset; found {', '.join(presets)}")
+    if images is not None and (unshipped := [c for c in cudas if c not in images]):
+        failed.append(f"cudaVersion {', '.join(unshipped)}: Soperator {soperator_version} ships images for CUDA "
+                      f"{', '.join(images)} only")
+    if failed:
+        listed = f"listed ({catalog.REFERENCE_DRIVER_PRESETS}): {catalog.supported_pairs()}"
+        raise ValueError("; ".join(failed) + f"; {listed}")
 
 
 def _decode(field: str, raw: Any) -> Any:

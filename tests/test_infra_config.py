@@ -215,6 +215,7 @@ def test_kubernetes_1_31_with_cuda12_is_refused_naming_the_listed_pairs(tmp_path
     message = str(err.value)
     assert "nebius.k8sVersion 1.31: no preinstalled GPU images" in message
     assert "supported versions: 1.35, 1.36" in message
+    assert "GPU platform(s) gpu-l40s-d have no preinstalled images for Kubernetes 1.31" in message
     assert "1.35: gpu-l40s-a cuda13.0, gpu-l40s-d cuda13.0, gpu-h100-sxm cuda13.0" in message
     assert "driver_presets.tf" in message
 
