@@ -422,8 +422,8 @@ class StackConfig(_Model):
     @property
     def cuda_version(self) -> str | None:
         """The one CUDA version of the GPU worker sets (passed to Soperator's charts), None without GPUs."""
-        found = {w.node_cuda_version for w in self.nodes.workers} - {None} if self.nodes else set()
-        return next(iter(found), None)
+        found = sorted({w.node_cuda_version for w in self.nodes.workers if w.node_cuda_version}) if self.nodes else []
+        return found[0] if found else None
 
     @property
     def monitoring_on(self) -> bool:
