@@ -57,6 +57,24 @@ class ThroughputMeasurement(BaseModel):
                 f"{self.device} ({where})")
 
 
+class ThroughputCheck(BaseModel):
+    """A run's measured training throughput beside the figure its stack was priced with before the run (an
+    estimate, a borrowed figure or an earlier run's): how far off that figure was."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    priced_tokens_per_second_per_gpu: float = Field(gt=0)
+    priced_kind: str = Field(description="configured, measured, borrowed or estimated")
+    priced_source: str = Field(description="the source line of the figure the stack was priced with")
+    measured_tokens_per_second_per_gpu: float = Field(gt=0)
+    ratio: float = Field(gt=0, description="measured / priced")
+
+    @classmethod
+    def of(cls, priced: float, kind: str, source: str, measured: float) -> ThroughputCheck:
+        return cls(priced_tokens_per_second_per_gpu=priced, priced_kind=kind, priced_source=source,
+                   measured_tokens_per_second_per_gpu=measured, ratio=round(measured / priced, 4))
+
+
 @cache
 def bench_throughputs(path: Path = DATA) -> tuple[ThroughputMeasurement, ...]:
     """The bench figures kept in the repository."""
