@@ -23,6 +23,7 @@ from document_fixtures import evaluator_report, side
 from documents.metrics import MetricsRecord
 from documents.run_config import load_run_config
 from infra.commands.run import finish_run
+from infra.commands.runs import format_table
 from infra.config import load_stack_config
 from infra.cost.price import price_stack
 from infra.pipeline.runner import PipelineRun
@@ -97,6 +98,8 @@ def test_a_measured_run_replaces_the_estimate_in_every_price_of_the_stack(dev_bu
     assert check.priced_source.startswith("estimated from NVIDIA H100 SXM ")
     assert check.measured_tokens_per_second_per_gpu == pytest.approx(STEP_TPS)
     assert check.ratio == pytest.approx(STEP_TPS / estimate, rel=1e-3)
+    table = format_table(list_runs(store, "dev")).splitlines()
+    assert "train measured/priced" in table[0] and f" {check.ratio:,.2f} " in table[-1]
 
     ran = outputs.cost.training
     assert ran.throughput_kind == "measured" and ran.tokens_per_second_per_gpu == pytest.approx(STEP_TPS)
