@@ -180,7 +180,7 @@ def test_status_prints_the_real_log_file_of_each_job(tmp_path: Path) -> None:
         "job_id": "4242", "state": "COMPLETED", "output": "/work/results/logs/local-prepare-%j.out"}}}}))
     code, out, err = finished(ftstack(repo, "status", "--stack", "guard", "--json"))
     assert code == 0, err
-    assert json.loads(out)["prepare"]["output"] == "/work/results/logs/local-prepare-4242.out"
+    assert json.loads(out)["jobs"]["prepare"]["output"] == "/work/results/logs/local-prepare-4242.out"
     code, out, err = finished(ftstack(repo, "status", "--stack", "guard"))
     assert code == 0 and "local-prepare-4242.out" in out and "%j" not in out, out
 
