@@ -27,10 +27,9 @@ from starlette.concurrency import run_in_threadpool
 from workloads.serve.auth import bearer_matches
 from workloads.serve.budget import PromptCounter, TokenBudget
 from workloads.serve.request import ChatRequest, RequestError, read_chat_request
+from workloads.serve.stream_end import ended_like_openai
 
 DRAIN_LIMIT = 256 << 20
-DONE = "data: [DONE]"
-"""the last event of every stream, as OpenAI's API and vLLM send it."""
 
 
 @dataclass(frozen=True)
@@ -55,11 +54,6 @@ class Refused(Exception):
     def __init__(self, status: int, message: str, code: str) -> None:
         super().__init__(message)
         self.status, self.code = status, code
-
-
-def sse_error(message: str, code: str) -> str:
-    """One SSE event with an OpenAI error object, as a stream reports a failure after its 200."""
-    return "data: " + json.dumps({"error": {"message": message, "type": "server_error", "code": code}}) + "\n\n"
 
 
 def error(status: int, message: str, code: str) -> JSONResponse:
@@ -244,7 +238,7 @@ async def chat_completions(request: Request) -> Response:
         return await engine_refusal(reply)
     if not parsed.stream:
         return await whole_reply(request, reply, route)
-    return StreamingResponse(relay_stream(reply, route), media_type="text/event-stream",
+    return StreamingResponse(ended_like_openai(relay_stream(reply, route), route.name), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache"})
 
 
@@ -259,21 +253,10 @@ async def engine_refusal(reply: httpx.Response) -> Response:
 
 
 async def relay_stream(reply: httpx.Response, route: Route) -> AsyncIterator[str]:
-    """The engine's SSE lines with the public model name, ended as OpenAI ends a stream: `data: [DONE]` last, after
-    an error event when the engine's stream breaks. Closing it closes the engine's stream."""
-    done, pending_blank = False, False
+    """The engine's SSE lines with the public model name; closing it closes the engine's stream."""
     try:
-        try:
-            async for line in reply.aiter_lines():
-                done = done or line.strip() == DONE
-                pending_blank = line.strip() != ""
-                yield rename_sse_line(line, route.name) + "\n"
-        except httpx.HTTPError as exc:
-            yield ("\n" if pending_blank else "") + sse_error(
-                f"engine for {route.name!r} broke the stream: {type(exc).__name__}", "engine_error")
-            pending_blank = False
-        if not done:
-            yield ("\n" if pending_blank else "") + f"{DONE}\n\n"
+        async for line in reply.aiter_lines():
+            yield rename_sse_line(line, route.name) + "\n"
     finally:
         await reply.aclose()
 
