@@ -14,4 +14,6 @@
 
 Every reader takes the text and where it came from (a path, an SSH path, an artifact key) and raises
 ``DocumentError`` naming that origin and the field at fault. Writers write beside the target and rename.
+Text from outside is decoded and parsed by ``text_input`` (UTF-8 errors with their byte offset, JSON nesting
+bounded); figures are finite (``base.Figures``); stack names and run ids follow ``names``.
 """
