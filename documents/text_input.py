@@ -46,18 +46,24 @@ def json_depth(value: Any) -> int:
     return deepest
 
 
-def load_json(text: str | bytes, origin: str) -> Any:
+def _not_json(constant: str) -> Any:
+    raise TextInputError(f"{constant} is not JSON (RFC 8259 has no NaN or Infinity)")
+
+
+def load_json(text: str | bytes, origin: str, *, standard: bool = False) -> Any:
     """`text` parsed as JSON, or a TextInputError naming `origin`: not UTF-8, not JSON, or nested deeper than
-    MAX_JSON_DEPTH."""
+    MAX_JSON_DEPTH. `standard` also refuses NaN and Infinity, which Python's JSON writes and reads but JSON lacks."""
     if isinstance(text, bytes):
         text = utf8_text(text, origin)
     too_deep = f"{origin}: JSON nested deeper than {MAX_JSON_DEPTH} levels"
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_constant=_not_json) if standard else json.loads(text)
     except RecursionError:
         raise JsonTooDeep(too_deep) from None
     except json.JSONDecodeError as error:
         raise TextInputError(f"{origin}: not valid JSON: {error}") from None
+    except TextInputError as error:
+        raise TextInputError(f"{origin}: {error}") from None
     if json_depth(value) > MAX_JSON_DEPTH:
         raise JsonTooDeep(too_deep)
     return value

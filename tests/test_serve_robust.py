@@ -146,6 +146,16 @@ def test_text_that_is_not_valid_unicode_is_a_400_naming_the_field(launcher: Laun
         assert _raw_chat(launcher, paired.replace(b'"finetuned",', b'"finetuned", "max_tokens": 2,')).status_code == 200
 
 
+@pytest.mark.parametrize("extra", [b'"temperature": NaN', b'"tools": [{"type": "function", "weight": Infinity}]',
+                                   b'"stream_options": {"x": -Infinity}'])
+def test_nan_and_infinity_are_not_json_and_are_refused(launcher: Launcher, extra: bytes) -> None:
+    body = b'{"model": "finetuned", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, ' + extra + b"}"
+    reply = _raw_chat(launcher, body)
+    assert reply.status_code == 400, reply.text
+    assert "not JSON" in reply.json()["error"]["message"] and extra.split(b":")[-1].strip(b" ]}") \
+        .decode().lstrip("-") in reply.json()["error"]["message"], reply.text
+
+
 def test_more_than_one_choice_and_a_body_that_is_not_json_are_refused(launcher: Launcher) -> None:
     body = {"model": "finetuned", "messages": _messages("hi"), "max_tokens": 2}
     reply = launcher.chat({**body, "n": 1000}, timeout=30)

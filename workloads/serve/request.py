@@ -107,7 +107,7 @@ def read_chat_request(raw: bytes, content_type: str | None) -> ChatRequest:
         raise RequestError(f"Content-Type {content_type!r} is not supported; send the body as {JSON_MEDIA_TYPE}", 415,
                            "unsupported_media_type")
     try:
-        document = load_json(raw, "request body")
+        document = load_json(raw, "request body", standard=True)
     except TextInputError as problem:
         raise RequestError(str(problem), 400, "invalid_json") from None
     if (field := invalid_text(document)) is not None:
