@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from documents.run_config import RunConfig
-from train_fixtures import LOSS_REL_TOL, trained, with_train
+from train_fixtures import LOSS_REL_TOL, trained, with_train, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -52,3 +52,23 @@ def test_qlora_shards_its_4bit_base_on_cpu(tiny_prepared: RunConfig, tmp_path: P
     assert shard == pytest.approx(whole / 2, rel=0.01), (shard, whole)
     assert fsdp == pytest.approx(ddp, rel=LOSS_REL_TOL)
     assert (fsdp_run.adapter_dir / "adapter_model.safetensors").is_file()
+
+
+def test_a_sharded_checkpoint_resumes_on_more_ranks_and_is_refused_on_one(
+        tiny_prepared: RunConfig, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """torch.distributed.checkpoint reshards the 2-rank weights and Adam states over 3 ranks; one process cannot
+    shard, so it refuses the FSDP checkpoint and says what to set."""
+    from workloads.train.finetune import main
+
+    common = {"save_steps": 2, "micro_batch_size": 1, "batching": "grouped", "parallelism": "fsdp"}
+    first = with_train(tiny_prepared, tmp_path, max_steps=4, **common)
+    trained(first, tmp_path, "two")
+    more = with_train(tiny_prepared, tmp_path, max_steps=6, **common)
+    losses, manifest = trained(more, tmp_path, "three", nproc=3)
+    assert "written by 2 ranks, resuming on 3" in (tmp_path / "three.log").read_text()
+    assert [a["resumed_from_step"] for a in manifest["attempts"]] == [4] and manifest["world_size"] == 3
+    assert len(losses) == 6 and manifest["status"] == "completed"
+    alone = with_train(tiny_prepared, tmp_path, max_steps=8, **common)
+    assert main(["--config", str(write_config(alone, tmp_path / "one.json"))]) == 2
+    error = capsys.readouterr().err
+    assert "written under fsdp and this run trains under ddp" in error and "needs 2 or more ranks" in error
