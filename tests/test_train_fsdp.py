@@ -37,6 +37,8 @@ def test_fsdp_and_ddp_give_the_same_loss_curve_and_fsdp_holds_half_the_parameter
     held = "trainable" if method == "full" else "frozen"
     whole, shard = ddp_manifest["parameter_bytes"][held], fsdp_manifest["parameter_bytes"][held]
     assert shard == pytest.approx(whole / 2, rel=0.01), (shard, whole)
+    if method == "full":  # the estimate's sharded fp32 masters against the shards rank 0 held
+        assert fsdp_manifest["parallelism"]["per_rank_bytes"]["trainable_weights"] == shard
     output = fsdp_run.train_run_dir / ("model" if method == "full" else "adapter")
     assert fsdp_manifest[("model" if method == "full" else "adapter")] == str(output)
 
