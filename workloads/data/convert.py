@@ -9,7 +9,6 @@ FILE.report.json; above the bad fraction the stage fails and writes no output.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from collections import Counter
