@@ -17,7 +17,7 @@ from eval_fixtures import start_server, stop_server
 
 from documents.run_config import RunConfig, parse_run_config
 from documents.run_manifest import RUN_MANIFEST_NAME, model_hash
-from infra.artifacts import LocalStore, upload_run
+from infra.runs.store import LocalStore, upload_run
 
 STACK = "local"
 ADAPTERS = {"desk-earnings": 4, "desk-credit": 8, "desk-filings": 12}

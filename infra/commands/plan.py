@@ -14,7 +14,7 @@ from typing import Any
 
 from infra.commands import plan_extras
 from infra.config import StackConfigError, load_stack_config
-from infra.mocks import MockResource, MockRun, run_under_mocks
+from infra.program.mocks import MockResource, MockRun, run_under_mocks
 from documents.run_config import ConfigError
 
 _KEY_PROPERTIES = (

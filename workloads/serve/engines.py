@@ -21,7 +21,7 @@ from pathlib import Path
 from documents.adapter_registry import AdapterEntry
 from documents.run_config import RunConfig
 from workloads.serve.budget import token_budget
-from workloads.serve.config import ServeConfig
+from documents.sections.serve import ServeConfig
 from workloads.serve.gateway import Route
 from workloads.serve.registry import current_run_adapter
 

@@ -25,9 +25,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from documents.adapter_registry import AdapterEntry, AdapterSpeed
+from documents.sections.serve import MODEL_NAME
 from workloads.serve.auth import bearer_matches
 from workloads.serve.budget import PromptCounter, TokenBudget
-from workloads.serve.config import MODEL_NAME
 from workloads.serve.request import ChatRequest, RequestError, parse_chat_request
 
 DRAIN_LIMIT = 256 << 20

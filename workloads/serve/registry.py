@@ -16,7 +16,7 @@ from documents.base import DocumentError
 from documents.run_config import RunConfig
 from documents.run_manifest import RUN_MANIFEST_NAME, RunManifest, load_run_manifest, model_hash, read_run_manifest
 from documents.run_record import RunIndex, read_run_record
-from workloads.serve.config import MODEL_NAME
+from documents.sections.serve import MODEL_NAME
 
 RUN_INDEX_NAME = "run.json"
 STORED_MANIFEST = f"train/{RUN_MANIFEST_NAME}"

@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 
 from documents.adapter_registry import SERVED_SET_NAME, ServedSet, write_served_set
-from workloads.common.atomic import write_text_atomic
+from documents.atomic import write_text_atomic
 from workloads.common.job_metrics import JobFigures, JobMetricsFile
 from workloads.serve.gateway import Gateway
 

@@ -23,7 +23,7 @@ from documents.stack_outputs import StackOutputs, write_stack_outputs
 from documents.throughput import ThroughputMeasurement
 from documents.evaluator_report import read_evaluator_report
 from documents.metrics import read_metrics
-from workloads.common.atomic import atomic_file
+from documents.atomic import atomic_file
 from documents.run_config import load_run_config
 from documents.run_manifest import RUN_MANIFEST_NAME
 from documents.metrics import METRICS_NAME
@@ -397,7 +397,7 @@ def store_for_stack(
     """
     if stack_config.target in ("local", "cluster"):
         return local_store(repo_root)
-    from infra.backends import nebius_s3_endpoint
+    from infra.program.backends import nebius_s3_endpoint
 
     bucket = bucket or os.environ.get(ARTIFACTS_BUCKET_ENV)
     if not bucket:
