@@ -12,16 +12,16 @@ copy per fine-tune, kept for the run's own merged model only.
 from __future__ import annotations
 
 import importlib.util
-import json
 import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from documents.adapter_registry import AdapterEntry
+from documents.hf_files import read_adapter_config, write_adapter_config
 from documents.run_config import RunConfig
-from workloads.serve.budget import token_budget
 from documents.sections.serve import ServeConfig
+from workloads.serve.budget import token_budget
 from workloads.serve.gateway import Route
 from workloads.serve.registry import current_run_adapter
 
@@ -99,9 +99,8 @@ def adapter_view(run: RunConfig, target: Path) -> Path:
     for item in adapter.iterdir():
         if item.name.startswith("adapter_model"):
             shutil.copy2(item, target / item.name)
-    config = json.loads((adapter / "adapter_config.json").read_text())
-    config["base_model_name_or_path"] = str(base)
-    (target / "adapter_config.json").write_text(json.dumps(config, indent=2))
+    config = read_adapter_config(adapter)
+    write_adapter_config(target, config.model_copy(update={"base_model_name_or_path": str(base)}))
     for name in TOKENIZER_FILES:
         if (base / name).exists():
             shutil.copy2(base / name, target / name)

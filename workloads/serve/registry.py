@@ -8,11 +8,11 @@ from any store through `adapter_entry`.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from documents.adapter_registry import AdapterEntry, EvalSummary
 from documents.base import DocumentError
+from documents.hf_files import read_adapter_config
 from documents.run_config import RunConfig
 from documents.run_manifest import RUN_MANIFEST_NAME, RunManifest, load_run_manifest, model_hash, read_run_manifest
 from documents.run_record import RunIndex, read_run_record
@@ -94,15 +94,6 @@ def check_base(entry: AdapterEntry, base_sha: str, base_path: str) -> AdapterEnt
     return entry
 
 
-def adapter_rank(folder: Path) -> int | None:
-    """The rank `r` in a PEFT adapter folder's adapter_config.json, if it states one."""
-    try:
-        rank = json.loads((folder / "adapter_config.json").read_text(encoding="utf-8")).get("r")
-    except (OSError, ValueError):
-        return None
-    return rank if isinstance(rank, int) and rank > 0 else None
-
-
 def current_run_adapter(run: RunConfig, name: str) -> AdapterEntry:
     """Today's default: the run config's own adapter, under `name` (trained here on the served base, when no run
     manifest says otherwise)."""
@@ -111,7 +102,7 @@ def current_run_adapter(run: RunConfig, name: str) -> AdapterEntry:
         return adapter_entry(name, run.name, manifest)
     sha, path = served_base(run)
     return AdapterEntry(name=name, run_id=run.name, run_name=run.name, adapter_dir=str(run.adapter_dir),
-                        base_model_sha256=sha, base_model_path=path, rank=adapter_rank(run.adapter_dir))
+                        base_model_sha256=sha, base_model_path=path, rank=read_adapter_config(run.adapter_dir).r)
 
 
 def resolve_adapters(run: RunConfig, wanted: dict[str, str], store_dir: Path, default_name: str) -> list[AdapterEntry]:

@@ -11,7 +11,6 @@ run_manifest.json under the run's output folder.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import shutil
@@ -23,6 +22,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PrinterCallback, Trainer
 
 from documents.atomic import atomic_dir
+from documents.hf_files import MODEL_CONFIG
 from documents.run_config import ConfigError, RunConfig, load_run_config
 from workloads.train import attention, checkpoints, fused_loss
 from documents.train_plan import Batching, BatchingDecision, planned_batching
@@ -54,7 +54,7 @@ from documents.metrics import METRICS_NAME, truncate_metrics
 from workloads.common.job_metrics import JobMetricsFile
 from workloads.train.loss_chart import plot_loss
 from workloads.train.metrics_callback import MetricsCallback, TokenCounter
-from workloads.train.model_shapes import shape_from_hf_config
+from workloads.train.model_shapes import shape_from_model_folder
 from documents.train_plan import BatchPlan
 from workloads.train.sizing import plan_batches
 from workloads.train.preemption import INTERRUPTED_EXIT, STOP_FILE_ENV, PreemptionCallback, StopRequest
@@ -192,10 +192,9 @@ def gpu_memory_gib() -> float | None:
 
 def batch_plan(run: RunConfig, model_dir: Path, batching: Batching | None = None) -> BatchPlan:
     """Micro-batch tokens, accumulation and checkpointing for this machine (see workloads.train.sizing)."""
-    config = model_dir / "config.json"
-    if not config.is_file():
+    if not (model_dir / MODEL_CONFIG).is_file():
         raise FileNotFoundError(f"{model_dir}: no config.json (run the prepare stage first)")
-    shape = shape_from_hf_config(json.loads(config.read_text(encoding="utf-8")))
+    shape = shape_from_model_folder(model_dir)
     return plan_batches(run, shape, gpu_memory_gib(), batching)
 
 
