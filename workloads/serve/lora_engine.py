@@ -77,19 +77,14 @@ class AdapterModel:
         from peft import PeftModel
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        if not adapters:
-            raise ValueError("the adapter engine needs at least one adapter (serve the base alone with transformers)")
-        self.torch = torch
+        self.torch, self.peft_model = torch, PeftModel
         self.tokenizer = AutoTokenizer.from_pretrained(base)
         torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
-        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch_dtype).to(device)
-        first, *rest = adapters.items()
-        self.model = PeftModel.from_pretrained(model, str(first[1]), adapter_name=first[0])
-        for name, path in rest:
-            self.model.load_adapter(str(path), adapter_name=name)
-        self.model.eval()
-        self.device, self.max_loras = device, max_loras
-        self.adapters = set(adapters)
+        self.model = AutoModelForCausalLM.from_pretrained(base, dtype=torch_dtype).to(device).eval()
+        self.adapters: set[str] = set()
+        self.device, self.max_loras = device, max(max_loras, len(adapters))
+        for name, path in adapters.items():
+            self.load(name, str(path))
         eos = self.model.generation_config.eos_token_id
         self.eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         if self.tokenizer.eos_token_id is not None:
@@ -107,7 +102,10 @@ class AdapterModel:
             raise ValueError(f"{len(self.adapters)} adapters are loaded, the most this engine holds (--max-loras)")
         if not (Path(path) / "adapter_config.json").is_file():
             raise ValueError(f"{path}: no adapter_config.json")
-        self.model.load_adapter(path, adapter_name=name)
+        if isinstance(self.model, self.peft_model):
+            self.model.load_adapter(path, adapter_name=name)
+        else:
+            self.model = self.peft_model.from_pretrained(self.model, path, adapter_name=name).eval()
         self.adapters.add(name)
 
     def unload(self, name: str) -> None:
@@ -153,8 +151,9 @@ class AdapterModel:
         step_ids = ids
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         for _ in range(max(r.max_tokens for r in rows)):
+            routing = {"adapter_names": names} if self.adapters else {}
             out = self.model(input_ids=step_ids, attention_mask=mask, position_ids=positions, past_key_values=past,
-                             use_cache=True, adapter_names=names)
+                             use_cache=True, **routing)
             past = out.past_key_values
             tokens = self.next_tokens(out.logits[:, -1, :], rows, generators)
             for i, (row, token) in enumerate(zip(rows, tokens)):
