@@ -20,7 +20,7 @@ from typing import Any
 from infra.runs.store import ARTIFACTS_BUCKET_ENV, ArtifactError, ArtifactStore, list_runs, store_for_stack, upload_run
 from infra.config import StackConfig, StackConfigError, load_stack_config, stack_file
 from infra.cost.report import CostReport, cost_report, render_chat_table, stack_gpu_model
-from infra.program.outputs import measured_chat, measured_scenario, pipeline_section, with_measured_chat
+from infra.program.outputs import measured_chat, measured_scenario, pipeline_section, serving_section, with_measured_chat
 from infra.program.build import stack_identity
 from infra.pipeline.fetch import fetch_run
 from infra.pipeline.run_lock import StackBusy
@@ -30,6 +30,7 @@ from infra.pipeline.slurm import SlurmError
 from infra.pipeline.transport import TransportError
 from infra.program.backends import find_repo_root
 from documents.atomic import write_text_atomic
+from documents.adapter_registry import SERVED_SET_NAME, ServedSet, read_served_set
 from documents.run_config import ConfigError
 from documents.base import DocumentError
 from documents.metrics import METRICS_NAME, read_metrics
@@ -68,13 +69,23 @@ def open_spec(args: argparse.Namespace, stack: StackConfig) -> dict[str, Any]:
                           repo_root=find_repo_root())
 
 
-def run_outputs(stack: StackConfig, cost: CostReport, result: PipelineRun) -> StackOutputs:
-    """The run as stack outputs (the README's stack outputs contract), as the program writes them."""
+def run_outputs(stack: StackConfig, cost: CostReport, result: PipelineRun, served: ServedSet | None = None) -> StackOutputs:
+    """The run as stack outputs (the README's stack outputs contract), as the program writes them; with the
+    server's adapters when it reported them."""
     section = cost.section()
     if section.chats:
         section = with_measured_chat(section, measured_chat(cost.monthly, stack.pricing.chat, result.evaluation))
     return StackOutputs(**stack_identity(stack), cost=section,
-                        pipeline=pipeline_section(result.bundle_hash, result.jobs, result.evaluation))
+                        pipeline=pipeline_section(result.bundle_hash, result.jobs, result.evaluation),
+                        serving=serving_section(cost.monthly, stack.pricing.chat, served) if served else None)
+
+
+def local_served_set(stack: StackConfig, repo: Path) -> ServedSet | None:
+    """The local server's served set (`served_adapters.json` in the run's results folder), if it wrote one."""
+    if stack.target != "local":
+        return None
+    path = load_run_config(repo / stack.pipeline.run_config).results_dir / SERVED_SET_NAME
+    return read_served_set(path.read_bytes(), str(path)) if path.is_file() else None
 
 
 def outputs_path(repo: Path, stack: str) -> Path:
@@ -140,13 +151,15 @@ def finish_run(stack: StackConfig, repo: Path, result: PipelineRun, spec: dict[s
     store = store_for_stack(stack, repo) if stack.target != "nebius" or os.environ.get(ARTIFACTS_BUCKET_ENV) else None
     stored = stored_run(store, stack, result) if store is not None else None
     if stored is not None:
-        outputs = run_outputs(stack, cost_report(stack, measured=stored.throughput, prepared=prepared), result)
+        outputs = run_outputs(stack, cost_report(stack, measured=stored.throughput, prepared=prepared), result,
+                              local_served_set(stack, repo))
         return outputs, None
     with tempfile.TemporaryDirectory(prefix="ft-fetch-") as tmp:
         folders = run_folders(stack, result, spec, Path(tmp))
         run_id = new_run_id(result)
         throughput = measured_throughput(stack, repo, folders, run_id)
-        outputs = run_outputs(stack, cost_report(stack, measured=throughput, prepared=prepared), result)
+        outputs = run_outputs(stack, cost_report(stack, measured=throughput, prepared=prepared), result,
+                              local_served_set(stack, repo))
         where = _upload(store, stack, repo, result, run_id, folders, outputs, throughput) if store is not None else None
     return outputs, where
 
@@ -171,13 +184,13 @@ def run(args: argparse.Namespace) -> int:
         try:
             outputs, where = finish_run(stack, repo, result, spec, prepare.summary if prepare is not None else None)
         except (ArtifactError, TransportError, DocumentError) as error:
-            write_outputs(path, run_outputs(stack, cost_report(stack), result))
+            write_outputs(path, run_outputs(stack, cost_report(stack), result, local_served_set(stack, repo)))
             print(f"ftstack run: artifacts not stored (local copies kept): {error}", file=sys.stderr)
             return 1
         if where:
             print(f"artifacts stored in {where}", file=sys.stderr)
     else:
-        outputs = run_outputs(stack, cost_report(stack), result)
+        outputs = run_outputs(stack, cost_report(stack), result, local_served_set(stack, repo))
     write_outputs(path, outputs)
     print(f"outputs written to {path}", file=sys.stderr)
     if args.json:
