@@ -245,9 +245,22 @@ def bench_adapters(args: argparse.Namespace, base: Path, tokenizer) -> dict:
         mixed = spread_load(api, ["base", *adapters], args.clients, args.requests, args.max_tokens, tokenizer)
     finally:
         stop_launcher(proc)
-    return {"memory": memory, "load": {"base_only": base_only, "base_and_adapters": mixed,
-                                       "mixed_over_base_only": ratio(mixed["throughput_tokens_per_second"],
-                                                                     base_only["throughput_tokens_per_second"])}}
+    print("bench: adapters: one merged fine-tune in transformers serve", file=sys.stderr, flush=True)
+    merged_copy(base, next(iter(adapters.values())), run.merged_dir)
+    merged_run = run.model_copy(update={"serve": run.serve.model_copy(update={"engine": "transformers",
+                                                                              "cb_num_blocks": 64})})
+    config.write_text(merged_run.model_dump_json())
+    proc, url = start_launcher(config, ["--no-base"], env, work / "serve-merged.log", args.startup_timeout, cwd=ROOT)
+    try:
+        one_request(f"{url}/v1", "finetuned", [{"role": "user", "content": FIXED_PROMPTS[0]}], 4, tokenizer)
+        merged = spread_load(f"{url}/v1", ["finetuned"], args.clients, args.requests, args.max_tokens, tokenizer)
+    finally:
+        stop_launcher(proc)
+    return {"memory": memory, "load": {
+        "base_only": base_only, "base_and_adapters": mixed, "merged_transformers_serve": merged,
+        "mixed_over_base_only": ratio(mixed["throughput_tokens_per_second"], base_only["throughput_tokens_per_second"]),
+        "mixed_over_merged": ratio(mixed["throughput_tokens_per_second"], merged["throughput_tokens_per_second"]),
+    }}
 
 
 def main(argv: list[str] | None = None) -> int:
