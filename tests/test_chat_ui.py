@@ -105,7 +105,7 @@ def adapters_chat(adapter_runs, tmp_path_factory):
 def _pick(page, elem_id: str, name: str) -> None:
     box = page.locator(f"#{elem_id} input")
     box.click()
-    page.get_by_role("option", name=name, exact=True).click()
+    page.locator(f"#{elem_id}").get_by_role("option", name=name, exact=True).click()
     page.wait_for_function(f"() => document.querySelector('#{elem_id} input').value === '{name}'", timeout=30_000)
 
 
