@@ -175,3 +175,20 @@ def test_figures_per_adapter(multi, adapter_runs) -> None:
     for name in NAMES[:2]:
         assert f'ftstack_serve_requests{{hpc_job="4242",stage="serve",adapter="{name}"}}' in prom
         assert f'ftstack_serve_time_to_first_token_s{{hpc_job="4242",stage="serve",adapter="{name}"}}' in prom
+
+
+def test_ftstack_runs_lists_the_stored_adapters(adapter_runs) -> None:
+    from infra.commands.runs import adapter_entries, format_adapters
+    from infra.runs.store import LocalStore, list_runs
+
+    store = LocalStore(adapter_runs.store_dir)
+    entries = {e.run_id: e for e in adapter_entries(store, "local", list_runs(store, "local"))}
+    assert set(entries) == {f"run-{name}" for name in [*ADAPTERS, SPARE]} | {adapter_runs.foreign_run}
+    base_sha = entries[f"run-{NAMES[0]}"].base_model_sha256
+    for name, rank in ADAPTERS.items():
+        entry = entries[f"run-{name}"]
+        assert entry.rank == rank and entry.dataset_sha256 == f"{rank:064x}" and entry.base_model_sha256 == base_sha
+        assert Path(entry.adapter_dir, "adapter_config.json").is_file()
+    assert entries[adapter_runs.foreign_run].base_model_sha256 != base_sha
+    table = format_adapters(list(entries.values()))
+    assert table.splitlines()[0].startswith("adapter (run id)") and f"run-{NAMES[1]}" in table
