@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from documents.base import parse
-from documents.throughput import ThroughputMeasurement
+from documents.throughput import ThroughputCheck, ThroughputMeasurement
 
 
 class RunIndex(BaseModel):
@@ -37,6 +37,8 @@ class RunIndex(BaseModel):
     throughput: ThroughputMeasurement | None = None
     """the run's one throughput figure: real tokens over logged time for the whole run, per device, with its basis
     and provenance (what the stack's training-run cost is priced with)."""
+    throughput_check: ThroughputCheck | None = None
+    """the figure the stack was priced with before this run measured its own (estimate, measurement, ratio)."""
 
     @model_validator(mode="before")
     @classmethod

@@ -38,6 +38,8 @@ class ThroughputMeasurement(BaseModel):
     method: str = Field(description="qlora, lora or full")
     mfu_6n: float | None = Field(None, gt=0, le=1)
     setup: str = ""
+    micro_batch_tokens: int | None = Field(None, gt=0, description="tokens per micro-batch it trained with")
+    gradient_checkpointing: bool | None = Field(None, description="whether it recomputed activations")
     date: str
     origin: Literal["run", "bench"] = "bench"
     stack: str | None = Field(None, description="the stack whose run measured it")
@@ -55,6 +57,24 @@ class ThroughputMeasurement(BaseModel):
                 f"{self.device} ({where})")
 
 
+class ThroughputCheck(BaseModel):
+    """A run's measured training throughput beside the figure its stack was priced with before the run (an
+    estimate, a borrowed figure or an earlier run's): how far off that figure was."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    priced_tokens_per_second_per_gpu: float = Field(gt=0)
+    priced_kind: str = Field(description="configured, measured, borrowed or estimated")
+    priced_source: str = Field(description="the source line of the figure the stack was priced with")
+    measured_tokens_per_second_per_gpu: float = Field(gt=0)
+    ratio: float = Field(gt=0, description="measured / priced")
+
+    @classmethod
+    def of(cls, priced: float, kind: str, source: str, measured: float) -> ThroughputCheck:
+        return cls(priced_tokens_per_second_per_gpu=priced, priced_kind=kind, priced_source=source,
+                   measured_tokens_per_second_per_gpu=measured, ratio=round(measured / priced, 4))
+
+
 @cache
 def bench_throughputs(path: Path = DATA) -> tuple[ThroughputMeasurement, ...]:
     """The bench figures kept in the repository."""
@@ -64,12 +84,6 @@ def bench_throughputs(path: Path = DATA) -> tuple[ThroughputMeasurement, ...]:
         raise DocumentError(f"{path}: cannot read training throughput data: {error}") from None
     except ValidationError as error:
         raise DocumentError(f"{path}: invalid training throughput data ({describe(error)})") from None
-
-
-def bench_throughput(gpu_model: str, model: str, method: str) -> ThroughputMeasurement | None:
-    """The newest bench figure for this GPU model, model and method, if one was measured."""
-    found = [m for m in bench_throughputs() if (m.gpu_model, m.model, m.method) == (gpu_model, model, method)]
-    return max(found, key=lambda m: m.date) if found else None
 
 
 def run_tokens_per_second(records: list[MetricsRecord], job_id: str | None = None) -> float | None:
@@ -89,10 +103,14 @@ def measure_run(records: list[MetricsRecord], manifest: RunManifest, *, gpu_mode
     run = parse_run_config(manifest.config, f"{source}: run_manifest.json config")
     device = manifest.device or "unknown device"
     on_gpu = gpu_model is not None or manifest.device_kind == "gpu"
+    plan = manifest.batch_plan
     return ThroughputMeasurement(
         tokens_per_second_per_device=round(overall / manifest.world_size, 3),
         device_kind="gpu" if on_gpu else "cpu", gpu_model=gpu_model, device=device, devices=manifest.world_size,
         model=run.model.source, method=run.train.method if run.train else "unknown",
-        setup=f"{manifest.nodes} node(s), {manifest.precision}", date=(manifest.ended or manifest.started or "")[:10],
+        setup=f"{manifest.nodes} node(s), {manifest.precision}",
+        micro_batch_tokens=plan.micro_batch_tokens if plan else None,
+        gradient_checkpointing=plan.gradient_checkpointing if plan else None,
+        date=(manifest.ended or manifest.started or "")[:10],
         origin="run", stack=stack, run_id=run_id, source=source,
     )

@@ -16,7 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from infra.config import StackConfig
-from infra.cost.report import cost_report, load_run, render_table, report_document
+from infra.cost.price import price_stack
+from infra.cost.report import render_table, report_document
+from infra.cost.training import REPO_ROOT, load_run
+from infra.runs.measured import price_inputs
 from infra.program.mocks import MockRun
 
 
@@ -55,7 +58,7 @@ def _plan_check() -> Callable[..., Any]:
 
 
 def plan_extras(cfg: StackConfig, result: MockRun, args: argparse.Namespace) -> PlanExtras:
-    report = cost_report(cfg)
+    report = price_stack(cfg, price_inputs(cfg, REPO_ROOT))
     text = ["", render_table(report)]
     document: dict[str, Any] = {"cost": report_document(report)}
     code = 0
@@ -68,4 +71,5 @@ def plan_extras(cfg: StackConfig, result: MockRun, args: argparse.Namespace) -> 
             mark = "pass" if r.passed else ("FAIL" if r.enforcement == "mandatory" else "warn")
             text.append(f"  [{mark}] {r.policy} ({r.enforcement})")
             text += [f"         {v}" for v in r.violations]
+            text += [f"         note: {n}" for n in r.notes]
     return PlanExtras("\n".join(text), document, code)

@@ -19,7 +19,8 @@ from workloads.serve.registry import STORED_MANIFEST, RegistryError, adapter_ent
 from infra.config import StackConfigError, load_stack_config
 from infra.program.backends import find_repo_root
 
-COLUMNS = ("run", "started", "finished", "ppl base", "ppl tuned", "ppl gain %", "tokens/s/device", "cost $", "jobs")
+COLUMNS = ("run", "started", "finished", "ppl base", "ppl tuned", "ppl gain %", "tokens/s/device",
+           "train measured/priced", "cost $", "jobs")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -81,6 +82,7 @@ def table_rows(runs: list[RunIndex]) -> list[tuple[str, ...]]:
             _fmt(r.perplexity_finetuned, 3),
             _fmt(r.perplexity_improvement_pct, 1),
             _fmt(r.throughput.tokens_per_second_per_device if r.throughput else None, 1),
+            _fmt(r.throughput_check.ratio if r.throughput_check else None, 2),
             _fmt(r.cost_usd, 2),
             " ".join(f"{stage}={job}" for stage, job in r.job_ids.items()) or "-",
         )

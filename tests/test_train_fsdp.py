@@ -1,0 +1,78 @@
+"""Sharded training (FSDP2) on CPU: 2 ranks over gloo, the tiny model, the same rows and seed as DDP."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from documents.run_config import RunConfig
+from train_fixtures import LOSS_REL_TOL, trained, with_train, write_config
+
+pytestmark = pytest.mark.slow
+
+STEPS = 20
+
+
+def pair(tiny_prepared: RunConfig, tmp_path: Path, **train: Any) -> tuple[RunConfig, RunConfig]:
+    common = {"max_steps": STEPS, "save_steps": 100, "micro_batch_size": 1, "batching": "grouped",
+              "learning_rate": 1e-3, **train}
+    return (with_train(tiny_prepared, tmp_path / "ddp", parallelism="ddp", **common),
+            with_train(tiny_prepared, tmp_path / "fsdp", parallelism="fsdp", **common))
+
+
+@pytest.mark.parametrize("method", ["lora", "full"])
+def test_fsdp_and_ddp_give_the_same_loss_curve_and_fsdp_holds_half_the_parameters(
+        tiny_prepared: RunConfig, tmp_path: Path, method: str) -> None:
+    ddp_run, fsdp_run = pair(tiny_prepared, tmp_path, method=method)
+    ddp, ddp_manifest = trained(ddp_run, tmp_path, "ddp")
+    fsdp, fsdp_manifest = trained(fsdp_run, tmp_path, "fsdp")
+    assert len(ddp) == len(fsdp) == STEPS
+    assert fsdp[0] == ddp[0]
+    for step, (a, b) in enumerate(zip(ddp, fsdp), start=1):
+        assert b == pytest.approx(a, rel=LOSS_REL_TOL), f"step {step}: ddp {a} fsdp {b}"
+    assert (ddp_manifest["parallelism"]["strategy"], fsdp_manifest["parallelism"]["strategy"]) == ("ddp", "fsdp")
+    assert fsdp_manifest["parallelism"]["shards"] == 2 and fsdp_manifest["world_size"] == 2
+    held = "trainable" if method == "full" else "frozen"
+    whole, shard = ddp_manifest["parameter_bytes"][held], fsdp_manifest["parameter_bytes"][held]
+    assert shard == pytest.approx(whole / 2, rel=0.01), (shard, whole)
+    if method == "full":  # the estimate's sharded fp32 masters against the shards rank 0 held
+        assert fsdp_manifest["parallelism"]["per_rank_bytes"]["trainable_weights"] == shard
+    output = fsdp_run.train_run_dir / ("model" if method == "full" else "adapter")
+    assert fsdp_manifest[("model" if method == "full" else "adapter")] == str(output)
+
+
+def test_qlora_shards_its_4bit_base_on_cpu(tiny_prepared: RunConfig, tmp_path: Path) -> None:
+    """bitsandbytes' NF4 weights stored in the compute dtype (fp32 on CPU) are ordinary floating tensors to FSDP:
+    each rank keeps half of every packed weight, and training matches DDP's (with activation checkpointing, as the
+    shipped QLoRA configs train)."""
+    ddp_run, fsdp_run = pair(tiny_prepared, tmp_path, quantization="4bit", max_steps=4, gradient_checkpointing=True)
+    ddp, ddp_manifest = trained(ddp_run, tmp_path, "ddp")
+    fsdp, fsdp_manifest = trained(fsdp_run, tmp_path, "fsdp")
+    assert fsdp_manifest["parallelism"]["method"] == "qlora" and fsdp_manifest["parallelism"]["strategy"] == "fsdp"
+    whole, shard = ddp_manifest["parameter_bytes"]["frozen"], fsdp_manifest["parameter_bytes"]["frozen"]
+    assert shard == pytest.approx(whole / 2, rel=0.01), (shard, whole)
+    assert fsdp == pytest.approx(ddp, rel=LOSS_REL_TOL)
+    assert fsdp_manifest["batch_plan"]["gradient_checkpointing"] is True
+    assert (fsdp_run.adapter_dir / "adapter_model.safetensors").is_file()
+
+
+def test_a_sharded_checkpoint_resumes_on_more_ranks_and_is_refused_on_one(
+        tiny_prepared: RunConfig, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """torch.distributed.checkpoint reshards the 2-rank weights and Adam states over 3 ranks; one process cannot
+    shard, so it refuses the FSDP checkpoint and says what to set."""
+    from workloads.train.finetune import main
+
+    common = {"save_steps": 2, "micro_batch_size": 1, "batching": "grouped", "parallelism": "fsdp"}
+    first = with_train(tiny_prepared, tmp_path, max_steps=4, **common)
+    trained(first, tmp_path, "two")
+    more = with_train(tiny_prepared, tmp_path, max_steps=6, **common)
+    losses, manifest = trained(more, tmp_path, "three", nproc=3)
+    assert "written by 2 ranks, resuming on 3" in (tmp_path / "three.log").read_text()
+    assert [a["resumed_from_step"] for a in manifest["attempts"]] == [4] and manifest["world_size"] == 3
+    assert len(losses) == 6 and manifest["status"] == "completed"
+    alone = with_train(tiny_prepared, tmp_path, max_steps=8, **common)
+    assert main(["--config", str(write_config(alone, tmp_path / "one.json"))]) == 2
+    error = capsys.readouterr().err
+    assert "written under fsdp and this run trains under ddp" in error and "needs 2 or more ranks" in error
