@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -311,10 +312,12 @@ async def engine_refusal(reply: httpx.Response) -> Response:
         return Response(content, status_code=reply.status_code, media_type=reply.headers.get("content-type"))
 
 
+CONTENT = re.compile(r'"content":\s*"[^"]')
+
+
 def has_content(line: str) -> bool:
     """Whether an SSE line carries generated text (one streamed chunk: about one token)."""
-    return line.startswith("data:") and '"content"' in line and '"content": ""' not in line \
-        and '"content":""' not in line
+    return line.startswith("data:") and CONTENT.search(line) is not None
 
 
 async def relay_stream(reply: httpx.Response, route: Route, meter: SpeedMeter, started: float) -> AsyncIterator[str]:

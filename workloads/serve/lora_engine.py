@@ -120,9 +120,9 @@ class AdapterModel:
         self.adapters.discard(name)
 
     def routing(self, names: list[str]) -> tuple[AbstractContextManager, dict[str, Any]]:
-        """How one forward applies the rows' adapters: peft's per-row `adapter_names` only for a mixed batch (on
-        CPU it costs about 2.4x a plain step, see docs); one adapter for all rows is set active, all-base
-        rows run with the adapters disabled."""
+        """How one forward applies the rows' adapters: peft's per-row `adapter_names` (a split of every LoRA
+        layer's input by adapter) only for a mixed batch; one adapter for all rows is set active, all-base rows
+        run with the adapters disabled."""
         unique = set(names)
         if not self.adapters:
             return nullcontext(), {}
