@@ -8,6 +8,7 @@ import json
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -42,6 +43,10 @@ def multi(adapter_runs: AdapterRuns, tmp_path_factory: pytest.TempPathFactory):
 
 def test_each_adapter_answers_as_when_served_alone(adapter_runs, multi, tmp_path) -> None:
     together = {(name, p): greedy(multi, name, p) for name in NAMES for p in PROMPTS}
+    jobs = [(name, p) for name in ["base", *NAMES] for p in PROMPTS]
+    with ThreadPoolExecutor(len(jobs)) as pool:  # at once: rows of different adapters decoded in one batch
+        mixed = dict(zip(jobs, pool.map(lambda job: greedy(multi, *job), jobs)))
+    assert {job: mixed[job] for job in together} == together
     for name in NAMES:
         with adapter_server(adapter_runs, tmp_path / name, [name]) as alone:
             for prompt in PROMPTS:
