@@ -1,13 +1,18 @@
 """Serving benchmark: base against fine-tuned, at concurrency 1 and 16, through the real endpoint.
 
-Starts the server itself (python -m workloads.serve.launch) twice in one run:
+Starts the server itself (python -m workloads.serve.launch) for each path:
   1. merged:       base + merged fine-tuned model, each in `transformers serve` with continuous batching;
-  2. adapter-4bit: the base loaded in 4-bit NF4 with the LoRA adapter left unmerged (the seed's setup).
+  2. adapter-4bit: the base loaded in 4-bit NF4 with the LoRA adapter left unmerged (the seed's setup);
+  3. adapters:     one peft engine with the base and N adapters (distinct random LoRA weights registered as
+                   stored runs): resident memory against the base alone and against a `transformers serve`
+                   process per fine-tune (merged copies; target <= 1.25x the base alone), then the clients
+                   spread over base and adapters against the same clients all on base (tokens/s per name).
 For every model and concurrency it streams the same test prompts and prints one JSON document:
 time to first token, time per output token and output tokens/s per request (median, p90), aggregate output
 tokens/s, the fine-tuned/base throughput ratio per concurrency (target >= 0.95) and batched/single ratios.
 
-    .venv/bin/python bench/serve.py --config workloads/configs/local.json [--max-tokens 32] [--paths merged adapter-4bit]
+    .venv/bin/python bench/serve.py --config workloads/configs/local.json [--max-tokens 32] [--paths merged adapter-4bit adapters]
+    .venv/bin/python bench/serve.py --paths adapters --base DIR --clients 4 --requests 4 --max-tokens 8   # smallest
 """
 
 from __future__ import annotations
@@ -32,13 +37,23 @@ from concurrent.futures import ThreadPoolExecutor
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from documents.run_config import load_run_config  # noqa: E402
+sys.path.insert(0, str(ROOT / "tests"))  # adapter_runs: adapters registered as stored runs, shared with the tests
+
+from adapter_runs import register_run, save_adapter  # noqa: E402
+from infra.runs.store import LocalStore  # noqa: E402
+
+from documents.run_config import load_run_config, parse_run_config  # noqa: E402
 from workloads.eval.generation import read_prompts  # noqa: E402
 from workloads.eval.perplexity import load_tokenized  # noqa: E402
 from workloads.serve.client import stream_chat  # noqa: E402
-from workloads.serve.process import start_launcher, stop_launcher  # noqa: E402
+from workloads.serve.process import free_port, start_launcher, stop_launcher  # noqa: E402
 
 TARGET_RATIO = 0.95
+MEMORY_TARGET = 1.25
+"""base + adapters in one server over the base alone (resident memory)"""
+FIXED_PROMPTS = ["What is a bond?", "Summarise a quarterly earnings report in two lines.",
+                 "What does a credit memo say about a borrower?", "Explain EBITDA to a new analyst.",
+                 "What is in an annual filing?", "Why do interest rates move bond prices?"]
 
 
 def start(config: Path, finetuned: str, with_base: bool, log: Path, timeout_s: float) -> tuple[subprocess.Popen, str]:
@@ -92,29 +107,197 @@ def ratio(a: float, b: float) -> float | None:
     return a / b if b else None
 
 
+def tree_rss_bytes(pid: int) -> int:
+    """Resident memory of a process and every descendant (VmRSS from /proc)."""
+    total, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            status = Path(f"/proc/{current}/status").read_text()
+            children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
+        except OSError:
+            continue
+        total += next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+        todo += [int(c) for c in children]
+    return total
+
+
+def engine_rss(argv: list[str], url: str, model: str, log: Path, timeout_s: float) -> int:
+    """Start one engine process, answer one request (weights and caches touched), return its resident memory."""
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"engine did not start; {log}:\n{log.read_text()[-2000:]}")
+            try:
+                import httpx
+
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except Exception:
+                pass
+            time.sleep(0.5)
+        for _ in stream_chat(f"{url}/v1", model, [{"role": "user", "content": FIXED_PROMPTS[0]}], max_tokens=4):
+            pass
+        return tree_rss_bytes(proc.pid)
+    finally:
+        stop_launcher(proc, grace_s=10)
+
+
+def make_adapter_runs(base: Path, work: Path, count: int) -> dict[str, Path]:
+    """`count` adapters of `base` with distinct weights, registered as runs in a store under `work`."""
+    store = LocalStore(work / "store")
+    adapters = {}
+    for i in range(count):
+        name = f"desk-{i + 1}"
+        adapters[name] = work / "adapters" / name
+        save_adapter(base, adapters[name], rank=8, seed=100 + i)
+        register_run(store, work / "runs", f"run-{name}", base, adapters[name], 8)
+    return adapters
+
+
+def merged_copy(base: Path, adapter: Path, out: Path) -> Path:
+    from workloads.train.export import merge_adapter
+
+    merge_adapter(adapter, base, out)
+    return out
+
+
+def memory_comparison(base: Path, adapters: dict[str, Path], work: Path, timeout_s: float) -> dict:
+    """Resident memory: base alone, base + every adapter in one peft engine, and a process per fine-tune."""
+    def peft_argv(port: int, names: list[str]) -> list[str]:
+        return [sys.executable, "-m", "workloads.serve.lora_engine", "--base", str(base), "--port", str(port),
+                "--dtype", "float32", *[a for n in names for a in ("--adapter", f"{n}={adapters[n]}")]]
+
+    def transformers_argv(folder: Path, port: int) -> list[str]:
+        return [sys.executable, "-m", "transformers.cli.transformers", "serve", str(folder), "--host", "127.0.0.1",
+                "--port", str(port), "--device", "cpu", "--dtype", "float32", "--continuous-batching",
+                "--cb-num-blocks", "8", "--log-level", "warning"]
+
+    figures: dict[str, float] = {}
+    port = free_port()
+    figures["base_alone"] = engine_rss(peft_argv(port, []), f"http://127.0.0.1:{port}", "base", work / "m-base.log", timeout_s)
+    port = free_port()
+    figures["base_and_adapters_one_process"] = engine_rss(peft_argv(port, list(adapters)), f"http://127.0.0.1:{port}",
+                                                          list(adapters)[0], work / "m-all.log", timeout_s)
+    name, path = next(iter(adapters.items()))
+    per_process = {}
+    for label, folder in (("base", base), ("one_merged_fine_tune", merged_copy(base, path, work / "merged" / name))):
+        port = free_port()
+        per_process[label] = engine_rss(transformers_argv(folder, port), f"http://127.0.0.1:{port}", str(folder),
+                                        work / f"m-{label}.log", timeout_s)
+    # every merged copy has the base's shape and size: one is measured and counted once per fine-tune
+    figures["process_per_fine_tune"] = per_process["base"] + len(adapters) * per_process["one_merged_fine_tune"]
+    figures["process_per_fine_tune_measured"] = per_process
+    one = figures["base_and_adapters_one_process"] / figures["base_alone"]
+    return {"rss_bytes": figures, "adapters": len(adapters),
+            "one_process_over_base_alone": one, "meets_target": one <= MEMORY_TARGET, "target": MEMORY_TARGET,
+            "process_per_fine_tune_over_one_process": figures["process_per_fine_tune"] / figures["base_and_adapters_one_process"]}
+
+
+def spread_load(api: str, names: list[str], clients: int, requests: int, max_tokens: int, tokenizer) -> dict:
+    """`requests` requests from `clients` concurrent clients, request i to names[i % len(names)]; tokens/s per name
+    over the level's wall time, and in total. Any failed request raises."""
+    jobs = [(names[i % len(names)], [{"role": "user", "content": FIXED_PROMPTS[i % len(FIXED_PROMPTS)]}])
+            for i in range(requests)]
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=clients) as pool:
+        results = list(pool.map(lambda job: (job[0], one_request(api, job[0], job[1], max_tokens, tokenizer)), jobs))
+    wall = time.perf_counter() - start
+    per_name = {}
+    for name in dict.fromkeys(names):
+        mine = [r for n, r in results if n == name]
+        per_name[name] = {"requests": len(mine), "output_tokens": sum(r["tokens"] for r in mine),
+                          "tokens_per_second": sum(r["tokens"] for r in mine) / wall,
+                          "ttft_s": summary([r["ttft_s"] for r in mine])}
+    tokens = sum(r["tokens"] for _, r in results)
+    return {"clients": clients, "requests": requests, "wall_s": wall, "failed": 0,
+            "throughput_tokens_per_second": tokens / wall, "per_name": per_name}
+
+
+def bench_adapters(args: argparse.Namespace, base: Path, tokenizer) -> dict:
+    work = Path(tempfile.mkdtemp(prefix="bench-adapters-"))
+    print(f"bench: adapters: making {args.adapters} adapters of {base}", file=sys.stderr, flush=True)
+    adapters = make_adapter_runs(base, work, args.adapters)
+    print("bench: adapters: memory", file=sys.stderr, flush=True)
+    memory = memory_comparison(base, adapters, work, args.startup_timeout)
+    (work / "model").mkdir()
+    (work / "model" / "base").symlink_to(base.resolve())
+    run = parse_run_config({
+        "name": "bench-adapters", "paths": {"root": str(work), "model_dir": str(work / "model")},
+        "model": {"source": f"dir:{base}"}, "data": {"source": "sample", "rows": 4},
+        "serve": {"engine": "peft", "device": "cpu", "dtype": "float32", "runs_store": str(work / "store"),
+                  "max_batch": args.clients},
+    }, "bench/serve.py")
+    config = work / "run.json"
+    config.write_text(run.model_dump_json())
+    env = {k: v for k, v in os.environ.items() if k != "FT_API_KEY"}
+    flags = [a for name in adapters for a in ("--adapter", f"{name}=run-{name}")]
+    proc, url = start_launcher(config, flags, env, work / "serve.log", args.startup_timeout, cwd=ROOT)
+    api = f"{url}/v1"
+    try:
+        one_request(api, "base", [{"role": "user", "content": FIXED_PROMPTS[0]}], 4, tokenizer)
+        print("bench: adapters: base only", file=sys.stderr, flush=True)
+        base_only = spread_load(api, ["base"], args.clients, args.requests, args.max_tokens, tokenizer)
+        print("bench: adapters: base + adapters", file=sys.stderr, flush=True)
+        mixed = spread_load(api, ["base", *adapters], args.clients, args.requests, args.max_tokens, tokenizer)
+    finally:
+        stop_launcher(proc)
+    print("bench: adapters: one merged fine-tune in transformers serve", file=sys.stderr, flush=True)
+    merged_copy(base, next(iter(adapters.values())), run.merged_dir)
+    merged_run = run.model_copy(update={"serve": run.serve.model_copy(update={"engine": "transformers",
+                                                                              "cb_num_blocks": 64})})
+    config.write_text(merged_run.model_dump_json())
+    proc, url = start_launcher(config, ["--no-base"], env, work / "serve-merged.log", args.startup_timeout, cwd=ROOT)
+    try:
+        one_request(f"{url}/v1", "finetuned", [{"role": "user", "content": FIXED_PROMPTS[0]}], 4, tokenizer)
+        merged = spread_load(f"{url}/v1", ["finetuned"], args.clients, args.requests, args.max_tokens, tokenizer)
+    finally:
+        stop_launcher(proc)
+    return {"memory": memory, "load": {
+        "base_only": base_only, "base_and_adapters": mixed, "merged_transformers_serve": merged,
+        "mixed_over_base_only": ratio(mixed["throughput_tokens_per_second"], base_only["throughput_tokens_per_second"]),
+        "mixed_over_merged": ratio(mixed["throughput_tokens_per_second"], merged["throughput_tokens_per_second"]),
+    }}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(ROOT / "workloads" / "configs" / "local.json"))
-    parser.add_argument("--paths", nargs="+", choices=("merged", "adapter-4bit"), default=["merged", "adapter-4bit"])
+    parser.add_argument("--paths", nargs="+", choices=("merged", "adapter-4bit", "adapters"),
+                        default=["merged", "adapter-4bit", "adapters"])
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 16])
     parser.add_argument("--requests", type=int, default=16, help="requests per level (at least the concurrency)")
     parser.add_argument("--single-requests", type=int, default=4, help="requests at concurrency 1")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--startup-timeout", type=float, default=900.0)
+    parser.add_argument("--adapters", type=int, default=3, help="adapters path: how many adapters")
+    parser.add_argument("--clients", type=int, default=16, help="adapters path: concurrent clients")
+    parser.add_argument("--base", type=Path, help="adapters path: a prepared base model folder (default: the config's)")
     args = parser.parse_args(argv)
 
     from transformers import AutoTokenizer
 
     run = load_run_config(args.config)
-    tokenizer = AutoTokenizer.from_pretrained(run.base_model_dir)
-    prompts = [[{"role": "user", "content": p.input}]
-               for p in read_prompts(load_tokenized(run.test_tokenized_dir, 16), run.test_jsonl, 16)]
+    base = args.base or run.base_model_dir
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    report: dict = {}
+    if "adapters" in args.paths:
+        report["adapters"] = bench_adapters(args, base, tokenizer)
+    paths = [p for p in args.paths if p != "adapters"]
+    if not paths:
+        print(json.dumps(report, indent=2))
+        return 0
+    prompts = [[{"role": "user", "content": p.input}] for p in
+               read_prompts(load_tokenized(run.test_tokenized_dir, 16), run.test_jsonl, 16)]
     work = Path(tempfile.mkdtemp(prefix="bench-serve-"))
     config = work / "run.json"
     config.write_text(run.model_dump_json())
 
     results: dict[str, dict] = {}
-    for path in args.paths:
+    for path in paths:
         with_base = "base" not in results
         proc, api = start(config, path, with_base, work / f"serve-{path}.log", args.startup_timeout)
         try:
@@ -132,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
             stop_launcher(proc)
 
     levels = [str(c) for c in args.concurrency]
-    report: dict = {"settings": {"max_tokens": args.max_tokens, "concurrency": args.concurrency,
+    report |= {"settings": {"max_tokens": args.max_tokens, "concurrency": args.concurrency,
                                  "requests": args.requests, "single_requests": args.single_requests,
                                  "engine": "transformers serve --continuous-batching", "device": (run.serve.device if run.serve else "auto"),
                                  "target_ratio": TARGET_RATIO},

@@ -11,6 +11,7 @@
 | evaluator report | ``<results>/evaluator_<job>.json`` | ``evaluator_report`` | eval job | the program, ``ftstack``, dashboard |
 | measured throughput | ``documents/training_throughput.json``, stored runs | ``throughput`` | bench, ``ftstack run`` | cost model |
 | stack outputs | Pulumi outputs, ``pulumi stack output --json`` | ``stack_outputs`` | the program, ``ftstack run`` | report, dashboard, policies |
+| served adapter set | ``<results>/served_adapters.json`` | ``adapter_registry`` | serve launcher (every 5 s) | ``ftstack run`` (stack outputs), dashboard |
 
 Every reader takes the text and where it came from (a path, an SSH path, an artifact key) and raises
 ``DocumentError`` naming that origin and the field at fault. Writers write beside the target and rename.

@@ -257,6 +257,34 @@ class MonitoringAccess(_Section):
         return {field: flat[f"monitoring_{field}"] for field in MonitoringAccess.model_fields}
 
 
+class ServedAdapter(_Section):
+    """One adapter a server serves: its run, its measured generation speed and the cost per chat at that speed
+    (the `measured` scenario's arithmetic with the adapter's own tokens/s)."""
+
+    run_id: str
+    tokens_per_second: float | None = None
+    time_to_first_token_s: float | None = None
+    usd_per_chat: float | None = None
+
+
+class Serving(_Section):
+    """The adapters of the stack's server (its `served_adapters.json`); keys `served_adapter_<name>_<field>`."""
+
+    adapters: dict[str, ServedAdapter] = {}
+
+    def flat(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"served_adapters": list(self.adapters)}
+        for name, adapter in self.adapters.items():
+            out |= {f"served_adapter_{flat_name(name)}_{field}": getattr(adapter, field)
+                    for field in ServedAdapter.model_fields}
+        return out
+
+    @classmethod
+    def unflatten(cls, flat: Mapping[str, Any]) -> dict[str, Any]:
+        return {"adapters": {name: {field: flat[f"served_adapter_{flat_name(name)}_{field}"]
+                                    for field in ServedAdapter.model_fields} for name in flat["served_adapters"]}}
+
+
 IDENTITY = ("stack", "target", "cluster_name", "slurm_target", "run_config")
 
 
@@ -272,6 +300,7 @@ class StackOutputs(_Section):
     platform: Platform | None = None
     monitoring: MonitoringAccess | None = None
     pipeline: Pipeline | None = None
+    serving: Serving | None = None
 
     def flat(self) -> dict[str, Any]:
         """The Pulumi output keys: numbers as numbers, entity names listed, nothing nested."""
@@ -283,6 +312,8 @@ class StackOutputs(_Section):
             out |= self.monitoring.flat()
         if self.pipeline is not None:
             out |= self.pipeline.flat()
+        if self.serving is not None:
+            out |= self.serving.flat()
         return out
 
 
@@ -294,6 +325,7 @@ def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
         "platform": Platform.unflatten(flat) if "node_groups" in flat else None,
         "monitoring": MonitoringAccess.unflatten(flat) if "monitoring_grafana_url" in flat else None,
         "pipeline": Pipeline.unflatten(flat) if "pipeline_stages" in flat else None,
+        "serving": Serving.unflatten(flat) if "served_adapters" in flat else None,
     }
 
 

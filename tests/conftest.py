@@ -17,7 +17,8 @@ import pytest
 
 from documents.run_config import RunConfig, parse_run_config
 
-pytest_plugins = ["sshd_fixtures", "pipeline_fixtures", "eval_fixtures", "cluster_fixtures", "monitoring_fixtures"]
+pytest_plugins = ["sshd_fixtures", "pipeline_fixtures", "eval_fixtures", "cluster_fixtures", "monitoring_fixtures",
+                  "adapter_fixtures"]
 
 ROOT = Path(__file__).resolve().parents[1]
 SLURM_CONF = ROOT / ".local" / "slurm" / "etc" / "slurm.conf"

@@ -86,11 +86,11 @@ class Served:
 
 
 def start_server(run: RunConfig, work: Path, api_key: str | None, extra: list[str] | None = None,
-                 timeout_s: float = 600.0) -> tuple[subprocess.Popen, str, Path]:
+                 timeout_s: float = 600.0, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str, Path]:
     """`python -m workloads.serve.launch` as a real process; returns it once /health answers 200."""
     config = work / "run.json"
     config.write_text(run.model_dump_json())
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
     env.pop("FT_API_KEY", None)
     if api_key:
         env["FT_API_KEY"] = api_key

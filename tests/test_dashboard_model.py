@@ -9,7 +9,7 @@ from document_fixtures import evaluator_report, side
 from infra.cost import model as cost
 from infra.config import load_stack_config
 from documents.run_record import RunIndex
-from documents.stack_outputs import Cost, EvalSide, Job, Pipeline, StackOutputs, parse_stack_outputs
+from documents.stack_outputs import Cost, EvalSide, Job, Pipeline, ServedAdapter, Serving, StackOutputs, parse_stack_outputs
 from infra.dashboard.model import StoredRun, build, chat_label, comparison, loss_curves
 from infra.dashboard.render import render_html
 from documents.prepare_summary import TokenizeLosses
@@ -129,3 +129,17 @@ def test_answer_metrics_carry_their_counts_and_data_losses_are_listed() -> None:
     assert ("Exact match (%), n=20", 0.0, 45.0, None) in result.metrics
     assert ("Numeric match (%), n=18", 10.0, 60.0, pytest.approx(500.0)) in result.metrics
     assert result.data == [("train", 2998, 2990, 1500, "8 answer too long", pytest.approx(0.27))]
+
+
+def test_served_adapters_section_lists_each_with_its_run_speed_and_cost() -> None:
+    outputs = parse_stack_outputs(stack_outputs("local"), "local").model_copy(update={"serving": Serving(adapters={
+        "desk-earnings": ServedAdapter(run_id="run-1", tokens_per_second=50.0, time_to_first_token_s=0.25,
+                                       usd_per_chat=0.0123),
+        "desk-credit": ServedAdapter(run_id="run-2")})})
+    data = build("local", outputs)
+    assert [(r.name, r.run_id, r.tokens_per_second, r.usd_per_chat) for r in data.adapters] == [
+        ("desk-earnings", "run-1", 50.0, 0.0123), ("desk-credit", "run-2", None, None)]
+    page = render_html(data, "test")
+    section = page.split('id="served-adapters"', 1)[1].split("</section>", 1)[0]
+    assert "desk-earnings" in section and "run-1" in section and "desk-credit" in section
+    assert 'id="served-adapters"' not in render_html(build("local", parse_stack_outputs(stack_outputs("local"), "local")), "t")

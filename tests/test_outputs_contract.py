@@ -15,6 +15,7 @@ import pytest
 
 from document_fixtures import evaluator_report, side
 
+from documents.adapter_registry import AdapterEntry, AdapterSpeed, ServedSet
 from documents.base import DocumentError
 from documents.stack_outputs import parse_stack_outputs, read_stack_outputs
 from infra.commands.run import run_outputs
@@ -84,16 +85,27 @@ def produced() -> dict[str, dict[str, Any]]:
     runs[f"{gpu_stack}+throughput"] = run_under_mocks(
         with_training_throughput(load_stack_config(gpu_stack, REPO / "stacks"))).outputs
     runs[f"{gpu_stack}+waited"] = waited_outputs(load_stack_config(gpu_stack, REPO / "stacks"))
+    runs[f"{gpu_stack}+served"] = waited_outputs(load_stack_config(gpu_stack, REPO / "stacks"), SERVED)
     return runs
 
 
-def waited_outputs(cfg: StackConfig) -> dict[str, Any]:
+SERVED = ServedSet(
+    base_name="base", base_model_sha256="b" * 64, base_model_path="/models/base", engine="vllm",
+    adapters=[AdapterEntry(name=name, run_id=f"run-{name}", adapter_dir=f"/runs/{name}", base_model_sha256="b" * 64)
+              for name in ("desk-earnings", "desk-credit")],
+    speed={"desk-earnings": AdapterSpeed(requests=3, completion_tokens=300, tokens_per_second=50.0,
+                                         time_to_first_token_s=0.2)},
+)
+"""a server with two adapters, one of which has answered (the other's figures stay null)"""
+
+
+def waited_outputs(cfg: StackConfig, served: ServedSet | None = None) -> dict[str, Any]:
     """The outputs `ftstack run --wait` writes once the chain finished and the eval job reported."""
     jobs = {stage: {"job_id": str(100 + i), "state": "COMPLETED", "exit_code": 0, "elapsed_s": 30 + i}
             for i, stage in enumerate(("prepare", "readiness", "train", "eval"))}
     result = PipelineRun(stack=cfg.stack, started_at=None, bundle_hash="0123456789abcdef", submitted=list(jobs),
                          kept=[], jobs=jobs, evaluation=evaluator_report("103", side(9.0, 20.0), side(6.0, 41.5)))
-    return run_outputs(cfg, price_stack(cfg, PriceInputs().with_evaluation(result.evaluation)), result).flat()
+    return run_outputs(cfg, price_stack(cfg, PriceInputs().with_evaluation(result.evaluation)), result, served).flat()
 
 
 def test_a_waited_pipeline_fills_eval_elapsed_and_measured_keys_with_numbers(produced: dict[str, dict[str, Any]]) -> None:
@@ -112,6 +124,20 @@ def match(rows: list[Row], key: str) -> Row | None:
     """The row naming `key`: an exact row, else the matching pattern with the most literal text."""
     candidates = [r for r in rows if r.key == key] or [r for r in rows if r.pattern.match(key)]
     return max(candidates, key=lambda r: len(re.sub(r"<[a-z]+>", "", r.key)), default=None)
+
+
+def test_served_adapters_are_priced_per_chat_at_their_own_speed(produced: dict[str, dict[str, Any]]) -> None:
+    """Cost per chat of an adapter: the cluster's daily cost over the chats its measured tokens/s serves a day."""
+    stack = next(k for k in produced if k.endswith("+served"))
+    outputs, cfg = produced[stack], load_stack_config(stack.split("+")[0], REPO / "stacks")
+    assert outputs["served_adapters"] == ["desk-earnings", "desk-credit"]
+    chat = cfg.pricing.chat
+    daily = price_stack(cfg, PriceInputs()).monthly.usd_high / chat.days_per_month
+    chats_per_day = 50.0 * 86400 / chat.output_tokens_per_chat
+    assert outputs["served_adapter_desk_earnings_usd_per_chat"] == pytest.approx(daily / chats_per_day, abs=1e-4)
+    assert outputs["served_adapter_desk_earnings_run_id"] == "run-desk-earnings"
+    assert outputs["served_adapter_desk_credit_usd_per_chat"] is None
+    assert outputs["served_adapter_desk_credit_tokens_per_second"] is None
 
 
 def test_every_produced_key_is_documented_with_its_type(produced: dict[str, dict[str, Any]]) -> None:

@@ -10,6 +10,7 @@ import sys
 import pytest
 from eval_fixtures import ROOT
 
+from documents.adapter_registry import AdapterEntry
 from documents.run_config import parse_run_config
 from workloads.serve.auth import AccessError, bearer_matches, is_loopback, require_key_beyond_loopback
 from workloads.serve.chat import check_exposure
@@ -100,6 +101,26 @@ def test_vllm_plan_serves_adapter_with_lora(tmp_path) -> None:
     argv = " ".join(plan.argv)
     assert "--enable-lora" in argv and f"finetuned={run.adapter_dir}" in argv and "--max-lora-rank 16" in argv
     assert {r.name for r in plan.routes} == {"finetuned", "base"}
+
+
+def test_vllm_plan_serves_a_set_of_adapters(tmp_path) -> None:
+    """vLLM's multi-LoRA command line (seed 002: --enable-lora, --lora-modules NAME=PATH each, --max-loras) and
+    runtime updating switched on for the engine only."""
+    run = _run(tmp_path)
+    entries = [AdapterEntry(name=f"desk-{r}", run_id=f"r{r}", adapter_dir=f"/runs/{r}/adapter", base_model_sha256="b",
+                            rank=r) for r in (8, 24, 64)]
+    (plan,) = plan_vllm(run, ServeConfig(max_loras=2), entries)
+    argv = plan.argv
+    modules = argv[argv.index("--lora-modules") + 1:argv.index("--max-loras")]
+    assert modules == ["desk-8=/runs/8/adapter", "desk-24=/runs/24/adapter", "desk-64=/runs/64/adapter"]
+    assert argv[argv.index("--max-loras") + 1] == "3" and argv[argv.index("--max-lora-rank") + 1] == "64"
+    assert argv[argv.index("--host") + 1] == "127.0.0.1"
+    assert plan.env == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+    assert {r.name: r.upstream for r in plan.routes} == {"desk-8": "desk-8", "desk-24": "desk-24",
+                                                         "desk-64": "desk-64", "base": "base"}
+    two = plan_vllm(run, ServeConfig(), entries[:2])[0].argv
+    assert two[two.index("--max-lora-rank") + 1] == "32"  # 24 is no rank vLLM takes; 32 is the next
+    assert two[two.index("--max-loras") + 1] == "8"
 
 
 def test_missing_merged_model_is_named(tmp_path) -> None:

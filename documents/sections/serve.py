@@ -15,8 +15,9 @@ class ServeConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    engine: Literal["auto", "transformers", "vllm"] = Field(
-        "auto", description="auto: vLLM when installed and a GPU is present, else transformers serve"
+    engine: Literal["auto", "transformers", "vllm", "peft"] = Field(
+        "auto", description="auto: vLLM when installed and a GPU is present, else peft (one base, adapters "
+                            "per request); transformers: `transformers serve`, a merged copy per fine-tune"
     )
     host: str = Field("127.0.0.1", description="gateway listen address; beyond loopback an API key is required")
     port: int = Field(8000, ge=1, le=65535, description="gateway port")
@@ -24,6 +25,12 @@ class ServeConfig(BaseModel):
     serve_base: bool = Field(True, description="also serve the base model (name `base_name`)")
     base_name: str = Field("base", description="model id of the base model in /v1/models")
     finetuned_name: str = Field("finetuned", description="model id of the fine-tuned model in /v1/models")
+    adapters: dict[str, str] = Field(
+        default_factory=dict, description="name -> stored run id of each adapter to serve (none: the run's own, "
+                                          "as `finetuned_name`); `--adapter NAME=RUN_ID` adds to it")
+    runs_store: str = Field(".local/artifacts", description="the run store folder the adapters' runs are read from")
+    max_loras: int = Field(8, ge=1, description="adapters one server holds at most (vLLM --max-loras)")
+    max_batch: int = Field(16, ge=1, description="peft engine: requests decoded together")
     api_key_env: str = Field("FT_API_KEY", description="environment variable holding the API key (never the key)")
     continuous_batching: bool = Field(True, description="transformers engine: continuous batching")
     cb_num_blocks: int | None = Field(None, gt=0, description="KV cache blocks per engine (None: from memory)")
@@ -54,4 +61,12 @@ class ServeConfig(BaseModel):
     def _name(cls, value: str) -> str:
         if not MODEL_NAME.match(value):
             raise ValueError(f"must match {MODEL_NAME.pattern}, got {value!r}")
+        return value
+
+    @field_validator("adapters")
+    @classmethod
+    def _adapter_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if not MODEL_NAME.match(name):
+                raise ValueError(f"adapter name must match {MODEL_NAME.pattern}, got {name!r}")
         return value

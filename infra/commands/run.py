@@ -22,7 +22,7 @@ from infra.config import StackConfig, StackConfigError, load_stack_config, stack
 from infra.cost.price import CostReport, PriceInputs, price_stack
 from infra.cost.report import render_chat_table
 from infra.cost.training import stack_gpu_model
-from infra.program.outputs import pipeline_section
+from infra.program.outputs import pipeline_section, serving_section
 from infra.runs.measured import price_inputs, runs_of
 from infra.program.build import stack_identity
 from infra.pipeline.fetch import fetch_run
@@ -33,6 +33,7 @@ from infra.pipeline.slurm import SlurmError
 from infra.pipeline.transport import TransportError
 from infra.program.backends import find_repo_root
 from documents.atomic import write_text_atomic
+from documents.adapter_registry import SERVED_SET_NAME, ServedSet, read_served_set
 from documents.run_config import ConfigError
 from documents.base import DocumentError
 from documents.metrics import METRICS_NAME, read_metrics
@@ -71,10 +72,21 @@ def open_spec(args: argparse.Namespace, stack: StackConfig) -> dict[str, Any]:
                           repo_root=find_repo_root())
 
 
-def run_outputs(stack: StackConfig, cost: CostReport, result: PipelineRun) -> StackOutputs:
-    """The run as stack outputs (the README's stack outputs contract), as the program writes them."""
+def run_outputs(stack: StackConfig, cost: CostReport, result: PipelineRun, served: ServedSet | None = None
+                ) -> StackOutputs:
+    """The run as stack outputs (the README's stack outputs contract), as the program writes them; with the
+    server's adapters when it reported them."""
     return StackOutputs(**stack_identity(stack), cost=cost.section(),
-                        pipeline=pipeline_section(result.bundle_hash, result.jobs, result.evaluation))
+                        pipeline=pipeline_section(result.bundle_hash, result.jobs, result.evaluation),
+                        serving=serving_section(cost.monthly, stack.pricing.chat, served) if served else None)
+
+
+def local_served_set(stack: StackConfig, repo: Path) -> ServedSet | None:
+    """The local server's served set (`served_adapters.json` in the run's results folder), if it wrote one."""
+    if stack.target != "local":
+        return None
+    path = load_run_config(repo / stack.pipeline.run_config).results_dir / SERVED_SET_NAME
+    return read_served_set(path.read_bytes(), str(path)) if path.is_file() else None
 
 
 def outputs_path(repo: Path, stack: str) -> Path:
@@ -154,7 +166,7 @@ def finish_run(stack: StackConfig, repo: Path, result: PipelineRun, spec: dict[s
             inputs = inputs.model_copy(update={"training": stored.throughput,
                                                "training_read_from": runs_of(store, stack.stack)})
         report = price_stack(stack, inputs)
-        return run_outputs(stack, report, result), report, None
+        return run_outputs(stack, report, result, local_served_set(stack, repo)), report, None
     with tempfile.TemporaryDirectory(prefix="ft-fetch-") as tmp:
         folders = run_folders(stack, result, spec, Path(tmp))
         run_id = new_run_id(result)
@@ -165,7 +177,7 @@ def finish_run(stack: StackConfig, repo: Path, result: PipelineRun, spec: dict[s
             report = price_stack(stack, inputs.model_copy(update={
                 "training": throughput, "training_read_from": runs_of(store, stack.stack) if store else None,
                 "training_note": None}))
-        outputs = run_outputs(stack, report, result)
+        outputs = run_outputs(stack, report, result, local_served_set(stack, repo))
         where = _upload(store, stack, repo, result, run_id, folders, outputs, throughput, check) \
             if store is not None else None
     return outputs, report, where
@@ -193,14 +205,14 @@ def run(args: argparse.Namespace) -> int:
         try:
             outputs, report, where = finish_run(stack, repo, result, spec, inputs)
         except (ArtifactError, TransportError, DocumentError) as error:
-            write_outputs(path, run_outputs(stack, price_stack(stack, inputs), result))
+            write_outputs(path, run_outputs(stack, price_stack(stack, inputs), result, local_served_set(stack, repo)))
             print(f"ftstack run: artifacts not stored (local copies kept): {error}", file=sys.stderr)
             return 1
         if where:
             print(f"artifacts stored in {where}", file=sys.stderr)
     else:
         report = price_stack(stack, inputs)
-        outputs = run_outputs(stack, report, result)
+        outputs = run_outputs(stack, report, result, local_served_set(stack, repo))
     write_outputs(path, outputs)
     print(f"outputs written to {path}", file=sys.stderr)
     if args.json:

@@ -1,4 +1,6 @@
-"""`ftstack runs --stack NAME`: past pipeline runs of a stack with their key figures, from the artifacts store."""
+"""`ftstack runs --stack NAME`: past pipeline runs of a stack with their key figures, from the artifacts store;
+`--adapters`: the runs' LoRA adapters as `serve --adapter NAME=RUN_ID` takes them (base hash, rank, data hash,
+evaluation)."""
 
 from __future__ import annotations
 
@@ -8,8 +10,12 @@ import sys
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from documents.adapter_registry import AdapterEntry
+from documents.base import DocumentError
+from documents.run_manifest import read_run_manifest
 from documents.run_record import RunIndex
-from infra.runs.store import ArtifactError, list_runs, store_for_stack
+from infra.runs.store import ArtifactError, ArtifactStore, list_runs, read_run_file, store_for_stack
+from workloads.serve.registry import STORED_MANIFEST, RegistryError, adapter_entry
 from infra.config import StackConfigError, load_stack_config
 from infra.program.backends import find_repo_root
 
@@ -28,7 +34,38 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--config-dir", default="stacks", help="directory of the stack files (default: stacks)")
     parser.add_argument("--bucket", help="artifacts bucket of a cloud stack (default: $FTSTACK_ARTIFACTS_BUCKET)")
     parser.add_argument("--json", action="store_true", help="print the run indexes as a JSON list")
+    parser.add_argument("--adapters", action="store_true",
+                        help="list the runs' adapters (name = run id) with base hash, rank, data hash, evaluation")
     parser.set_defaults(func=run)
+
+
+ADAPTER_COLUMNS = ("adapter (run id)", "base sha256", "rank", "data sha256", "ppl tuned", "ppl gain %", "folder")
+
+
+def adapter_entries(store: ArtifactStore, stack: str, runs: list[RunIndex]) -> list[AdapterEntry]:
+    """The adapter of every run whose stored manifest names one, named after its run id."""
+    entries = []
+    for index in runs:
+        if STORED_MANIFEST not in index.files:
+            continue
+        key = f"runs/{stack}/{index.run_id}/{STORED_MANIFEST}"
+        try:
+            manifest = read_run_manifest(read_run_file(store, stack, index.run_id, STORED_MANIFEST), key)
+            entries.append(adapter_entry(index.run_id, index.run_id, manifest, index))
+        except RegistryError:
+            continue
+        except DocumentError as exc:
+            raise ArtifactError(str(exc)) from None
+    return entries
+
+
+def format_adapters(entries: list[AdapterEntry]) -> str:
+    rows = [ADAPTER_COLUMNS, *[(e.name, e.base_model_sha256[:12], str(e.rank or "-"), (e.dataset_sha256 or "-")[:12],
+                               _fmt(e.evaluation.perplexity_finetuned if e.evaluation else None, 3),
+                               _fmt(e.evaluation.perplexity_improvement_pct if e.evaluation else None, 1),
+                               e.adapter_dir) for e in entries]]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(ADAPTER_COLUMNS))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
 
 
 def _fmt(value: float | None, digits: int) -> str:
@@ -64,10 +101,14 @@ def run(args: argparse.Namespace) -> int:
         stack = load_stack_config(args.stack, args.config_dir)
         store = store_for_stack(stack, find_repo_root(), bucket=args.bucket)
         runs = list_runs(store, args.stack)
+        entries = adapter_entries(store, args.stack, runs) if args.adapters else []
     except (StackConfigError, ArtifactError, BotoCoreError, ClientError) as exc:
         print(f"ftstack runs: {exc}", file=sys.stderr)
         return 2
-    if args.json:
+    if args.adapters:
+        print(json.dumps([e.model_dump() for e in entries], indent=2) if args.json else
+              format_adapters(entries) if entries else f"no run of stack {args.stack!r} has an adapter")
+    elif args.json:
         print(json.dumps([r.model_dump() for r in runs], indent=2))
     elif not runs:
         print(f"no runs of stack {args.stack!r} in {store.describe(f'runs/{args.stack}/')}")

@@ -18,6 +18,7 @@ from documents.stack_outputs import (
     EvalSide,
     Pipeline,
     Platform,
+    Serving,
     StackOutputs,
     flat_name,
 )
@@ -54,6 +55,17 @@ class ChatRow:
     label: str
     tokens_per_second: float | None
     conversations_per_day: float | None
+    usd_per_chat: float | None
+
+
+@dataclass(frozen=True)
+class AdapterRow:
+    """One adapter the stack's server serves: its run, measured speed and cost per chat at that speed."""
+
+    name: str
+    run_id: str
+    tokens_per_second: float | None
+    time_to_first_token_s: float | None
     usd_per_chat: float | None
 
 
@@ -110,6 +122,7 @@ class DashboardData:
     categories: list[CostRow] = field(default_factory=list)
     lines: list[CostRow] = field(default_factory=list)
     chats: list[ChatRow] = field(default_factory=list)
+    adapters: list[AdapterRow] = field(default_factory=list)
     training: dict[str, float] = field(default_factory=dict)
     training_source: str | None = None
     """which throughput priced the training run, and where it was measured."""
@@ -158,6 +171,12 @@ def chat_rows(cost: Cost) -> list[ChatRow]:
     rows = [ChatRow(name, chat_label(name, c.tokens_per_second), c.tokens_per_second, c.conversations_per_day, c.usd)
             for name, c in cost.chats.items()]
     return sorted(rows, key=lambda r: (r.name == MEASURED, r.tokens_per_second or 0.0))
+
+
+def adapter_rows(serving: Serving | None) -> list[AdapterRow]:
+    """The served adapters, in the server's order."""
+    return [AdapterRow(name, a.run_id, a.tokens_per_second, a.time_to_first_token_s, a.usd_per_chat)
+            for name, a in (serving.adapters if serving is not None else {}).items()]
 
 
 def training_figures(cost: Cost) -> dict[str, float]:
@@ -302,6 +321,7 @@ def build(stack: str, outputs: StackOutputs | None, stack_config: Any = None, ru
         data.monthly_low, data.monthly_high = outputs.cost.monthly_usd_low, outputs.cost.monthly_usd_high
         data.categories, data.lines = categories, lines
         data.chats = chat_rows(outputs.cost)
+        data.adapters = adapter_rows(outputs.serving)
         data.training = training_figures(outputs.cost)
         data.training_source = outputs.cost.training.throughput_source if outputs.cost.training else None
         data.training_kind = outputs.cost.training.throughput_kind if outputs.cost.training else None

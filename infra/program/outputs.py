@@ -9,8 +9,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from documents.evaluator_report import EvaluatorReport
-from documents.stack_outputs import SIDES, ChatCost, Cost, EvalSide, Job, Pipeline
-from infra.cost.model import ChatScenario, MonthlyCost, TrainingRun
+from documents.adapter_registry import ServedSet
+from documents.stack_outputs import MEASURED, SIDES, ChatCost, Cost, EvalSide, Job, Pipeline, ServedAdapter, Serving
+from infra.cost.model import ChatScenario, MonthlyCost, TrainingRun, chat_scenarios
+from infra.cost.pricing import ChatAssumptions
 
 EVAL_FIGURES: dict[str, str] = {
     "perplexity": "perplexity",
@@ -51,6 +53,24 @@ def cost_section(monthly: MonthlyCost, training: TrainingRun | None, chats: Iter
                if (value := getattr(training, name)) is not None},
         },
     )
+
+
+def serving_section(monthly: MonthlyCost, chat: ChatAssumptions, served: ServedSet) -> Serving:
+    """Each served adapter with its measured speed and, where the stack costs something and the adapter has
+    been measured, its cost per chat at that speed (the `measured` scenario's arithmetic)."""
+    adapters = {}
+    for entry in served.adapters:
+        speed = served.speed.get(entry.name)
+        tokens_per_second = speed.tokens_per_second if speed else None
+        usd = None
+        if tokens_per_second and monthly.usd_high > 0:
+            scenario = next(s for s in chat_scenarios(monthly, chat, tokens_per_second) if s.name == MEASURED)
+            usd = _round(scenario.usd_per_chat)
+        adapters[entry.name] = ServedAdapter(
+            run_id=entry.run_id, usd_per_chat=usd,
+            tokens_per_second=_round(tokens_per_second) if tokens_per_second else None,
+            time_to_first_token_s=_round(speed.time_to_first_token_s) if speed and speed.time_to_first_token_s else None)
+    return Serving(adapters=adapters)
 
 
 def eval_sides(evaluation: EvaluatorReport | None) -> dict[str, EvalSide]:

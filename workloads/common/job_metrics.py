@@ -103,6 +103,31 @@ def exposition(figures: JobFigures, labels: Mapping[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+SERVE_PREFIX = "ftstack_serve_"
+SERVE_HELP: dict[str, str] = {
+    "requests": "Chat requests answered for one served model (label adapter: the adapter's name, or the base's).",
+    "completion_tokens": "Output tokens streamed for one served model.",
+    "tokens_per_second": "Output tokens per second of generation time for one served model (its requests' output "
+                         "tokens over their summed wall time).",
+    "time_to_first_token_s": "Median time to the first output token of one served model's recent requests, in seconds.",
+}
+"""a serving job's per-model figures (AdapterSpeed's fields) -> HELP text; each is `ftstack_serve_<field>`."""
+
+
+def serve_exposition(by_name: Mapping[str, Mapping[str, float | None]], labels: Mapping[str, str]) -> str:
+    """Per served model gauges, labelled `adapter="<name>"` beside the job's labels."""
+    lines = []
+    for field, help_text in SERVE_HELP.items():
+        series = [(name, figures.get(field)) for name, figures in sorted(by_name.items())]
+        series = [(name, value) for name, value in series if value is not None]
+        if not series:
+            continue
+        full = SERVE_PREFIX + field
+        lines += [f"# HELP {full} {help_text}", f"# TYPE {full} gauge"]
+        lines += [f"{full}{{{_labels({**labels, 'adapter': name})}}} {_number(float(value))}" for name, value in series]
+    return "\n".join(lines) + "\n" if lines else ""
+
+
 def cpu_count() -> int:
     """Cores this process may run on."""
     try:
@@ -137,6 +162,7 @@ class JobMetricsFile:
         self.labels = {JOB_LABEL: job_id, "stage": stage, **({"run": run} if run else {})}
         self.path = directory / FILE_NAME.format(job_id=job_id, stage=stage) if directory else None
         self.figures = JobFigures()
+        self.served: dict[str, dict[str, float | None]] = {}
         self._lock = threading.Lock()
 
     @classmethod
@@ -145,14 +171,18 @@ class JobMetricsFile:
         directory, job_id = os.environ.get(TEXTFILE_DIR_ENV), os.environ.get("SLURM_JOB_ID")
         return cls(Path(directory) if directory and job_id else None, job_id or "none", stage, run)
 
-    def update(self, figures: JobFigures) -> None:
-        """Take the figures `figures` sets and rewrite the file (temporary file, then rename)."""
+    def update(self, figures: JobFigures, served: Mapping[str, Mapping[str, float | None]] | None = None) -> None:
+        """Take the figures `figures` sets (and a serving job's per-model figures, when given) and rewrite the
+        file (temporary file, then rename)."""
         with self._lock:
             self.figures = self.figures.updated(figures)
+            if served is not None:
+                self.served = {name: dict(values) for name, values in served.items()}
             if self.path is None:
                 return
             try:
-                write_text_atomic(self.path, exposition(self.figures, self.labels))
+                write_text_atomic(self.path, exposition(self.figures, self.labels)
+                                  + serve_exposition(self.served, self.labels))
             except OSError as error:
                 log.warning("job metrics off: cannot write %s (%s); the job goes on without them",
                             error.filename or self.path, error.strerror or error)

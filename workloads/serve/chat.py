@@ -1,4 +1,5 @@
-"""A Gradio chat over any OpenAI-compatible endpoint: pick a served model, stream the answer, see its timing.
+"""A Gradio chat over any OpenAI-compatible endpoint: pick a served model (the base or an adapter), stream the
+answer, see its timing; or ask two models the same question side by side, each answer with its timing.
 
     python -m workloads.serve.chat --api http://127.0.0.1:8000/v1 [--api-key KEY | env FT_API_KEY]
 
@@ -10,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import queue
 import sys
+import threading
 from collections.abc import Iterator
 
 from workloads.serve.auth import AccessError, is_loopback
@@ -23,6 +26,34 @@ def timing_line(ttft_s: float | None, total_s: float | None) -> str:
     ttft = "n/a" if ttft_s is None else f"{ttft_s:.2f} s"
     total = "…" if total_s is None else f"{total_s:.2f} s"
     return f"{TIMING_PREFIX} {ttft} · total {total}"
+
+
+def side_by_side(api: str, api_key: str | None, max_tokens: int, prompt: str, models: tuple[str, str]
+                 ) -> Iterator[tuple[str, str]]:
+    """Both models' answers to `prompt`, asked at once, as each grows (text, then its timing line)."""
+    shown = ["", ""]
+    updates: queue.Queue[tuple[int, str | None]] = queue.Queue()
+
+    def ask(slot: int, model: str) -> None:
+        try:
+            for state in stream_chat(api, model, [{"role": "user", "content": prompt}], api_key=api_key,
+                                     max_tokens=max_tokens):
+                updates.put((slot, f"{state.text}\n\n*{timing_line(state.ttft_s, state.total_s)}*"))
+        except (EndpointError, OSError) as error:
+            updates.put((slot, f"**error:** {error}"))
+        updates.put((slot, None))
+
+    workers = [threading.Thread(target=ask, args=(slot, model), daemon=True) for slot, model in enumerate(models)]
+    for worker in workers:
+        worker.start()
+    running = len(workers)
+    while running:
+        slot, text = updates.get()
+        if text is None:
+            running -= 1
+            continue
+        shown[slot] = f"**{models[slot]}**\n\n{text}"
+        yield shown[0], shown[1]
 
 
 def check_exposure(host: str, share: bool, auth: tuple[str, str] | None) -> None:
@@ -71,6 +102,24 @@ def build_ui(api: str, api_key: str | None, max_tokens: int):
         for trigger in (box.submit, send.click):
             trigger(respond, [box, model, chatbot, clean], [chatbot, clean, box])
         clear.click(lambda: ([], []), None, [chatbot, clean])
+
+        gr.Markdown("### Side by side: one question, two models")
+        with gr.Row():
+            left = gr.Dropdown(choices=models, value=models[0] if models else None, label="left",
+                               elem_id="compare-left")
+            right = gr.Dropdown(choices=models, value=default, label="right", elem_id="compare-right")
+        question = gr.Textbox(placeholder="Ask both", show_label=False, elem_id="compare-prompt")
+        ask_both = gr.Button("Ask both", elem_id="compare-send")
+        with gr.Row():
+            left_answer = gr.Markdown(elem_id="compare-left-answer")
+            right_answer = gr.Markdown(elem_id="compare-right-answer")
+
+        def compare(prompt: str, a: str, b: str) -> Iterator[tuple[str, str]]:
+            if prompt.strip():
+                yield from side_by_side(api, api_key, max_tokens, prompt, (a, b))
+
+        for trigger in (question.submit, ask_both.click):
+            trigger(compare, [question, left, right], [left_answer, right_answer])
     return demo
 
 

@@ -1,8 +1,12 @@
-"""Engine processes behind the gateway, as pure plans: `transformers serve` per model, or one vLLM with LoRA.
+"""Engine processes behind the gateway, as pure plans: one process holding the base and every adapter (vLLM
+with LoRA on GPU, the peft engine on CPU), or `transformers serve` per model.
 
+vLLM serves the base weights and the adapters (`--enable-lora`, one `--lora-modules` entry each) from one
+process under their names, and loads or unloads adapters at runtime (VLLM_ALLOW_RUNTIME_LORA_UPDATING) when the
+gateway's admin route asks. The peft engine (workloads.serve.lora_engine) does the same on CPU.
 transformers serve runs one continuous-batching model per process (switching models inside one process stops
-and restarts its batching worker), so base and fine-tuned each get their own process and loopback port.
-vLLM serves the base weights and the adapter (`--enable-lora`) from one process under both names.
+and restarts its batching worker), so base and the merged fine-tune each get their own process: a full model
+copy per fine-tune, kept for the run's own merged model only.
 """
 
 from __future__ import annotations
@@ -13,11 +17,13 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from documents.adapter_registry import AdapterEntry
 from documents.hf_files import read_adapter_config, write_adapter_config
 from documents.run_config import RunConfig
-from workloads.serve.budget import token_budget
 from documents.sections.serve import ServeConfig
+from workloads.serve.budget import token_budget
 from workloads.serve.gateway import Route
+from workloads.serve.registry import current_run_adapter
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "generation_config.json", "config.json")
@@ -32,6 +38,7 @@ class EnginePlan:
     argv: list[str]
     port: int
     routes: list[Route] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -43,7 +50,7 @@ def choose_engine(cfg: ServeConfig) -> str:
         return cfg.engine
     import torch
 
-    return "vllm" if importlib.util.find_spec("vllm") and torch.cuda.is_available() else "transformers"
+    return "vllm" if importlib.util.find_spec("vllm") and torch.cuda.is_available() else "peft"
 
 
 def on_cpu(device: str) -> bool:
@@ -132,17 +139,50 @@ def plan_transformers(run: RunConfig, cfg: ServeConfig, finetuned: str = "merged
     return plans
 
 
-def plan_vllm(run: RunConfig, cfg: ServeConfig) -> list[EnginePlan]:
+def adapter_route(entry: AdapterEntry, url: str, base: Path | None, cfg: ServeConfig) -> Route:
+    """An adapter's route on a multi-adapter engine (the engine knows it by its public name)."""
+    budget = token_budget(base, cfg.model_copy(update={"continuous_batching": False})) if base else None
+    return Route(entry.name, url, entry.name, "adapter", str(base) if base and budget else None, budget, entry)
+
+
+def plan_peft(run: RunConfig, cfg: ServeConfig, adapters: list[AdapterEntry] | None = None) -> list[EnginePlan]:
+    """One CPU process: the base once, every adapter on it (workloads.serve.lora_engine); by default the run's own."""
+    adapters = adapters if adapters is not None else [current_run_adapter(run, cfg.finetuned_name)]
     base = require_folder(run.base_model_dir, "config.json", "prepare")
-    adapter = require_folder(run.adapter_dir, "adapter_config.json", "train")
-    rank = read_adapter_config(adapter).r
-    max_rank = next((r for r in VLLM_LORA_RANKS if r >= rank), rank)
     port = cfg.backend_port
-    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(base),
-            "--served-model-name", cfg.base_name, "--enable-lora", "--lora-modules", f"{cfg.finetuned_name}={adapter}",
-            "--max-lora-rank", str(max_rank), "--host", "127.0.0.1", "--port", str(port), *cfg.vllm_args]
+    argv = [sys.executable, "-m", "workloads.serve.lora_engine", "--base", str(base), "--base-name", cfg.base_name,
+            "--host", "127.0.0.1", "--port", str(port), "--dtype", cfg.dtype, "--device", cfg.device,
+            "--max-batch", str(cfg.max_batch), "--max-loras", str(max(cfg.max_loras, len(adapters))),
+            "--max-tokens", str(cfg.max_tokens_limit)]
+    for entry in adapters:
+        argv += ["--adapter", f"{entry.name}={entry.adapter_dir}"]
     url = f"http://127.0.0.1:{port}"
-    routes = [Route(cfg.finetuned_name, url, cfg.finetuned_name, "adapter-lora")]
+    routes = [adapter_route(entry, url, base, cfg) for entry in adapters]
+    if cfg.serve_base:
+        budget = token_budget(base, cfg.model_copy(update={"continuous_batching": False}))
+        routes.append(Route(cfg.base_name, url, cfg.base_name, "base", str(base), budget))
+    return [EnginePlan("peft", argv, port, routes)]
+
+
+def vllm_max_rank(adapters: list[AdapterEntry]) -> int:
+    """The smallest rank vLLM accepts for --max-lora-rank that holds every adapter's rank."""
+    rank = max((entry.rank or 16 for entry in adapters), default=16)
+    return next((r for r in VLLM_LORA_RANKS if r >= rank), rank)
+
+
+def plan_vllm(run: RunConfig, cfg: ServeConfig, adapters: list[AdapterEntry] | None = None) -> list[EnginePlan]:
+    """One vLLM process with every adapter (by default the run's own), room for `max_loras` at once, and runtime
+    load/unload enabled (reachable only through the gateway's admin route: vLLM listens on loopback)."""
+    adapters = adapters if adapters is not None else [current_run_adapter(run, cfg.finetuned_name)]
+    base = require_folder(run.base_model_dir, "config.json", "prepare")
+    port = cfg.backend_port
+    modules = [f"{entry.name}={entry.adapter_dir}" for entry in adapters]
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(base),
+            "--served-model-name", cfg.base_name, "--enable-lora", "--lora-modules", *modules,
+            "--max-loras", str(max(cfg.max_loras, len(adapters))), "--max-lora-rank", str(vllm_max_rank(adapters)),
+            "--host", "127.0.0.1", "--port", str(port), *cfg.vllm_args]
+    url = f"http://127.0.0.1:{port}"
+    routes = [adapter_route(entry, url, None, cfg) for entry in adapters]
     if cfg.serve_base:
         routes.append(Route(cfg.base_name, url, cfg.base_name, "base"))
-    return [EnginePlan("vllm", argv, port, routes)]
+    return [EnginePlan("vllm", argv, port, routes, env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"})]

@@ -1,5 +1,5 @@
-"""The public face of the endpoint: API-key check, request validation, model names (base, finetuned) and
-routing to engine processes.
+"""The public face of the endpoint: API-key check, request validation, model names (base and each adapter),
+routing to engine processes, runtime adapter load/unload (admin, API key always) and per-name speed figures.
 
 Engines (`transformers serve`, vLLM) listen on loopback ports; the gateway streams their responses through,
 replacing the engine's internal model id (a folder path) with the public name. Every request is validated
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -24,6 +25,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from documents.adapter_registry import AdapterEntry, AdapterSpeed
+from documents.sections.serve import MODEL_NAME
 from workloads.serve.auth import bearer_matches
 from workloads.serve.budget import PromptCounter, TokenBudget
 from workloads.serve.request import ChatRequest, RequestError, read_chat_request
@@ -40,6 +43,7 @@ class Route:
     kind: str
     tokenizer: str | None = None
     budget: TokenBudget | None = None
+    adapter: AdapterEntry | None = None
 
 
 @dataclass(frozen=True)
@@ -131,6 +135,39 @@ def collect_stream(lines: list[str], name: str) -> dict[str, Any]:
     return document
 
 
+@dataclass(frozen=True)
+class AdapterHost:
+    """The engine that loads adapters at runtime, and how a stored run becomes an entry and a route.
+    `resolve(name, run_id)` raises ValueError (LookupError for an unknown run) with the reason to refuse."""
+
+    url: str
+    resolve: Callable[[str, str], AdapterEntry]
+    route: Callable[[AdapterEntry], Route]
+
+
+@dataclass
+class SpeedMeter:
+    """Requests, output tokens, generation time and time to first token of one served name."""
+
+    requests: int = 0
+    tokens: int = 0
+    generating_s: float = 0.0
+    first_token_s: list[float] = field(default_factory=list)
+
+    def record(self, tokens: int, ttft_s: float | None, total_s: float) -> None:
+        self.requests += 1
+        self.tokens += tokens
+        self.generating_s += total_s
+        if ttft_s is not None:
+            self.first_token_s = [*self.first_token_s[-255:], ttft_s]
+
+    def speed(self) -> AdapterSpeed:
+        ttft = sorted(self.first_token_s)
+        return AdapterSpeed(requests=self.requests, completion_tokens=self.tokens,
+                            tokens_per_second=self.tokens / self.generating_s if self.generating_s > 0 else None,
+                            time_to_first_token_s=ttft[len(ttft) // 2] if ttft else None)
+
+
 @dataclass
 class Gateway:
     """What the routes share: the served models by name, the limits, the key and one HTTP client to the engines.
@@ -142,7 +179,17 @@ class Gateway:
     client: httpx.AsyncClient
     engine_state: Callable[[str], str | None]
     counters: dict[str, PromptCounter] = field(default_factory=dict)
+    """by tokenizer folder"""
     created: int = field(default_factory=lambda: int(time.time()))
+    adapter_host: AdapterHost | None = None
+    meters: dict[str, SpeedMeter] = field(default_factory=dict)
+
+    def meter(self, name: str) -> SpeedMeter:
+        return self.meters.setdefault(name, SpeedMeter())
+
+    def speeds(self) -> dict[str, AdapterSpeed]:
+        """Each name's figures so far (names unloaded since keep theirs)."""
+        return {name: meter.speed() for name, meter in self.meters.items()}
 
 
 def gateway_of(request: Request) -> Gateway:
@@ -181,9 +228,17 @@ async def list_models(request: Request) -> JSONResponse:
     gateway = gateway_of(request)
     if refusal := denied(gateway, request):
         return refusal
-    data = [{"id": r.name, "object": "model", "created": gateway.created, "owned_by": "soperator-finetune",
-             "kind": r.kind} for r in gateway.routes.values()]
-    return JSONResponse({"object": "list", "data": data})
+    return JSONResponse({"object": "list", "data": [model_card(gateway, r) for r in gateway.routes.values()]})
+
+
+def model_card(gateway: Gateway, route: Route) -> dict[str, Any]:
+    """A /v1/models entry; an adapter's names its run, base and evaluation."""
+    card: dict[str, Any] = {"id": route.name, "object": "model", "created": gateway.created,
+                            "owned_by": "soperator-finetune", "kind": route.kind}
+    if route.adapter is not None:
+        card.update(route.adapter.model_dump(include={"run_id", "run_name", "rank", "base_model_sha256",
+                                                      "dataset_sha256", "evaluation"}))
+    return card
 
 
 async def upstream_body(gateway: Gateway, request: Request) -> tuple[Route, ChatRequest, dict[str, Any]]:
@@ -201,9 +256,9 @@ async def upstream_body(gateway: Gateway, request: Request) -> tuple[Route, Chat
     if asked is not None and asked > limits.max_tokens:
         raise Refused(400, f"max_tokens {asked} is over this endpoint's limit of {limits.max_tokens}", "max_tokens_too_large")
     granted = asked or limits.max_tokens
-    if route.name in gateway.counters and route.budget:
+    if route.tokenizer in gateway.counters and route.budget:
         messages = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in chat.messages]
-        prompt = await run_in_threadpool(gateway.counters[route.name].count, messages)
+        prompt = await run_in_threadpool(gateway.counters[route.tokenizer].count, messages)
         budget = route.budget
         if prompt >= budget.tokens:
             raise Refused(400, f"prompt is {prompt} tokens; {budget.reason} holds {budget.tokens} tokens for "
@@ -229,6 +284,7 @@ async def chat_completions(request: Request) -> Response:
         route, parsed, body = await upstream_body(gateway, request)
     except Refused as refused:
         return error(refused.status, str(refused), refused.code)
+    started = time.monotonic()
     upstream = gateway.client.build_request("POST", f"{route.url}/v1/chat/completions", json=body)
     try:
         reply = await gateway.client.send(upstream, stream=True)
@@ -236,9 +292,11 @@ async def chat_completions(request: Request) -> Response:
         return error(502, f"engine for {route.name!r} is unreachable: {type(exc).__name__}", "engine_unreachable")
     if reply.status_code != 200:
         return await engine_refusal(reply)
+    meter = gateway.meter(route.name)
     if not parsed.stream:
-        return await whole_reply(request, reply, route)
-    return StreamingResponse(ended_like_openai(relay_stream(reply, route), route.name), media_type="text/event-stream",
+        return await whole_reply(request, reply, route, meter, started)
+    return StreamingResponse(ended_like_openai(relay_stream(reply, route, meter, started), route.name),
+                             media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache"})
 
 
@@ -252,20 +310,41 @@ async def engine_refusal(reply: httpx.Response) -> Response:
         return Response(content, status_code=reply.status_code, media_type=reply.headers.get("content-type"))
 
 
-async def relay_stream(reply: httpx.Response, route: Route) -> AsyncIterator[str]:
+CONTENT = re.compile(r'"content":\s*"[^"]')
+
+
+def has_content(line: str) -> bool:
+    """Whether an SSE line carries generated text (one streamed chunk: about one token)."""
+    return line.startswith("data:") and CONTENT.search(line) is not None
+
+
+async def relay_stream(reply: httpx.Response, route: Route, meter: SpeedMeter, started: float) -> AsyncIterator[str]:
     """The engine's SSE lines with the public model name; closing it closes the engine's stream."""
+    tokens, first = 0, None
     try:
         async for line in reply.aiter_lines():
+            if has_content(line):
+                tokens += 1
+                first = first if first is not None else time.monotonic() - started
             yield rename_sse_line(line, route.name) + "\n"
     finally:
         await reply.aclose()
+        meter.record(tokens, first, time.monotonic() - started)
 
 
-async def whole_reply(request: Request, reply: httpx.Response, route: Route) -> Response:
+async def whole_reply(request: Request, reply: httpx.Response, route: Route, meter: SpeedMeter,
+                      started: float) -> Response:
     """Read the engine's stream to its end, unless the client hangs up first: then close it (the engine
     cancels the generation) and answer nobody."""
+    first: list[float] = []
+
     async def lines() -> list[str]:
-        return [line async for line in reply.aiter_lines()]
+        read = []
+        async for line in reply.aiter_lines():
+            if not first and has_content(line):
+                first.append(time.monotonic() - started)
+            read.append(line)
+        return read
 
     reading = asyncio.ensure_future(lines())
     gone = asyncio.ensure_future(until_disconnected(request))
@@ -278,20 +357,112 @@ async def whole_reply(request: Request, reply: httpx.Response, route: Route) -> 
     if not reading.done() or reading.cancelled():
         return Response(status_code=499)
     try:
-        return JSONResponse(collect_stream(reading.result(), route.name))
+        document = collect_stream(reading.result(), route.name)
     except Refused as refused:
         return error(refused.status, str(refused), refused.code)
     except (ValueError, httpx.HTTPError) as exc:
         return error(502, f"engine for {route.name!r} sent a broken stream: {exc}", "engine_error")
+    tokens = (document.get("usage") or {}).get("completion_tokens")
+    meter.record(tokens if isinstance(tokens, int) else sum(has_content(line) for line in reading.result()),
+                 first[0] if first else None, time.monotonic() - started)
+    return JSONResponse(document)
+
+
+def admin_denied(gateway: Gateway, request: Request) -> JSONResponse | None:
+    """Admin routes need the API key, also on loopback: without one configured they are closed."""
+    if not gateway.api_key:
+        return error(403, "admin routes need an API key: start the server with one (serve.api_key_env)", "admin_closed")
+    return denied(gateway, request)
+
+
+async def admin_body(request: Request, fields: tuple[str, ...]) -> dict[str, str]:
+    raw = await read_body(request, 64 << 10)
+    try:
+        document = json.loads(raw)
+    except ValueError:
+        raise Refused(400, "request body is not JSON", "invalid_json") from None
+    if not isinstance(document, dict):
+        raise Refused(400, "request body must be a JSON object", "invalid_request")
+    missing = [f for f in fields if not isinstance(document.get(f), str) or not document[f]]
+    if missing:
+        raise Refused(400, f"{', '.join(missing)}: required, a non-empty string", "invalid_request")
+    return {f: document[f] for f in fields}
+
+
+async def engine_admin(gateway: Gateway, path: str, body: dict[str, str]) -> None:
+    """POST one of the engine's dynamic LoRA routes; its refusal becomes a 400 naming why."""
+    assert gateway.adapter_host is not None
+    try:
+        answer = await gateway.client.post(f"{gateway.adapter_host.url}{path}", json=body, timeout=300.0)
+    except httpx.HTTPError as exc:
+        raise Refused(502, f"engine unreachable: {type(exc).__name__}", "engine_unreachable") from None
+    if answer.status_code != 200:
+        try:
+            reason = answer.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            reason = answer.text[:500]
+        raise Refused(400, f"the engine refused: {reason}", "engine_refused")
+
+
+async def load_adapter(request: Request) -> JSONResponse:
+    """POST /admin/adapters {"name", "run_id"}: load a stored run's adapter and serve it under `name`."""
+    gateway = gateway_of(request)
+    if refusal := admin_denied(gateway, request):
+        return refusal
+    if gateway.adapter_host is None:
+        return error(400, "this engine does not load adapters at runtime", "no_adapter_engine")
+    try:
+        body = await admin_body(request, ("name", "run_id"))
+        name = body["name"]
+        if not MODEL_NAME.match(name):
+            raise Refused(400, f"name must match {MODEL_NAME.pattern}, got {name!r}", "invalid_request")
+        if name in gateway.routes:
+            raise Refused(409, f"model {name!r} is already served", "model_exists")
+        try:
+            entry = gateway.adapter_host.resolve(name, body["run_id"])
+        except LookupError as missing:
+            raise Refused(404, str(missing).strip("'\""), "run_not_found") from None
+        except ValueError as problem:
+            raise Refused(400, str(problem), "adapter_refused") from None
+        await engine_admin(gateway, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": entry.adapter_dir})
+    except Refused as refused:
+        return error(refused.status, str(refused), refused.code)
+    route = gateway.adapter_host.route(entry)
+    if route.tokenizer and route.budget:
+        gateway.counters.setdefault(route.tokenizer, PromptCounter(Path(route.tokenizer)))
+    gateway.routes[name] = route
+    return JSONResponse(model_card(gateway, route))
+
+
+async def unload_adapter(request: Request) -> JSONResponse:
+    """DELETE /admin/adapters/{name}: stop serving an adapter. New requests for it get 404 at once; the ones
+    the engine already holds finish (nothing in flight is cut or waited for)."""
+    gateway = gateway_of(request)
+    if refusal := admin_denied(gateway, request):
+        return refusal
+    name = request.path_params["name"]
+    route = gateway.routes.get(name)
+    if route is None or route.adapter is None or gateway.adapter_host is None:
+        adapters = sorted(n for n, r in gateway.routes.items() if r.adapter is not None)
+        return error(404, f"no adapter {name!r} is served; adapters: {adapters}", "model_not_found")
+    del gateway.routes[name]
+    try:
+        await engine_admin(gateway, "/v1/unload_lora_adapter", {"lora_name": route.upstream})
+    except Refused as refused:
+        gateway.routes[name] = route
+        return error(refused.status, str(refused), refused.code)
+    return JSONResponse({"id": name, "unloaded": True})
 
 
 def build_gateway(routes: list[Route], api_key: str | None, limits: Limits = Limits(), timeout_s: float = 600.0,
-                  engine_state: Callable[[str], str | None] = lambda url: None) -> FastAPI:
-    """The gateway app: the routes above over one shared `Gateway`."""
+                  engine_state: Callable[[str], str | None] = lambda url: None,
+                  adapter_host: AdapterHost | None = None) -> FastAPI:
+    """The gateway app: the routes above over one shared `Gateway` (app.state.gateway)."""
     client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0))
     gateway = Gateway(
         routes={r.name: r for r in routes}, api_key=api_key, limits=limits, client=client, engine_state=engine_state,
-        counters={r.name: PromptCounter(Path(r.tokenizer)) for r in routes if r.tokenizer and r.budget},
+        counters={r.tokenizer: PromptCounter(Path(r.tokenizer)) for r in routes if r.tokenizer and r.budget},
+        adapter_host=adapter_host,
     )
 
     @asynccontextmanager
@@ -304,4 +475,6 @@ def build_gateway(routes: list[Route], api_key: str | None, limits: Limits = Lim
     app.add_api_route("/health", health, methods=["GET"])
     app.add_api_route("/v1/models", list_models, methods=["GET"])
     app.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"])
+    app.add_api_route("/admin/adapters", load_adapter, methods=["POST"])
+    app.add_api_route("/admin/adapters/{name}", unload_adapter, methods=["DELETE"])
     return app

@@ -1,6 +1,9 @@
 """Start the engine processes (supervised) and the gateway in front of them; stops the engines when the gateway exits.
 
     FT_API_KEY=... python -m workloads.serve.launch --config workloads/configs/local.json [--host 0.0.0.0]
+        [--adapter NAME=RUN_ID ...] [--runs-store .local/artifacts]
+
+With no adapter named (flags or serve.adapters) it serves the base and the run's own fine-tune.
 """
 
 from __future__ import annotations
@@ -16,9 +19,12 @@ from pathlib import Path
 
 from documents.run_config import ConfigError, RunConfig, load_run_config
 from workloads.serve.auth import AccessError, api_key_from_env, is_loopback, require_key_beyond_loopback
+from documents.adapter_registry import AdapterEntry
 from documents.sections.serve import ServeConfig
-from workloads.serve.engines import EnginePlan, choose_engine, plan_transformers, plan_vllm
-from workloads.serve.gateway import Limits, build_gateway
+from workloads.serve.engines import EnginePlan, adapter_route, choose_engine, plan_peft, plan_transformers, plan_vllm
+from workloads.serve.gateway import AdapterHost, Limits, build_gateway
+from workloads.serve.registry import RegistryError, parse_adapter_flags, resolve_adapters, served_base, stored_adapter, stored_runs
+from workloads.serve.served import ServedReporter
 from workloads.serve.supervise import EngineError, Supervisor
 
 
@@ -34,10 +40,30 @@ def supervised_engines(plans: list[EnginePlan], cfg: ServeConfig, on_give_up) ->
         supervisor.stop()
 
 
-def make_plans(run: RunConfig, cfg: ServeConfig, finetuned: str, work_dir: Path) -> list[EnginePlan]:
-    if choose_engine(cfg) == "vllm":
-        return plan_vllm(run, cfg)
+def make_plans(run: RunConfig, cfg: ServeConfig, engine: str, finetuned: str, work_dir: Path,
+               adapters: list[AdapterEntry]) -> list[EnginePlan]:
+    if engine == "vllm":
+        return plan_vllm(run, cfg, adapters)
+    if engine == "peft":
+        return plan_peft(run, cfg, adapters)
+    if cfg.adapters:
+        raise RegistryError("engine transformers serves the run's own merged model only; stored adapters "
+                            f"({sorted(cfg.adapters)}) need engine peft (CPU) or vllm (GPU)")
     return plan_transformers(run, cfg, finetuned=finetuned, work_dir=work_dir)
+
+
+def adapter_host(run: RunConfig, cfg: ServeConfig, engine: str, plans: list[EnginePlan]) -> AdapterHost | None:
+    """Runtime adapter loading for the one-process engines: stored runs, checked against the served base."""
+    if engine not in ("peft", "vllm"):
+        return None
+    store_dir, (base_sha, base_path) = Path(cfg.runs_store), served_base(run)
+    tokenizer = run.base_model_dir if engine == "peft" else None
+    url = plans[0].url
+
+    def resolve(name: str, run_id: str) -> AdapterEntry:
+        return stored_adapter(stored_runs(store_dir), store_dir, name, run_id, base_sha, base_path)
+
+    return AdapterHost(url, resolve, lambda entry: adapter_route(entry, url, tokenizer, cfg))
 
 
 def reach_hint(host: str, port: int, node: str) -> str:
@@ -58,17 +84,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--finetuned", choices=("merged", "adapter-4bit"), default="merged",
                         help="transformers engine: merged model (default) or base in NF4 + unmerged adapter")
     parser.add_argument("--no-base", action="store_true", help="serve only the fine-tuned model")
+    parser.add_argument("--adapter", action="append", default=[], metavar="NAME=RUN_ID",
+                        help="serve a stored run's adapter under NAME (repeat; adds to serve.adapters)")
+    parser.add_argument("--runs-store", help="override serve.runs_store (the run store folder)")
     args = parser.parse_args(argv)
     try:
         run = load_run_config(args.config)
-        overrides = {k: v for k, v in {"host": args.host, "port": args.port, "backend_port": args.backend_port}.items() if v is not None}
+        overrides = {k: v for k, v in {"host": args.host, "port": args.port, "backend_port": args.backend_port,
+                                       "runs_store": args.runs_store}.items() if v is not None}
         if args.no_base:
             overrides["serve_base"] = False
         cfg = (run.serve or ServeConfig()).model_copy(update=overrides)
+        cfg = cfg.model_copy(update={"adapters": {**cfg.adapters, **parse_adapter_flags(args.adapter)}})
         api_key = api_key_from_env(cfg.api_key_env)
         require_key_beyond_loopback(cfg.host, api_key)
         work_dir = Path(tempfile.mkdtemp(prefix="ft-serve-"))
-        plans = make_plans(run, cfg, args.finetuned, work_dir)
+        engine = choose_engine(cfg)
+        adapters = resolve_adapters(run, cfg.adapters, Path(cfg.runs_store), cfg.finetuned_name) if engine != "transformers" else []
+        plans = make_plans(run, cfg, engine, args.finetuned, work_dir, adapters)
+        host = adapter_host(run, cfg, engine, plans)
+        base_sha, base_path = served_base(run)
     except (ConfigError, AccessError, FileNotFoundError, ValueError) as error:
         print(f"serve: {error}", file=sys.stderr)
         return 2
@@ -88,13 +123,15 @@ def main(argv: list[str] | None = None) -> int:
         with supervised_engines(plans, cfg, give_up) as supervisor:
             routes = [route for plan in plans for route in plan.routes]
             limits = Limits(max_tokens=cfg.max_tokens_limit, max_body_bytes=cfg.max_body_bytes)
-            app = build_gateway(routes, api_key, limits, engine_state=supervisor.state)
+            app = build_gateway(routes, api_key, limits, engine_state=supervisor.state, adapter_host=host)
             print(reach_hint(cfg.host, cfg.port, os.uname().nodename), flush=True)
-            print(f"models: {[r.name for r in routes]}; API key {'required' if api_key else 'not set (loopback only)'}", flush=True)
+            print(f"engine {engine}; models: {[r.name for r in routes]}; API key "
+                  f"{'required' if api_key else 'not set (loopback only; admin routes closed)'}", flush=True)
             server = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning",
                                                    timeout_graceful_shutdown=cfg.shutdown_grace_s))
-            if not gave_up:
-                server.run()
+            with ServedReporter(app.state.gateway, run.results_dir, (cfg.base_name, base_sha, base_path), engine):
+                if not gave_up:
+                    server.run()
     except EngineError as error:
         print(f"serve: {error}", file=sys.stderr)
         return 1

@@ -68,7 +68,7 @@ class Supervisor:
         self.watcher = threading.Thread(target=self._watch, name="engine-supervisor", daemon=True)
 
     def _spawn(self, plan: EnginePlan) -> subprocess.Popen:
-        return subprocess.Popen(plan.argv, env=self.env, start_new_session=True, stdout=sys.stderr)
+        return subprocess.Popen(plan.argv, env={**self.env, **plan.env}, start_new_session=True, stdout=sys.stderr)
 
     def _wait_healthy(self, indexes: list[int]) -> None:
         deadline = time.monotonic() + self.startup_timeout_s

@@ -1,0 +1,199 @@
+"""One base, many adapters, one process: three stored runs' adapters of the tiny model served by the peft engine
+behind the real gateway, over real HTTP. Answers against servers that serve one adapter alone; runtime load and
+unload under streaming load; refusals (another base, bad admin requests); per-adapter figures."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+from adapter_fixtures import ADAPTERS, SPARE, AdapterRuns, AdapterServer, adapter_server
+from eval_fixtures import ROOT
+
+from workloads.serve.process import free_port
+
+pytestmark = pytest.mark.slow
+
+NAMES = list(ADAPTERS)
+PROMPTS = ["What is a bond?", "Summarise the quarter's earnings in one line."]
+
+
+def greedy(server: AdapterServer, model: str, prompt: str, max_tokens: int = 12) -> str:
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "temperature": 0.0}
+    reply = httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=server.headers, timeout=120)
+    assert reply.status_code == 200, reply.text
+    return reply.json()["choices"][0]["message"]["content"]
+
+
+@pytest.fixture(scope="module")
+def multi(adapter_runs: AdapterRuns, tmp_path_factory: pytest.TempPathFactory):
+    metrics = tmp_path_factory.mktemp("textfile")
+    env = {"FTSTACK_METRICS_TEXTFILE_DIR": str(metrics), "SLURM_JOB_ID": "4242"}
+    with adapter_server(adapter_runs, tmp_path_factory.mktemp("multi"), NAMES, extra_env=env) as server:
+        server.metrics_dir = metrics
+        yield server
+
+
+def test_each_adapter_answers_as_when_served_alone(adapter_runs, multi, tmp_path) -> None:
+    together = {(name, p): greedy(multi, name, p) for name in NAMES for p in PROMPTS}
+    jobs = [(name, p) for name in ["base", *NAMES] for p in PROMPTS]
+    with ThreadPoolExecutor(len(jobs)) as pool:  # at once: rows of different adapters decoded in one batch
+        mixed = dict(zip(jobs, pool.map(lambda job: greedy(multi, *job), jobs)))
+    assert {job: mixed[job] for job in together} == together
+    for name in NAMES:
+        with adapter_server(adapter_runs, tmp_path / name, [name]) as alone:
+            for prompt in PROMPTS:
+                assert greedy(alone, name, prompt) == together[(name, prompt)], (name, prompt)
+    base = {p: greedy(multi, "base", p) for p in PROMPTS}
+    for prompt in PROMPTS:
+        answers = [together[(name, prompt)] for name in NAMES]
+        assert len(set(answers)) == len(NAMES) and base[prompt] not in answers, answers
+
+
+def test_models_list_every_adapter_with_its_run(multi) -> None:
+    assert httpx.get(f"{multi.url}/v1/models", timeout=10).status_code == 401
+    cards = {m["id"]: m for m in httpx.get(f"{multi.url}/v1/models", headers=multi.headers, timeout=10).json()["data"]}
+    assert set(cards) == {"base", *NAMES}
+    for name, rank in ADAPTERS.items():
+        assert cards[name]["run_id"] == f"run-{name}" and cards[name]["rank"] == rank
+        assert cards[name]["dataset_sha256"] == f"{rank:064x}"
+    unknown = httpx.post(f"{multi.url}/v1/chat/completions", headers=multi.headers, timeout=10,
+                         json={"model": "desk-nope", "messages": [{"role": "user", "content": "hi"}]})
+    assert unknown.status_code == 404
+    assert all(name in unknown.json()["error"]["message"] for name in ["base", *NAMES])
+
+
+def stream(server: AdapterServer, model: str, results: list, index: int) -> None:
+    body = {"model": model, "messages": [{"role": "user", "content": PROMPTS[index % 2]}], "max_tokens": 160,
+            "temperature": 0.0, "stream": True}
+    lines = []
+    try:
+        with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, headers=server.headers,
+                          timeout=300) as reply:
+            status = reply.status_code
+            lines = [line for line in reply.iter_lines() if line.startswith("data:")]
+    except httpx.HTTPError as exc:
+        status = repr(exc)
+    results[index] = (status, lines, time.monotonic())
+
+
+def test_load_and_unload_while_eight_streams_run(multi) -> None:
+    models = ["base", *NAMES] * 2
+    results: list = [None] * len(models)
+    threads = [threading.Thread(target=stream, args=(multi, m, results, i)) for i, m in enumerate(models)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.5)
+    loaded = httpx.post(f"{multi.url}/admin/adapters", headers=multi.headers, timeout=300,
+                        json={"name": SPARE, "run_id": f"run-{SPARE}"})
+    loaded_at = time.monotonic()
+    assert loaded.status_code == 200, loaded.text
+    assert loaded.json()["run_id"] == f"run-{SPARE}"
+    assert greedy(multi, SPARE, PROMPTS[0], 4)
+    gone = httpx.delete(f"{multi.url}/admin/adapters/{SPARE}", headers=multi.headers, timeout=300)
+    assert gone.status_code == 200, gone.text
+    for thread in threads:
+        thread.join(timeout=300)
+    assert loaded_at < max(ended for _, _, ended in results), "the load waited for every stream to end"
+    for model, (status, lines, _) in zip(models, results):
+        assert status == 200, (model, status)
+        assert lines[-1] == "data: [DONE]", (model, lines[-3:])
+        finish = [json.loads(line[5:])["choices"][0]["finish_reason"] for line in lines[:-1]
+                  if json.loads(line[5:]).get("choices")]
+        assert finish[-1] in ("stop", "length") and not any("error" in line for line in lines), (model, lines[-4:])
+    after = httpx.post(f"{multi.url}/v1/chat/completions", headers=multi.headers, timeout=10,
+                       json={"model": SPARE, "messages": [{"role": "user", "content": "hi"}]})
+    assert after.status_code == 404 and SPARE not in after.json()["error"]["message"].split("choose one of")[1]
+    listed = {m["id"] for m in httpx.get(f"{multi.url}/v1/models", headers=multi.headers, timeout=10).json()["data"]}
+    assert listed == {"base", *NAMES}
+
+
+def test_bad_admin_requests_get_4xx(adapter_runs, multi) -> None:
+    admin = f"{multi.url}/admin/adapters"
+    good = {"name": "desk-x", "run_id": f"run-{SPARE}"}
+    assert httpx.post(admin, json=good, timeout=10).status_code == 401
+    assert httpx.post(admin, json=good, headers={"Authorization": "Bearer nope"}, timeout=10).status_code == 401
+    assert httpx.delete(f"{admin}/{NAMES[0]}", timeout=10).status_code == 401
+    cases = [
+        (b"not json", 400, "not JSON"),
+        (json.dumps({"name": "desk-x"}).encode(), 400, "run_id"),
+        (json.dumps(["desk-x"]).encode(), 400, "object"),
+        (json.dumps({"name": "../etc", "run_id": f"run-{SPARE}"}).encode(), 400, "name must match"),
+        (json.dumps({"name": "desk-x", "run_id": "run-missing"}).encode(), 404, "run-missing"),
+        (json.dumps({"name": NAMES[0], "run_id": f"run-{SPARE}"}).encode(), 409, "already served"),
+    ]
+    for body, status, words in cases:
+        reply = httpx.post(admin, content=body, headers=multi.headers, timeout=30)
+        assert reply.status_code == status and words in reply.json()["error"]["message"], (body, reply.text)
+    assert httpx.delete(f"{admin}/desk-missing", headers=multi.headers, timeout=10).status_code == 404
+    assert httpx.delete(f"{admin}/base", headers=multi.headers, timeout=10).status_code == 404
+    foreign = httpx.post(admin, json={"name": "desk-foreign", "run_id": adapter_runs.foreign_run},
+                         headers=multi.headers, timeout=30)
+    assert foreign.status_code == 400
+    assert "desk-foreign" in foreign.json()["error"]["message"] and "other" in foreign.json()["error"]["message"]
+
+
+def test_an_adapter_of_another_base_is_refused_at_start(adapter_runs, tmp_path) -> None:
+    import subprocess
+    import sys
+
+    config = tmp_path / "run.json"
+    config.write_text(adapter_runs.run.model_dump_json())
+    done = subprocess.run(
+        [sys.executable, "-m", "workloads.serve.launch", "--config", str(config), "--port", str(free_port()),
+         "--adapter", f"{NAMES[0]}=run-{NAMES[0]}", "--adapter", f"desk-foreign={adapter_runs.foreign_run}"],
+        cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    message = done.stderr
+    assert "desk-foreign" in message and str(adapter_runs.run.base_model_dir) in message and "other" in message
+
+
+def test_admin_is_closed_without_a_key_even_on_loopback(adapter_runs, tmp_path) -> None:
+    with adapter_server(adapter_runs, tmp_path / "nokey", [NAMES[0]], key=None) as open_server:
+        reply = httpx.post(f"{open_server.url}/admin/adapters", json={"name": "x", "run_id": f"run-{SPARE}"}, timeout=10)
+        assert reply.status_code == 403 and "API key" in reply.json()["error"]["message"]
+
+
+def test_figures_per_adapter(multi, adapter_runs) -> None:
+    for name in NAMES[:2]:
+        greedy(multi, name, PROMPTS[0], 6)
+    deadline = time.monotonic() + 30
+    served = adapter_runs.run.results_dir / "served_adapters.json"
+    while time.monotonic() < deadline:
+        document = json.loads(served.read_text()) if served.exists() else {}
+        if all((document.get("speed") or {}).get(n, {}).get("requests") for n in NAMES[:2]):
+            break
+        time.sleep(1)
+    assert {a["name"] for a in document["adapters"]} == set(NAMES)
+    for name in NAMES[:2]:
+        speed = document["speed"][name]
+        assert speed["requests"] >= 1 and speed["completion_tokens"] >= 1 and speed["tokens_per_second"] > 0
+        assert speed["time_to_first_token_s"] > 0
+    prom = (multi.metrics_dir / "ftstack_job_4242_serve.prom").read_text()
+    for name in NAMES[:2]:
+        assert f'ftstack_serve_requests{{hpc_job="4242",stage="serve",adapter="{name}"}}' in prom
+        assert f'ftstack_serve_time_to_first_token_s{{hpc_job="4242",stage="serve",adapter="{name}"}}' in prom
+
+
+def test_ftstack_runs_lists_the_stored_adapters(adapter_runs) -> None:
+    from infra.commands.runs import adapter_entries, format_adapters
+    from infra.runs.store import LocalStore, list_runs
+
+    store = LocalStore(adapter_runs.store_dir)
+    entries = {e.run_id: e for e in adapter_entries(store, "local", list_runs(store, "local"))}
+    assert set(entries) == {f"run-{name}" for name in [*ADAPTERS, SPARE]} | {adapter_runs.foreign_run}
+    base_sha = entries[f"run-{NAMES[0]}"].base_model_sha256
+    for name, rank in ADAPTERS.items():
+        entry = entries[f"run-{name}"]
+        assert entry.rank == rank and entry.dataset_sha256 == f"{rank:064x}" and entry.base_model_sha256 == base_sha
+        assert Path(entry.adapter_dir, "adapter_config.json").is_file()
+    assert entries[adapter_runs.foreign_run].base_model_sha256 != base_sha
+    table = format_adapters(list(entries.values()))
+    assert table.splitlines()[0].startswith("adapter (run id)") and f"run-{NAMES[1]}" in table

@@ -1,0 +1,438 @@
+"""One base model in memory, many LoRA adapters on it, one OpenAI-compatible process (the CPU engine).
+
+    python -m workloads.serve.lora_engine --base DIR --base-name base --adapter NAME=DIR ... --port 8100
+
+Unlike `transformers serve` (one model per process, so one merged copy per fine-tune), this engine loads the
+base once, adds each adapter with peft's `load_adapter`, and decodes the requests waiting at the start of a
+batch together, each row with its own adapter (peft's `adapter_names`, `__base__` for the base) and its own
+sampling settings. It speaks the subset of vLLM's API the gateway uses: streamed chat completions, /health,
+/v1/models, and the dynamic LoRA routes `/v1/load_lora_adapter` and `/v1/unload_lora_adapter`. It listens on
+loopback only; the gateway is the public face (API key, limits, admin route).
+
+Batching is static: a batch runs until its last row ends, and requests that arrive meanwhile wait for the
+next one. Adapter loads and unloads run between two decoding steps, without waiting for the batch; an unload
+waits only while a running or waiting request still uses that adapter, so it never cuts a generation short.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import queue
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+BASE_ROW = "__base__"
+"""peft's adapter name for a row that runs the bare base."""
+IDLE_POLL_S = 0.05
+
+
+@dataclass
+class Generation:
+    """One request in the engine: its prompt, its adapter and sampling, and where its tokens go."""
+
+    prompt_ids: list[int]
+    adapter: str
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int | None
+    events: asyncio.Queue
+    loop: asyncio.AbstractEventLoop
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def emit(self, event: tuple) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+
+@dataclass
+class Command:
+    """An adapter load or unload, run by the worker between batches."""
+
+    action: str
+    name: str
+    path: str | None
+    done: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+
+    def answer(self, error: str | None) -> None:
+        self.loop.call_soon_threadsafe(lambda: self.done.done() or self.done.set_result(error))
+
+
+class AdapterModel:
+    """The base with its adapters (peft), and the batched decoding loop. Only the worker thread calls in."""
+
+    def __init__(self, base: Path, adapters: dict[str, Path], dtype: str, device: str, max_loras: int) -> None:
+        import torch
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.torch, self.peft_model = torch, PeftModel
+        self.tokenizer = AutoTokenizer.from_pretrained(base)
+        torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
+        self.model = AutoModelForCausalLM.from_pretrained(base, dtype=torch_dtype).to(device).eval()
+        self.adapters: set[str] = set()
+        self.device, self.max_loras = device, max(max_loras, len(adapters))
+        for name, path in adapters.items():
+            self.load(name, str(path))
+        eos = self.model.generation_config.eos_token_id
+        self.eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        if self.tokenizer.eos_token_id is not None:
+            self.eos.add(self.tokenizer.eos_token_id)
+        self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos, default=0)
+
+    def prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+    def load(self, name: str, path: str) -> None:
+        if name in self.adapters or name == BASE_ROW:
+            raise ValueError(f"adapter {name!r} is already loaded")
+        if len(self.adapters) >= self.max_loras:
+            raise ValueError(f"{len(self.adapters)} adapters are loaded, the most this engine holds (--max-loras)")
+        if not (Path(path) / "adapter_config.json").is_file():
+            raise ValueError(f"{path}: no adapter_config.json")
+        if isinstance(self.model, self.peft_model):
+            self.model.load_adapter(path, adapter_name=name)
+        else:
+            self.model = self.peft_model.from_pretrained(self.model, path, adapter_name=name).eval()
+        self.adapters.add(name)
+
+    def unload(self, name: str) -> None:
+        if name not in self.adapters:
+            raise ValueError(f"adapter {name!r} is not loaded")
+        if len(self.adapters) == 1:
+            raise ValueError(f"adapter {name!r} is the last one loaded; this engine keeps at least one")
+        if self.model.active_adapter == name:
+            self.model.set_adapter(next(a for a in sorted(self.adapters) if a != name))
+        self.model.delete_adapter(name)
+        self.adapters.discard(name)
+
+    def routing(self, names: list[str]) -> tuple[AbstractContextManager, dict[str, Any]]:
+        """How one forward applies the rows' adapters: peft's per-row `adapter_names` (a split of every LoRA
+        layer's input by adapter) only for a mixed batch; one adapter for all rows is set active, all-base rows
+        run with the adapters disabled."""
+        unique = set(names)
+        if not self.adapters:
+            return nullcontext(), {}
+        if unique == {BASE_ROW}:
+            return self.model.disable_adapter(), {}
+        if len(unique) == 1:
+            if self.model.active_adapter != names[0]:
+                self.model.set_adapter(names[0])
+            return nullcontext(), {}
+        return nullcontext(), {"adapter_names": names}
+
+    def next_tokens(self, logits: Any, rows: list[Generation], generators: list[Any]) -> list[int]:
+        torch = self.torch
+        chosen = []
+        for i, row in enumerate(rows):
+            scores = logits[i].float()
+            if row.temperature <= 0:
+                chosen.append(int(scores.argmax()))
+                continue
+            probs = torch.softmax(scores / row.temperature, dim=-1)
+            if row.top_p < 1.0:
+                ordered, order = probs.sort(descending=True)
+                keep = ordered.cumsum(0) - ordered < row.top_p
+                probs = torch.zeros_like(probs).scatter(0, order[keep], ordered[keep])
+            chosen.append(int(torch.multinomial(probs, 1, generator=generators[i])))
+        return chosen
+
+    def decode(self, rows: list[Generation], between_steps: Callable[[set[str]], None]) -> None:
+        """Generate for every row at once (left-padded), streaming each row's text as it grows; after each step
+        `between_steps` gets the adapters of the rows still running."""
+        torch = self.torch
+        width = max(len(r.prompt_ids) for r in rows)
+        ids = torch.tensor([[self.pad] * (width - len(r.prompt_ids)) + r.prompt_ids for r in rows], device=self.device)
+        mask = torch.tensor([[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in rows], device=self.device)
+        names = [r.adapter for r in rows]
+        generators = [torch.Generator().manual_seed(r.seed if r.seed is not None else int(time.time_ns() % 2**31))
+                      for r in rows]
+        produced: list[list[int]] = [[] for _ in rows]
+        shown = [""] * len(rows)
+        finished: list[str | None] = [None] * len(rows)
+        past = None
+        step_ids = ids
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        for _ in range(max(r.max_tokens for r in rows)):
+            context, routing = self.routing(names)
+            with context:
+                out = self.model(input_ids=step_ids, attention_mask=mask, position_ids=positions,
+                                 past_key_values=past, use_cache=True, **routing)
+            past = out.past_key_values
+            tokens = self.next_tokens(out.logits[:, -1, :], rows, generators)
+            for i, (row, token) in enumerate(zip(rows, tokens)):
+                if finished[i] is not None:
+                    continue
+                if row.cancelled.is_set():
+                    finished[i] = "cancelled"
+                    continue
+                if token in self.eos:
+                    finished[i] = "stop"
+                else:
+                    produced[i].append(token)
+                    text = self.tokenizer.decode(produced[i], skip_special_tokens=True)
+                    if not text.endswith("\ufffd") and len(text) > len(shown[i]):
+                        row.emit(("delta", text[len(shown[i]):]))
+                        shown[i] = text
+                    if len(produced[i]) >= row.max_tokens:
+                        finished[i] = "length"
+                if finished[i] in ("stop", "length"):
+                    row.emit(("done", finished[i], len(row.prompt_ids), len(produced[i])))
+            if all(f is not None for f in finished):
+                return
+            names = [r.adapter if f is None else BASE_ROW for r, f in zip(rows, finished)]
+            between_steps(set(names) - {BASE_ROW})
+            step_ids = torch.tensor([[t] for t in tokens], device=self.device)
+            mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=mask.dtype, device=self.device)], dim=1)
+            positions = positions[:, -1:] + 1
+
+
+class Worker:
+    """The thread that owns the model: takes the requests waiting (up to `max_batch`) and decodes them together;
+    runs adapter commands between decoding steps (or while idle)."""
+
+    def __init__(self, engine: AdapterModel, max_batch: int) -> None:
+        self.engine, self.max_batch = engine, max_batch
+        self.inbox: queue.Queue[Generation] = queue.Queue()
+        self.commands: queue.Queue[Command] = queue.Queue()
+        self.waiting_unloads: list[Command] = []
+        self.thread = threading.Thread(target=self.run, name="adapter-engine", daemon=True)
+        self.failure: str | None = None
+
+    def run(self) -> None:
+        try:
+            with self.engine.torch.inference_mode():
+                self.serve()
+        except Exception as exc:  # the engine is broken: /health says so and the supervisor restarts it
+            self.failure = f"{type(exc).__name__}: {exc}"
+            raise
+
+    def serve(self) -> None:
+        while True:
+            self.run_commands(set())
+            try:
+                batch = [self.inbox.get(timeout=IDLE_POLL_S)]
+            except queue.Empty:
+                continue
+            while len(batch) < self.max_batch:
+                try:
+                    batch.append(self.inbox.get_nowait())
+                except queue.Empty:
+                    break
+            live = [row for row in batch if not row.cancelled.is_set()]
+            unknown = [row for row in live if row.adapter != BASE_ROW and row.adapter not in self.engine.adapters]
+            for row in unknown:
+                row.emit(("error", f"adapter {row.adapter!r} is not loaded"))
+            live = [row for row in live if row not in unknown]
+            if live:
+                try:
+                    self.engine.decode(live, self.run_commands)
+                except Exception as exc:
+                    for row in live:
+                        row.emit(("error", f"{type(exc).__name__}: {exc}"))
+                    raise
+
+    def run_commands(self, running: set[str]) -> None:
+        """Loads at once; an unload once no running or waiting request uses its adapter."""
+        while True:
+            try:
+                self.waiting_unloads.append(self.commands.get_nowait())
+            except queue.Empty:
+                break
+        if not self.waiting_unloads:
+            return
+        busy = running | {row.adapter for row in list(self.inbox.queue) if not row.cancelled.is_set()}
+        later = []
+        for command in self.waiting_unloads:
+            if command.action == "unload" and command.name in busy:
+                later.append(command)
+            else:
+                self.command(command)
+        self.waiting_unloads = later
+
+    def command(self, command: Command) -> None:
+        try:
+            if command.action == "load":
+                self.engine.load(command.name, command.path or "")
+            else:
+                self.engine.unload(command.name)
+        except ValueError as problem:
+            command.answer(str(problem))
+            return
+        command.answer(None)
+
+
+def error(status: int, message: str, code: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "code": code}},
+                        status_code=status)
+
+
+def sse(document: dict[str, Any]) -> str:
+    return f"data: {json.dumps(document, ensure_ascii=False)}\n\n"
+
+
+async def completion_events(generation: Generation, public: str, include_usage: bool) -> AsyncIterator[str]:
+    """The SSE chunks of one generation; the client hanging up cancels the row."""
+    ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+
+    def chunk(delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
+        return {"id": ident, "object": "chat.completion.chunk", "created": created, "model": public,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+    try:
+        yield sse(chunk({"role": "assistant", "content": ""}, None))
+        while True:
+            event = await generation.events.get()
+            if event[0] == "delta":
+                yield sse(chunk({"content": event[1]}, None))
+            elif event[0] == "error":
+                yield sse({"error": {"message": event[1], "type": "engine_error"}})
+                break
+            else:
+                _, finish, prompt_tokens, completion_tokens = event
+                yield sse(chunk({}, finish))
+                if include_usage:
+                    yield sse({"id": ident, "object": "chat.completion.chunk", "created": created, "model": public,
+                               "choices": [], "usage": {"prompt_tokens": prompt_tokens,
+                                                        "completion_tokens": completion_tokens,
+                                                        "total_tokens": prompt_tokens + completion_tokens}})
+                break
+        yield "data: [DONE]\n\n"
+    finally:
+        generation.cancelled.set()
+
+
+def build_app(worker: Worker, base_name: str, default_max_tokens: int = 256) -> FastAPI:
+    engine = worker.engine
+    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+
+    async def read_json(request: Request) -> dict[str, Any] | None:
+        try:
+            document = json.loads(await request.body())
+        except ValueError:
+            return None
+        return document if isinstance(document, dict) else None
+
+    @app.get("/health")
+    async def health() -> Any:
+        if worker.failure or not worker.thread.is_alive():
+            return JSONResponse({"status": "failed", "error": worker.failure}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/v1/models")
+    async def models() -> Any:
+        names = [base_name, *sorted(engine.adapters)]
+        return JSONResponse({"object": "list", "data": [{"id": n, "object": "model"} for n in names]})
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Any:
+        body = await read_json(request)
+        if body is None or not isinstance(body.get("messages"), list):
+            return error(400, "body must be a JSON object with messages", "invalid_request")
+        name = body.get("model")
+        if name != base_name and name not in engine.adapters:
+            return error(404, f"model {name!r} is not loaded; loaded: {[base_name, *sorted(engine.adapters)]}",
+                         "model_not_found")
+        messages = [{**m, "content": m["content"] if isinstance(m.get("content"), str)
+                     else "".join(str(p.get("text", "")) for p in m.get("content") or [])} for m in body["messages"]]
+        loop = asyncio.get_running_loop()
+        temperature = body.get("temperature")
+        generation = Generation(
+            prompt_ids=await run_in_threadpool(engine.prompt_ids, messages),
+            adapter=BASE_ROW if name == base_name else name,
+            max_tokens=int(body.get("max_tokens") or default_max_tokens),
+            temperature=1.0 if temperature is None else float(temperature),
+            top_p=float(body.get("top_p") or 1.0), seed=body.get("seed"), events=asyncio.Queue(), loop=loop,
+        )
+        worker.inbox.put(generation)
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        events = completion_events(generation, name, include_usage)
+        if body.get("stream"):
+            return StreamingResponse(events, media_type="text/event-stream")
+        text, finish, usage = [], None, None
+        async for line in events:
+            payload = line[5:].strip()
+            if payload == "[DONE]":
+                break
+            chunk = json.loads(payload)
+            if "error" in chunk:
+                return error(500, chunk["error"]["message"], "engine_error")
+            usage = chunk.get("usage") or usage
+            for choice in chunk.get("choices") or []:
+                text.append(choice["delta"].get("content") or "")
+                finish = choice.get("finish_reason") or finish
+        return JSONResponse({"object": "chat.completion", "model": name, "usage": usage, "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "".join(text)}, "finish_reason": finish}]})
+
+    async def command(action: str, name: Any, path: Any) -> Any:
+        if not isinstance(name, str) or not name or (action == "load" and not isinstance(path, str)):
+            return error(400, "lora_name (and lora_path to load) must be strings", "invalid_request")
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        worker.commands.put(Command(action, name, path, done, loop))
+        problem = await done
+        if problem:
+            return error(400, problem, "invalid_adapter")
+        return PlainTextResponse(f"adapter {name!r} {action}ed")
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(request: Request) -> Any:
+        body = await read_json(request) or {}
+        return await command("load", body.get("lora_name"), body.get("lora_path"))
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(request: Request) -> Any:
+        body = await read_json(request) or {}
+        return await command("unload", body.get("lora_name"), None)
+
+    return app
+
+
+def parse_named_paths(items: list[str]) -> dict[str, Path]:
+    named: dict[str, Path] = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--adapter {item!r}: expected NAME=PATH")
+        named[name] = Path(path)
+    return named
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base", required=True, type=Path)
+    parser.add_argument("--base-name", default="base")
+    parser.add_argument("--adapter", action="append", default=[], help="NAME=PATH (repeat)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--max-batch", type=int, default=16)
+    parser.add_argument("--max-loras", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=256, help="a request without max_tokens gets this many")
+    args = parser.parse_args(argv)
+    import uvicorn
+
+    device = "cpu" if args.device == "auto" else args.device
+    engine = AdapterModel(args.base, parse_named_paths(args.adapter), args.dtype, device, args.max_loras)
+    worker = Worker(engine, args.max_batch)
+    worker.thread.start()
+    uvicorn.run(build_app(worker, args.base_name, args.max_tokens), host=args.host, port=args.port,
+                log_level="warning")
+
+
+if __name__ == "__main__":
+    main()
