@@ -1,9 +1,9 @@
-"""Chart contract files (`infra/charts/<family>-<version>.yaml`): which Helm value paths the program may pass to
+"""Chart contract files (`infra/soperator/charts/<family>-<version>.yaml`): which Helm value paths the program may pass to
 each chart of a pinned release, written by a person from reading the charts at their tag.
 
 `ContractFile` is the one definition of the file and `read_contract_file` its one reader. A file either lists
 every chart's `keys`, or `extends` an older version and lists per chart what was `add`ed and `remove`d.
-`ChartContract` is one chart's resolved contract (infra/chart_contract.py resolves `extends` and checks values).
+`ChartContract` is one chart's resolved contract (infra/soperator/chart_contract.py resolves `extends` and checks values).
 """
 
 from __future__ import annotations

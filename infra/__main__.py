@@ -3,7 +3,7 @@
 import pulumi
 
 from infra.config import from_pulumi_config
-from infra.program import build_stack
+from infra.program.build import build_stack
 
 for key, value in build_stack(from_pulumi_config()).flat().items():
     pulumi.export(key, value)

@@ -25,7 +25,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from infra import catalog
-from infra.pricing import PricingConfig
+from infra.cost.pricing import PricingConfig
 
 PROJECT = "soperator-finetune"
 # Config namespaces a stack file may use: this project's and those of the providers the program creates.

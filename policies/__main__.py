@@ -33,7 +33,7 @@ def _stack_config():
 
 def _validator(spec: rules.PolicySpec):
     def validate(args: StackValidationArgs, report_violation: ReportViolation) -> None:
-        from infra.cost_report import load_run
+        from infra.cost.report import load_run
 
         cfg = _stack_config()
         resources = [rules.Res.from_policy(r) for r in args.resources]

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict
 
 from infra import catalog
 from infra.config import StackConfig
-from infra.cost import monthly_cost
+from infra.cost.model import monthly_cost
 from infra.nebius.layout import layout
 
 FILESYSTEM = "nebius:index/computeV1Filesystem:ComputeV1Filesystem"

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from moto.server import ThreadedMotoServer
 
-from infra.artifacts import make_s3_client
+from infra.runs.store import make_s3_client
 
 REGION = "eu-north1"
 KEYS = {"access_key_id": "test-access-key", "secret_access_key": "test-secret-key"}

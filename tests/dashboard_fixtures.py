@@ -8,9 +8,9 @@ from typing import Any
 
 from document_fixtures import evaluator_report, side
 
-from infra.artifacts import ArtifactStore, upload_run
+from infra.runs.store import ArtifactStore, upload_run
 from infra.config import load_stack_config
-from infra.mocks import run_under_mocks
+from infra.program.mocks import run_under_mocks
 from documents.metrics import MetricsRecord
 
 REPO = Path(__file__).resolve().parents[1]

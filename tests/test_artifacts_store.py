@@ -13,7 +13,7 @@ from moto.server import ThreadedMotoServer
 
 from documents.metrics import MetricsRecord
 from documents.stack_outputs import Cost, StackOutputs, read_stack_outputs
-from infra.artifacts import (
+from infra.runs.store import (
     ArtifactError,
     ArtifactUploadError,
     LocalStore,

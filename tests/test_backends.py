@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from artifacts_fixtures import REGION, S3Server, s3_server  # noqa: F401
 
-from infra.backends import (
+from infra.program.backends import (
     PASSPHRASE_FILE,
     StateError,
     bootstrap_state_bucket,

@@ -1,5 +1,5 @@
 """Every Helm value the program emits, for every cloud stack, is in the chart contract of the pinned version
-(infra/charts/*.yaml, written from the charts at their tags); values the charts drop or the CRDs prune fail."""
+(infra/soperator/charts/*.yaml, written from the charts at their tags); values the charts drop or the CRDs prune fail."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import copy
 
 import pytest
 
-from infra import chart_contract
+from infra.soperator import chart_contract
 from documents.chart_contract import read_contract_file
-from infra.chart_contract import ContractError, contract, violations
+from infra.soperator.chart_contract import ContractError, contract, violations
 from infra.config import load_stack_config
 from infra.nebius.layout import layout
-from infra.soperator_values import BackupTarget, release_plan
+from infra.soperator.values import BackupTarget, release_plan
 
 CLOUD_STACKS = ("dev", "demo", "h100")
 SIZES = {"jail": 256, "controller-spool": 128, "accounting": 256}

@@ -101,7 +101,7 @@ def test_fetch_brings_back_the_run_files_byte_for_byte(tmp_path: Path) -> None:
 
 
 def test_program_ships_the_pipeline_over_ssh_with_the_pinned_key_as_a_secret() -> None:
-    from infra.mocks import run_under_mocks
+    from infra.program.mocks import run_under_mocks
 
     secret = {"pipelineSshPrivateKey": "-----BEGIN OPENSSH PRIVATE KEY-----\nnot-a-key\n-----END OPENSSH PRIVATE KEY-----"}
     cfg = parse_stack_config("c", cluster_values(), "f")

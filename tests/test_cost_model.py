@@ -7,10 +7,10 @@ import re
 import pytest
 
 from infra.config import MonitoringConfig, StackConfig, load_stack_config
-from infra.cost import chat_scenario, chat_scenarios, monthly_cost, node_price, training_run
-from infra.cost_report import cost_report, render_table, tokenized_tokens
-from infra.mocks import run_under_mocks
-from infra.pricing import CATALOG, PriceBook, PriceOverride, PricingConfig
+from infra.cost.model import chat_scenario, chat_scenarios, monthly_cost, node_price, training_run
+from infra.cost.report import cost_report, render_table, tokenized_tokens
+from infra.program.mocks import run_under_mocks
+from infra.cost.pricing import CATALOG, PriceBook, PriceOverride, PricingConfig
 from documents.metrics import MetricsRecord
 
 # seed 000, "Total Cost of Ownership": line key -> (low, high) in whole dollars as printed, except the
@@ -224,7 +224,7 @@ def test_rendered_table_carries_the_seed_totals():
 def test_training_cost_uses_the_throughput_measured_for_the_gpu_model(tmp_path):
     """h100 stack with a QLoRA run of Qwen3-14B and no throughput of its own: the H100 benchmark figure
     (documents/training_throughput.json) prices the run; unquantized LoRA has no figure and says so."""
-    from infra.cost_report import load_run, training_estimate
+    from infra.cost.report import load_run, training_estimate
     from documents.throughput import bench_throughput
 
     cfg = load_stack_config("h100")
@@ -259,7 +259,7 @@ def test_the_training_run_is_sized_from_the_runs_own_prepare_summary(tmp_path):
     """The prepare summary fetched with the run (900 train rows of 350 tokens on average) sizes the run, not
     data.rows x max_length and not whatever this machine has at the run config's paths."""
     from documents.prepare_summary import PrepareSummary
-    from infra.cost_report import load_run, training_estimate
+    from infra.cost.report import load_run, training_estimate
 
     cfg = load_stack_config("h100")
     run = load_run(cfg)

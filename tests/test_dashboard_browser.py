@@ -15,7 +15,7 @@ from dashboard_fixtures import CHROMIUM, CHROMIUM_ARGS, EVALUATOR, REPO, stack_o
 from playwright.sync_api import sync_playwright
 
 from documents.stack_outputs import parse_stack_outputs
-from infra.artifacts import S3Store, local_store
+from infra.runs.store import S3Store, local_store
 from infra.commands import report
 
 SCREENSHOTS = REPO / ".local" / "screenshots"

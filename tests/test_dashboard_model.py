@@ -6,7 +6,7 @@ import pytest
 from dashboard_fixtures import EVALUATOR, REPO, SAMPLE, stack_outputs
 from document_fixtures import evaluator_report, side
 
-from infra import cost
+from infra.cost import model as cost
 from infra.config import load_stack_config
 from documents.run_record import RunIndex
 from documents.stack_outputs import Cost, EvalSide, Job, Pipeline, StackOutputs, parse_stack_outputs

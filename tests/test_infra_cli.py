@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.cli import main
+from infra.commands.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,7 +55,7 @@ def test_console_script_runs_local_plan_without_cloud() -> None:
 
 
 def test_program_module_imports_without_cloud_access() -> None:
-    code = "import infra.program, infra.soperator, infra.nebius.cluster; print('ok')"
+    code = "import infra.program.build, infra.soperator.component, infra.nebius.cluster; print('ok')"
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                             env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"})
     assert result.stdout.strip() == "ok", result.stderr

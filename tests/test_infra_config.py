@@ -148,7 +148,7 @@ def test_from_pulumi_config_reads_the_runtime_config_as_pulumi_passes_it() -> No
     from pulumi.runtime import config as runtime_config
 
     from infra.config import from_pulumi_config
-    from infra.mocks import NebiusMocks
+    from infra.program.mocks import NebiusMocks
 
     values = demo_values()
     passed = {f"{PROJECT}:{k}": v if isinstance(v, str) else json.dumps(v) for k, v in values.items()}
@@ -167,7 +167,7 @@ def test_cloud_install_settings_are_validated() -> None:
     import pytest as _pytest
 
     from infra.config import StackConfigError, parse_stack_config, read_stack_file
-    from infra.mocks import _config_values
+    from infra.program.mocks import _config_values
 
     cfg, _ = read_stack_file("demo")
     raw = {k.split(":", 1)[1]: v for k, v in _config_values(cfg).items()}

@@ -9,7 +9,7 @@ from typing import Callable
 import pytest
 
 from infra.config import StackConfig, load_stack_config
-from infra.mocks import MOCK_LOGIN_CIDR, SECRET, MockRun, run_under_mocks
+from infra.program.mocks import MOCK_LOGIN_CIDR, SECRET, MockRun, run_under_mocks
 
 NG = "nebius:index/mk8sV1NodeGroup:Mk8sV1NodeGroup"
 FS = "nebius:index/computeV1Filesystem:ComputeV1Filesystem"

@@ -7,10 +7,10 @@ import base64
 import yaml
 
 from infra.config import load_stack_config
-from infra.kubeconfig import kubeconfig
+from infra.program.kubeconfig import kubeconfig
 from infra.nebius.layout import filesystem_specs, layout, node_group_specs
 from infra.nebius.network import login_address
-from infra.soperator_values import (
+from infra.soperator.values import (
     ALLOCATION_ANNOTATION,
     nodesets_values,
     release_plan,

@@ -19,8 +19,8 @@ from documents.base import DocumentError
 from documents.stack_outputs import parse_stack_outputs, read_stack_outputs
 from infra.commands.run import run_outputs
 from infra.config import StackConfig, load_stack_config
-from infra.cost_report import cost_report
-from infra.mocks import SECRET, run_under_mocks
+from infra.cost.report import cost_report
+from infra.program.mocks import SECRET, run_under_mocks
 from infra.pipeline.runner import PipelineRun
 
 REPO = Path(__file__).resolve().parents[1]

@@ -41,7 +41,7 @@ def test_the_operator_cli_loads_without_the_training_stack() -> None:
     import subprocess
     import sys
 
-    probe = ("import sys; from infra.cli import build_parser; build_parser(); "
+    probe = ("import sys; from infra.commands.cli import build_parser; build_parser(); "
              "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers', 'peft', 'datasets'}))")
     loaded = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
     assert loaded.stdout.strip() == "[]", loaded.stdout

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from infra.config import load_stack_config
-from infra.mocks import run_under_mocks
+from infra.program.mocks import run_under_mocks
 from infra.pipeline.chain import CHAIN, code_hash, pipeline_jobs, placement_for, stage_fingerprint
 from documents.run_config import load_run_config
 

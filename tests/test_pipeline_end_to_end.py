@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.artifacts import list_runs, local_store, read_run_file
+from infra.runs.store import list_runs, local_store, read_run_file
 from documents.evaluator_report import read_evaluator_report
 from documents.metrics import read_metrics
 from documents.run_manifest import read_run_manifest

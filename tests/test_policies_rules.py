@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from infra.config import load_stack_config
-from infra.cost_report import load_run
-from infra.mocks import run_under_mocks
+from infra.cost.report import load_run
+from infra.program.mocks import run_under_mocks
 from policies import rules
 from policies.rules import Context, Res, evaluate, mandatory_failures
 
@@ -187,7 +187,7 @@ def test_enforcement_level_from_policy_config(mocked):
 
 
 def _ftstack(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "infra.cli", "plan", *args], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "infra.commands.cli", "plan", *args], cwd=cwd,
                           capture_output=True, text=True, timeout=300)
 
 

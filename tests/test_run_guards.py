@@ -27,7 +27,7 @@ set -euo pipefail
 
 
 def ftstack(repo: Path, *args: str, env: dict[str, str] | None = None, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "infra.cli", *args], cwd=repo, text=True,
+    return subprocess.Popen([sys.executable, "-m", "infra.commands.cli", *args], cwd=repo, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, **kwargs)
 

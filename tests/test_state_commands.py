@@ -13,7 +13,7 @@ import pytest
 from artifacts_fixtures import KEYS, S3Server, s3_server  # noqa: F401
 from test_artifacts_store import make_run
 
-from infra.artifacts import local_store, upload_run
+from infra.runs.store import local_store, upload_run
 from infra.commands import bootstrap_backend, runs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -108,7 +108,7 @@ def test_runs_cloud_stack_reads_bucket(
     assert cli(["runs", "--stack", "dev"]) == 2
     assert "FTSTACK_ARTIFACTS_BUCKET" in capsys.readouterr().err
     bucket = s3_server.new_bucket()
-    from infra.artifacts import S3Store
+    from infra.runs.store import S3Store
 
     upload_run(S3Store(s3_server.client(), bucket), "dev", "r1", **make_run(tmp_path, tuned_ppl=3.5))
     monkeypatch.setenv("FTSTACK_S3_ENDPOINT", s3_server.endpoint)

@@ -9,7 +9,7 @@ import sys
 from botocore.exceptions import BotoCoreError, ClientError
 
 from infra.config import StackConfigError, load_stack_config
-from infra.backends import (
+from infra.program.backends import (
     S3_CREDENTIAL_ENV,
     LOCAL_STATE_DIR,
     StateError,
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
                         f"set {' and '.join(missing)} to an access key of a service account that may create "
                         "buckets in the project (storage.editor); they are read from the environment only"
                     )
-                from infra.artifacts import make_s3_client
+                from infra.runs.store import make_s3_client
 
                 client = make_s3_client(plan.endpoint, plan.region)
                 result = bootstrap_state_bucket(client, plan.bucket, plan.region)

@@ -14,9 +14,9 @@ from typing import Any
 
 from infra.commands import plan_extras
 from infra.config import StackConfig, StackConfigError, load_stack_config
-from infra.mocks import MockResource, MockRun, run_under_mocks
 from infra.pipeline.chain import check_run_config_path
-from infra.program import REPO_ROOT
+from infra.program.build import REPO_ROOT
+from infra.program.mocks import MockResource, MockRun, run_under_mocks
 from documents.run_config import ConfigError, load_run_config
 
 _KEY_PROPERTIES = (

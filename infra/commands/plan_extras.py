@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from infra.config import StackConfig
-from infra.cost_report import cost_report, load_run, render_table, report_document
-from infra.mocks import MockRun
+from infra.cost.report import cost_report, load_run, render_table, report_document
+from infra.program.mocks import MockRun
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

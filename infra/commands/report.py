@@ -9,7 +9,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from infra.artifacts import ArtifactError, ArtifactStore, list_runs, run_prefix, store_for_stack
+from infra.runs.store import ArtifactError, ArtifactStore, list_runs, run_prefix, store_for_stack
 from infra.config import StackConfig, StackConfigError, load_stack_config
 from infra.dashboard import build, write_dashboard
 from infra.dashboard.model import StoredRun
@@ -18,7 +18,7 @@ from documents.base import DocumentError
 from documents.evaluator_report import read_evaluator_report
 from documents.metrics import METRICS_NAME, read_metrics
 from documents.stack_outputs import StackOutputs, parse_stack_outputs, read_stack_outputs
-from infra.backends import find_repo_root
+from infra.program.backends import find_repo_root
 
 
 class RunNotFoundError(ArtifactError):
@@ -56,7 +56,7 @@ def read_outputs(path: str) -> StackOutputs:
 
 def mock_outputs(stack: StackConfig) -> StackOutputs:
     """The outputs the Pulumi program exports for this stack, from its run under mocks."""
-    from infra.mocks import run_under_mocks
+    from infra.program.mocks import run_under_mocks
 
     return parse_stack_outputs(run_under_mocks(stack).outputs, f"the mock run of stack {stack.stack}")
 

@@ -17,18 +17,18 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from infra.artifacts import ARTIFACTS_BUCKET_ENV, ArtifactError, ArtifactStore, list_runs, store_for_stack, upload_run
+from infra.runs.store import ARTIFACTS_BUCKET_ENV, ArtifactError, ArtifactStore, list_runs, store_for_stack, upload_run
 from infra.config import StackConfig, StackConfigError, load_stack_config, stack_file
-from infra.cost_report import CostReport, cost_report, render_chat_table, stack_gpu_model
-from infra.outputs import measured_chat, measured_scenario, pipeline_section, with_measured_chat
-from infra.program import stack_identity
+from infra.cost.report import CostReport, cost_report, render_chat_table, stack_gpu_model
+from infra.program.outputs import measured_chat, measured_scenario, pipeline_section, with_measured_chat
+from infra.program.build import stack_identity
 from infra.pipeline.fetch import fetch_run
 from infra.pipeline.run_lock import StackBusy
 from infra.pipeline.connect import open_transport
 from infra.pipeline.runner import PipelineRun, load_state, run_pipeline, state_path, transport_spec
 from infra.pipeline.slurm import SlurmError
 from infra.pipeline.transport import TransportError
-from infra.backends import find_repo_root
+from infra.program.backends import find_repo_root
 from workloads.common.atomic import write_text_atomic
 from documents.run_config import ConfigError
 from documents.base import DocumentError

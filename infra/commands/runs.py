@@ -9,9 +9,9 @@ import sys
 from botocore.exceptions import BotoCoreError, ClientError
 
 from documents.run_record import RunIndex
-from infra.artifacts import ArtifactError, list_runs, store_for_stack
+from infra.runs.store import ArtifactError, list_runs, store_for_stack
 from infra.config import StackConfigError, load_stack_config
-from infra.backends import find_repo_root
+from infra.program.backends import find_repo_root
 
 COLUMNS = ("run", "started", "finished", "ppl base", "ppl tuned", "ppl gain %", "tokens/s", "cost $", "jobs")
 

@@ -11,7 +11,7 @@ from infra.config import StackConfigError, load_stack_config
 from infra.monitoring.live import live_line
 from infra.pipeline.runner import status
 from infra.pipeline.transport import TransportError
-from infra.backends import find_repo_root
+from infra.program.backends import find_repo_root
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

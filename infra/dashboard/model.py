@@ -22,7 +22,7 @@ from documents.stack_outputs import (
     flat_name,
 )
 from infra.monitoring.view import JobMetricsView
-from infra.outputs import EVAL_FIGURES
+from infra.program.outputs import EVAL_FIGURES
 from documents.run_record import RunIndex
 from documents.evaluator_report import EvaluatorReport
 from documents.metrics import MetricsRecord

@@ -2,7 +2,7 @@
 
 As in nebius-solutions-library (soperator/modules/backups): a service account in the tenant's
 ``editors`` group and an access key of it. The key and a generated repository password are Pulumi
-secrets; ``infra/soperator.py`` turns them into the Kubernetes Secret k8up reads.
+secrets; ``infra/soperator/component.py`` turns them into the Kubernetes Secret k8up reads.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pulumi
 import pulumi_nebius as nebius
 from pulumi.dynamic import CreateResult, DiffResult, ResourceProvider
 
-from infra.dynamic_resource import DynamicResource
+from infra.program.dynamic_resource import DynamicResource
 
 
 @dataclass

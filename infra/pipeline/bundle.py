@@ -18,7 +18,7 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, ReadResult, ResourceProvider, UpdateResult
 
-from infra.dynamic_resource import DynamicResource
+from infra.program.dynamic_resource import DynamicResource
 from infra.pipeline.connect import open_transport
 from infra.pipeline.transport import Transport
 

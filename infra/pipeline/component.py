@@ -8,7 +8,7 @@ import pulumi
 
 from infra.pipeline.bundle import WorkloadBundle
 from infra.pipeline.chain import JobSpec, job_arguments
-from infra.outputs import eval_sides
+from infra.program.outputs import eval_sides
 from infra.pipeline.jobs import SlurmJob, job_report
 from documents.evaluator_report import EvaluatorReport
 from documents.stack_outputs import SIDES, EvalSide, Job

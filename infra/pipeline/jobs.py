@@ -16,7 +16,7 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, ReadResult, ResourceProvider, UpdateResult
 
-from infra.dynamic_resource import DynamicResource
+from infra.program.dynamic_resource import DynamicResource
 from infra.pipeline.slurm import JobInfo, SlurmClient
 from documents.evaluator_report import EvaluatorReport, read_evaluator_report
 from infra.pipeline.connect import open_transport

@@ -151,7 +151,7 @@ def _resolve(value: Any) -> tuple[Any, bool]:
 
 
 def _run(cfg: StackConfig, secrets: dict[str, str], preview: bool) -> MockRun:
-    from infra.program import build_stack
+    from infra.program.build import build_stack
 
     monitor = RecordingMonitor(NebiusMocks(preview))
     config = _config_values(cfg) | {f"{PROJECT}:{k}": v for k, v in secrets.items()}

@@ -13,9 +13,9 @@ from infra.pipeline.chain import code_hash, pipeline_jobs, placement_for, run_ro
 from infra.pipeline.datasource import fingerprint_source
 from infra.pipeline.transport import LocalTransport
 from infra.pipeline.component import Pipeline, PipelineArgs
-from infra.artifacts import latest_throughput, local_store
-from infra.cost_report import cost_report
-from infra.kubeconfig import kubeconfig
+from infra.runs.store import latest_throughput, local_store
+from infra.cost.report import cost_report
+from infra.program.kubeconfig import kubeconfig
 from infra.nebius.backups import BackupAccess, BackupAccessArgs
 from infra.nebius.buckets import Buckets, BucketsArgs
 from infra.nebius.cluster import Mk8sCluster, Mk8sClusterArgs
@@ -23,17 +23,17 @@ from infra.nebius.filesystems import SharedFilesystems, SharedFilesystemsArgs
 from infra.nebius.layout import Layout, layout
 from infra.nebius.network import Network, NetworkArgs
 from infra.monitoring.access import monitoring_access
-from infra.outputs import measured_chat, with_measured_chat
-from infra.soperator import Soperator, SoperatorArgs
-from infra.soperator_values import BackupTarget, release_plan
-from infra.backends import nebius_s3_endpoint
+from infra.program.outputs import measured_chat, with_measured_chat
+from infra.soperator.component import Soperator, SoperatorArgs
+from infra.soperator.values import BackupTarget, release_plan
+from infra.program.backends import nebius_s3_endpoint
 from documents.run_config import load_run_config
 from documents.stack_outputs import ChatCost, Filesystem, NodeGroup, StackOutputs, flat_name
 from documents.stack_outputs import Platform as PlatformOutputs
 from documents.throughput import ThroughputMeasurement
 
 PIPELINE_KEY_CONFIG = SECRET_KEYS[0]
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass

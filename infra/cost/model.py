@@ -1,5 +1,5 @@
 """The cost model: pure functions from a StackConfig and a PriceBook to monthly TCO, training-run cost
-and cost per chat. No cloud calls; every figure is reproducible from the stack file and infra/pricing.py.
+and cost per chat. No cloud calls; every figure is reproducible from the stack file and infra/cost/pricing.py.
 
 - A node costs its hourly price x 730 h; an autoscaled group is priced at min_size (low) and
   max_size (high). Separately billed platforms: GPUs x GPU-hour + vCPUs x vCPU-hour + GiB x GiB-hour;
@@ -23,7 +23,7 @@ from infra import catalog
 from infra.monitoring import releases as mon
 from infra.config import BootDisk, StackConfig
 from infra.nebius.layout import ACCOUNTING, CONTROLLER_SPOOL, JAIL, SUBMOUNT_PREFIX, FilesystemSpec, Layout, layout
-from infra.pricing import HOURS_PER_MONTH, ChatAssumptions, PriceBook, PricingConfig
+from infra.cost.pricing import HOURS_PER_MONTH, ChatAssumptions, PriceBook, PricingConfig
 
 SECONDS_PER_DAY = 86_400
 CATEGORIES = ("compute", "boot_disks", "volumes", "shared_fs", "object_storage", "networking")

@@ -1,6 +1,6 @@
 """Chart contracts: which Helm value key paths the program may pass to each pinned chart version.
 
-The data lives in ``infra/charts/*.yaml``, written from reading each chart at its tag (the files name the
+The data lives in ``infra/soperator/charts/*.yaml``, written from reading each chart at its tag (the files name the
 chart, version and templates read; their model and reader are in documents/chart_contract.py). A contract may
 ``extends`` an older version and list only what changed (``add``/``remove`` per chart), so a new Soperator
 release shows its differences as data.

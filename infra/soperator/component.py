@@ -9,7 +9,7 @@ import pulumi_kubernetes as k8s
 
 from infra.monitoring import releases as mon
 from infra.nebius.backups import BackupCredentials, RepositoryPassword
-from infra.soperator_values import BACKUP_SECRET, STORAGE_CLASS, ReleaseSpec
+from infra.soperator.values import BACKUP_SECRET, STORAGE_CLASS, ReleaseSpec
 
 BACKUP_RELEASE = "soperator-backup-config"
 

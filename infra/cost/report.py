@@ -1,11 +1,11 @@
-"""A stack's cost report: gathers what the pure model in ``infra/cost.py`` needs (run config, dataset
+"""A stack's cost report: gathers what the pure model in ``infra/cost/model.py`` needs (run config, dataset
 tokens, the training throughput), returns the cost part of the stack outputs and renders the table ``ftstack plan`` prints.
 
 The training throughput is never read from this machine at the run's paths (on a cluster stack those are the
 cluster's): the caller passes what a run on the stack measured (``documents.throughput.measure_run``).
 
 The ``measured`` cost-per-chat scenario is not here: it comes from the eval job's report
-(``infra.outputs.measured_scenario``), on the stack that ran it, never from files on this machine.
+(``infra.program.outputs.measured_scenario``), on the stack that ran it, never from files on this machine.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict
 from infra import catalog
 from infra.config import StackConfig
 from infra.pipeline.chain import worker_shape
-from infra.cost import (
+from infra.cost.model import (
     ChatScenario,
     MonthlyCost,
     TrainingRun,
@@ -27,16 +27,16 @@ from infra.cost import (
     training_run,
     workers_hourly_usd,
 )
-from infra.outputs import cost_section
+from infra.program.outputs import cost_section
 from documents.stack_outputs import Cost
-from infra.pricing import PriceBook
+from infra.cost.pricing import PriceBook
 from documents.run_config import RunConfig
 from workloads.train.batch_choice import planned_batching
 from workloads.train.config import TrainConfig
 from documents.prepare_summary import PrepareSummary
 from documents.throughput import ThroughputMeasurement, bench_throughput
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class CostReport(BaseModel):
@@ -209,7 +209,7 @@ def render_table(report: CostReport) -> str:
     rows.append(("Total monthly cost", "", f"{m.hours_per_month} h/month", _usd(m.usd_low, m.usd_high)))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     fmt = lambda r: "  " + "  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-    out = [f"Monthly cost (prices as of {m.pricing_date}; see infra/pricing.py for sources):", fmt(rows[0])]
+    out = [f"Monthly cost (prices as of {m.pricing_date}; see infra/cost/pricing.py for sources):", fmt(rows[0])]
     out += [fmt(r) for r in rows[1:]]
     cats = ", ".join(f"{c} {_usd(lo, hi)}" for c, (lo, hi) in m.categories.items() if hi > 0)
     out.append(f"  by category: {cats}")

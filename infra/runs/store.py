@@ -397,7 +397,7 @@ def store_for_stack(
     """
     if stack_config.target in ("local", "cluster"):
         return local_store(repo_root)
-    from infra.backends import nebius_s3_endpoint
+    from infra.program.backends import nebius_s3_endpoint
 
     bucket = bucket or os.environ.get(ARTIFACTS_BUCKET_ENV)
     if not bucket:

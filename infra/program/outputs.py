@@ -1,5 +1,5 @@
 """Builders of the typed stack outputs (``documents.stack_outputs``) from the cost model, the job chain and the
-evaluator report. Writers: the Pulumi program (``infra/program.py``) and ``ftstack run``; both flatten the same
+evaluator report. Writers: the Pulumi program (``infra/program/build.py``) and ``ftstack run``; both flatten the same
 ``StackOutputs`` only when they export or write it.
 """
 
@@ -10,8 +10,8 @@ from typing import Any
 
 from documents.evaluator_report import EvaluatorReport
 from documents.stack_outputs import MEASURED, SIDES, ChatCost, Cost, EvalSide, Job, Pipeline
-from infra.cost import ChatScenario, MonthlyCost, TrainingRun, chat_scenarios
-from infra.pricing import ChatAssumptions
+from infra.cost.model import ChatScenario, MonthlyCost, TrainingRun, chat_scenarios
+from infra.cost.pricing import ChatAssumptions
 
 EVAL_FIGURES: dict[str, str] = {
     "perplexity": "perplexity",

@@ -3,7 +3,7 @@
 Key names follow the charts of the pinned Soperator release (nebius/soperator ``helm/``):
 ``helm-soperator``, ``helm-slurm-cluster-storage``, ``helm-slurm-cluster`` and ``helm-nodesets``.
 Values may carry Pulumi inputs (ids, sizes) where they come from other resources. Every release names
-the chart contract (``infra/charts/<family>-<version>.yaml``) its values must satisfy; the tests check
+the chart contract (``infra/soperator/charts/<family>-<version>.yaml``) its values must satisfy; the tests check
 each stack's values against it.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra import chart_contract
+from infra.soperator import chart_contract
 from infra.monitoring import releases as mon
 from infra.config import StackConfig
 from infra.nebius.layout import (
