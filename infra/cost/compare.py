@@ -1,0 +1,271 @@
+"""The method comparison (``ftstack plan --compare``): for the stack's GPU model and the configured data, each
+method (full, LoRA, QLoRA) x each known model size: the parallelism, the GPUs needed, tokens/s per GPU and where
+that figure came from, GPU-hours, wall time and cost on demand and preemptible.
+
+- GPUs needed: the fewest GPUs of the stack's model on which ``decide_parallelism`` finds a plan that fits
+  (``infra.model_fit``); DDP needs one, FSDP as many as the shards need.
+- Tokens/s per GPU: from the caller's ``throughput`` function, the one the stack's training-run cost uses; a
+  figure not measured on this GPU model, model and method is marked estimated. FSDP is priced at the same
+  per-GPU throughput as DDP (its all-gathers overlap compute), an assumption the table states.
+- GPU-hours = tokens x passes / tokens/s per GPU / 3,600; cost = GPU-hours x the price of one GPU-hour (the
+  node's hourly price / its GPUs), preemptible where the catalog has a preemptible price; wall hours = GPU-hours
+  over the GPUs the run gets: the stack's training GPUs when it fits there, else the GPUs needed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from infra import catalog
+from infra.config import StackConfig
+from infra.cost.model import node_price
+from infra.model_fit import smallest_placement
+from infra.pipeline.chain import worker_shape
+from infra.cost.pricing import PriceBook
+from workloads.train.model_shapes import KNOWN, ModelShape, UnknownModel, shape_for_source
+
+if TYPE_CHECKING:
+    from documents.run_config import RunConfig
+    from documents.throughput import ThroughputMeasurement
+
+METHODS = ("full", "lora", "qlora")
+MIN_PARAMS = 1e9
+"""Known shapes below this (the local CPU model) are left out of a GPU stack's comparison."""
+ThroughputKind = Literal["measured", "borrowed", "estimated", "configured", "unknown"]
+
+
+class RowThroughput(BaseModel):
+    """Tokens/s per GPU for one model and method, and its basis."""
+
+    model_config = ConfigDict(frozen=True)
+
+    tokens_per_second_per_gpu: float | None
+    kind: ThroughputKind
+    basis: str
+
+    @property
+    def estimated(self) -> bool:
+        return self.kind == "estimated"
+
+
+Throughput = Callable[[str, str], RowThroughput]
+"""(model source, method) -> the figure the cost model would price that run with."""
+
+
+class CompareRow(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    model: str
+    params_b: float
+    method: str
+    strategy: str | None
+    gpus_needed: int | None
+    per_gpu_gib: float | None
+    fits_stack: bool
+    throughput: RowThroughput
+    gpu_hours: float | None
+    wall_hours: float | None
+    wall_gpus: int | None
+    usd_on_demand: float | None
+    usd_preemptible: float | None
+
+
+class Comparison(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    stack: str
+    gpu_model: str
+    gpu_memory_gib: float
+    gpus_per_node: int
+    stack_gpus: int
+    tokens: float
+    passes: float
+    usd_per_gpu_hour: float | None
+    preemptible_usd_per_gpu_hour: float | None
+    rows: list[CompareRow]
+    notes: list[str]
+
+
+def compared_models(run: RunConfig) -> list[str]:
+    """Model sources to compare: one hub id per distinct known shape of at least MIN_PARAMS parameters, by size,
+    plus the run's own model when its shape is readable and not among them."""
+    first: dict[ModelShape, str] = {}
+    for name, shape in KNOWN.items():
+        if shape.params >= MIN_PARAMS:
+            first.setdefault(shape, f"hub:{name}")
+    own = run.model.source
+    try:
+        if shape_for_source(own) not in first:
+            first[shape_for_source(own)] = own
+    except UnknownModel:
+        pass
+    return sorted(first.values(), key=lambda source: shape_for_source(source).params)
+
+
+def with_method(run: RunConfig, source: str, method: str) -> RunConfig:
+    """The run with another model and method; QLoRA keeps the run's quantization when it is QLoRA already."""
+    from documents.run_config import parse_run_config
+
+    data = run.model_dump(mode="json")
+    train = data["train"]
+    keep = method == "qlora" and run.train.method == "qlora"
+    train.update(method=method, quantization=run.train.quantization if keep else None)
+    data["model"]["source"] = source
+    return parse_run_config(data, f"comparison variant {source} {method}")
+
+
+def _kind(basis: str) -> ThroughputKind:
+    if basis.startswith("pricing.training"):
+        return "configured"
+    head = basis.split(":", 1)[0].split(" ", 1)[0]
+    return head if head in ("measured", "borrowed", "estimated") else "unknown"  # type: ignore[return-value]
+
+
+def cost_model_throughput(cfg: StackConfig, run: RunConfig,
+                          measured: ThroughputMeasurement | None = None) -> Throughput:
+    """Each row's tokens/s as the stack's training-run cost would price that model and method
+    (``infra.cost.report.choose_throughput``): the stack's configured figure and a run it measured count only for
+    the model and method they were set or measured for."""
+    from infra.cost.report import choose_throughput
+
+    plain = cfg.model_copy(update={"pricing": cfg.pricing.model_copy(update={
+        "training": cfg.pricing.training.model_copy(update={"tokens_per_second_per_gpu": None})})})
+
+    def figure(source: str, method: str) -> RowThroughput:
+        own = (source, method) == (run.model.source, run.train.method)
+        mine = measured if measured is not None and (measured.model, measured.method) == (source, method) else None
+        tps, basis = choose_throughput(cfg if own else plain, with_method(run, source, method), mine, [])
+        return RowThroughput(tokens_per_second_per_gpu=tps, kind=_kind(basis), basis=basis)
+
+    return figure
+
+
+def gpu_hour_prices(cfg: StackConfig, book: PriceBook) -> tuple[float | None, float | None]:
+    """On-demand and preemptible USD per GPU-hour of the first GPU worker set (None where not priced)."""
+    if cfg.target != "nebius" or cfg.nodes is None:
+        return None, None
+    w = next(w for w in cfg.nodes.workers if w.shape.gpus)
+    gpus = w.shape.gpus
+    on_demand = node_price(w.platform, w.preset, book).usd_per_hour / gpus
+    spot = node_price(w.platform, w.preset, book, preemptible=True)
+    return on_demand, (None if spot.note else spot.usd_per_hour / gpus)
+
+
+def compare(cfg: StackConfig, run: RunConfig, tokens: float, passes: float, throughput: Throughput,
+            book: PriceBook) -> Comparison:
+    """The comparison table for a stack whose first worker set has GPUs (see the module docstring)."""
+    worker = next((w for w in (cfg.nodes.workers if cfg.nodes else []) if w.shape.gpus), None)
+    if worker is None:
+        raise ValueError(f"stack {cfg.stack!r}: no GPU worker set to compare methods on")
+    platform = catalog.get_platform(worker.platform)
+    nodes, gpus_per_node = worker_shape(cfg)
+    stack_gpus = nodes * gpus_per_node
+    on_demand, spot = gpu_hour_prices(cfg, book)
+    rows = []
+    for source in compared_models(run):
+        shape = shape_for_source(source)
+        for method in METHODS:
+            variant = with_method(run, source, method)
+            fit = smallest_placement(variant, shape, platform.gpu_memory_gib, 1)
+            figure = throughput(source, method)
+            tps = figure.tokens_per_second_per_gpu
+            gpu_hours = tokens * passes / tps / 3600 if tps else None
+            needed = fit.gpus if fit else None
+            fits_stack = needed is not None and needed <= stack_gpus
+            wall_gpus = stack_gpus if fits_stack else (gpus_per_node * math.ceil(needed / gpus_per_node)
+                                                       if needed else None)
+            rows.append(CompareRow(
+                model=source, params_b=round(shape.params / 1e9, 2), method=method,
+                strategy=fit.plan.strategy if fit else None, gpus_needed=needed,
+                per_gpu_gib=round(fit.per_gpu_gib, 1) if fit else None, fits_stack=fits_stack, throughput=figure,
+                gpu_hours=gpu_hours,
+                wall_hours=gpu_hours / wall_gpus if gpu_hours is not None and wall_gpus else None,
+                wall_gpus=wall_gpus,
+                usd_on_demand=gpu_hours * on_demand if gpu_hours is not None and on_demand is not None else None,
+                usd_preemptible=gpu_hours * spot if gpu_hours is not None and spot is not None else None,
+            ))
+    notes = ["FSDP rows are priced at the per-GPU throughput of the same model and method under DDP "
+             "(all-gathers overlapped with compute); a measured FSDP run replaces that assumption"]
+    if spot is None and on_demand is not None:
+        notes.append(f"{worker.platform}: no preemptible price in the catalog; preemptible cost not shown")
+    return Comparison(
+        stack=cfg.stack, gpu_model=platform.gpu_model or "", gpu_memory_gib=platform.gpu_memory_gib,
+        gpus_per_node=gpus_per_node, stack_gpus=stack_gpus, tokens=tokens, passes=passes,
+        usd_per_gpu_hour=on_demand, preemptible_usd_per_gpu_hour=spot, rows=rows, notes=notes,
+    )
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _usd(value: float | None) -> str:
+    return "-" if value is None else f"${value:,.0f}"
+
+
+def render_comparison(c: Comparison) -> str:
+    price = f"${c.usd_per_gpu_hour:.2f}/GPU-hour" if c.usd_per_gpu_hour is not None else "no price"
+    if c.preemptible_usd_per_gpu_hour is not None:
+        price += f", preemptible ${c.preemptible_usd_per_gpu_hour:.2f}"
+    head = (f"Method comparison on {c.gpu_model} ({c.gpu_memory_gib:g} GiB; stack {c.stack!r}: {c.stack_gpus} GPUs, "
+            f"{price}) for {c.tokens * c.passes:,.0f} training tokens ({c.tokens:,.0f} x {c.passes:g} passes):")
+    table = [("Model", "Params", "Method", "Plan", "GPUs", "GiB/GPU", "On stack", "Tokens/s/GPU", "GPU-h",
+              "Wall h", "On-demand", "Preemptible", "Tokens/s from")]
+    for r in c.rows:
+        mark = "*" if r.throughput.estimated else ""
+        table.append((
+            r.model.removeprefix("hub:"), f"{r.params_b:g}B", r.method, r.strategy or "none",
+            _num(r.gpus_needed, "d"), _num(r.per_gpu_gib, ".1f"),
+            "yes" if r.fits_stack else ("no" if r.gpus_needed else "-"),
+            _num(r.throughput.tokens_per_second_per_gpu, ",.0f") + mark, _num(r.gpu_hours, ",.1f"),
+            _num(r.wall_hours, ",.1f"), _usd(r.usd_on_demand), _usd(r.usd_preemptible), r.throughput.kind,
+        ))
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    lines = [head] + ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in table]
+    sources = sorted({(r.throughput.kind, r.throughput.basis) for r in c.rows if r.throughput.kind != "unknown"})
+    lines += [f"  {kind}: {basis}" for kind, basis in sources]
+    lines.append("  * estimated: not measured on this GPU model, model and method")
+    lines += [f"note: {n}" for n in c.notes]
+    return "\n".join(lines)
+
+
+def comparison_document(c: Comparison) -> dict[str, Any]:
+    return c.model_dump()
+
+
+def plot_comparison(c: Comparison, path: Path) -> None:
+    """Cost on demand per model and method (PNG or SVG by the suffix); estimated figures hatched, runs that need
+    more GPUs than the stack has drawn pale."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from workloads.common.atomic import atomic_file
+
+    models = list(dict.fromkeys(r.model for r in c.rows))
+    fig, ax = plt.subplots(figsize=(9, 4.5), dpi=110)
+    width = 0.8 / len(METHODS)
+    for i, method in enumerate(METHODS):
+        ax.bar([], [], width, color=f"C{i}", label=method)
+        for j, model in enumerate(models):
+            row = next(r for r in c.rows if r.model == model and r.method == method)
+            if row.usd_on_demand is not None:
+                ax.bar(j + (i - 1) * width, row.usd_on_demand, width, color=f"C{i}",
+                       alpha=1.0 if row.fits_stack else 0.35, hatch="//" if row.throughput.estimated else None)
+    ax.set_xticks(range(len(models)), [m.removeprefix("hub:").split("/")[-1] for m in models])
+    ax.set_yscale("log")
+    ax.set_ylabel("training-run cost on demand, USD")
+    ax.set_title(f"{c.stack}: {c.gpu_model}, {c.tokens * c.passes:,.0f} tokens (hatched: estimated tokens/s; "
+                 "pale: more GPUs than the stack)", fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, format=path.suffix.lstrip(".") or "png")
+    plt.close(fig)
