@@ -20,7 +20,7 @@ from documents.base import DocumentError, parse
 from documents.stage_manifest import MANIFEST_NAME, load_model_manifest
 from workloads.common.atomic import sha256_file, utc_now, write_text_atomic
 from workloads.train.attention import AttentionChoice
-from workloads.train.batch_choice import BatchingDecision
+from workloads.train.batch_choice import BatchingDecision, ParallelismPlan
 from workloads.train.sizing import BatchPlan
 
 MANIFEST_VERSION = 1
@@ -81,7 +81,9 @@ class RunManifest(_Document):
     attempts: list[Attempt] = []
     global_step: int | None = None
     adapter: str | None = None
-    """the saved adapter folder, once completed."""
+    """the saved adapter folder, once completed (methods qlora and lora)."""
+    model: str | None = None
+    """the saved model folder, once completed (method full)."""
     attention: AttentionChoice | None = None
     """attention implementation and kernel the run trained with (workloads/train/attention.py)."""
     batch_plan: BatchPlan | None = None
@@ -93,6 +95,9 @@ class RunManifest(_Document):
     batching: BatchingDecision | None = None
     """packed or grouped micro-batches, and under `auto` the figures the choice was made from
     (workloads/train/batch_choice.py); absent in manifests written before it was recorded."""
+    parallelism: ParallelismPlan | None = None
+    """ddp or fsdp, why, and the per-rank memory estimate by part (workloads/train/parallelism.py); absent in
+    manifests written before it was recorded."""
 
     def json_text(self) -> str:
         return self.model_dump_json(indent=2, by_alias=True) + "\n"
@@ -200,12 +205,13 @@ def start_attempt(path: Path, base: dict[str, Any], resumed_from: int) -> RunMan
 
 
 def finish_attempt(path: Path, manifest: RunManifest, status: RunStatus, step: int,
-                   adapter: str | None = None) -> RunManifest:
+                   adapter: str | None = None, model: str | None = None) -> RunManifest:
     now = utc_now()
     last = manifest.attempts[-1].model_copy(update={"ended": now, "status": status, "global_step": step})
     manifest = manifest.model_copy(update={
         "status": status, "global_step": step, "attempts": [*manifest.attempts[:-1], last],
         **({"adapter": adapter} if adapter is not None else {}),
+        **({"model": model} if model is not None else {}),
         **({"ended": now} if status == "completed" else {}),
     })
     write_text_atomic(path, manifest.json_text())

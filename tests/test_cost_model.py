@@ -232,7 +232,7 @@ def test_training_cost_uses_the_throughput_measured_for_the_gpu_model(tmp_path):
     data = run.model_dump(mode="json")
     data["paths"] = {"root": str(tmp_path)}
     data["data"]["rows"] = 10_000  # no tokenized data here: the size comes from the row count
-    qlora = type(run).model_validate({**data, "train": {**data["train"], "quantization": "4bit"}})
+    qlora = type(run).model_validate({**data, "train": {**data["train"], "method": "qlora", "quantization": "4bit"}})
     figure = bench_throughput("NVIDIA H100 SXM", "hub:Qwen/Qwen3-14B", "qlora")
     assert figure is not None and figure.date and figure.source
     notes: list[str] = []
@@ -249,7 +249,7 @@ def test_training_cost_uses_the_throughput_measured_for_the_gpu_model(tmp_path):
     assert measured.tokens_per_second_per_gpu == 1234.0
     assert measured.throughput_source.startswith("measured: ") and "20261125T000000Z-42" in measured.throughput_source
     assert not any("borrowed" in n for n in notes)
-    lora = type(run).model_validate({**data, "train": {**data["train"], "quantization": "none"}})
+    lora = type(run).model_validate({**data, "train": {**data["train"], "method": "lora", "quantization": "none"}})
     notes = []
     assert training_estimate(cfg, lora, PriceBook(cfg.pricing.overrides), notes).usd is None
     assert any("no throughput" in n for n in notes)
@@ -266,7 +266,7 @@ def test_the_training_run_is_sized_from_the_runs_own_prepare_summary(tmp_path):
     data = run.model_dump(mode="json")
     data["paths"] = {"root": str(tmp_path)}
     data["data"]["rows"] = 10_000
-    data["train"] = {**data["train"], "quantization": "4bit", "max_steps": None, "epochs": 2}
+    data["train"] = {**data["train"], "method": "qlora", "quantization": "4bit", "max_steps": None, "epochs": 2}
     sized = type(run).model_validate(data)
     losses = {"rows_read": 1000, "truncated": 0, "dropped": {}, "lost_fraction": 0.1}
     summary = PrepareSummary.model_validate({

@@ -90,8 +90,8 @@ def test_presets_and_gpu_workers(mocked):
 def test_model_fits_qlora_but_not_unquantized_without_checkpointing_on_l40s(mocked):
     cfg, _ = mocked("demo")
     run = load_run(cfg, ROOT)
-    qlora = _with_train(run, quantization="4bit", micro_batch_size=2, gradient_checkpointing=True)
-    heavy = _with_train(run, quantization="none", micro_batch_size=4, gradient_checkpointing=False)
+    qlora = _with_train(run, method="qlora", quantization="4bit", micro_batch_size=2, gradient_checkpointing=True)
+    heavy = _with_train(run, method="lora", quantization="none", micro_batch_size=4, gradient_checkpointing=False)
     assert run.model.source == "hub:Qwen/Qwen3-14B"
     assert rules.model_fits(_ctx(mocked, run=qlora)) == []
     [message] = rules.model_fits(_ctx(mocked, run=heavy))

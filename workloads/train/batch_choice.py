@@ -123,3 +123,30 @@ def planned_batching(configured: Configured) -> Batching:
     if configured == "auto":
         return "packed"
     return configured
+
+
+class ParallelismPlan(BaseModel):
+    """How a run spreads over its ranks and the per-rank memory it was chosen from (the run manifest's
+    `parallelism`; decided by workloads.train.parallelism.decide_parallelism)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    configured: Literal["auto", "ddp", "fsdp"]
+    strategy: Literal["ddp", "fsdp"]
+    reason: str
+    method: Literal["qlora", "lora", "full"]
+    world_size: int
+    shards: int
+    """ranks each sharded tensor is split over: world_size under fsdp, 1 under ddp."""
+    per_rank_bytes: dict[str, int]
+    """estimated peak of one rank by part: base_weights (frozen), trainable_weights (adapter, or the fp32 masters of
+    a full fine-tune), gradients, optimizer_states, gathered_weights (unsharded in use), activations, overhead, total;
+    empty when the model's shape is unknown."""
+    replica_bytes: int | None = None
+    """the DDP estimate: one whole replica."""
+    gpu_memory_gib: float | None = None
+    memory_fraction: float
+    fits: bool
+    """total <= memory_fraction x GPU memory (True where no GPU memory is known: nothing to check)."""
+    min_fsdp_ranks: int | None = None
+    """fewest ranks over which the FSDP estimate fits (None: no GPU memory known, or even sharding cannot fit)."""

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from documents.run_config import RunConfig
 
 Precision = Literal["auto", "bf16", "fp16", "fp32"]
+Method = Literal["qlora", "lora", "full"]
+Parallelism = Literal["auto", "ddp", "fsdp"]
 DEFAULT_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -66,7 +68,7 @@ class NetworkConfig(_Section):
 
 
 class TrainConfig(_Section):
-    """QLoRA/LoRA fine-tuning of the prepared base on the tokenized train split. Paths default to the run
+    """QLoRA, LoRA or full fine-tuning of the prepared base on the tokenized train split. Paths default to the run
     config's derived locations; relative ones resolve against the run root."""
 
     model_dir: str | None = Field(None, description="base safetensors folder (default <model_dir>/base)")
@@ -74,7 +76,13 @@ class TrainConfig(_Section):
     eval_dataset_dir: str | None = Field(None, description="tokenized eval folder (default the test split if present)")
     output_dir: str | None = Field(None, description="run records and adapter (default <output_dir>/<name>)")
     checkpoint_dir: str | None = Field(None, description="checkpoints (default <checkpoint_dir>/<name>)")
-    quantization: Literal["4bit", "8bit", "none"] = Field("4bit", description="base weights: NF4, int8 or as-is")
+    method: Method = Field("qlora", description="qlora: a LoRA adapter on a 4/8-bit base; lora: a LoRA adapter on the "
+                           "unquantized base; full: every weight trained (fp32 master weights, AdamW)")
+    quantization: Literal["4bit", "8bit", "none"] = Field(
+        "4bit", description="base weights; follows from method (qlora: 4bit unless 8bit is set; lora, full: none)")
+    parallelism: Parallelism = Field(
+        "auto", description="ddp: a whole replica per GPU; fsdp: parameters, gradients and optimizer states sharded "
+        "over all ranks (full shard by decoder layer); auto: ddp while a replica fits memory_fraction of the GPU")
     lora: LoraSettings = LoraSettings()
     learning_rate: float = Field(2e-4, gt=0.0, lt=1.0)
     lr_scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = "cosine"
@@ -115,10 +123,24 @@ class TrainConfig(_Section):
     procs_per_node: int | None = Field(None, ge=1, description="processes per node (default: GPUs, else 1)")
     network: NetworkConfig = NetworkConfig()
 
-    @property
-    def method(self) -> Literal["lora", "qlora"]:
-        """The run always trains an adapter: QLoRA on a 4/8-bit base, LoRA on an unquantized one."""
-        return "lora" if self.quantization == "none" else "qlora"
+    @model_validator(mode="before")
+    @classmethod
+    def _method_and_quantization(cls, data: object) -> object:
+        """`quantization` follows from `method`; a config that sets only `quantization` (older ones) keeps its
+        meaning: none is LoRA, 4bit/8bit QLoRA. A contradiction is refused, naming both fields."""
+        if not isinstance(data, dict):
+            return data
+        method, quantization = data.get("method"), data.get("quantization")
+        if method is None:
+            method = "lora" if quantization == "none" else "qlora"
+        elif method == "qlora" and quantization == "none":
+            raise ValueError("method qlora trains on a 4-bit or 8-bit base, but quantization is none: set quantization "
+                             "4bit (or 8bit), or method lora")
+        elif method in ("lora", "full") and quantization not in (None, "none"):
+            raise ValueError(f"method {method} trains an unquantized base, but quantization is {quantization}: drop "
+                             "quantization (or set it to none), or use method qlora")
+        default = "4bit" if method == "qlora" else "none"
+        return {**data, "method": method, "quantization": quantization or default}
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:

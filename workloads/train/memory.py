@@ -1,9 +1,10 @@
-"""Peak GPU memory of one training rank (DDP: every GPU holds a full replica), in bytes.
+"""Peak GPU memory of one training rank, in bytes: DDP (every GPU holds a full replica) or FSDP (``shards`` ranks).
 
-    total = weights + lora + gradients + optimizer + activations + max(recompute, logits) + overhead
+    total = weights + lora + gradients + optimizer + gathered + activations + max(recompute, logits) + overhead
 
 weights
-    ``full``/``lora``: every parameter at the weight dtype (bf16 2 B, fp32 4 B).
+    ``lora``: every parameter at the weight dtype (bf16 2 B, fp32 4 B). ``full``: fp32 master weights (4 B) under
+    mixed precision, the compute dtype's copies counted in ``gathered``.
     ``qlora`` 4-bit NF4: decoder linear weights at 0.5 B/param plus quantization constants, one absmax
     per 64-value block: fp32 (4/64 B/param), or with double quantization an 8-bit absmax (1/64 B/param)
     plus an fp32 absmax per 256 blocks (4/16384 B/param). 8-bit (LLM.int8): 1 B/param plus an fp32
@@ -12,11 +13,19 @@ weights
 lora
     r x (in + out) per targeted linear per layer, fp32 (peft's default adapter dtype).
 gradients
-    trainable parameters only: the LoRA parameters (fp32) for lora/qlora, every parameter at the weight
-    dtype for full fine-tuning.
+    trainable parameters only: the LoRA parameters (fp32) for lora/qlora, every parameter (fp32 master) for full
+    fine-tuning.
 optimizer
-    AdamW: two states per trainable parameter, fp32 for LoRA adapters, the parameter's dtype for full
-    fine-tuning (``torch.optim.AdamW`` allocates ``zeros_like(param)``); 8-bit AdamW: 2 x 1 B.
+    AdamW: two states per trainable parameter at the parameter's dtype, fp32 (``torch.optim.AdamW`` allocates
+    ``zeros_like(param)``); 8-bit AdamW: 2 x 1 B.
+sharding (``shards`` > 1, FSDP full shard by decoder layer)
+    weights, lora, gradients and optimizer states are divided by ``shards``; activations are not (each rank
+    runs its own micro-batch).
+gathered
+    parameters held unsharded in the compute dtype while they are used. FSDP: the root's own parameters
+    (embeddings, LM head, final norm) plus two decoder layers (the one computing and the one prefetched), at
+    their stored bytes. DDP full fine-tuning under mixed precision: autocast's compute-dtype copy of every weight,
+    kept for backward. Otherwise 0.
 activations (saved for backward, per token; ``a`` is the compute dtype's bytes, ``s`` the residual stream's:
     4 under ``kbit_upcast``, whose fp32 norm weights make the stream, norm outputs and MLP fp32, else ``a``)
     per decoder layer: 2 RMSNorms (fp32 copy of the input 4h, fp32 rstd), Qwen3's q/k norms likewise,
@@ -88,6 +97,7 @@ class MemoryInputs(BaseModel):
     fused_loss: bool = Field(False, description="fused linear + cross-entropy: logits never materialize")
     overhead_gib: float = Field(1.0, ge=0)
     fragmentation: float = Field(0.10, ge=0)
+    shards: int = Field(1, ge=1, description="FSDP ranks sharing weights, gradients and optimizer states (1: DDP)")
 
 
 class MemoryEstimate(BaseModel):
@@ -104,10 +114,11 @@ class MemoryEstimate(BaseModel):
     logits: int
     overhead: int
     trainable_params: int
+    gathered: int = 0
 
     @property
     def total(self) -> int:
-        return (self.weights + self.lora + self.gradients + self.optimizer + self.activations
+        return (self.weights + self.lora + self.gradients + self.optimizer + self.gathered + self.activations
                 + max(self.recompute, self.logits) + self.overhead)
 
     @property
@@ -118,7 +129,8 @@ class MemoryEstimate(BaseModel):
         return self.total <= gpu_memory_gib * GIB
 
     def breakdown_gib(self) -> dict[str, float]:
-        parts = ("weights", "lora", "gradients", "optimizer", "activations", "recompute", "logits", "overhead")
+        parts = ("weights", "lora", "gradients", "optimizer", "gathered", "activations", "recompute", "logits",
+                 "overhead")
         return {p: round(getattr(self, p) / GIB, 2) for p in parts} | {"total": round(self.total_gib, 2)}
 
 
@@ -135,8 +147,12 @@ def quantized_weight_bytes(shape: ModelShape, quantization: str, double_quant: b
 
 
 def weight_bytes(shape: ModelShape, inp: MemoryInputs) -> float:
+    """Bytes of every weight as stored (unsharded): fp32 masters for full, the weight dtype for lora, quantized
+    linears for qlora."""
     a = DTYPE_BYTES[inp.dtype]
-    if inp.method != "qlora":
+    if inp.method == "full":
+        return shape.params * 4
+    if inp.method == "lora":
         return shape.params * a
     other = 4 if inp.kbit_upcast else a
     return quantized_weight_bytes(shape, inp.quantization, inp.double_quant) + shape.other_params * other
@@ -201,8 +217,8 @@ def estimate(shape: ModelShape, inp: MemoryInputs) -> MemoryEstimate:
     a, s = DTYPE_BYTES[inp.dtype], stream_bytes(inp)
     tokens = inp.micro_batch * inp.max_length
     if inp.method == "full":
-        trainable, lora, grad_bytes = shape.params, 0, a
-        state_bytes = 2 if inp.optimizer == "adamw_8bit" else 2 * a
+        trainable, lora, grad_bytes = shape.params, 0, 4
+        state_bytes = 2 if inp.optimizer == "adamw_8bit" else 8
     else:
         trainable = lora_params(shape, inp.lora_r, inp.lora_target_modules)
         lora, grad_bytes = 4 * trainable, 4
@@ -218,14 +234,30 @@ def estimate(shape: ModelShape, inp: MemoryInputs) -> MemoryEstimate:
         logits = head_copy + tokens * shape.hidden * (4 + 2 * 4)
     else:
         logits = tokens * shape.vocab * (a + 4 + 4)
-    gradients, optimizer = trainable * grad_bytes, trainable * state_bytes
+    n = inp.shards
+    weights = weight_bytes(shape, inp)
+    gradients, optimizer = trainable * grad_bytes / n, trainable * state_bytes / n
+    gathered = gathered_bytes(shape, inp)
     dynamic = gradients + optimizer + activations + max(recompute, logits)
     overhead = inp.overhead_gib * GIB + inp.fragmentation * dynamic
     return MemoryEstimate(
-        weights=int(weight_bytes(shape, inp)), lora=int(lora), gradients=int(gradients),
-        optimizer=int(optimizer), activations=int(activations), recompute=int(recompute), logits=int(logits),
+        weights=int(weights / n), lora=int(lora / n), gradients=int(gradients), optimizer=int(optimizer),
+        gathered=int(gathered), activations=int(activations), recompute=int(recompute), logits=int(logits),
         overhead=int(overhead), trainable_params=trainable,
     )
+
+
+def gathered_bytes(shape: ModelShape, inp: MemoryInputs) -> float:
+    """Parameters held unsharded in the compute dtype while in use (see the module docstring)."""
+    a = DTYPE_BYTES[inp.dtype]
+    if inp.shards == 1:
+        return shape.params * a if inp.method == "full" and a < 4 else 0
+    root = shape.other_params * (4 if inp.method == "qlora" and inp.kbit_upcast else a)
+    if inp.method == "qlora":
+        layer = quantized_weight_bytes(shape, inp.quantization, inp.double_quant) / shape.layers
+    else:
+        layer = shape.linear_params / shape.layers * a
+    return root + 2 * layer
 
 
 def _dtype(name: str) -> str:
@@ -233,10 +265,10 @@ def _dtype(name: str) -> str:
     return {"auto": "bf16", "bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(name, name)
 
 
-def inputs_from_run(run: RunConfig, batching: Batching | None = None) -> MemoryInputs:
-    """MemoryInputs from a RunConfig's ``train`` and ``data`` sections: QLoRA on a 4/8-bit base, LoRA on an
-    unquantized one (the run config always trains an adapter); double quantization and AdamW as finetune uses them.
-    `batching` is the resolved choice (default: what the configured one plans with before the data is read)."""
+def inputs_from_run(run: RunConfig, batching: Batching | None = None, shards: int = 1) -> MemoryInputs:
+    """MemoryInputs from a RunConfig's ``train`` and ``data`` sections (method, quantization, LoRA); double
+    quantization and AdamW as finetune uses them. `batching` is the resolved choice (default: what the configured
+    one plans with before the data is read); `shards` the FSDP ranks (1: DDP, see workloads.train.parallelism)."""
     train = require_train(run)
     method = train.method
     targets = ALL_LINEAR if train.lora.target_modules == ["all-linear"] else tuple(train.lora.target_modules)
@@ -255,4 +287,5 @@ def inputs_from_run(run: RunConfig, batching: Batching | None = None) -> MemoryI
         optimizer="adamw",
         attention="varlen" if (batching or planned_batching(train.batching)) == "packed" else "sdpa",
         fused_loss=train.fused_loss,
+        shards=shards,
     )

@@ -1,0 +1,126 @@
+"""DDP or FSDP: the one pure choice the trainer, the memory estimate, the cost model and the preview's model-fits
+policy make through `decide_parallelism` (no torch at import: the preview side uses it).
+
+Under `train.parallelism: auto` a run keeps DDP (one whole replica per GPU: the cheapest in communication) while
+that replica's estimated peak (workloads.train.memory: weights, adapter, gradients, optimizer states, activations
+at the planned micro-batch) fits `memory_fraction` of the GPU, and otherwise shards with FSDP full shard by decoder
+layer over all `world_size` ranks: weights, trainable parameters, gradients and Adam states divided by the ranks,
+activations not. Without a known GPU memory (CPU) `auto` is DDP.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from workloads.train.batch_choice import ParallelismPlan
+from workloads.train.config import require_train
+from workloads.train.memory import GIB, MemoryEstimate, MemoryInputs, estimate, inputs_from_run
+from workloads.train.model_shapes import ModelShape
+
+if TYPE_CHECKING:
+    from documents.run_config import RunConfig
+
+MAX_RANKS = 4096
+"""Largest rank count `min_fsdp_ranks` searches."""
+
+
+def fit_inputs(run: RunConfig, shards: int = 1) -> MemoryInputs:
+    """The memory-estimate inputs the fit is judged on: the configured micro-batch, or one `max_length` sequence
+    when `micro_batch_tokens: auto` (the smallest micro-batch sizing may choose), with activation checkpointing
+    when it is `auto` (sizing turns it on when needed to fit)."""
+    train = require_train(run)
+    inputs = inputs_from_run(run, shards=shards)
+    update: dict[str, object] = {}
+    if train.micro_batch_tokens == "auto":
+        update["micro_batch"] = 1
+    elif isinstance(train.micro_batch_tokens, int):
+        update.update(micro_batch=1, max_length=train.micro_batch_tokens)
+    if train.gradient_checkpointing == "auto":
+        update["gradient_checkpointing"] = True
+    return inputs.model_copy(update=update)
+
+
+def per_rank_parts(need: MemoryEstimate, method: str) -> dict[str, int]:
+    """The estimate's bytes by the parts the run manifest and the preview show."""
+    full = method == "full"
+    parts = {
+        "base_weights": 0 if full else need.weights,
+        "trainable_weights": need.weights if full else need.lora,
+        "gradients": need.gradients,
+        "optimizer_states": need.optimizer,
+        "gathered_weights": need.gathered,
+        "activations": need.activations + max(need.recompute, need.logits),
+        "overhead": need.overhead,
+    }
+    return parts | {"total": need.total}
+
+
+def _min_fsdp_ranks(shape: ModelShape, inputs: MemoryInputs, budget: float) -> int | None:
+    """Fewest ranks whose FSDP estimate fits `budget` (the estimate falls monotonically with the ranks)."""
+    def fits(n: int) -> bool:
+        return estimate(shape, inputs.model_copy(update={"shards": n})).total <= budget
+
+    if not fits(MAX_RANKS):
+        return None
+    low, high = 1, MAX_RANKS
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (low, middle) if fits(middle) else (middle + 1, high)
+    return low
+
+
+def decide_parallelism(run: RunConfig, shape: ModelShape | None, gpu_memory_gib: float | None,
+                       world_size: int) -> ParallelismPlan:
+    """The configured parallelism, or under `auto` DDP while one replica fits `memory_fraction` of
+    `gpu_memory_gib` and FSDP over `world_size` ranks otherwise (see the module docstring). `shape` None (an
+    unknown model) or `gpu_memory_gib` None (CPU) leave the configured choice, or DDP, unchecked. Deterministic
+    given its arguments, so every rank decides the same."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    train = require_train(run)
+    configured, fraction = train.parallelism, train.memory_fraction
+    common = {"configured": configured, "method": train.method, "world_size": world_size,
+              "gpu_memory_gib": gpu_memory_gib, "memory_fraction": fraction}
+
+    def plan(strategy: str, reason: str, parts: dict[str, int], fits: bool, **more: object) -> ParallelismPlan:
+        shards = world_size if strategy == "fsdp" else 1
+        return ParallelismPlan(strategy=strategy, reason=reason, shards=shards, per_rank_bytes=parts, fits=fits,
+                               **common, **more)
+
+    if shape is None:
+        strategy = "ddp" if configured == "auto" else configured
+        return plan(strategy, f"{configured}: model shape unknown, memory not estimated", {}, True)
+    replica = estimate(shape, fit_inputs(run))
+    sharded = estimate(shape, fit_inputs(run, world_size))
+    if gpu_memory_gib is None:
+        strategy = "ddp" if configured == "auto" else configured
+        chosen = sharded if strategy == "fsdp" else replica
+        return plan(strategy, f"{configured}: no GPU memory known (CPU): {strategy}, nothing to fit",
+                    per_rank_parts(chosen, train.method), True, replica_bytes=replica.total)
+    budget = fraction * gpu_memory_gib * GIB
+    least = _min_fsdp_ranks(shape, fit_inputs(run), budget)
+    limit = f"{fraction:.0%} of {gpu_memory_gib:g} GiB = {budget / GIB:.1f} GiB"
+    more = {"replica_bytes": replica.total, "min_fsdp_ranks": least}
+    replica_fits = replica.total <= budget
+    sharded_fits = sharded.total <= budget
+    if configured == "ddp" or (configured == "auto" and (replica_fits or world_size == 1)):
+        verdict = "fits" if replica_fits else "does not fit"
+        reason = f"{configured}: one whole replica needs {replica.total_gib:.1f} GiB per GPU, {verdict} {limit}"
+        if not replica_fits:
+            reason += _sharding_hint(least, world_size)
+        return plan("ddp", reason, per_rank_parts(replica, train.method), replica_fits, **more)
+    verdict = "fits" if sharded_fits else "does not fit"
+    why = ("configured" if configured == "fsdp"
+           else f"auto: one whole replica needs {replica.total_gib:.1f} GiB per GPU, over {limit}")
+    reason = f"{why}; FSDP over {world_size} ranks needs {sharded.total_gib:.1f} GiB per GPU, {verdict} {limit}"
+    if not sharded_fits:
+        reason += _sharding_hint(least, world_size)
+    return plan("fsdp", reason, per_rank_parts(sharded, train.method), sharded_fits, **more)
+
+
+def _sharding_hint(least: int | None, world_size: int) -> str:
+    if least is None:
+        return "; sharding cannot fit it either (the activations alone are over): shorten micro-batches or sequences"
+    if least <= world_size:
+        return f"; FSDP over {least} or more ranks fits (train.parallelism: fsdp or auto)"
+    return f"; FSDP needs at least {least} ranks of this GPU"
