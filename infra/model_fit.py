@@ -61,17 +61,16 @@ class WorkerFit(BaseModel):
         p = self.placement
         where = (f"worker set {self.worker_set} ({p.nodes} x {p.gpus_per_node} {self.gpu_model}, "
                  f"{self.gpu_memory_gib:g} GiB each)")
-        head = (f"{where}: {p.plan.strategy} over {p.gpus} GPUs, ~{p.per_gpu_gib:.1f} GiB per GPU "
-                f"({p.plan.reason})")
+        head = f"{where}: {p.plan.strategy} over {p.gpus} GPUs, ~{p.per_gpu_gib:.1f} GiB per GPU"
         if self.fits:
-            return f"{head}: fits"
+            return f"{head}: fits ({p.plan.reason})"
+        verdict = f"{head}: does not fit ({p.plan.reason})"
         if self.smallest is None:
-            return f"{head}: does not fit on any number of nodes of this preset"
+            return f"{verdict}; no node count of this preset fits"
         s = self.smallest
-        forced = p.plan.strategy == "ddp" and s.plan.strategy == "fsdp"
-        advice = " with train.parallelism auto or fsdp" if forced else ""
-        return (f"{head}: does not fit; the smallest that does is {s.nodes} node(s) ({s.gpus} GPUs){advice}: "
-                f"{s.plan.strategy}, ~{s.per_gpu_gib:.1f} GiB per GPU")
+        advice = " with train.parallelism auto or fsdp" if p.plan.configured == "ddp" else ""
+        return (f"{verdict}; the smallest that fits is {s.nodes} node(s), {s.gpus} GPUs{advice}: {s.plan.strategy}, "
+                f"~{s.per_gpu_gib:.1f} GiB per GPU")
 
 
 def per_rank_gib(plan: ParallelismPlan) -> float:
