@@ -82,12 +82,13 @@ def _placement(cfg: StackConfig, run: RunConfig | None) -> tuple[list[str], list
 
 
 def _comparison(cfg: StackConfig, run: RunConfig | None, report: CostReport) -> Comparison:
-    if run is None or run.train is None or report.training is None:
-        raise SystemExit(f"ftstack plan --compare: stack {cfg.stack!r} has no training run to size "
-                         f"(run config {cfg.pipeline.run_config}; see the cost notes above)")
+    if run is None or run.train is None:
+        raise SystemExit(f"ftstack plan --compare: stack {cfg.stack!r}: run config {cfg.pipeline.run_config} has no "
+                         "train section here")
+    sized = report.training
     try:
-        return compare(cfg, run, report.training.tokens, report.training.epochs, cost_model_throughput(cfg, run),
-                       PriceBook(cfg.pricing.overrides))
+        return compare(cfg, run, sized.tokens if sized else None, sized.epochs if sized else 1.0,
+                       cost_model_throughput(cfg, run), PriceBook(cfg.pricing.overrides))
     except ValueError as exc:
         raise SystemExit(f"ftstack plan --compare: {exc}") from None
 
@@ -116,6 +117,9 @@ def plan_extras(cfg: StackConfig, result: MockRun, args: argparse.Namespace) -> 
         document["compare"] = comparison_document(comparison)
         text += ["", render_comparison(comparison)]
         if args.compare_chart:
-            plot_comparison(comparison, args.compare_chart)
-            text.append(f"chart: {args.compare_chart}")
+            try:
+                plot_comparison(comparison, args.compare_chart)
+                text.append(f"chart: {args.compare_chart}")
+            except ValueError as exc:
+                text.append(f"chart: not drawn: {exc}")
     return PlanExtras("\n".join(text), document, code)

@@ -34,6 +34,9 @@ if TYPE_CHECKING:
     from documents.throughput import ThroughputMeasurement
 
 METHODS = ("full", "lora", "qlora")
+REFERENCE_TOKENS = 100_000_000
+"""The tokens a comparison is made for when the configured data has no size here (no data.rows, no prepare summary,
+no tokenized split)."""
 MIN_PARAMS = 1e9
 """Known shapes below this (the local CPU model) are left out of a GPU stack's comparison."""
 ThroughputKind = Literal["measured", "borrowed", "estimated", "configured", "unknown"]
@@ -85,6 +88,7 @@ class Comparison(BaseModel):
     stack_gpus: int
     tokens: float
     passes: float
+    data_basis: str
     usd_per_gpu_hour: float | None
     preemptible_usd_per_gpu_hour: float | None
     rows: list[CompareRow]
@@ -156,9 +160,10 @@ def gpu_hour_prices(cfg: StackConfig, book: PriceBook) -> tuple[float | None, fl
     return on_demand, (None if spot.note else spot.usd_per_hour / gpus)
 
 
-def compare(cfg: StackConfig, run: RunConfig, tokens: float, passes: float, throughput: Throughput,
+def compare(cfg: StackConfig, run: RunConfig, tokens: float | None, passes: float, throughput: Throughput,
             book: PriceBook) -> Comparison:
-    """The comparison table for a stack whose first worker set has GPUs (see the module docstring)."""
+    """The comparison table for a stack whose first worker set has GPUs (see the module docstring); `tokens` x
+    `passes` is the configured run's size, REFERENCE_TOKENS x 1 where that is unknown (None)."""
     worker = next((w for w in (cfg.nodes.workers if cfg.nodes else []) if w.shape.gpus), None)
     if worker is None:
         raise ValueError(f"stack {cfg.stack!r}: no GPU worker set to compare methods on")
@@ -166,6 +171,11 @@ def compare(cfg: StackConfig, run: RunConfig, tokens: float, passes: float, thro
     nodes, gpus_per_node = worker_shape(cfg)
     stack_gpus = nodes * gpus_per_node
     on_demand, spot = gpu_hour_prices(cfg, book)
+    if tokens is None:
+        tokens, passes = REFERENCE_TOKENS, 1.0
+        data_basis = "a reference size: the run config's data has no size here"
+    else:
+        data_basis = f"the run config's data: {tokens:,.0f} tokens x {passes:g} passes"
     rows = []
     for source in compared_models(run):
         shape = shape_for_source(source)
@@ -195,13 +205,19 @@ def compare(cfg: StackConfig, run: RunConfig, tokens: float, passes: float, thro
         notes.append(f"{worker.platform}: no preemptible price in the catalog; preemptible cost not shown")
     return Comparison(
         stack=cfg.stack, gpu_model=platform.gpu_model or "", gpu_memory_gib=platform.gpu_memory_gib,
-        gpus_per_node=gpus_per_node, stack_gpus=stack_gpus, tokens=tokens, passes=passes,
+        gpus_per_node=gpus_per_node, stack_gpus=stack_gpus, tokens=tokens, passes=passes, data_basis=data_basis,
         usd_per_gpu_hour=on_demand, preemptible_usd_per_gpu_hour=spot, rows=rows, notes=notes,
     )
 
 
 def _num(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
+
+
+def _on_stack(row: CompareRow, gpus_per_node: int) -> str:
+    if row.gpus_needed is None:
+        return "-"
+    return "yes" if row.fits_stack else f"no: {math.ceil(row.gpus_needed / gpus_per_node)} nodes"
 
 
 def _usd(value: float | None) -> str:
@@ -213,7 +229,7 @@ def render_comparison(c: Comparison) -> str:
     if c.preemptible_usd_per_gpu_hour is not None:
         price += f", preemptible ${c.preemptible_usd_per_gpu_hour:.2f}"
     head = (f"Method comparison on {c.gpu_model} ({c.gpu_memory_gib:g} GiB; stack {c.stack!r}: {c.stack_gpus} GPUs, "
-            f"{price}) for {c.tokens * c.passes:,.0f} training tokens ({c.tokens:,.0f} x {c.passes:g} passes):")
+            f"{price}) for {c.tokens * c.passes:,.0f} training tokens ({c.data_basis}):")
     table = [("Model", "Params", "Method", "Plan", "GPUs", "GiB/GPU", "On stack", "Tokens/s/GPU", "GPU-h",
               "Wall h", "On-demand", "Preemptible", "Tokens/s from")]
     for r in c.rows:
@@ -221,14 +237,13 @@ def render_comparison(c: Comparison) -> str:
         table.append((
             r.model.removeprefix("hub:"), f"{r.params_b:g}B", r.method, r.strategy or "none",
             _num(r.gpus_needed, "d"), _num(r.per_gpu_gib, ".1f"),
-            "yes" if r.fits_stack else ("no" if r.gpus_needed else "-"),
+            _on_stack(r, c.gpus_per_node),
             _num(r.throughput.tokens_per_second_per_gpu, ",.0f") + mark, _num(r.gpu_hours, ",.1f"),
             _num(r.wall_hours, ",.1f"), _usd(r.usd_on_demand), _usd(r.usd_preemptible), r.throughput.kind,
         ))
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     lines = [head] + ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in table]
-    sources = sorted({(r.throughput.kind, r.throughput.basis) for r in c.rows if r.throughput.kind != "unknown"})
-    lines += [f"  {kind}: {basis}" for kind, basis in sources]
+    lines += [f"  {basis}" for basis in sorted({r.throughput.basis for r in c.rows if r.throughput.kind != "unknown"})]
     lines.append("  * estimated: not measured on this GPU model, model and method")
     lines += [f"note: {n}" for n in c.notes]
     return "\n".join(lines)
@@ -248,6 +263,8 @@ def plot_comparison(c: Comparison, path: Path) -> None:
 
     from workloads.common.atomic import atomic_file
 
+    if not any(r.usd_on_demand for r in c.rows):
+        raise ValueError("nothing to draw: no row has a cost (no throughput or no price known)")
     models = list(dict.fromkeys(r.model for r in c.rows))
     fig, ax = plt.subplots(figsize=(9, 4.5), dpi=110)
     width = 0.8 / len(METHODS)
