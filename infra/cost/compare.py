@@ -17,21 +17,20 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from documents.run_config import RunConfig, parse_run_config
+from documents.throughput import ThroughputMeasurement
 from infra import catalog
 from infra.config import StackConfig
 from infra.cost.model import node_price
+from infra.cost.pricing import PriceBook
+from infra.cost.report import choose_throughput
 from infra.model_fit import smallest_placement
 from infra.pipeline.chain import worker_shape
-from infra.cost.pricing import PriceBook
 from workloads.train.model_shapes import KNOWN, ModelShape, UnknownModel, shape_for_source
-
-if TYPE_CHECKING:
-    from documents.run_config import RunConfig
-    from documents.throughput import ThroughputMeasurement
 
 METHODS = ("full", "lora", "qlora")
 REFERENCE_TOKENS = 100_000_000
@@ -113,8 +112,6 @@ def compared_models(run: RunConfig) -> list[str]:
 
 def with_method(run: RunConfig, source: str, method: str) -> RunConfig:
     """The run with another model and method; QLoRA keeps the run's quantization when it is QLoRA already."""
-    from documents.run_config import parse_run_config
-
     data = run.model_dump(mode="json")
     train = data["train"]
     keep = method == "qlora" and run.train.method == "qlora"
@@ -135,8 +132,6 @@ def cost_model_throughput(cfg: StackConfig, run: RunConfig,
     """Each row's tokens/s as the stack's training-run cost would price that model and method
     (``infra.cost.report.choose_throughput``): the stack's configured figure and a run it measured count only for
     the model and method they were set or measured for."""
-    from infra.cost.report import choose_throughput
-
     plain = cfg.model_copy(update={"pricing": cfg.pricing.model_copy(update={
         "training": cfg.pricing.training.model_copy(update={"tokens_per_second_per_gpu": None})})})
 
