@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from documents.run_config import RunConfig
 
 class Placement(BaseModel):
-    """The plan of a run over `nodes` nodes of `gpus_per_node` GPUs of one model."""
+    """The plan of a run over `nodes` nodes of `gpus_per_node` GPUs each."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -61,7 +61,7 @@ class WorkerFit(BaseModel):
         p = self.placement
         where = (f"worker set {self.worker_set} ({p.nodes} x {p.gpus_per_node} {self.gpu_model}, "
                  f"{self.gpu_memory_gib:g} GiB each)")
-        head = f"{where}: {p.plan.strategy} over {p.gpus} GPUs, ~{p.per_gpu_gib:.1f} GiB per GPU"
+        head = f"{where}: {p.plan.strategy} over {_gpus(p.gpus)}, ~{p.per_gpu_gib:.1f} GiB per GPU"
         if self.fits:
             return f"{head}: fits ({p.plan.reason})"
         verdict = f"{head}: does not fit ({p.plan.reason})"
@@ -69,8 +69,12 @@ class WorkerFit(BaseModel):
             return f"{verdict}; no node count of this preset fits"
         s = self.smallest
         advice = " with train.parallelism auto or fsdp" if p.plan.configured == "ddp" else ""
-        return (f"{verdict}; the smallest that fits is {s.nodes} node(s), {s.gpus} GPUs{advice}: {s.plan.strategy}, "
+        return (f"{verdict}; the smallest that fits is {s.nodes} node(s), {_gpus(s.gpus)}{advice}: {s.plan.strategy}, "
                 f"~{s.per_gpu_gib:.1f} GiB per GPU")
+
+
+def _gpus(count: int) -> str:
+    return f"{count} GPU" if count == 1 else f"{count} GPUs"
 
 
 def per_rank_gib(plan: ParallelismPlan) -> float:
