@@ -223,8 +223,9 @@ def render_comparison(c: Comparison) -> str:
     price = f"${c.usd_per_gpu_hour:.2f}/GPU-hour" if c.usd_per_gpu_hour is not None else "no price"
     if c.preemptible_usd_per_gpu_hour is not None:
         price += f", preemptible ${c.preemptible_usd_per_gpu_hour:.2f}"
-    head = (f"Method comparison on {c.gpu_model} ({c.gpu_memory_gib:g} GiB; stack {c.stack!r}: {c.stack_gpus} GPU{'' if c.stack_gpus == 1 else 's'}, "
-            f"{price}) for {c.tokens * c.passes:,.0f} training tokens ({c.data_basis}):")
+    gpus = f"{c.stack_gpus} GPU" + ("" if c.stack_gpus == 1 else "s")
+    head = (f"Method comparison on {c.gpu_model} ({c.gpu_memory_gib:g} GiB; stack {c.stack!r}: {gpus}, {price}) for "
+            f"{c.tokens * c.passes:,.0f} training tokens ({c.data_basis}):")
     table = [("Model", "Params", "Method", "Plan", "GPUs", "GiB/GPU", "On stack", "Tokens/s/GPU", "GPU-h",
               "Wall h", "On-demand", "Preemptible", "Tokens/s from")]
     for r in c.rows:
