@@ -119,6 +119,7 @@ def worker_fits(cfg: StackConfig, run: RunConfig, shape: ModelShape) -> list[Wor
         smallest = None
         if not placement.plan.fits:
             smallest = smallest_placement(run, shape, platform.gpu_memory_gib, gpus_per_node)
-        found.append(WorkerFit(worker_set=w.name, gpu_model=platform.gpu_model or "", gpu_memory_gib=platform.gpu_memory_gib,
+        found.append(WorkerFit(worker_set=w.name, gpu_model=platform.gpu_model or "",
+                               gpu_memory_gib=platform.gpu_memory_gib,
                                placement=placement, smallest=smallest))
     return found

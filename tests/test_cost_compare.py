@@ -104,9 +104,9 @@ def test_the_chart_is_a_png(tmp_path):
     assert (tmp_path / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_ftstack_plan_compare_prints_the_table_and_its_json(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "infra.commands.cli", "plan", "--stack", "h100", "--compare", "--json"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+def test_ftstack_plan_compare_prints_the_table_and_its_json():
+    command = [sys.executable, "-m", "infra.commands.cli", "plan", "--stack", "h100", "--compare", "--json"]
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)["compare"]
     assert doc["tokens"] == 100_000_000 and "reference size" in doc["data_basis"]  # h100.json sets no data.rows

@@ -47,7 +47,8 @@ def test_70b_lora_with_ddp_forced_on_demo_is_refused_naming_the_reason():
     """bf16 base alone: 2 x 70.55e9 B = 131.4 GiB on every L40S under DDP, three times 90 % of 48 GiB."""
     run = _run("demo", "lora", "ddp")
     [message] = rules.model_fits(_ctx("demo", run))
-    assert message.startswith(f"lora of {LLAMA70}: worker set worker (5 x 2 NVIDIA L40S, 48 GiB each): ddp over 10 GPUs")
+    assert message.startswith(f"lora of {LLAMA70}: worker set worker (5 x 2 NVIDIA L40S, 48 GiB each): "
+                              "ddp over 10 GPUs")
     assert "does not fit" in message and "one whole replica" in message and "43.2 GiB" in message
     assert "with train.parallelism auto or fsdp: fsdp" in message
     [fit] = worker_fits(load_stack_config("demo", ROOT / "stacks"), run, shape_for_source(LLAMA70))
@@ -87,7 +88,8 @@ def test_70b_full_fine_tune_on_h100_names_the_smallest_node_count():
 ])
 def test_shipped_large_run_configs_fit_their_stacks(stack, config, strategy):
     cfg = load_stack_config(stack, ROOT / "stacks")
-    cfg = cfg.model_copy(update={"pipeline": cfg.pipeline.model_copy(update={"run_config": f"workloads/configs/{config}"})})
+    pipeline = cfg.pipeline.model_copy(update={"run_config": f"workloads/configs/{config}"})
+    cfg = cfg.model_copy(update={"pipeline": pipeline})
     run = load_run(cfg, ROOT)
     assert rules.model_fits(Context([], cfg, run, {})) == []
     [fit] = worker_fits(cfg, run, shape_for_source(run.model.source))
