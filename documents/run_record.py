@@ -9,7 +9,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from documents.base import parse
-from documents.throughput import ThroughputMeasurement
+from documents.throughput import ThroughputCheck, ThroughputMeasurement
 
 
 class RunIndex(BaseModel):
@@ -35,6 +35,8 @@ class RunIndex(BaseModel):
     files: list[str] = []
     throughput: ThroughputMeasurement | None = None
     """the training throughput the run measured (what the stack's training-run cost is priced with)."""
+    throughput_check: ThroughputCheck | None = None
+    """the figure the stack was priced with before this run measured its own (estimate, measurement, ratio)."""
 
 
 def read_run_record(text: str | bytes, origin: str) -> RunIndex:

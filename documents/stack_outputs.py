@@ -72,6 +72,8 @@ class TrainingCost(_Section):
     wall_hours: float | None = None
     usd: float | None = None
     throughput_source: str | None = None
+    throughput_kind: str | None = None
+    """configured, measured (this stack), borrowed (the same GPU model elsewhere), estimated or unknown."""
 
 
 class Cost(_Section):

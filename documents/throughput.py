@@ -38,6 +38,8 @@ class ThroughputMeasurement(BaseModel):
     method: str = Field(description="qlora, lora or full")
     mfu_6n: float | None = Field(None, gt=0, le=1)
     setup: str = ""
+    micro_batch_tokens: int | None = Field(None, gt=0, description="tokens per micro-batch it trained with")
+    gradient_checkpointing: bool | None = Field(None, description="whether it recomputed activations")
     date: str
     origin: Literal["run", "bench"] = "bench"
     stack: str | None = Field(None, description="the stack whose run measured it")
@@ -53,6 +55,24 @@ class ThroughputMeasurement(BaseModel):
         where = f"run {self.run_id} on stack {self.stack}" if self.origin == "run" else self.source
         return (f"{self.tokens_per_second_per_device:,.4g} {self.basis} measured {self.date} on {self.devices} x "
                 f"{self.device} ({where})")
+
+
+class ThroughputCheck(BaseModel):
+    """A run's measured training throughput beside the figure its stack was priced with before the run (an
+    estimate, a borrowed figure or an earlier run's): how far off that figure was."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    priced_tokens_per_second_per_gpu: float = Field(gt=0)
+    priced_kind: str = Field(description="configured, measured, borrowed or estimated")
+    priced_source: str = Field(description="the source line of the figure the stack was priced with")
+    measured_tokens_per_second_per_gpu: float = Field(gt=0)
+    ratio: float = Field(gt=0, description="measured / priced")
+
+    @classmethod
+    def of(cls, priced: float, kind: str, source: str, measured: float) -> ThroughputCheck:
+        return cls(priced_tokens_per_second_per_gpu=priced, priced_kind=kind, priced_source=source,
+                   measured_tokens_per_second_per_gpu=measured, ratio=round(measured / priced, 4))
 
 
 @cache
@@ -93,6 +113,8 @@ def measure_run(records: list[MetricsRecord], manifest: RunManifest, *, gpu_mode
         tokens_per_second_per_device=round(overall / manifest.world_size, 3),
         device_kind="gpu" if on_gpu else "cpu", gpu_model=gpu_model, device=device, devices=manifest.world_size,
         model=run.model.source, method=run.train.method if run.train else "unknown",
-        setup=f"{manifest.nodes} node(s), {manifest.precision}", date=(manifest.ended or manifest.started or "")[:10],
+        setup=f"{manifest.nodes} node(s), {manifest.precision}",
+        micro_batch_tokens=manifest.batch_plan.micro_batch_tokens if manifest.batch_plan else None,
+        gradient_checkpointing=manifest.batch_plan.gradient_checkpointing if manifest.batch_plan else None, date=(manifest.ended or manifest.started or "")[:10],
         origin="run", stack=stack, run_id=run_id, source=source,
     )

@@ -112,6 +112,54 @@ PLATFORMS: Mapping[str, Platform] = MappingProxyType({
 })
 
 
+@dataclass(frozen=True)
+class GpuPeaks:
+    """A GPU model's published peaks: dense bf16 tensor FLOP/s (no sparsity) and memory bandwidth."""
+
+    bf16_dense_tflops: float
+    memory_tb_per_s: float
+    source: str
+    date: str
+    """ISO date the figures were read."""
+
+    @property
+    def ridge_flop_per_byte(self) -> float:
+        """Arithmetic intensity above which a kernel is compute-bound on this GPU."""
+        return self.bf16_dense_tflops / self.memory_tb_per_s
+
+
+_HALVED = "NVIDIA lists tensor FLOP/s with 2:4 sparsity; the dense figure is half"
+GPU_PEAKS: Mapping[str, GpuPeaks] = MappingProxyType({
+    "NVIDIA H100 SXM": GpuPeaks(
+        989.4, 3.35, "NVIDIA H100 datasheet (nvidia.com/en-us/data-center/h100), H100 SXM column: BFLOAT16 tensor "
+        f"1,979 TFLOPS with sparsity, GPU memory bandwidth 3.35 TB/s; {_HALVED} (989.4 TFLOPS dense, as in "
+        "glennklockwood.com/garden/processors/h100)", "2026-11-25"),
+    "NVIDIA H200 SXM": GpuPeaks(
+        989.4, 4.8, "NVIDIA H200 datasheet (nvidia.com/en-us/data-center/h200), H200 SXM column: BFLOAT16 tensor "
+        f"1,979 TFLOPS with sparsity (the H100's GH100 compute), GPU memory bandwidth 4.8 TB/s; {_HALVED}",
+        "2026-11-25"),
+    "NVIDIA L40S": GpuPeaks(
+        362.05, 0.864, "NVIDIA L40S datasheet (nvidia.com/en-us/data-center/l40s): BFLOAT16 tensor 362.05 TFLOPS "
+        "(733 with sparsity), GPU memory bandwidth 864 GB/s", "2026-11-25"),
+})
+"""Read through reprints of NVIDIA's datasheet tables (the search tool reaches no nvidia.com page here)."""
+
+
+def gpu_peaks(gpu_model: str) -> GpuPeaks:
+    try:
+        return GPU_PEAKS[gpu_model]
+    except KeyError:
+        raise CatalogError(f"no published peaks for GPU model {gpu_model!r}; known: {', '.join(GPU_PEAKS)}") from None
+
+
+def gpu_memory_gib(gpu_model: str) -> int:
+    """Memory of one GPU of this model, from the first platform that has it."""
+    for platform in PLATFORMS.values():
+        if platform.gpu_model == gpu_model:
+            return platform.gpu_memory_gib
+    raise CatalogError(f"no platform has GPU model {gpu_model!r}")
+
+
 def get_platform(name: str) -> Platform:
     try:
         return PLATFORMS[name]

@@ -33,7 +33,7 @@ def _stack_config():
 
 def _validator(spec: rules.PolicySpec):
     def validate(args: StackValidationArgs, report_violation: ReportViolation) -> None:
-        from infra.cost.report import load_run
+        from infra.cost.training import load_run
 
         cfg = _stack_config()
         resources = [rules.Res.from_policy(r) for r in args.resources]
@@ -43,6 +43,8 @@ def _validator(spec: rules.PolicySpec):
             report_violation(message, None)
         for note in sorted(set(ctx.unchecked)):  # shown in the preview's diagnostics, not a violation
             print(f"policy {spec.name}: not checked: {note}", file=sys.stderr)
+        for note in ctx.notes:
+            print(f"policy {spec.name}: {note}", file=sys.stderr)
 
     return validate
 

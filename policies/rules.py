@@ -14,7 +14,9 @@ from pydantic import BaseModel, ConfigDict
 
 from infra import catalog
 from infra.config import StackConfig
-from infra.cost.model import monthly_cost
+from infra.cost.price import CostReport, price_stack
+from infra.cost.report import training_cost_text
+from infra.cost.training import REPO_ROOT
 from infra.nebius.layout import layout
 
 FILESYSTEM = "nebius:index/computeV1Filesystem:ComputeV1Filesystem"
@@ -116,6 +118,8 @@ class Context:
     run: Any | None = None
     config: Mapping[str, Any] = field(default_factory=dict)
     unchecked: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    """What a rule reports beside its verdict (the estimated training cost beside the monthly TCO)."""
 
     def of_type(self, type_: str) -> list[Res]:
         return [r for r in self.resources if r.type == type_]
@@ -174,12 +178,23 @@ def filesystem_quota(ctx: Context) -> list[str]:
     return []
 
 
+def stack_price(cfg: StackConfig) -> CostReport:
+    """The stack's price as `pulumi up` computes it (the one price path, with the stack's stored runs)."""
+    from infra.runs.measured import price_inputs
+
+    return price_stack(cfg, price_inputs(cfg, REPO_ROOT))
+
+
 def monthly_budget(ctx: Context) -> list[str]:
-    """Estimated monthly cost (autoscaling at max) within the budget."""
+    """Estimated monthly cost (autoscaling at max) within the budget; the training run's cost beside it."""
     limit = float(ctx.config.get("maxMonthlyUsd", 50_000))
-    cost = monthly_cost(ctx.cfg, ctx.cfg.pricing).usd_high
+    report = stack_price(ctx.cfg)
+    cost = report.monthly.usd_high
+    training = training_cost_text(report)
+    ctx.notes.append(f"monthly cost ${cost:,.0f} (autoscaling at max)" + (f"; {training}" if training else ""))
     if cost > limit:
-        return [f"estimated monthly cost ${cost:,.0f} (autoscaling at max) exceeds the budget ${limit:,.0f}"]
+        return [f"estimated monthly cost ${cost:,.0f} (autoscaling at max) exceeds the budget ${limit:,.0f}"
+                + (f" (besides: {training})" if training else "")]
     return []
 
 
@@ -223,12 +238,18 @@ def model_fits(ctx: Context) -> list[str]:
 
     if ctx.run is None or ctx.run.train is None or ctx.cfg.nodes is None:
         return []
+    training = training_cost_text(stack_price(ctx.cfg))
+    if training:
+        ctx.notes.append(training)
     try:
         shape = shape_for_source(ctx.run.model.source)
     except UnknownModel as exc:
         return [str(exc)]
-    return [f"{ctx.run.train.method} of {ctx.run.model.source}: {fit.describe()}"
-            for fit in worker_fits(ctx.cfg, ctx.run, shape) if not fit.fits]
+    found = []
+    for fit in worker_fits(ctx.cfg, ctx.run, shape):
+        line = f"{ctx.run.train.method} of {ctx.run.model.source}: {fit.describe()}"
+        (ctx.notes if fit.fits else found).append(line)
+    return found
 
 
 def login_access(ctx: Context) -> list[str]:
@@ -413,6 +434,8 @@ class Result(BaseModel):
     violations: list[str]
     unchecked: list[str] = []
     """What the rule could not check because a value was unknown (a preview before resources exist)."""
+    notes: list[str] = []
+    """What the rule reports beside its verdict (the training run's cost, marked measured or estimated)."""
 
 
 def evaluate(resources: list[Res], cfg: StackConfig, run: Any | None = None,
@@ -428,7 +451,7 @@ def evaluate(resources: list[Res], cfg: StackConfig, run: Any | None = None,
         ctx = Context(resources, cfg, run, defaults(spec) | own)
         violations = spec.check(ctx)
         results.append(Result(policy=spec.name, enforcement=level, passed=not violations, violations=violations,
-                              unchecked=sorted(set(ctx.unchecked))))
+                              unchecked=sorted(set(ctx.unchecked)), notes=ctx.notes))
     return results
 
 

@@ -15,7 +15,8 @@ from documents.throughput import bench_throughput
 from infra.config import load_stack_config
 from infra.cost.compare import METHODS, compare, cost_model_throughput, plot_comparison, render_comparison
 from infra.cost.pricing import PriceBook
-from infra.cost.report import cost_report, load_run
+from infra.cost.price import price_stack
+from infra.cost.training import load_run
 
 ROOT = Path(__file__).resolve().parent.parent
 LLAMA70_LORA = "workloads/configs/h100-llama-3.1-70b-lora.json"
@@ -33,7 +34,7 @@ def _stack(name: str, run_config: str | None = None, **training):
 
 def _compare(cfg):
     run = load_run(cfg, ROOT)
-    sized = cost_report(cfg, ROOT).training
+    sized = price_stack(cfg, root=ROOT).training
     return compare(cfg, run, sized.tokens if sized else None, sized.epochs if sized else 1.0,
                    cost_model_throughput(cfg, run), PriceBook(cfg.pricing.overrides))
 

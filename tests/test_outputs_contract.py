@@ -19,7 +19,7 @@ from documents.base import DocumentError
 from documents.stack_outputs import parse_stack_outputs, read_stack_outputs
 from infra.commands.run import run_outputs
 from infra.config import StackConfig, load_stack_config
-from infra.cost.report import cost_report
+from infra.cost.price import PriceInputs, price_stack
 from infra.program.mocks import SECRET, run_under_mocks
 from infra.pipeline.runner import PipelineRun
 
@@ -93,7 +93,7 @@ def waited_outputs(cfg: StackConfig) -> dict[str, Any]:
             for i, stage in enumerate(("prepare", "readiness", "train", "eval"))}
     result = PipelineRun(stack=cfg.stack, started_at=None, bundle_hash="0123456789abcdef", submitted=list(jobs),
                          kept=[], jobs=jobs, evaluation=evaluator_report("103", side(9.0, 20.0), side(6.0, 41.5)))
-    return run_outputs(cfg, cost_report(cfg), result).flat()
+    return run_outputs(cfg, price_stack(cfg, PriceInputs().with_evaluation(result.evaluation)), result).flat()
 
 
 def test_a_waited_pipeline_fills_eval_elapsed_and_measured_keys_with_numbers(produced: dict[str, dict[str, Any]]) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from infra.config import load_stack_config
 from infra.cost.compare import with_method
-from infra.cost.report import load_run
+from infra.cost.training import load_run
 from infra.model_fit import worker_fits
 from policies import rules
 from policies.rules import Context

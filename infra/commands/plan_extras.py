@@ -21,9 +21,12 @@ from documents.run_config import RunConfig
 from infra.config import StackConfig
 from infra.cost.compare import (Comparison, compare, comparison_document, cost_model_throughput, plot_comparison,
                                 render_comparison)
+from infra.cost.price import CostReport, PriceInputs, price_stack
 from infra.cost.pricing import PriceBook
-from infra.cost.report import CostReport, cost_report, load_run, render_table, report_document
+from infra.cost.report import render_table, report_document
+from infra.cost.training import REPO_ROOT, load_run
 from infra.model_fit import worker_fits
+from infra.runs.measured import price_inputs
 from infra.program.mocks import MockRun
 from workloads.train.model_shapes import UnknownModel, shape_for_source
 
@@ -81,20 +84,21 @@ def _placement(cfg: StackConfig, run: RunConfig | None) -> tuple[list[str], list
     return lines, [fit.model_dump(mode="json") for fit in fits]
 
 
-def _comparison(cfg: StackConfig, run: RunConfig | None, report: CostReport) -> Comparison:
+def _comparison(cfg: StackConfig, run: RunConfig | None, report: CostReport, inputs: PriceInputs) -> Comparison:
     if run is None or run.train is None:
         raise SystemExit(f"ftstack plan --compare: stack {cfg.stack!r}: run config {cfg.pipeline.run_config} has no "
                          "train section here")
     sized = report.training
     try:
         return compare(cfg, run, sized.tokens if sized else None, sized.epochs if sized else 1.0,
-                       cost_model_throughput(cfg, run), PriceBook(cfg.pricing.overrides))
+                       cost_model_throughput(cfg, run, inputs), PriceBook(cfg.pricing.overrides))
     except ValueError as exc:
         raise SystemExit(f"ftstack plan --compare: {exc}") from None
 
 
 def plan_extras(cfg: StackConfig, result: MockRun, args: argparse.Namespace) -> PlanExtras:
-    report = cost_report(cfg)
+    inputs = price_inputs(cfg, REPO_ROOT)
+    report = price_stack(cfg, inputs)
     run = load_run(cfg)
     text = ["", render_table(report)]
     document: dict[str, Any] = {"cost": report_document(report)}
@@ -112,8 +116,9 @@ def plan_extras(cfg: StackConfig, result: MockRun, args: argparse.Namespace) -> 
             mark = "pass" if r.passed else ("FAIL" if r.enforcement == "mandatory" else "warn")
             text.append(f"  [{mark}] {r.policy} ({r.enforcement})")
             text += [f"         {v}" for v in r.violations]
+            text += [f"         note: {n}" for n in r.notes]
     if args.compare or args.compare_chart:
-        comparison = _comparison(cfg, run, report)
+        comparison = _comparison(cfg, run, report, inputs)
         document["compare"] = comparison_document(comparison)
         text += ["", render_comparison(comparison)]
         if args.compare_chart:

@@ -19,8 +19,11 @@ from typing import Any
 
 from infra.runs.store import ARTIFACTS_BUCKET_ENV, ArtifactError, ArtifactStore, list_runs, store_for_stack, upload_run
 from infra.config import StackConfig, StackConfigError, load_stack_config, stack_file
-from infra.cost.report import CostReport, cost_report, render_chat_table, stack_gpu_model
-from infra.program.outputs import measured_chat, measured_scenario, pipeline_section, with_measured_chat
+from infra.cost.price import CostReport, PriceInputs, price_stack
+from infra.cost.report import render_chat_table
+from infra.cost.training import stack_gpu_model
+from infra.program.outputs import pipeline_section
+from infra.runs.measured import price_inputs, runs_of
 from infra.program.build import stack_identity
 from infra.pipeline.fetch import fetch_run
 from infra.pipeline.run_lock import StackBusy
@@ -37,7 +40,7 @@ from documents.run_config import load_run_config
 from documents.run_manifest import RUN_MANIFEST_NAME, read_run_manifest
 from documents.run_record import RunIndex
 from documents.stack_outputs import StackOutputs, write_stack_outputs
-from documents.throughput import ThroughputMeasurement, measure_run
+from documents.throughput import ThroughputCheck, ThroughputMeasurement, measure_run
 from documents.prepare_summary import SUMMARY_NAME, PrepareSummary, read_prepare_summary
 from documents.evaluator_report import report_name
 
@@ -70,10 +73,7 @@ def open_spec(args: argparse.Namespace, stack: StackConfig) -> dict[str, Any]:
 
 def run_outputs(stack: StackConfig, cost: CostReport, result: PipelineRun) -> StackOutputs:
     """The run as stack outputs (the README's stack outputs contract), as the program writes them."""
-    section = cost.section()
-    if section.chats:
-        section = with_measured_chat(section, measured_chat(cost.monthly, stack.pricing.chat, result.evaluation))
-    return StackOutputs(**stack_identity(stack), cost=section,
+    return StackOutputs(**stack_identity(stack), cost=cost.section(),
                         pipeline=pipeline_section(result.bundle_hash, result.jobs, result.evaluation))
 
 
@@ -119,7 +119,8 @@ def new_run_id(result: PipelineRun) -> str:
 
 
 def _upload(store: ArtifactStore, stack: StackConfig, repo: Path, result: PipelineRun, run_id: str,
-            folders: dict[str, Path], outputs: StackOutputs, throughput: ThroughputMeasurement | None) -> str:
+            folders: dict[str, Path], outputs: StackOutputs, throughput: ThroughputMeasurement | None,
+            check: ThroughputCheck | None) -> str:
     uploaded = upload_run(
         store, stack.stack, run_id, repo / stack.pipeline.run_config, **folders,
         job_ids={s: j["job_id"] for s, j in result.jobs.items()},
@@ -127,28 +128,48 @@ def _upload(store: ArtifactStore, stack: StackConfig, repo: Path, result: Pipeli
         job_durations_s={s: j["elapsed_s"] for s, j in result.jobs.items() if j["elapsed_s"] is not None},
         started_at=result.started_at,
         finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        outputs=outputs, throughput=throughput,
+        outputs=outputs, throughput=throughput, throughput_check=check,
     )
     return uploaded.store
 
 
-def finish_run(stack: StackConfig, repo: Path, result: PipelineRun, spec: dict[str, Any],
-               prepared: PrepareSummary | None) -> tuple[StackOutputs, str | None]:
-    """After a finished pipeline: bring its records back, price the training run with the throughput it measured
-    and the data size its prepare stage recorded, write the outputs and store the artifacts (once per eval job).
-    Returns the outputs and where they went."""
+def throughput_check(before: CostReport, measured: ThroughputMeasurement) -> ThroughputCheck | None:
+    """The run's measurement against the figure the stack was priced with before it (None when it had none)."""
+    t = before.training
+    if t is None or t.tokens_per_second_per_gpu is None:
+        return None
+    return ThroughputCheck.of(t.tokens_per_second_per_gpu, t.throughput_kind, t.throughput_source,
+                              measured.tokens_per_second_per_device)
+
+
+def finish_run(stack: StackConfig, repo: Path, result: PipelineRun, spec: dict[str, Any], inputs: PriceInputs
+               ) -> tuple[StackOutputs, CostReport, str | None]:
+    """After a finished pipeline: bring its records back, price the stack with the throughput the run measured
+    (with the figure it was priced with before kept beside it in the run record), write the outputs and store
+    the artifacts (once per eval job). Returns the outputs, the price and where the artifacts went."""
     store = store_for_stack(stack, repo) if stack.target != "nebius" or os.environ.get(ARTIFACTS_BUCKET_ENV) else None
     stored = stored_run(store, stack, result) if store is not None else None
     if stored is not None:
-        outputs = run_outputs(stack, cost_report(stack, measured=stored.throughput, prepared=prepared), result)
-        return outputs, None
+        if stored.throughput is not None:
+            inputs = inputs.model_copy(update={"training": stored.throughput, "training_read_from": runs_of(store, stack.stack)})
+        report = price_stack(stack, inputs)
+        return run_outputs(stack, report, result), report, None
     with tempfile.TemporaryDirectory(prefix="ft-fetch-") as tmp:
         folders = run_folders(stack, result, spec, Path(tmp))
         run_id = new_run_id(result)
         throughput = measured_throughput(stack, repo, folders, run_id)
-        outputs = run_outputs(stack, cost_report(stack, measured=throughput, prepared=prepared), result)
-        where = _upload(store, stack, repo, result, run_id, folders, outputs, throughput) if store is not None else None
-    return outputs, where
+        before = price_stack(stack, inputs)
+        check = None
+        report = before
+        if throughput is not None:
+            check = throughput_check(before, throughput)
+            report = price_stack(stack, inputs.model_copy(update={
+                "training": throughput, "training_read_from": runs_of(store, stack.stack) if store else None,
+                "training_note": None}))
+        outputs = run_outputs(stack, report, result)
+        where = _upload(store, stack, repo, result, run_id, folders, outputs, throughput, check) \
+            if store is not None else None
+    return outputs, report, where
 
 
 def run(args: argparse.Namespace) -> int:
@@ -167,17 +188,20 @@ def run(args: argparse.Namespace) -> int:
         return 130
     path = outputs_path(repo, stack.stack)
     prepare = read_prepare(spec, result) if args.wait else None
+    inputs = price_inputs(stack, repo).with_evaluation(result.evaluation).model_copy(
+        update={"prepared": prepare.summary if prepare is not None else None})
     if args.wait and result.evaluation is not None:
         try:
-            outputs, where = finish_run(stack, repo, result, spec, prepare.summary if prepare is not None else None)
+            outputs, report, where = finish_run(stack, repo, result, spec, inputs)
         except (ArtifactError, TransportError, DocumentError) as error:
-            write_outputs(path, run_outputs(stack, cost_report(stack), result))
+            write_outputs(path, run_outputs(stack, price_stack(stack, inputs), result))
             print(f"ftstack run: artifacts not stored (local copies kept): {error}", file=sys.stderr)
             return 1
         if where:
             print(f"artifacts stored in {where}", file=sys.stderr)
     else:
-        outputs = run_outputs(stack, cost_report(stack), result)
+        report = price_stack(stack, inputs)
+        outputs = run_outputs(stack, report, result)
     write_outputs(path, outputs)
     print(f"outputs written to {path}", file=sys.stderr)
     if args.json:
@@ -189,7 +213,9 @@ def run(args: argparse.Namespace) -> int:
     if prepare is not None:
         print(prepare.text())
     if result.evaluation is not None:
-        print(evaluation_summary_text(stack, result, cost_stack))
+        cost = report if cost_stack is stack else \
+            price_stack(cost_stack, price_inputs(cost_stack, repo).with_evaluation(result.evaluation))
+        print(evaluation_summary_text(stack, result, cost_stack, cost))
     return 0
 
 
@@ -240,15 +266,15 @@ def interrupted_text(repo: Path, stack: str) -> str:
             f"  stop them:     scancel <job id>")
 
 
-def evaluation_summary_text(stack: StackConfig, result: PipelineRun, cost_stack: StackConfig) -> str:
+def evaluation_summary_text(stack: StackConfig, result: PipelineRun, cost_stack: StackConfig, cost: CostReport
+                            ) -> str:
     """The evaluator's comparison block and the cost-per-chat table with the measured throughput."""
     assert result.evaluation is not None
     eval_job = result.jobs["eval"]
     path = f"{eval_job['results_path']}/{report_name(eval_job['job_id'])}"
     lines = [f"\nEvaluation ({path}), fine-tuned side: {result.evaluation.finetuned_kind}", "comparison:",
              result.evaluation.comparison.model_dump_json(indent=2)]
-    cost = cost_report(cost_stack)
-    measured = measured_scenario(cost.monthly, cost_stack.pricing.chat, result.evaluation)
+    measured = cost.measured_chat
     if measured is None:
         lines.append(f"\nstack {cost_stack.stack!r} has no cloud cost; price cost per chat with --cost-stack demo")
         return "\n".join(lines)

@@ -22,12 +22,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from documents.run_config import RunConfig, parse_run_config
-from documents.throughput import ThroughputMeasurement
 from infra import catalog
 from infra.config import StackConfig
 from infra.cost.model import node_price
 from infra.cost.pricing import PriceBook
-from infra.cost.report import choose_throughput
+from infra.cost.price import PriceInputs, training_throughput
 from infra.model_fit import smallest_placement
 from infra.pipeline.chain import worker_shape
 from workloads.train.model_shapes import KNOWN, ModelShape, UnknownModel, shape_for_source
@@ -120,26 +119,23 @@ def with_method(run: RunConfig, source: str, method: str) -> RunConfig:
     return parse_run_config(data, f"comparison variant {source} {method}")
 
 
-def _kind(basis: str) -> ThroughputKind:
-    if basis.startswith("pricing.training"):
-        return "configured"
-    head = basis.split(":", 1)[0].split(" ", 1)[0]
-    return head if head in ("measured", "borrowed", "estimated") else "unknown"  # type: ignore[return-value]
-
-
-def cost_model_throughput(cfg: StackConfig, run: RunConfig,
-                          measured: ThroughputMeasurement | None = None) -> Throughput:
+def cost_model_throughput(cfg: StackConfig, run: RunConfig, inputs: PriceInputs = PriceInputs()) -> Throughput:
     """Each row's tokens/s as the stack's training-run cost would price that model and method
-    (``infra.cost.report.choose_throughput``): the stack's configured figure and a run it measured count only for
-    the model and method they were set or measured for."""
+    (``infra.cost.price.training_throughput``): the stack's configured figure and the run it measured count only
+    for the model and method they were set or measured for."""
     plain = cfg.model_copy(update={"pricing": cfg.pricing.model_copy(update={
         "training": cfg.pricing.training.model_copy(update={"tokens_per_second_per_gpu": None})})})
+    measured = inputs.training
 
     def figure(source: str, method: str) -> RowThroughput:
         own = (source, method) == (run.model.source, run.train.method)
-        mine = measured if measured is not None and (measured.model, measured.method) == (source, method) else None
-        tps, basis = choose_throughput(cfg if own else plain, with_method(run, source, method), mine, [])
-        return RowThroughput(tokens_per_second_per_gpu=tps, kind=_kind(basis), basis=basis)
+        mine = measured is not None and (measured.model, measured.method) == (source, method)
+        found = training_throughput(cfg if own else plain, with_method(run, source, method),
+                                    inputs if mine else PriceInputs())
+        if found is None:
+            return RowThroughput(tokens_per_second_per_gpu=None, kind="unknown", basis="no figure to price it with")
+        return RowThroughput(tokens_per_second_per_gpu=found.tokens_per_second_per_gpu, kind=found.kind,
+                             basis=found.source())
 
     return figure
 

@@ -76,6 +76,8 @@ class TrainingRun(_Frozen):
     epochs: float
     tokens_per_second_per_gpu: float | None
     throughput_source: str
+    throughput_kind: str = "unknown"
+    """configured, measured, borrowed, estimated or unknown (infra.cost.estimate.TrainingThroughput.kind)."""
     gpus: int
     gpu_hours: float | None
     wall_hours: float | None
@@ -322,14 +324,16 @@ def workers_hourly_usd(cfg: StackConfig, book: PriceBook) -> float:
 
 
 def training_run(tokens: float, epochs: float, tokens_per_second_per_gpu: float | None, throughput_source: str,
-                 gpus: int, workers_usd_per_hour: float | None) -> TrainingRun:
+                 gpus: int, workers_usd_per_hour: float | None, throughput_kind: str = "unknown") -> TrainingRun:
     """Device-hours, wall time and cost of one training run; None where the throughput or devices are unknown,
     and no cost where the workers have no price (an existing cluster)."""
     if tokens_per_second_per_gpu is None or gpus == 0:
         return TrainingRun(tokens=tokens, epochs=epochs, tokens_per_second_per_gpu=tokens_per_second_per_gpu,
-                           throughput_source=throughput_source, gpus=gpus, gpu_hours=None, wall_hours=None, usd=None)
+                           throughput_source=throughput_source, throughput_kind=throughput_kind, gpus=gpus,
+                           gpu_hours=None, wall_hours=None, usd=None)
     gpu_hours = tokens * epochs / tokens_per_second_per_gpu / 3600
     wall = gpu_hours / gpus
     return TrainingRun(tokens=tokens, epochs=epochs, tokens_per_second_per_gpu=tokens_per_second_per_gpu,
-                       throughput_source=throughput_source, gpus=gpus, gpu_hours=gpu_hours, wall_hours=wall,
+                       throughput_source=throughput_source, throughput_kind=throughput_kind, gpus=gpus,
+                       gpu_hours=gpu_hours, wall_hours=wall,
                        usd=wall * workers_usd_per_hour if workers_usd_per_hour is not None else None)

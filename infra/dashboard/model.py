@@ -112,6 +112,8 @@ class DashboardData:
     training: dict[str, float] = field(default_factory=dict)
     training_source: str | None = None
     """which throughput priced the training run, and where it was measured."""
+    training_kind: str | None = None
+    """measured, borrowed, estimated or configured: shown beside the training cost."""
     nodes: list[NodeRow] = field(default_factory=list)
     filesystems: list[FilesystemRow] = field(default_factory=list)
     jobs: list[JobRow] = field(default_factory=list)
@@ -161,7 +163,7 @@ def training_figures(cost: Cost) -> dict[str, float]:
     """The training run's figures that are known (source text aside)."""
     if cost.training is None:
         return {}
-    return {name: float(value) for name, value in cost.training.model_dump(exclude={"throughput_source"}).items()
+    return {name: float(value) for name, value in cost.training.model_dump(exclude={"throughput_source", "throughput_kind"}).items()
             if value is not None}
 
 
@@ -301,6 +303,7 @@ def build(stack: str, outputs: StackOutputs | None, stack_config: Any = None, ru
         data.chats = chat_rows(outputs.cost)
         data.training = training_figures(outputs.cost)
         data.training_source = outputs.cost.training.throughput_source if outputs.cost.training else None
+        data.training_kind = outputs.cost.training.throughput_kind if outputs.cost.training else None
         data.nodes = node_rows(outputs.platform)
         data.filesystems = filesystem_rows(outputs.platform, mount_paths(stack_config))
         data.jobs = job_rows_from_outputs(outputs.pipeline)

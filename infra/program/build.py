@@ -13,8 +13,8 @@ from infra.pipeline.chain import code_hash, pipeline_jobs, placement_for, run_ro
 from infra.pipeline.datasource import fingerprint_source
 from infra.pipeline.transport import LocalTransport
 from infra.pipeline.component import Pipeline, PipelineArgs
-from infra.runs.store import latest_throughput, local_store
-from infra.cost.report import cost_report
+from infra.cost.price import price_stack
+from infra.runs.measured import price_inputs
 from infra.program.kubeconfig import kubeconfig
 from infra.nebius.backups import BackupAccess, BackupAccessArgs
 from infra.nebius.buckets import Buckets, BucketsArgs
@@ -23,14 +23,12 @@ from infra.nebius.filesystems import SharedFilesystems, SharedFilesystemsArgs
 from infra.nebius.layout import Layout, layout
 from infra.nebius.network import Network, NetworkArgs
 from infra.monitoring.access import monitoring_access
-from infra.program.outputs import measured_chat, with_measured_chat
 from infra.soperator.component import Soperator, SoperatorArgs
 from infra.soperator.values import BackupTarget, release_plan
 from infra.program.backends import nebius_s3_endpoint
 from documents.run_config import load_run_config
-from documents.stack_outputs import ChatCost, Filesystem, NodeGroup, StackOutputs, flat_name
+from documents.stack_outputs import ChatCost, Cost, Filesystem, NodeGroup, StackOutputs, flat_name
 from documents.stack_outputs import Platform as PlatformOutputs
-from documents.throughput import ThroughputMeasurement
 
 PIPELINE_KEY_CONFIG = SECRET_KEYS[0]
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -212,27 +210,27 @@ def build_pipeline(cfg: StackConfig, platform: Platform | None) -> Pipeline | No
     ))
 
 
-def stored_throughput(cfg: StackConfig) -> ThroughputMeasurement | None:
-    """The training throughput the newest run of a cluster stack measured, from this machine's artifacts store
-    (where `ftstack run` keeps the runs of local and cluster stacks); a cloud stack's runs are in its bucket."""
-    if cfg.target != "cluster":
-        return None
-    return latest_throughput(local_store(REPO_ROOT), cfg.stack)
+def stack_cost(cfg: StackConfig, pipeline: Pipeline | None) -> Cost:
+    """The cost section, priced with the stack's newest stored measurement; with a pipeline, its chats are priced
+    again with the eval job's generation speed once it reports (the same `price_stack`, inside the Output)."""
+    inputs = price_inputs(cfg, REPO_ROOT)
+    cost = price_stack(cfg, inputs).section()
+    if pipeline is None or not cost.chats:
+        return cost
+    chats = pipeline.evaluation.apply(lambda e: price_stack(cfg, inputs.with_evaluation(e)).section().chats)
+    return cost.model_copy(update={"chats": {
+        name: ChatCost.model_construct(**{field: chats.apply(lambda c, n=name, f=field: getattr(c[n], f))
+                                          for field in ChatCost.model_fields})
+        for name in cost.chats}})
 
 
 def build_stack(cfg: StackConfig) -> StackOutputs:
     """Build every resource of the stack and return its outputs (flattened only when exported)."""
     plan = layout(cfg)
     platform = build_platform(cfg, plan)
-    report = cost_report(cfg, measured=stored_throughput(cfg))
-    cost = report.section()
     pipeline = build_pipeline(cfg, platform)
-    if pipeline is not None and cost.chats:
-        measured = pipeline.evaluation.apply(lambda e: measured_chat(report.monthly, cfg.pricing.chat, e))
-        cost = with_measured_chat(cost, ChatCost.model_construct(
-            **{field: measured.apply(lambda c, f=field: getattr(c, f)) for field in ChatCost.model_fields}))
     return StackOutputs.model_construct(
-        **stack_identity(cfg), cost=cost,
+        **stack_identity(cfg), cost=stack_cost(cfg, pipeline),
         platform=platform_section(cfg, plan, platform) if platform is not None else None,
         monitoring=monitoring_access(cfg),
         pipeline=pipeline.section() if pipeline is not None else None,

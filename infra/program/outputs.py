@@ -9,9 +9,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from documents.evaluator_report import EvaluatorReport
-from documents.stack_outputs import MEASURED, SIDES, ChatCost, Cost, EvalSide, Job, Pipeline
-from infra.cost.model import ChatScenario, MonthlyCost, TrainingRun, chat_scenarios
-from infra.cost.pricing import ChatAssumptions
+from documents.stack_outputs import SIDES, ChatCost, Cost, EvalSide, Job, Pipeline
+from infra.cost.model import ChatScenario, MonthlyCost, TrainingRun
 
 EVAL_FIGURES: dict[str, str] = {
     "perplexity": "perplexity",
@@ -47,32 +46,11 @@ def cost_section(monthly: MonthlyCost, training: TrainingRun | None, chats: Iter
         chats={s.name: chat_cost(s) for s in chats},
         training=None if training is None else {
             "tokens": _round(training.tokens * training.epochs), "gpus": training.gpus,
-            "throughput_source": training.throughput_source,
+            "throughput_source": training.throughput_source, "throughput_kind": training.throughput_kind,
             **{name: _round(value) for name in ("tokens_per_second_per_gpu", "gpu_hours", "wall_hours", "usd")
                if (value := getattr(training, name)) is not None},
         },
     )
-
-
-def measured_scenario(monthly: MonthlyCost, chat: ChatAssumptions, evaluation: EvaluatorReport | None
-                      ) -> ChatScenario | None:
-    """The `measured` scenario: the cluster's cost per chat at the fine-tuned model's generation speed
-    from the eval job's report; None until the eval job reported (or when the stack costs nothing)."""
-    if evaluation is None or monthly.usd_high <= 0 or evaluation.finetuned_model.tokens_per_second <= 0:
-        return None
-    scenarios = chat_scenarios(monthly, chat, evaluation.finetuned_model.tokens_per_second)
-    return next(s for s in scenarios if s.name == MEASURED)
-
-
-def measured_chat(monthly: MonthlyCost, chat: ChatAssumptions, evaluation: EvaluatorReport | None) -> ChatCost:
-    """The `measured` scenario's figures; null until the eval job reported."""
-    scenario = measured_scenario(monthly, chat, evaluation)
-    return chat_cost(scenario) if scenario is not None else ChatCost()
-
-
-def with_measured_chat(cost: Cost, measured: ChatCost) -> Cost:
-    """`cost` with the measured cost-per-chat scenario after the fixed ones (stacks that price chats)."""
-    return cost.model_copy(update={"chats": {**cost.chats, MEASURED: measured}}) if cost.chats else cost
 
 
 def eval_sides(evaluation: EvaluatorReport | None) -> dict[str, EvalSide]:

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from documents.base import DocumentError
 from documents.run_record import RunIndex, read_run_record, write_run_record
 from documents.stack_outputs import StackOutputs, write_stack_outputs
-from documents.throughput import ThroughputMeasurement
+from documents.throughput import ThroughputCheck, ThroughputMeasurement
 from documents.evaluator_report import read_evaluator_report
 from documents.metrics import read_metrics
 from workloads.common.atomic import atomic_file
@@ -320,6 +320,7 @@ def upload_run(
     finished_at: str | None = None,
     outputs: StackOutputs | None = None,
     throughput: ThroughputMeasurement | None = None,
+    throughput_check: ThroughputCheck | None = None,
 ) -> UploadResult:
     """Copy one run's artifacts to `runs/<stack>/<run-id>/` and write its `run.json` index last.
 
@@ -346,7 +347,8 @@ def upload_run(
             failures["outputs.json"] = str(exc)
     if failures:
         raise ArtifactUploadError(store.describe(prefix), failures, uploaded)
-    index = index.model_copy(update={"files": sorted(uploaded), "throughput": throughput})
+    index = index.model_copy(update={"files": sorted(uploaded), "throughput": throughput,
+                                     "throughput_check": throughput_check})
     try:
         store.put_bytes(f"{prefix}/{INDEX_NAME}", write_run_record(index).encode())
     except ArtifactError as exc:

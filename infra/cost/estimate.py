@@ -1,0 +1,172 @@
+"""The training throughput a stack is priced with when it has not measured its own: the nearest measured figure
+scaled from the GPU it was measured on to the stack's GPU (issue 34).
+
+Pure: a run config, a GPU model and the measured figures in; a `TrainingThroughput` with its basis out.
+
+- **measured**: a figure measured by a run on this stack (the caller passes it; never estimated here).
+- **borrowed**: a figure for the same GPU model, model and method measured elsewhere (a bench, another stack).
+- **estimated**: otherwise the nearest figure (same method first, then the closest model size, then the same
+  GPU, then the newest), scaled by ``ratio = gpu x work``:
+
+  * The measured run is classified by the arithmetic intensity of its decoder GEMMs at its micro-batch
+    (``T`` tokens against each ``in x out`` weight, bf16 operands: ``T*in*out / (in*out + T*(in+out))`` FLOP per
+    byte, summed over one block) against its GPU's ridge point (peak dense bf16 FLOP/s over memory bandwidth).
+  * Compute-bound: ``gpu`` is the ratio of peak dense bf16 FLOP/s, ``work`` the ratio of FLOPs per token
+    (``2 x params`` per forward; backward twice that for the inputs only, the base being frozen; one more
+    forward with activation recomputation), measured plan over the stack's plan.
+  * Memory-bound: ``gpu`` is the ratio of memory bandwidth, ``work`` the ratio of weight bytes read per token
+    (passes x bf16 weights / micro-batch tokens).
+
+  The micro-batch and recomputation are the ones the run recorded, else `plan_batches` on that GPU's memory
+  (what `auto` sizing chooses); the stack's side is always `plan_batches` on its GPU's memory.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from infra import catalog
+from documents.run_config import RunConfig
+from documents.throughput import ThroughputMeasurement
+from workloads.train.model_shapes import ModelShape, UnknownModel, shape_for_source
+from workloads.train.sizing import DoesNotFit, plan_batches
+
+Kind = Literal["configured", "measured", "borrowed", "estimated"]
+Bound = Literal["compute", "memory"]
+
+
+class Plan(BaseModel):
+    """What one side of the scaling trains with per GPU."""
+
+    model_config = ConfigDict(frozen=True)
+
+    gpu_model: str
+    shape: ModelShape
+    micro_batch_tokens: int
+    recompute: bool
+
+    @property
+    def passes(self) -> int:
+        """Forward-sized passes over the weights per micro-batch: forward, backward (input gradients), and
+        the recomputed forward."""
+        return 3 if self.recompute else 2
+
+    def flops_per_token(self) -> float:
+        return 2.0 * (self.shape.linear_params + self.shape.vocab * self.shape.hidden) * self.passes
+
+    def weight_bytes_per_token(self) -> float:
+        return 2.0 * self.shape.linear_params * self.passes / self.micro_batch_tokens
+
+    def intensity(self) -> float:
+        """FLOP per byte of the block's linear layers at this micro-batch (bf16 weights, inputs and outputs)."""
+        t = self.micro_batch_tokens
+        linears = self.shape.linears().values()
+        return sum(t * i * o for i, o in linears) / sum(i * o + t * (i + o) for i, o in linears)
+
+
+class TrainingThroughput(BaseModel):
+    """Training tokens per second per GPU a run is priced with, and what the figure rests on."""
+
+    model_config = ConfigDict(frozen=True)
+
+    tokens_per_second_per_gpu: float
+    kind: Kind
+    basis: ThroughputMeasurement | None = None
+    """the measured figure it is (measured, borrowed) or was scaled from (estimated)."""
+    ratio: float = 1.0
+    bound: Bound | None = None
+    """whether the basis run was compute- or memory-bound (estimated only)."""
+    scaling: str = ""
+    """how the ratio was made up (estimated only)."""
+    read_from: str | None = None
+    """the store the measured figure was read from (measured only)."""
+
+    def source(self) -> str:
+        """The source line of the training-run cost."""
+        if self.kind == "configured":
+            return "pricing.training.tokensPerSecondPerGpu"
+        assert self.basis is not None
+        if self.kind == "estimated":
+            return (f"estimated from {self.basis.gpu_model} {self.basis.date}, scaled by {self.ratio:.3g} "
+                    f"({self.scaling}): {self.basis.describe()}")
+        where = f"; read from {self.read_from}" if self.read_from else ""
+        return f"{self.kind}: {self.basis.describe()}{where}"
+
+
+def _plan(run: RunConfig, shape: ModelShape, gpu_model: str, recorded: ThroughputMeasurement | None = None) -> Plan:
+    if recorded is not None and recorded.micro_batch_tokens and recorded.gradient_checkpointing is not None:
+        return Plan(gpu_model=gpu_model, shape=shape, micro_batch_tokens=recorded.micro_batch_tokens,
+                    recompute=recorded.gradient_checkpointing)
+    batches = plan_batches(run, shape, catalog.gpu_memory_gib(gpu_model))
+    return Plan(gpu_model=gpu_model, shape=shape, micro_batch_tokens=batches.micro_batch_tokens,
+                recompute=batches.gradient_checkpointing)
+
+
+def _shape(source: str) -> ModelShape | None:
+    try:
+        return shape_for_source(source)
+    except UnknownModel:
+        return None
+
+
+def _usable(figure: ThroughputMeasurement) -> bool:
+    return figure.device_kind == "gpu" and figure.gpu_model in catalog.GPU_PEAKS
+
+
+def scale(figure: ThroughputMeasurement, source: Plan, target: Plan) -> TrainingThroughput:
+    """`figure` (measured with `source`'s plan) scaled to `target`'s GPU, model and plan."""
+    src, dst = catalog.gpu_peaks(source.gpu_model), catalog.gpu_peaks(target.gpu_model)
+    bound: Bound = "compute" if source.intensity() >= src.ridge_flop_per_byte else "memory"
+    if bound == "compute":
+        gpu = dst.bf16_dense_tflops / src.bf16_dense_tflops
+        work = source.flops_per_token() / target.flops_per_token()
+        parts = f"{dst.bf16_dense_tflops:g}/{src.bf16_dense_tflops:g} dense bf16 TFLOP/s"
+    else:
+        gpu = dst.memory_tb_per_s / src.memory_tb_per_s
+        work = source.weight_bytes_per_token() / target.weight_bytes_per_token()
+        parts = f"{dst.memory_tb_per_s:g}/{src.memory_tb_per_s:g} TB/s"
+    scaling = (f"{bound}-bound at {source.intensity():,.0f} FLOP/byte against a ridge of "
+               f"{src.ridge_flop_per_byte:,.0f}: {parts}" + (f" x work per token {work:.3g}" if work != 1 else ""))
+    ratio = gpu * work
+    return TrainingThroughput(tokens_per_second_per_gpu=figure.tokens_per_second_per_device * ratio,
+                              kind="estimated", basis=figure, ratio=ratio, bound=bound, scaling=scaling)
+
+
+def estimate_throughput(run: RunConfig, gpu_model: str, figures: Sequence[ThroughputMeasurement],
+                        stack: str | None = None) -> TrainingThroughput | None:
+    """Training tokens/s per GPU for `run` on `gpu_model` from measured `figures` (benches, stored runs):
+    measured (a run of `stack` on that GPU, model and method), borrowed (the same measured elsewhere) or
+    estimated (the nearest figure scaled by the two GPUs' peaks); None when no figure or shape allows it."""
+    if run.train is None:
+        return None
+    model, method = run.model.source, run.train.method
+    usable = [f for f in figures if _usable(f)]
+    same = [f for f in usable if (f.gpu_model, f.model, f.method) == (gpu_model, model, method)]
+    if same:
+        own = [f for f in same if stack is not None and f.origin == "run" and f.stack == stack]
+        newest = max(own or same, key=lambda f: f.date)
+        return TrainingThroughput(tokens_per_second_per_gpu=newest.tokens_per_second_per_device,
+                                  kind="measured" if own else "borrowed", basis=newest)
+    shape = _shape(model)
+    if shape is None or gpu_model not in catalog.GPU_PEAKS:
+        return None
+    shaped = [(f, s) for f in usable if (s := _shape(f.model)) is not None]
+    if not shaped:
+        return None
+    newest_first = sorted(shaped, key=lambda fs: fs[0].date, reverse=True)
+    figure, figure_shape = min(newest_first, key=lambda fs: (
+        fs[0].method != method, abs(math.log(fs[1].params / shape.params)), fs[0].gpu_model != gpu_model))
+    try:
+        target = _plan(run, shape, gpu_model)
+        source = _plan(run, figure_shape, figure.gpu_model, figure)
+    except DoesNotFit:
+        return None
+    scaled = scale(figure, source, target)
+    if figure.method != method or figure.model != model:
+        also = f"; a {figure.method} figure of {figure.model} for {method} of {model}"
+        scaled = scaled.model_copy(update={"scaling": scaled.scaling + also})
+    return scaled

@@ -1,0 +1,137 @@
+"""The one price path: `price_stack` prices a stack from its config and what its runs measured (training
+throughput, the fine-tuned model's generation speed, the data size). The Pulumi program, `ftstack run`,
+`ftstack plan`, `ftstack report` and the policy pack all call it, and nothing else calls the pieces of the cost
+model (`infra.cost.model`) or the throughput estimator (`infra.cost.estimate`).
+
+The training throughput, in this order: the stack's pricing.training.tokensPerSecondPerGpu; the newest run
+measured on this stack (`PriceInputs.training`, read from the local store or the stack's artifacts bucket by
+`infra.runs.measured.stack_measurement`); a figure for the same GPU model, model and method measured elsewhere
+(borrowed); else the estimate from the nearest measured figure (`infra.cost.estimate`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from infra.config import StackConfig
+from infra.cost.estimate import TrainingThroughput, estimate_throughput
+from infra.cost.model import (
+    ChatScenario,
+    MonthlyCost,
+    TrainingRun,
+    chat_scenarios,
+    monthly_cost,
+    training_run,
+    workers_hourly_usd,
+)
+from infra.cost.pricing import PriceBook
+from infra.cost.training import REPO_ROOT, load_run, passes, stack_gpu_model, training_devices, training_tokens
+from documents.evaluator_report import EvaluatorReport
+from documents.prepare_summary import PrepareSummary
+from documents.run_config import RunConfig
+from documents.stack_outputs import MEASURED, ChatCost, Cost
+from documents.throughput import ThroughputMeasurement, bench_throughputs
+from infra.program.outputs import chat_cost, cost_section
+
+
+class PriceInputs(BaseModel):
+    """What a stack's price depends on beyond its config: what runs on it measured."""
+
+    model_config = ConfigDict(frozen=True)
+
+    training: ThroughputMeasurement | None = None
+    """the newest training throughput a run on this stack measured."""
+    training_read_from: str | None = None
+    """the store `training` was read from (named in the source line)."""
+    training_note: str | None = None
+    """why no stored run was read (e.g. a bucket without credentials here)."""
+    generation_tokens_per_second: float | None = None
+    """the fine-tuned model's generation speed the eval job measured (the `measured` cost-per-chat scenario)."""
+    prepared: PrepareSummary | None = None
+    """the run's prepare summary (the data size the training run is priced on)."""
+
+    def with_evaluation(self, evaluation: EvaluatorReport | None) -> PriceInputs:
+        """These inputs with the generation speed of the eval job's report (none before it reported)."""
+        speed = evaluation.finetuned_model.tokens_per_second if evaluation is not None else 0
+        return self.model_copy(update={"generation_tokens_per_second": speed if speed > 0 else None})
+
+
+class CostReport(BaseModel):
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    monthly: MonthlyCost
+    training: TrainingRun | None
+    throughput: TrainingThroughput | None
+    chats: list[ChatScenario]
+    measured_chat: ChatScenario | None
+    notes: list[str]
+
+    def section(self) -> Cost:
+        """The cost part of the stack outputs; stacks that price chats list the `measured` scenario after the
+        fixed ones, null until an eval job measured the generation speed."""
+        cost = cost_section(self.monthly, self.training, self.chats)
+        if not cost.chats:
+            return cost
+        measured = chat_cost(self.measured_chat) if self.measured_chat is not None else ChatCost()
+        return cost.model_copy(update={"chats": {**cost.chats, MEASURED: measured}})
+
+
+def training_throughput(cfg: StackConfig, run: RunConfig, inputs: PriceInputs) -> TrainingThroughput | None:
+    """The throughput the training run is priced with, and its basis (see the module docstring)."""
+    if cfg.pricing.training.tokens_per_second_per_gpu is not None:
+        return TrainingThroughput(tokens_per_second_per_gpu=cfg.pricing.training.tokens_per_second_per_gpu,
+                                  kind="configured")
+    if inputs.training is not None:
+        return TrainingThroughput(tokens_per_second_per_gpu=inputs.training.tokens_per_second_per_device,
+                                  kind="measured", basis=inputs.training, read_from=inputs.training_read_from)
+    gpu = stack_gpu_model(cfg)
+    return estimate_throughput(run, gpu, bench_throughputs(), cfg.stack) if gpu else None
+
+
+def training_estimate(cfg: StackConfig, run: RunConfig | None, book: PriceBook, inputs: PriceInputs,
+                      notes: list[str]) -> tuple[TrainingRun | None, TrainingThroughput | None]:
+    """The training run's tokens, passes, GPU hours and price, and the throughput it is priced with."""
+    if run is None:
+        notes.append(f"training run: run config {cfg.pipeline.run_config} not found here")
+        return None, None
+    size = training_tokens(cfg, run, inputs.prepared, notes)
+    if size is None:
+        return None, None
+    tokens, rows = size
+    gpus = training_devices(cfg, inputs.training)
+    epochs = passes(run.train, tokens, rows, gpus, run.max_length, notes)
+    throughput = training_throughput(cfg, run, inputs)
+    if throughput is None:
+        notes.append("training run: no throughput (set pricing.training.tokensPerSecondPerGpu or run training once)")
+    elif throughput.kind in ("borrowed", "estimated"):
+        notes.append(f"training run: stack {cfg.stack!r} has no throughput measured by a run of its own; priced "
+                     f"with the {throughput.kind} figure above")
+    hourly = None
+    if cfg.target == "nebius":
+        hourly = workers_hourly_usd(cfg, book)
+    else:
+        notes.append("training run: an existing cluster has no price here; hours only")
+    priced = training_run(tokens, epochs, throughput.tokens_per_second_per_gpu if throughput else None,
+                          throughput.source() if throughput else "unknown", gpus, hourly,
+                          throughput_kind=throughput.kind if throughput else "unknown")
+    return priced, throughput
+
+
+def price_stack(cfg: StackConfig, inputs: PriceInputs = PriceInputs(), root: Path = REPO_ROOT) -> CostReport:
+    """Monthly TCO, the training run's cost and the cost-per-chat scenarios of a stack, from its config and what
+    its runs measured (`inputs`)."""
+    book = PriceBook(cfg.pricing.overrides)
+    monthly = monthly_cost(cfg, cfg.pricing, book)
+    notes = [f"{line.label}: {line.note}" for line in monthly.lines if line.note]
+    if inputs.training_note:
+        notes.append(f"training throughput: {inputs.training_note}")
+    training, throughput = (training_estimate(cfg, load_run(cfg, root), book, inputs, notes)
+                            if cfg.target != "local" else (None, None))
+    scenarios = chat_scenarios(monthly, cfg.pricing.chat, inputs.generation_tokens_per_second) \
+        if monthly.usd_high > 0 else []
+    chats = [s for s in scenarios if s.name != MEASURED]
+    measured = next((s for s in scenarios if s.name == MEASURED), None)
+    return CostReport(monthly=monthly, training=training, throughput=throughput, chats=chats,
+                      measured_chat=measured, notes=notes)

@@ -1,0 +1,112 @@
+"""The size of a stack's training run: its run config, the tokens it trains on, the passes it makes over them and
+the GPUs it spreads over. Read by `infra.cost.price.price_stack` only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from infra import catalog
+from infra.config import StackConfig
+from infra.pipeline.chain import worker_shape
+from documents.prepare_summary import PrepareSummary
+from documents.run_config import RunConfig
+from documents.throughput import ThroughputMeasurement
+from workloads.train.batch_choice import planned_batching
+from workloads.train.config import TrainConfig
+
+REPO_ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def load_run(cfg: StackConfig, root: Path = REPO_ROOT) -> RunConfig | None:
+    """The stack's run config, or None where it is not readable here."""
+    from documents.run_config import load_run_config
+
+    path = Path(cfg.pipeline.run_config)
+    path = path if path.is_absolute() else root / path
+    return load_run_config(path) if path.is_file() else None
+
+
+def tokenized_tokens(tokenized_dir: Path) -> int | None:
+    """Sum of the ``length`` column of a ``datasets.save_to_disk`` folder, read with pyarrow."""
+    import pyarrow as pa
+
+    files = sorted(tokenized_dir.glob("*.arrow")) if tokenized_dir.is_dir() else []
+    if not files:
+        return None
+    total = 0
+    for file in files:
+        with pa.memory_map(str(file)) as source:
+            table = pa.ipc.open_stream(source).read_all()
+        if "length" not in table.column_names:
+            return None
+        total += int(pa.compute.sum(table["length"]).as_py() or 0)
+    return total
+
+
+def step_tokens(train: TrainConfig, gpus: int, tokens_per_row: float, max_length: int) -> float:
+    """Tokens one optimizer step takes in: gradient accumulation x data-parallel ranks (one per GPU) x a
+    micro-batch (packed, and `auto` before the data decides: micro_batch_size x max_length tokens at most;
+    padded: micro_batch_size rows)."""
+    packed = planned_batching(train.batching) == "packed"
+    micro = train.micro_batch_size * (max_length if packed else tokens_per_row)
+    return train.gradient_accumulation_steps * max(gpus, 1) * micro
+
+
+def passes(train: TrainConfig | None, tokens: float, rows: float | None, gpus: int, max_length: int,
+           notes: list[str]) -> float:
+    """Passes over the data the run makes: `epochs`, or as far as `max_steps` reaches when it is set (the
+    trainer stops at max_steps, inside the first epoch or after several)."""
+    if train is None:
+        return 1.0
+    if train.max_steps is None:
+        return float(train.epochs)
+    per_step = step_tokens(train, gpus, tokens / rows if rows else max_length, max_length)
+    epochs = train.max_steps * per_step / tokens
+    notes.append(f"training run: max_steps {train.max_steps} x {per_step:,.0f} tokens/step = {epochs:.3g} "
+                 f"passes over {tokens:,.0f} tokens")
+    return epochs
+
+
+def stack_gpu_model(cfg: StackConfig) -> str | None:
+    """The catalog GPU model of the stack's workers (None for CPU workers or a stack without nodes)."""
+    if cfg.nodes is None:
+        return None
+    return next((g for g in (catalog.get_platform(w.platform).gpu_model for w in cfg.nodes.workers) if g), None)
+
+
+def training_devices(cfg: StackConfig, measured: ThroughputMeasurement | None) -> int:
+    """GPUs the train job spreads over (`worker_shape`, what its sbatch asks for); on workers without GPUs
+    (an existing CPU cluster), the ranks the measured run had."""
+    nodes, gpus_per_node = worker_shape(cfg)
+    return nodes * gpus_per_node or (measured.devices if measured is not None else 0)
+
+
+def prepared_tokens(prepared: PrepareSummary | None) -> tuple[int, int] | None:
+    """Train rows and tokens the run's prepare stage kept (its prepare.json), when it recorded the mean length."""
+    side = prepared.tokenized.get("train") if prepared is not None else None
+    if side is None or side.mean_tokens is None:
+        return None
+    return side.rows_kept, round(side.rows_kept * side.mean_tokens)
+
+
+def training_tokens(cfg: StackConfig, run: RunConfig, prepared: PrepareSummary | None,
+                    notes: list[str]) -> tuple[float, float | None] | None:
+    """(tokens, train rows) of one pass over the data: the run's prepare summary (fetched with the run), else the
+    tokenized train split where this machine finds it, else data.rows x tokens per row; None when unknown."""
+    rows: float | None = run.data.rows * run.data.split_ratio if run.data.rows is not None else None
+    kept = prepared_tokens(prepared)
+    if kept is not None:
+        rows, tokens = kept
+        notes.append(f"training tokens: {tokens:,} in {rows:,} train rows, from the run's prepare summary")
+        return tokens, rows
+    found = tokenized_tokens(run.locate().train_dataset_dir)
+    if found is not None:
+        return found, rows
+    if rows is None:
+        notes.append("training run: dataset size unknown (no tokenized dataset here and data.rows unset)")
+        return None
+    per_row = cfg.pricing.training.avg_tokens_per_row or run.data.max_length
+    basis = "tokens/row from pricing.training.avgTokensPerRow" if cfg.pricing.training.avg_tokens_per_row \
+        else "data.max_length tokens/row (upper bound)"
+    notes.append(f"training tokens: {rows:g} train rows x {per_row:g} ({basis})")
+    return rows * per_row, rows

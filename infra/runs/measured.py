@@ -1,0 +1,73 @@
+"""The newest training throughput measured on a stack, read where its runs are stored: this machine's store for
+the local and `cluster` stacks, the stack's artifacts bucket for a Nebius stack (what `pulumi up`, `ftstack plan`
+and `ftstack report` price with; `ftstack run` prices a run it just measured the same way)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from infra.config import StackConfig
+from infra.cost.price import PriceInputs
+from infra.runs.store import ARTIFACTS_BUCKET_ENV, RUNS_PREFIX, ArtifactError, ArtifactStore, latest_throughput, \
+    store_for_stack
+from documents.throughput import ThroughputMeasurement
+
+CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+
+
+@dataclass(frozen=True)
+class StackMeasurement:
+    """The figure (None when no stored run measured one), the store it was read from, or why none was read."""
+
+    figure: ThroughputMeasurement | None
+    read_from: str | None
+    note: str | None = None
+
+
+def runs_of(store: ArtifactStore, stack: str) -> str:
+    """How the source line names where a stack's runs are stored."""
+    return store.describe(f"{RUNS_PREFIX}/{stack}/")
+
+
+def artifacts_bucket(cfg: StackConfig) -> str | None:
+    """The bucket a Nebius stack's runs are stored in: FTSTACK_ARTIFACTS_BUCKET, else the stack's own artifacts
+    bucket (`<cluster>-artifacts`, infra/nebius/buckets.py) when it has one."""
+    if os.environ.get(ARTIFACTS_BUCKET_ENV):
+        return os.environ[ARTIFACTS_BUCKET_ENV]
+    if cfg.buckets is not None and cfg.buckets.artifacts.enabled:
+        return f"{cfg.cluster_name}-artifacts"
+    return None
+
+
+def stack_store(cfg: StackConfig, root: Path) -> tuple[ArtifactStore | None, str | None]:
+    """The store of the stack's runs, or None and why it cannot be read from here (a Nebius stack without a
+    bucket or without object-storage credentials in the environment)."""
+    if cfg.target != "nebius":
+        return store_for_stack(cfg, root), None
+    bucket = artifacts_bucket(cfg)
+    if bucket is None:
+        return None, "no artifacts bucket on this stack"
+    if not all(os.environ.get(name) for name in CREDENTIAL_ENV):
+        return None, f"artifacts bucket {bucket} not read: set {' and '.join(CREDENTIAL_ENV)}"
+    return store_for_stack(cfg, root, bucket=bucket), None
+
+
+def stack_measurement(cfg: StackConfig, root: Path) -> StackMeasurement:
+    """The training throughput the newest stored run of the stack measured."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    store, why = stack_store(cfg, root)
+    if store is None:
+        return StackMeasurement(None, None, why)
+    try:
+        return StackMeasurement(latest_throughput(store, cfg.stack), runs_of(store, cfg.stack))
+    except (ArtifactError, BotoCoreError, ClientError) as error:
+        return StackMeasurement(None, None, f"runs not read from {runs_of(store, cfg.stack)}: {error}")
+
+
+def price_inputs(cfg: StackConfig, root: Path) -> PriceInputs:
+    """What `price_stack` needs from the stack's stored runs (before a run of this command measured anything)."""
+    found = stack_measurement(cfg, root)
+    return PriceInputs(training=found.figure, training_read_from=found.read_from, training_note=found.note)
