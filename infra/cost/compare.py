@@ -48,6 +48,11 @@ class RowThroughput(BaseModel):
     tokens_per_second_per_gpu: float | None
     kind: ThroughputKind
     basis: str
+    """the training-run cost's source line for this model and method."""
+    figure: str | None = None
+    """the measured figure it is or was scaled from."""
+    ratio: float | None = None
+    """estimated: the scale applied to that figure."""
 
     @property
     def estimated(self) -> bool:
@@ -135,7 +140,8 @@ def cost_model_throughput(cfg: StackConfig, run: RunConfig, inputs: PriceInputs 
         if found is None:
             return RowThroughput(tokens_per_second_per_gpu=None, kind="unknown", basis="no figure to price it with")
         return RowThroughput(tokens_per_second_per_gpu=found.tokens_per_second_per_gpu, kind=found.kind,
-                             basis=found.source())
+                             basis=found.source(), figure=found.basis.describe() if found.basis else None,
+                             ratio=found.ratio if found.kind == "estimated" else None)
 
     return figure
 
@@ -211,6 +217,10 @@ def _on_stack(row: CompareRow, gpus_per_node: int) -> str:
     return "yes" if row.fits_stack else f"no: {math.ceil(row.gpus_needed / gpus_per_node)} nodes"
 
 
+def _source(t: RowThroughput) -> str:
+    return f"{t.kind} x{t.ratio:.3g}" if t.ratio is not None else t.kind
+
+
 def _usd(value: float | None) -> str:
     return "-" if value is None else f"${value:,.0f}"
 
@@ -231,12 +241,14 @@ def render_comparison(c: Comparison) -> str:
             _num(r.gpus_needed, "d"), _num(r.per_gpu_gib, ".1f"),
             _on_stack(r, c.gpus_per_node),
             _num(r.throughput.tokens_per_second_per_gpu, ",.0f") + mark, _num(r.gpu_hours, ",.1f"),
-            _num(r.wall_hours, ",.1f"), _usd(r.usd_on_demand), _usd(r.usd_preemptible), r.throughput.kind,
+            _num(r.wall_hours, ",.1f"), _usd(r.usd_on_demand), _usd(r.usd_preemptible), _source(r.throughput),
         ))
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     lines = [head] + ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in table]
-    lines += [f"  {basis}" for basis in sorted({r.throughput.basis for r in c.rows if r.throughput.kind != "unknown"})]
-    lines.append("  * estimated: not measured on this GPU model, model and method")
+    figures = sorted({r.throughput.figure for r in c.rows if r.throughput.figure})
+    lines += [f"  figure: {figure}" for figure in figures]
+    lines.append("  * estimated: not measured on this GPU model, model and method; the figure scaled by the GPUs' "
+                 "peaks and the work per token (infra/cost/estimate.py; each row's scaling in --json)")
     lines += [f"note: {n}" for n in c.notes]
     return "\n".join(lines)
 
@@ -252,6 +264,8 @@ def plot_comparison(c: Comparison, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import FuncFormatter
 
     from workloads.common.atomic import atomic_file
 
@@ -261,7 +275,6 @@ def plot_comparison(c: Comparison, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(9, 4.5), dpi=110)
     width = 0.8 / len(METHODS)
     for i, method in enumerate(METHODS):
-        ax.bar([], [], width, color=f"C{i}", label=method)
         for j, model in enumerate(models):
             row = next(r for r in c.rows if r.model == model and r.method == method)
             if row.usd_on_demand is not None:
@@ -269,11 +282,15 @@ def plot_comparison(c: Comparison, path: Path) -> None:
                        alpha=1.0 if row.fits_stack else 0.35, hatch="//" if row.throughput.estimated else None)
     ax.set_xticks(range(len(models)), [m.removeprefix("hub:").split("/")[-1] for m in models])
     ax.set_yscale("log")
-    ax.set_ylabel("training-run cost on demand, USD")
-    ax.set_title(f"{c.stack}: {c.gpu_model}, {c.tokens * c.passes:,.0f} tokens (hatched: estimated tokens/s; "
-                 "pale: more GPUs than the stack)", fontsize=9)
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"${value:,.0f}"))
+    ax.yaxis.set_minor_formatter(FuncFormatter(lambda value, _: f"${value:,.0f}"))
+    ax.set_ylabel("training-run cost on demand")
+    ax.set_title(f"{c.stack}: {c.gpu_model}, {c.tokens * c.passes:,.0f} training tokens", fontsize=10)
     ax.grid(axis="y", alpha=0.3)
-    ax.legend()
+    handles = [Patch(color=f"C{i}", label=method) for i, method in enumerate(METHODS)]
+    handles += [Patch(facecolor="white", edgecolor="black", hatch="//", label="tokens/s estimated"),
+                Patch(color="grey", alpha=0.35, label="more GPUs than the stack has")]
+    ax.legend(handles=handles, fontsize=8)
     fig.tight_layout()
     with atomic_file(path) as tmp:
         fig.savefig(tmp, format=path.suffix.lstrip(".") or "png")
