@@ -5,6 +5,7 @@ intermediate 28,672, vocab 128,256, untied), not read from the code."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -106,7 +107,9 @@ def test_ftstack_plan_with_another_run_config_prints_the_placement_and_prices_it
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"Training placement of {LLAMA70} (lora, parallelism auto):" in proc.stdout
     assert "worker set worker (2 x 8 NVIDIA H100 SXM, 80 GiB each): fsdp over 16 GPUs" in proc.stdout
-    assert "Training run: 92,160,000 tokens" in proc.stdout  # 50,000 rows x 0.9 train x 2,048 tokens
+    # 50,000 rows x 0.9 train x 2,048 tokens, priced with the estimated throughput
+    assert re.search(r"Training run \(estimated\): 92,160,000 tokens at [\d.,]+ tokens/s/GPU .* on 16 GPUs, \$[\d,.]+\n",
+                     proc.stdout), proc.stdout[-4000:]
     assert "[pass] model-fits-gpu" in proc.stdout
     outside = _ftstack("--stack", "h100", "--run-config", "stacks/Pulumi.h100.yaml")
     assert outside.returncode == 2 and "outside workloads/" in outside.stderr
