@@ -86,12 +86,6 @@ def bench_throughputs(path: Path = DATA) -> tuple[ThroughputMeasurement, ...]:
         raise DocumentError(f"{path}: invalid training throughput data ({describe(error)})") from None
 
 
-def bench_throughput(gpu_model: str, model: str, method: str) -> ThroughputMeasurement | None:
-    """The newest bench figure for this GPU model, model and method, if one was measured."""
-    found = [m for m in bench_throughputs() if (m.gpu_model, m.model, m.method) == (gpu_model, model, method)]
-    return max(found, key=lambda m: m.date) if found else None
-
-
 def run_tokens_per_second(records: list[MetricsRecord], job_id: str | None = None) -> float | None:
     """Real tokens per second over every rank for a whole run: logged tokens over logged time (each record
     covers `tokens` at `tokens_per_second` since the one before), only the records of `job_id` when given."""

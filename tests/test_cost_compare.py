@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from documents.throughput import bench_throughput
+from documents.throughput import bench_throughputs
 from infra.config import load_stack_config
 from infra.cost.compare import METHODS, compare, cost_model_throughput, plot_comparison, render_comparison
 from infra.cost.pricing import PriceBook
@@ -20,6 +20,8 @@ from infra.cost.training import load_run
 
 ROOT = Path(__file__).resolve().parent.parent
 LLAMA70_LORA = "workloads/configs/h100-llama-3.1-70b-lora.json"
+BENCH_H100_QWEN14_QLORA = next(f for f in bench_throughputs() if (f.gpu_model, f.model, f.method) ==
+                               ("NVIDIA H100 SXM", "hub:Qwen/Qwen3-14B", "qlora"))
 
 
 def _stack(name: str, run_config: str | None = None, **training):
@@ -48,7 +50,7 @@ def test_h100_row_of_the_measured_model_matches_a_hand_computation():
     measured at the bench's figure, so 92,160,000 / tps / 3,600 GPU-hours at $2.95 an H100-hour on demand and
     $1.25 preemptible (infra/cost/pricing.py's H100 source), over the stack's 16 GPUs."""
     c = _compare(_stack("h100", LLAMA70_LORA))
-    tps = bench_throughput("NVIDIA H100 SXM", "hub:Qwen/Qwen3-14B", "qlora").tokens_per_second_per_device
+    tps = BENCH_H100_QWEN14_QLORA.tokens_per_second_per_device
     gpu_hours = 92_160_000 / tps / 3600
     row = _row(c, "hub:Qwen/Qwen3-14B", "qlora")
     assert (c.tokens, c.passes, c.stack_gpus, c.gpus_per_node) == (92_160_000, 1, 16, 8)
@@ -87,7 +89,7 @@ def test_demo_table_renders_with_the_l40s_price_and_an_estimated_throughput():
     per_gpu_hour = (2 * 1.35 + 64 * 0.01 + 384 * 0.0032) / 2
     assert c.usd_per_gpu_hour == pytest.approx(per_gpu_hour)
     row = _row(c, "hub:Qwen/Qwen3-14B", "qlora")
-    tps = bench_throughput("NVIDIA H100 SXM", "hub:Qwen/Qwen3-14B", "qlora").tokens_per_second_per_device
+    tps = BENCH_H100_QWEN14_QLORA.tokens_per_second_per_device
     assert row.throughput.kind == "estimated" and row.throughput.ratio == pytest.approx(362.05 / 989.4)
     assert row.throughput.tokens_per_second_per_gpu == pytest.approx(tps * 362.05 / 989.4)
     assert row.usd_on_demand == pytest.approx(92_160_000 / (tps * 362.05 / 989.4) / 3600 * per_gpu_hour)

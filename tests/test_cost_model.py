@@ -232,7 +232,7 @@ def test_training_cost_uses_the_throughput_measured_for_the_gpu_model(tmp_path):
     """h100 stack with a QLoRA run of Qwen3-14B and no throughput of its own: the H100 benchmark figure
     (documents/training_throughput.json) prices the run, borrowed; a run of its own prices it once stored;
     unquantized LoRA has no figure of its method and is estimated from the QLoRA one (same GPU: ratio 1)."""
-    from documents.throughput import bench_throughput
+    from documents.throughput import bench_throughputs
 
     cfg = load_stack_config("h100")
     run = load_run(cfg)
@@ -240,8 +240,9 @@ def test_training_cost_uses_the_throughput_measured_for_the_gpu_model(tmp_path):
     data["paths"] = {"root": str(tmp_path)}
     data["data"]["rows"] = 10_000  # no tokenized data here: the size comes from the row count
     qlora = type(run).model_validate({**data, "train": {**data["train"], "method": "qlora", "quantization": "4bit"}})
-    figure = bench_throughput("NVIDIA H100 SXM", "hub:Qwen/Qwen3-14B", "qlora")
-    assert figure is not None and figure.date and figure.source
+    figure = next(f for f in bench_throughputs() if (f.gpu_model, f.model, f.method) ==
+                  ("NVIDIA H100 SXM", "hub:Qwen/Qwen3-14B", "qlora"))
+    assert figure.date and figure.source
     notes: list[str] = []
     book = PriceBook(cfg.pricing.overrides)
     estimate, _ = training_estimate(cfg, qlora, book, PriceInputs(), notes)
