@@ -207,6 +207,8 @@ class RunPaths(BaseModel):
     train_run_dir: Path
     """train.output_dir, else <output_dir>/<name>: metrics.jsonl, run_manifest.json, loss.png, adapter/, merged/."""
     adapter_dir: Path
+    full_model_dir: Path
+    """what a full fine-tune saves (a transformers model folder); the export stage copies it to merged_dir."""
     merged_dir: Path
     results_dir: Path
     """evaluator and readiness reports, job logs."""
@@ -246,6 +248,7 @@ def run_paths(run: RunConfig, root: Path) -> RunPaths:
         checkpoints_dir=override(train and train.checkpoint_dir, _resolve(root, run.paths.checkpoint_dir) / run.name),
         train_run_dir=train_run_dir,
         adapter_dir=train_run_dir / "adapter",
+        full_model_dir=train_run_dir / "model",
         merged_dir=train_run_dir / "merged",
         results_dir=_resolve(root, run.paths.results_dir),
     )

@@ -95,6 +95,9 @@ class RunManifest(_Document):
     batching: BatchingDecision | None = None
     """packed or grouped micro-batches, and under `auto` the figures the choice was made from
     (workloads/train/batch_choice.py); absent in manifests written before it was recorded."""
+    parameter_bytes: dict[str, int] | None = None
+    """bytes of the frozen and trainable parameters rank 0 held when training started, measured from its tensors
+    (under FSDP the local shards)."""
     parallelism: ParallelismPlan | None = None
     """ddp or fsdp, why, and the per-rank memory estimate by part (workloads/train/parallelism.py); absent in
     manifests written before it was recorded."""

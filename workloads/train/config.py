@@ -161,6 +161,7 @@ class TrainPaths:
     eval_dataset_dir: Path | None
     run_dir: Path
     adapter_dir: Path
+    full_model_dir: Path
     checkpoint_dir: Path
 
 
@@ -174,6 +175,7 @@ def train_paths(run: RunConfig) -> TrainPaths:
         eval_dataset_dir=eval_dir if run.train.eval_steps and eval_dir.exists() else None,
         run_dir=paths.train_run_dir,
         adapter_dir=paths.adapter_dir,
+        full_model_dir=paths.full_model_dir,
         checkpoint_dir=paths.checkpoints_dir,
     )
 
@@ -208,12 +210,19 @@ def detect_precision(precision: Precision) -> Literal["bf16", "fp16", "fp32"]:
     return resolve_precision(precision, cuda, cuda and torch.cuda.is_bf16_supported())
 
 
+FSDP_CONFIG = {"version": 2, "state_dict_type": "SHARDED_STATE_DICT", "reshard_after_forward": True,
+               "auto_wrap_policy": "NO_WRAP"}
+"""FSDP2 through accelerate: checkpoints in torch.distributed.checkpoint's sharded format (each rank writes its
+shards; loading reshards). The model arrives already sharded (workloads/train/sharding.py)."""
+
+
 def create_training_arguments(
     train: TrainConfig, checkpoint_dir: Path, precision: Literal["bf16", "fp16", "fp32"], report_eval: bool = False,
-    gradient_accumulation_steps: int | None = None, batching: Batching | None = None,
+    gradient_accumulation_steps: int | None = None, batching: Batching | None = None, fsdp: bool = False,
 ) -> TrainingArguments:
     """TrainingArguments for `train` (`gradient_accumulation_steps` overrides the configured one, e.g. from a
-    batch plan; `batching` is the resolved choice, by default what `auto` plans with before reading the data).
+    batch plan; `batching` is the resolved choice, by default what `auto` plans with before reading the data;
+    `fsdp` the parallelism plan's strategy).
     Checkpoints are saved under `checkpoint_dir` and pruned by this package (atomic, bounded), so the Trainer's own
     rotation is off. Activation checkpointing is switched on by `finetune.load_model` on the model itself, not
     through TrainingArguments (whose argument for it was renamed in transformers 5.23)."""
@@ -250,6 +259,8 @@ def create_training_arguments(
         dataloader_num_workers=train.dataloader_workers,
         ddp_backend=("nccl" if torch.cuda.is_available() else "gloo") if distributed else None,
         ddp_find_unused_parameters=False,
+        fsdp=fsdp,
+        fsdp_config=dict(FSDP_CONFIG) if fsdp else None,
         remove_unused_columns=False,
         train_sampling_strategy="random" if packed else "group_by_length",
         length_column_name="length",

@@ -1,11 +1,12 @@
-"""QLoRA/LoRA fine-tuning of the prepared base on the tokenized train split (assistant-only labels).
+"""QLoRA, LoRA or full fine-tuning of the prepared base on the tokenized train split (assistant-only labels).
 
     python -m workloads.train.finetune --config RUN.json                      # one process
-    torchrun --nproc_per_node N -m workloads.train.finetune --config RUN.json  # DDP (gloo on CPU, NCCL on GPU)
+    torchrun --nproc_per_node N -m workloads.train.finetune --config RUN.json  # DDP or FSDP (gloo on CPU, NCCL on GPU)
 
-Resumes from the newest intact checkpoint; SIGTERM, SIGUSR1 or the file named by FT_STOP_FILE make every rank
-checkpoint at the same step and exit with code 75. Writes the adapter, metrics.jsonl, loss.png and
-run_manifest.json under the run's output folder.
+DDP or FSDP comes from workloads.train.parallelism. Resumes from the newest intact checkpoint; SIGTERM, SIGUSR1
+or the file named by FT_STOP_FILE make every rank checkpoint at the same step and exit with code 75. Writes the
+adapter (or, for a full fine-tune, the model folder), metrics.jsonl, loss.png and run_manifest.json under the
+run's output folder.
 """
 
 from __future__ import annotations
@@ -20,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PrinterCallback, Trainer
+from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PrinterCallback, Trainer, set_seed
 
 from workloads.common.atomic import atomic_dir
 from documents.run_config import ConfigError, RunConfig, load_run_config
-from workloads.train import attention, checkpoints, fused_loss
-from workloads.train.batch_choice import Batching, BatchingDecision, decide_batching, planned_batching
+from workloads.train import attention, checkpoints, fused_loss, sharding
+from workloads.train.batch_choice import Batching, BatchingDecision, ParallelismPlan, decide_batching, planned_batching
 from workloads.train.batching import REAL_TOKENS, PackedCollator, PackedDataset, PaddedCollator, batch_tokens
 from workloads.train.config import (
     TrainConfig,
@@ -53,7 +54,8 @@ from documents.metrics import METRICS_NAME, truncate_metrics
 from workloads.common.job_metrics import JobMetricsFile
 from workloads.train.loss_chart import plot_loss
 from workloads.train.metrics_callback import MetricsCallback, TokenCounter
-from workloads.train.model_shapes import shape_from_hf_config
+from workloads.train.model_shapes import ModelShape, shape_from_hf_config
+from workloads.train.parallelism import decide_parallelism
 from workloads.train.sizing import BatchPlan, plan_batches
 from workloads.train.preemption import INTERRUPTED_EXIT, STOP_FILE_ENV, PreemptionCallback, StopRequest
 
@@ -72,6 +74,18 @@ class FinetuneTrainer(Trainer):
         self.counter = counter
         self.keep = keep
         self.fingerprint = fingerprint
+
+    def create_accelerator_and_postprocess(self) -> None:
+        """Under FSDP on CPU accelerate (1.15) falls back to DDP (its FSDP path is for accelerators only); the
+        model arrives sharded already, so only accelerate's FSDP state is set, which the checkpointing reads."""
+        super().create_accelerator_and_postprocess()
+        if self.args.fsdp_plugin_args is not None and not self.is_fsdp_enabled:
+            from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+            state = self.accelerator.state
+            state.distributed_type = DistributedType.FSDP
+            state.fsdp_plugin = FullyShardedDataParallelPlugin(**self.args.fsdp_plugin_args)
+            self.is_fsdp_enabled = True
 
     def training_step(self, model, inputs, num_items_in_batch=None):  # noqa: ANN001, ANN201 - Trainer signature
         self.counter.add(*batch_tokens(inputs))
@@ -106,10 +120,11 @@ def load_model(model_dir: Path, train: TrainConfig, precision: str, local_rank: 
                choice: attention.AttentionChoice, checkpointing: bool) -> Any:
     """Base model (NF4 4-bit, int8 or unquantized) with the chosen attention, its frozen floating-point weights
     in the compute dtype (or fp32 under `train.kbit_upcast`), activation checkpointing when asked, the fused loss
-    when configured, and a fresh LoRA adapter."""
+    when configured, and a fresh LoRA adapter; for method full every weight in fp32 (master weights; the
+    Trainer's autocast, or FSDP's mixed precision policy, computes in the compute dtype) and no adapter."""
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
-    dtype = DTYPES[precision]
+    dtype = torch.float32 if train.method == "full" else DTYPES[precision]
     quantization = None
     if train.quantization == "4bit":
         quantization = BitsAndBytesConfig(
@@ -135,6 +150,8 @@ def load_model(model_dir: Path, train: TrainConfig, precision: str, local_rank: 
         model.enable_input_require_grads()
     if train.fused_loss:
         fused_loss.enable(model)
+    if train.method == "full":
+        return model
     lora = LoraConfig(
         r=train.lora.r, lora_alpha=train.lora.alpha, lora_dropout=train.lora.dropout,
         target_modules=train.lora.target_modules, task_type="CAUSAL_LM",
@@ -188,20 +205,48 @@ def gpu_memory_gib() -> float | None:
     return torch.cuda.get_device_properties(index).total_memory / 2**30
 
 
-def batch_plan(run: RunConfig, model_dir: Path, batching: Batching | None = None) -> BatchPlan:
-    """Micro-batch tokens, accumulation and checkpointing for this machine (see workloads.train.sizing)."""
+def model_shape(model_dir: Path) -> ModelShape:
     config = model_dir / "config.json"
     if not config.is_file():
         raise FileNotFoundError(f"{model_dir}: no config.json (run the prepare stage first)")
-    shape = shape_from_hf_config(json.loads(config.read_text(encoding="utf-8")))
-    return plan_batches(run, shape, gpu_memory_gib(), batching)
+    return shape_from_hf_config(json.loads(config.read_text(encoding="utf-8")))
 
 
-def is_done(manifest_file: Path, adapter: Path, digest: str) -> bool:
+def choose_parallelism(run: RunConfig, model_dir: Path) -> ParallelismPlan:
+    """DDP or FSDP for this machine's GPU and the job's ranks (workloads/train/parallelism.py)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return decide_parallelism(run, model_shape(model_dir), gpu_memory_gib(), world)
+
+
+def batch_plan(run: RunConfig, model_dir: Path, batching: Batching | None = None, shards: int = 1) -> BatchPlan:
+    """Micro-batch tokens, accumulation and checkpointing for this machine (see workloads.train.sizing)."""
+    return plan_batches(run, model_shape(model_dir), gpu_memory_gib(), batching, shards)
+
+
+def output_dir(paths: TrainPaths, train: TrainConfig) -> Path:
+    """Where the trained result goes: the model folder of a full fine-tune, else the adapter folder."""
+    return paths.full_model_dir if train.method == "full" else paths.adapter_dir
+
+
+def is_done(manifest_file: Path, output: Path, digest: str) -> bool:
     manifest = load_run_manifest(manifest_file)
-    return manifest is not None and manifest.status == "completed" and manifest.config_sha256 == digest and (
-        adapter / "adapter_model.safetensors"
-    ).is_file()
+    saved = any(output.glob("*.safetensors"))
+    return manifest is not None and manifest.status == "completed" and manifest.config_sha256 == digest and saved
+
+
+def save_result(trainer: Trainer, tokenizer: Any, folder: Path, fsdp: bool, rank0: bool) -> None:
+    """The adapter in PEFT's layout, or a full fine-tune's model folder, written by rank 0 (atomic). Under FSDP
+    every rank first takes part in gathering the full state dict, which only rank 0 keeps."""
+    model = trainer.model
+    state = None
+    if fsdp:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank0:
+        with atomic_dir(folder) as tmp:
+            model.save_pretrained(tmp, safe_serialization=True, **({"state_dict": state} if fsdp else {}))
+            tokenizer.save_pretrained(tmp)
 
 
 def train_run(run: RunConfig) -> int:
@@ -211,22 +256,34 @@ def train_run(run: RunConfig) -> int:
     digest = config_hash(run.model_dump(mode="json"))
     fingerprint = training_fingerprint(run.model_dump(mode="json"))
     manifest_file = paths.run_dir / RUN_MANIFEST_NAME
-    if is_done(manifest_file, paths.adapter_dir, digest):
+    output = output_dir(paths, train)
+    if is_done(manifest_file, output, digest):
         log.info("%s: this config already trained to completion; nothing to do", paths.run_dir)
         return 0
     precision = detect_precision(train.precision)
     stop = StopRequest(os.environ.get(STOP_FILE_ENV))
-    plan = batch_plan(run, paths.model_dir)
+    parallel = choose_parallelism(run, paths.model_dir)
+    if not parallel.fits:
+        log.warning("the memory estimate says this run does not fit: %s", parallel.reason)
+    fsdp = parallel.strategy == "fsdp"
+    plan = batch_plan(run, paths.model_dir, shards=parallel.shards)
     batching = choose_batching(run, paths.dataset_dir, plan)
     if batching.chosen != planned_batching(train.batching):
-        plan = batch_plan(run, paths.model_dir, batching.chosen)
+        plan = batch_plan(run, paths.model_dir, batching.chosen, parallel.shards)
     choice = attention.choose(torch.cuda.is_available(), batching.chosen == "packed")
     args = create_training_arguments(train, paths.checkpoint_dir, precision, report_eval=bool(paths.eval_dataset_dir),
                                      gradient_accumulation_steps=plan.gradient_accumulation_steps,
-                                     batching=batching.chosen)
+                                     batching=batching.chosen, fsdp=fsdp)
     rank0 = args.process_index == 0
     resume = checkpoints.latest_complete(paths.checkpoint_dir, fingerprint)
     resumed_step = checkpoints.checkpoint_step(resume) if resume else 0
+    tokenizer = AutoTokenizer.from_pretrained(paths.model_dir)
+    set_seed(train.seed)  # every rank draws the same fresh adapter: FSDP shards each rank's own copy, DDP broadcasts rank 0's
+    model = load_model(paths.model_dir, train, precision, args.local_process_index, choice, plan.gradient_checkpointing)
+    if fsdp:
+        sharding.shard(model, DTYPES[precision], torch.cuda.is_available())
+    if rank0 and train.method != "full":
+        model.print_trainable_parameters()
     metrics_file = paths.run_dir / METRICS_NAME
     manifest: RunManifest | None = None
     if rank0:
@@ -246,19 +303,18 @@ def train_run(run: RunConfig) -> int:
             "attention": choice.model_dump(),
             "batch_plan": plan.model_dump(),
             "batching": batching.model_dump(),
+            "parallelism": parallel.model_dump(),
+            "parameter_bytes": {"frozen": sharding.local_parameter_bytes(model, trainable=False),
+                                "trainable": sharding.local_parameter_bytes(model, trainable=True)},
             "fused_loss": train.fused_loss,
             "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
             "device_kind": "gpu" if torch.cuda.is_available() else "cpu",
         }
         manifest = start_attempt(manifest_file, base, resumed_step or 0)
-    log.info("rank %d/%d precision=%s resume=%s attention=%s/%s plan=%s batching=%s (%s)", args.process_index,
-             args.world_size, precision, resume or "none", choice.implementation, choice.backend, plan.model_dump(),
-             batching.chosen, batching.reason)
+    log.info("rank %d/%d precision=%s resume=%s attention=%s/%s plan=%s batching=%s (%s) parallelism=%s (%s)",
+             args.process_index, args.world_size, precision, resume or "none", choice.implementation, choice.backend,
+             plan.model_dump(), batching.chosen, batching.reason, parallel.strategy, parallel.reason)
 
-    tokenizer = AutoTokenizer.from_pretrained(paths.model_dir)
-    model = load_model(paths.model_dir, train, precision, args.local_process_index, choice, plan.gradient_checkpointing)
-    if rank0:
-        model.print_trainable_parameters()
     train_data, eval_data, collator = load_datasets(paths, train, max_length(run), tokenizer, plan, batching.chosen)
     counter = TokenCounter()
     preemption = PreemptionCallback(stop)
@@ -277,13 +333,12 @@ def train_run(run: RunConfig) -> int:
             plot_loss(metrics_file, paths.run_dir / PLOT)
         log.warning("stopped at step %d with a checkpoint; rerun (or requeue) to resume", step)
         return INTERRUPTED_EXIT
+    save_result(trainer, tokenizer, output, fsdp, rank0)
     if rank0:
-        with atomic_dir(paths.adapter_dir) as tmp:
-            trainer.model.save_pretrained(tmp, safe_serialization=True)
-            tokenizer.save_pretrained(tmp)
         plot_loss(metrics_file, paths.run_dir / PLOT)
-        finish_attempt(manifest_file, manifest, "completed", step, adapter=str(paths.adapter_dir))
-        log.info("adapter saved to %s", paths.adapter_dir)
+        saved = {"model": str(output)} if train.method == "full" else {"adapter": str(output)}
+        finish_attempt(manifest_file, manifest, "completed", step, **saved)
+        log.info("%s saved to %s", "model" if train.method == "full" else "adapter", output)
     trainer.accelerator.wait_for_everyone()
     return 0
 
