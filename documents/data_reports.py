@@ -13,7 +13,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from documents.base import read_document
-from workloads.common.atomic import write_text_atomic
+from documents.atomic import write_text_atomic
 
 
 class _Report(BaseModel):

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict
 
 from documents.base import parse
 from documents.prepare_summary import TokenizeLosses
-from workloads.common.atomic import write_text_atomic
+from documents.atomic import write_text_atomic
 
 REPORT_VERSION = 1
 

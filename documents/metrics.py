@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from documents.base import DocumentError, describe
-from workloads.common.atomic import write_text_atomic
+from documents.atomic import write_text_atomic
 
 log = logging.getLogger("documents.metrics")
 

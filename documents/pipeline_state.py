@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from documents.base import describe
 from documents.evaluator_report import EvaluatorReport
-from workloads.common.atomic import write_text_atomic
+from documents.atomic import write_text_atomic
 
 
 class SourceFingerprint(BaseModel):

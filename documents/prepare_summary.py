@@ -12,7 +12,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from documents.base import parse
-from workloads.common.atomic import write_text_atomic
+from documents.atomic import write_text_atomic
 
 
 class _Document(BaseModel):

@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from documents.base import parse
-from workloads.checks.config import ReadinessConfig
+from documents.sections.readiness import ReadinessConfig
 
 Status = Literal["pass", "fail", "skip", "info"]
 

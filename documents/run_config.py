@@ -10,10 +10,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from workloads.checks.config import ReadinessConfig
-from workloads.eval.config import EvalConfig
-from workloads.serve.config import ServeConfig
-from workloads.train.config import TrainConfig
+from documents.sections.readiness import ReadinessConfig
+from documents.sections.eval import EvalConfig
+from documents.sections.serve import ServeConfig
+from documents.sections.train import TrainConfig
 
 ROOT_ENV = "FT_ROOT"
 

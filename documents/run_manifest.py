@@ -18,10 +18,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from documents.base import DocumentError, parse
 from documents.stage_manifest import MANIFEST_NAME, load_model_manifest
-from workloads.common.atomic import sha256_file, utc_now, write_text_atomic
-from workloads.train.attention import AttentionChoice
-from workloads.train.batch_choice import BatchingDecision, ParallelismPlan
-from workloads.train.sizing import BatchPlan
+from documents.atomic import sha256_file, utc_now, write_text_atomic
+from documents.train_plan import AttentionChoice
+from documents.train_plan import BatchingDecision, ParallelismPlan
+from documents.train_plan import BatchPlan
 
 MANIFEST_VERSION = 1
 RUN_MANIFEST_NAME = "run_manifest.json"

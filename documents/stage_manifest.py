@@ -22,7 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from documents.base import DocumentError, parse
-from workloads.common.atomic import write_text_atomic
+from documents.atomic import write_text_atomic
 
 MANIFEST_NAME = "manifest.json"
 

@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
+from documents.train_plan import ParallelismPlan
 from infra import catalog
 from infra.config import StackConfig
 from workloads.train.memory import GIB
 from workloads.train.model_shapes import ModelShape
-from workloads.train.parallelism import ParallelismPlan, decide_parallelism
+from workloads.train.parallelism import decide_parallelism
 
 if TYPE_CHECKING:
     from documents.run_config import RunConfig

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from documents.readiness_report import AllReduceResult, GpuInfo, GpuPerf, NodeInventory
-from workloads.checks.config import ReadinessConfig
+from documents.sections.readiness import ReadinessConfig
 from workloads.checks.readiness import (
     BANDWIDTH_FLOOR_FRACTION,
     GPU_SPECS,

@@ -122,7 +122,7 @@ def test_parallel_map_gives_the_same_dataset(tiny_model_dir: Path, tmp_path: Pat
 
 
 def test_manifest_hashes_inputs_and_rerun_is_a_no_op(tiny_model_dir: Path, tmp_path: Path) -> None:
-    from workloads.common.atomic import sha256_file
+    from documents.atomic import sha256_file
 
     source = _conversations(tmp_path, 10)
     manifest = tokenize(source, tiny_model_dir, 256, tmp_path / "tok")

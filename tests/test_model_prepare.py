@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from workloads.common.atomic import sha256_file
+from documents.atomic import sha256_file
 from workloads.model.folder import ModelFolderError
 from documents.stage_manifest import ModelManifest
 from workloads.model.prepare import prepare_model

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from workloads.common.atomic import sha256_file
+from documents.atomic import sha256_file
 from workloads.model.source import packaged_gguf
 
 

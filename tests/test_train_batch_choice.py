@@ -12,12 +12,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from documents.run_config import parse_run_config
-from workloads.train.batch_choice import (
-    MICRO_BATCH_OVERHEAD_TOKENS,
-    PACKED_ROW_PENALTY,
-    decide_batching,
-    planned_batching,
-)
+from documents.train_plan import planned_batching
+from workloads.train.batch_choice import MICRO_BATCH_OVERHEAD_TOKENS, PACKED_ROW_PENALTY, decide_batching
 from workloads.train.batching import IGNORE_INDEX, REAL_TOKENS, PackedCollator, PackedDataset, PaddedCollator
 from workloads.train.config import create_training_arguments
 from documents.run_manifest import RunManifest

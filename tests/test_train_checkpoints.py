@@ -9,7 +9,7 @@ from safetensors.torch import save_file
 import torch
 
 from workloads.train import checkpoints
-from workloads.train.config import NetworkConfig, TrainConfig
+from documents.sections.train import NetworkConfig, TrainConfig
 from workloads.train.launch import launch_environment, procs_per_node
 
 

@@ -32,7 +32,7 @@ from infra.pipeline.runner import PipelineRun, load_state, run_pipeline, state_p
 from infra.pipeline.slurm import SlurmError
 from infra.pipeline.transport import TransportError
 from infra.program.backends import find_repo_root
-from workloads.common.atomic import write_text_atomic
+from documents.atomic import write_text_atomic
 from documents.run_config import ConfigError
 from documents.base import DocumentError
 from documents.metrics import METRICS_NAME, read_metrics

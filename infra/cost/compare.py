@@ -267,7 +267,7 @@ def plot_comparison(c: Comparison, path: Path) -> None:
     from matplotlib.patches import Patch
     from matplotlib.ticker import FuncFormatter
 
-    from workloads.common.atomic import atomic_file
+    from documents.atomic import atomic_file
 
     if not any(r.usd_on_demand for r in c.rows):
         raise ValueError("nothing to draw: no row has a cost (no throughput or no price known)")

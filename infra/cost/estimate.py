@@ -36,7 +36,8 @@ from documents.run_config import RunConfig
 from documents.throughput import ThroughputMeasurement
 from workloads.train.model_shapes import ModelShape, UnknownModel, shape_for_source
 from workloads.train.parallelism import decide_parallelism
-from workloads.train.sizing import BatchPlan, DoesNotFit, plan_batches
+from documents.train_plan import BatchPlan
+from workloads.train.sizing import DoesNotFit, plan_batches
 
 Kind = Literal["configured", "measured", "borrowed", "estimated"]
 Bound = Literal["compute", "memory"]

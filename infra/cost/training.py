@@ -11,8 +11,8 @@ from infra.pipeline.chain import worker_shape
 from documents.prepare_summary import PrepareSummary
 from documents.run_config import RunConfig
 from documents.throughput import ThroughputMeasurement
-from workloads.train.batch_choice import planned_batching
-from workloads.train.config import TrainConfig
+from documents.train_plan import planned_batching
+from documents.sections.train import TrainConfig
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 

@@ -11,7 +11,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescap
 
 from infra.dashboard import charts
 from infra.dashboard.model import CATEGORY_LABELS, DashboardData
-from workloads.common.atomic import write_text_atomic
+from documents.atomic import write_text_atomic
 
 PAGE_NAME = "index.html"
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
 
 from infra.pipeline.transport import Transport
 from documents.pipeline_state import SourceFingerprint

@@ -23,7 +23,7 @@ from documents.stack_outputs import StackOutputs, write_stack_outputs
 from documents.throughput import ThroughputCheck, ThroughputMeasurement
 from documents.evaluator_report import read_evaluator_report
 from documents.metrics import read_metrics
-from workloads.common.atomic import atomic_file
+from documents.atomic import atomic_file
 from documents.run_config import load_run_config
 from documents.run_manifest import RUN_MANIFEST_NAME
 from documents.metrics import METRICS_NAME

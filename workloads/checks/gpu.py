@@ -21,10 +21,10 @@ import torch
 import torch.distributed as dist
 
 from workloads.checks import measure
-from workloads.checks.config import ReadinessConfig
+from documents.sections.readiness import ReadinessConfig
 from documents.readiness_report import GpuPerf, NodeInventory, ReadinessFloors, ReadinessReport
 from workloads.checks.readiness import BUSBW_FLOORS_GBS, check_line, evaluate, floors_for
-from workloads.common.atomic import write_text_atomic
+from documents.atomic import write_text_atomic
 
 _FLAGS = {
     "expect_gpu_model": str,

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from pydantic import BaseModel, ConfigDict
 
 from documents.readiness_report import AllReduceResult, CheckResult, GpuInfo, GpuPerf, NodeInventory
-from workloads.checks.config import ReadinessConfig
+from documents.sections.readiness import ReadinessConfig
 
 MATMUL_FLOOR_FRACTION = 0.40
 BANDWIDTH_FLOOR_FRACTION = 0.70

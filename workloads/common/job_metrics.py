@@ -23,7 +23,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from workloads.common.atomic import write_text_atomic
+from documents.atomic import write_text_atomic
 
 log = logging.getLogger("workloads.job_metrics")
 

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from documents.stage_manifest import manifest_path, write_manifest
 from documents.base import DocumentError
 from documents.data_reports import BadRow, ConvertReport, convert_report_path, read_convert_report, write_report
-from workloads.common.atomic import atomic_file, os_errors_as, sha256_file
+from documents.atomic import atomic_file, os_errors_as, sha256_file
 from workloads.data.freshness import build_manifest, is_current
 
 log = logging.getLogger("workloads.data.convert")

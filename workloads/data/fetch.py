@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from documents.stage_manifest import manifest_path, write_manifest
-from workloads.common.atomic import atomic_file, sha256_file
+from documents.atomic import atomic_file, sha256_file
 from workloads.data.freshness import build_manifest
 
 log = logging.getLogger("workloads.data.fetch")

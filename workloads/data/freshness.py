@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from documents.stage_manifest import FileDigest, StageManifest, load_stage_manifest, manifest_path
-from workloads.common.atomic import sha256_file, utc_now
+from documents.atomic import sha256_file, utc_now
 
 
 def build_manifest(stage: str, inputs: Mapping[str, str | os.PathLike[str]], params: Mapping[str, Any],

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from documents.stage_manifest import manifest_path, write_manifest
-from workloads.common.atomic import atomic_file, sha256_file
+from documents.atomic import atomic_file, sha256_file
 from workloads.data.freshness import build_manifest, is_current
 from workloads.data.finance_qa import qa_rows
 from workloads.data.synthetic import conversation

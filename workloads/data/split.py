@@ -21,7 +21,7 @@ from typing import Any
 from documents.stage_manifest import manifest_path, write_manifest
 from documents.base import DocumentError
 from documents.data_reports import SplitReport, read_split_report, split_report_path, write_report
-from workloads.common.atomic import atomic_file, os_errors_as, sha256_file
+from documents.atomic import atomic_file, os_errors_as, sha256_file
 from workloads.data.freshness import build_manifest, is_current
 
 log = logging.getLogger("workloads.data.split")

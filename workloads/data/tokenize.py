@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from documents.prepare_summary import TokenizeLosses
 from documents.stage_manifest import MANIFEST_NAME, StageManifest, read_stage_manifest, write_manifest
-from workloads.common.atomic import atomic_dir, os_errors_as
+from documents.atomic import atomic_dir, os_errors_as
 from workloads.data.freshness import build_manifest, is_current
 from workloads.data.shorten import Messages, cap_context, fit_context, token_count
 

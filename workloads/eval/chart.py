@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from documents.evaluator_report import EvaluatorReport
-from workloads.common.atomic import atomic_file
+from documents.atomic import atomic_file
 
 
 def write_chart(report: EvaluatorReport, path: Path) -> Path:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from documents.run_config import ConfigError, RunConfig, load_run_config
-from workloads.eval.config import EvalConfig
+from documents.sections.eval import EvalConfig
 from documents.stage_manifest import MANIFEST_NAME, load_stage_manifest
 from documents.prepare_summary import TokenizeLosses
 from workloads.common.job_metrics import JobFigures, JobMetricsFile, ProcessSampler

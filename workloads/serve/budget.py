@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workloads.serve.config import ServeConfig
+from documents.sections.serve import ServeConfig
 
 # transformers' continuous batching pages hold 256 tokens (ContinuousBatchingConfig.page_size); the engines are
 # started without --cb-block-size, so --cb-num-blocks N is a cache of N x 256 tokens.

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from documents.run_config import RunConfig
 from workloads.serve.budget import token_budget
-from workloads.serve.config import ServeConfig
+from documents.sections.serve import ServeConfig
 from workloads.serve.gateway import Route
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from documents.run_config import ConfigError, RunConfig, load_run_config
 from workloads.serve.auth import AccessError, api_key_from_env, is_loopback, require_key_beyond_loopback
-from workloads.serve.config import ServeConfig
+from documents.sections.serve import ServeConfig
 from workloads.serve.engines import EnginePlan, choose_engine, plan_transformers, plan_vllm
 from workloads.serve.gateway import Limits, build_gateway
 from workloads.serve.supervise import EngineError, Supervisor

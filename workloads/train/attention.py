@@ -12,24 +12,14 @@ from the restarting position ids.
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict
+from documents.train_plan import AttentionChoice
 
 if TYPE_CHECKING:
     import torch
 
 VARLEN = "ft_varlen"  # no "flash" in the name: transformers would look for a flash-attn package
-Backend = Literal["flash", "default"]
-
-
-class AttentionChoice(BaseModel):
-    """The attention implementation handed to transformers and the kernel it runs (the manifest's `attention`)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    implementation: str
-    backend: Backend
 
 
 def varlen_available() -> bool:

@@ -14,10 +14,8 @@ import random
 from collections.abc import Sequence
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from documents.train_plan import Batching, BatchingDecision, Configured
 
-Batching = Literal["packed", "grouped"]
-Configured = Literal["auto", "packed", "grouped"]
 MICRO_BATCH_OVERHEAD_TOKENS = 64
 """Cost of one micro-batch that does not grow with its tokens (4-bit dequantization of every weight, per-op
 dispatch), in tokens' worth of compute: about 10 % of a 384-token SmolLM2-135M step in the CPU profile
@@ -28,28 +26,6 @@ bench/train.py on CPU (2026-11-25, SmolLM2-135M, 2 threads; docs/training.md): w
 worth plus its tokens (the grouped arm on both data sets), a 384-token packed micro-batch took 1.15x its tokens'
 worth when it held one row plus filler and 1.31x when it held several rows (the mixed set). On CUDA varlen
 attention computes only the diagonal blocks."""
-
-
-class BatchingDecision(BaseModel):
-    """The batching a run trains with and the figures it was chosen from (the run manifest's `batching`).
-    Costs are predicted processed-token equivalents per real token, micro-batch overhead included."""
-
-    model_config = ConfigDict(frozen=True)
-
-    configured: Configured
-    chosen: Batching
-    reason: str
-    device: Literal["cpu", "cuda"] | None = None
-    rows: int | None = None
-    token_budget: int | None = None
-    packed_fill: float | None = None
-    """real tokens / tokens of the packed micro-batches (the rest is filler)."""
-    padded_efficiency: float | None = None
-    """real tokens / tokens of the length-grouped padded micro-batches."""
-    packed_cost: float | None = None
-    padded_cost: float | None = None
-    overhead_tokens: int | None = None
-    packed_penalty: float | None = None
 
 
 def pack_bins(lengths: Sequence[int], token_budget: int, seed: int) -> list[list[int]]:
@@ -116,37 +92,3 @@ def decide_batching(configured: Configured, lengths: Sequence[int] | None, *, mi
                f"tokens) vs grouped {padded_cost:.3f} (padding efficiency {real / padded:.3f} at {micro_batch_size} "
                "rows per micro-batch)",
     )
-
-
-def planned_batching(configured: Configured) -> Batching:
-    """The batching to plan with before the data is read (preview, cost report, memory estimate)."""
-    if configured == "auto":
-        return "packed"
-    return configured
-
-
-class ParallelismPlan(BaseModel):
-    """How a run spreads over its ranks and the per-rank memory it was chosen from (the run manifest's
-    `parallelism`; decided by workloads.train.parallelism.decide_parallelism)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    configured: Literal["auto", "ddp", "fsdp"]
-    strategy: Literal["ddp", "fsdp"]
-    reason: str
-    method: Literal["qlora", "lora", "full"]
-    world_size: int
-    shards: int
-    """ranks each sharded tensor is split over: world_size under fsdp, 1 under ddp."""
-    per_rank_bytes: dict[str, int]
-    """estimated peak of one rank by part: base_weights (frozen), trainable_weights (adapter, or the fp32 masters of
-    a full fine-tune), gradients, optimizer_states, gathered_weights (unsharded in use), activations, overhead, total;
-    empty when the model's shape is unknown."""
-    replica_bytes: int | None = None
-    """the DDP estimate: one whole replica."""
-    gpu_memory_gib: float | None = None
-    memory_fraction: float
-    fits: bool
-    """total <= memory_fraction x GPU memory (True where no GPU memory is known: nothing to check)."""
-    min_fsdp_ranks: int | None = None
-    """fewest ranks over which the FSDP estimate fits (None: no GPU memory known, or even sharding cannot fit)."""

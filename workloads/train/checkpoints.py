@@ -11,7 +11,7 @@ from pathlib import Path
 from documents.base import DocumentError
 from documents.checkpoint_marker import MARKER_NAME as MARKER
 from documents.checkpoint_marker import CheckpointMarker, read_checkpoint_marker, write_checkpoint_marker
-from workloads.common.atomic import replace_dir, utc_now
+from documents.atomic import replace_dir, utc_now
 
 log = logging.getLogger("workloads.train.checkpoints")
 

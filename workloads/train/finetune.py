@@ -23,13 +23,14 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PrinterCallback, Trainer, set_seed
 
-from workloads.common.atomic import atomic_dir
+from documents.atomic import atomic_dir
 from documents.run_config import ConfigError, RunConfig, load_run_config
 from workloads.train import attention, checkpoints, fused_loss, sharding
-from workloads.train.batch_choice import Batching, BatchingDecision, ParallelismPlan, decide_batching, planned_batching
+from documents.train_plan import Batching, BatchingDecision, ParallelismPlan, planned_batching
+from workloads.train.batch_choice import decide_batching
 from workloads.train.batching import REAL_TOKENS, PackedCollator, PackedDataset, PaddedCollator, batch_tokens
+from documents.sections.train import TrainConfig
 from workloads.train.config import (
-    TrainConfig,
     TrainPaths,
     create_training_arguments,
     detect_precision,
@@ -56,7 +57,8 @@ from workloads.train.loss_chart import plot_loss
 from workloads.train.metrics_callback import MetricsCallback, TokenCounter
 from workloads.train.model_shapes import ModelShape, shape_from_hf_config
 from workloads.train.parallelism import decide_parallelism
-from workloads.train.sizing import BatchPlan, plan_batches
+from documents.train_plan import BatchPlan
+from workloads.train.sizing import plan_batches
 from workloads.train.preemption import INTERRUPTED_EXIT, STOP_FILE_ENV, PreemptionCallback, StopRequest
 
 log = logging.getLogger("workloads.train.finetune")

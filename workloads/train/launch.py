@@ -11,7 +11,8 @@ import shlex
 import sys
 
 from documents.run_config import ConfigError, load_run_config
-from workloads.train.config import TrainConfig, require_train, train_paths
+from documents.sections.train import TrainConfig
+from workloads.train.config import require_train, train_paths
 
 
 def procs_per_node(train: TrainConfig, gpus: int) -> int:

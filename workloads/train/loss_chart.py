@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from documents.metrics import load_metrics
-from workloads.common.atomic import atomic_file
+from documents.atomic import atomic_file
 
 
 def plot_loss(metrics: Path, png: Path) -> None:

@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from workloads.train.batch_choice import Batching, planned_batching
+from documents.train_plan import Batching, planned_batching
 from workloads.train.config import require_train
 from workloads.train.model_shapes import ModelShape
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from workloads.train.batch_choice import ParallelismPlan
+from documents.train_plan import ParallelismPlan
 from workloads.train.config import require_train
 from workloads.train.memory import GIB, MemoryEstimate, MemoryInputs, estimate, inputs_from_run
 from workloads.train.model_shapes import ModelShape

@@ -11,11 +11,9 @@ policy both call `plan_batches`, so they agree on the numbers.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict
-
-from workloads.train.batch_choice import Batching, planned_batching
+from documents.train_plan import Batching, BatchPlan, planned_batching
 from workloads.train.memory import GIB, MemoryInputs, estimate, inputs_from_run
 from workloads.train.model_shapes import ModelShape
 
@@ -30,21 +28,6 @@ bf16 ridge point (989 TFLOP/s over 3.35 TB/s, about 300), so it is still compute
 dequantized twice per micro-batch (forward and backward, 2.5 bytes per weight each time). For Qwen3-14B
 that is about 25 ms against about 170 ms of GEMMs at 2,048 tokens (4N FLOPs per token at 700 TFLOP/s)."""
 ALIGN = 64
-
-
-class BatchPlan(BaseModel):
-    """What a run trains with per GPU (the run manifest's `batch_plan`)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    micro_batch_tokens: int
-    gradient_accumulation_steps: int
-    gradient_checkpointing: bool
-    step_tokens: int
-    estimate_gib: float | None
-    gpu_memory_gib: float | None
-    memory_fraction: float
-    source: Literal["auto", "config"]
 
 
 class DoesNotFit(ValueError):
