@@ -103,12 +103,14 @@ def measure_run(records: list[MetricsRecord], manifest: RunManifest, *, gpu_mode
     run = parse_run_config(manifest.config, f"{source}: run_manifest.json config")
     device = manifest.device or "unknown device"
     on_gpu = gpu_model is not None or manifest.device_kind == "gpu"
+    plan = manifest.batch_plan
     return ThroughputMeasurement(
         tokens_per_second_per_device=round(overall / manifest.world_size, 3),
         device_kind="gpu" if on_gpu else "cpu", gpu_model=gpu_model, device=device, devices=manifest.world_size,
         model=run.model.source, method=run.train.method if run.train else "unknown",
         setup=f"{manifest.nodes} node(s), {manifest.precision}",
-        micro_batch_tokens=manifest.batch_plan.micro_batch_tokens if manifest.batch_plan else None,
-        gradient_checkpointing=manifest.batch_plan.gradient_checkpointing if manifest.batch_plan else None, date=(manifest.ended or manifest.started or "")[:10],
+        micro_batch_tokens=plan.micro_batch_tokens if plan else None,
+        gradient_checkpointing=plan.gradient_checkpointing if plan else None,
+        date=(manifest.ended or manifest.started or "")[:10],
         origin="run", stack=stack, run_id=run_id, source=source,
     )

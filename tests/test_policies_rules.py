@@ -298,3 +298,19 @@ def test_preview_workflow_can_comment_create_the_stack_and_get_a_token():
     assert preview["with"]["upsert"] is True and preview["with"]["policyPacks"] == "policies"
     cli = [s for s in steps if "nebius" in str(s.get("run", ""))]
     assert cli and steps.index(cli[0]) < steps.index(preview)
+
+
+def test_budget_and_model_fits_show_the_estimated_training_cost_beside_the_monthly_tco():
+    """demo (5 x 2 L40S, no run of its own): both rules pass and report the training run priced by estimate."""
+    cfg = load_stack_config("demo")
+    budget = Context([], cfg, load_run(cfg), {"maxMonthlyUsd": 50_000})
+    assert rules.monthly_budget(budget) == []
+    (note,) = budget.notes
+    assert note.startswith("monthly cost $19,") and "; training run $" in note
+    assert "estimated from NVIDIA H100 SXM" in note and "scaled by 0.366" in note
+    fits = Context([], cfg, load_run(cfg), {})
+    assert rules.model_fits(fits) == []
+    assert fits.notes[0].startswith("training run $") and "estimated from NVIDIA H100 SXM" in fits.notes[0]
+    over = Context([], cfg, load_run(cfg), {"maxMonthlyUsd": 1_000})
+    (violation,) = rules.monthly_budget(over)
+    assert "exceeds the budget $1,000" in violation and "(besides: training run $" in violation

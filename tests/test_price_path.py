@@ -23,6 +23,7 @@ from document_fixtures import evaluator_report, side
 from documents.metrics import MetricsRecord
 from documents.run_config import load_run_config
 from infra.commands.run import finish_run
+from infra.commands.runs import format_table
 from infra.config import load_stack_config
 from infra.cost.price import price_stack
 from infra.pipeline.runner import PipelineRun
@@ -97,6 +98,8 @@ def test_a_measured_run_replaces_the_estimate_in_every_price_of_the_stack(dev_bu
     assert check.priced_source.startswith("estimated from NVIDIA H100 SXM ")
     assert check.measured_tokens_per_second_per_gpu == pytest.approx(STEP_TPS)
     assert check.ratio == pytest.approx(STEP_TPS / estimate, rel=1e-3)
+    table = format_table(list_runs(store, "dev")).splitlines()
+    assert "train measured/priced" in table[0] and f" {check.ratio:,.2f} " in table[-1]
 
     ran = outputs.cost.training
     assert ran.throughput_kind == "measured" and ran.tokens_per_second_per_gpu == pytest.approx(STEP_TPS)
@@ -144,3 +147,16 @@ def test_price_stack_is_the_only_caller_of_the_cost_models_pieces() -> None:
     assert found["training_run"] == found["workers_hourly_usd"] == {"infra/cost/price.py:training_estimate"}
     assert found["training_throughput"] == {"infra/cost/price.py:training_estimate"}
     assert found["estimate_throughput"] == {"infra/cost/price.py:training_throughput"}
+
+
+@pytest.mark.parametrize("stack", ["demo", "dev"])
+def test_plan_prints_an_estimated_training_cost_with_its_basis(stack: str) -> None:
+    """L40S stacks without a run of their own (issue 34's review before the first run): the training run is
+    priced at the H100 bench row scaled by 362.05/989.4 dense bf16 TFLOP/s, and the table says so."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "FTSTACK_"))}
+    done = subprocess.run([sys.executable, "-m", "infra.commands.cli", "plan", "--stack", stack], cwd=REPO,
+                          env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    line = next(l for l in done.stdout.splitlines() if l.startswith("Training run"))
+    assert line.startswith("Training run (estimated): ") and "$" in line and "1,169 tokens/s/GPU" in line
+    assert "throughput: estimated from NVIDIA H100 SXM 2026-11-23, scaled by 0.366 (compute-bound" in done.stdout

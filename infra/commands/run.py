@@ -151,18 +151,17 @@ def finish_run(stack: StackConfig, repo: Path, result: PipelineRun, spec: dict[s
     stored = stored_run(store, stack, result) if store is not None else None
     if stored is not None:
         if stored.throughput is not None:
-            inputs = inputs.model_copy(update={"training": stored.throughput, "training_read_from": runs_of(store, stack.stack)})
+            inputs = inputs.model_copy(update={"training": stored.throughput,
+                                               "training_read_from": runs_of(store, stack.stack)})
         report = price_stack(stack, inputs)
         return run_outputs(stack, report, result), report, None
     with tempfile.TemporaryDirectory(prefix="ft-fetch-") as tmp:
         folders = run_folders(stack, result, spec, Path(tmp))
         run_id = new_run_id(result)
         throughput = measured_throughput(stack, repo, folders, run_id)
-        before = price_stack(stack, inputs)
-        check = None
-        report = before
+        report, check = price_stack(stack, inputs), None
         if throughput is not None:
-            check = throughput_check(before, throughput)
+            check = throughput_check(report, throughput)
             report = price_stack(stack, inputs.model_copy(update={
                 "training": throughput, "training_read_from": runs_of(store, stack.stack) if store else None,
                 "training_note": None}))
