@@ -13,9 +13,8 @@ import pytest
 
 from documents.throughput import bench_throughputs
 from infra.config import load_stack_config
-from infra.cost.compare import METHODS, compare, cost_model_throughput, plot_comparison, render_comparison
-from infra.cost.pricing import PriceBook
-from infra.cost.price import price_stack
+from infra.cost.compare import METHODS, compare, plot_comparison, render_comparison
+from infra.cost.price import PriceInputs
 from infra.cost.training import load_run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,10 +34,7 @@ def _stack(name: str, run_config: str | None = None, **training):
 
 
 def _compare(cfg):
-    run = load_run(cfg, ROOT)
-    sized = price_stack(cfg, root=ROOT).training
-    return compare(cfg, run, sized.tokens if sized else None, sized.epochs if sized else 1.0,
-                   cost_model_throughput(cfg, run), PriceBook(cfg.pricing.overrides))
+    return compare(cfg, load_run(cfg, ROOT))
 
 
 def _row(comparison, model: str, method: str):
@@ -107,6 +103,17 @@ def test_the_stacks_configured_throughput_prices_only_its_own_model_and_method()
     own = _row(c, "hub:Qwen/Qwen3-14B", "qlora")
     assert own.throughput.kind == "configured" and own.gpu_hours == pytest.approx(92_160_000 / 1000 / 3600)
     assert all(r.throughput.kind != "configured" for r in c.rows if r is not own)
+
+
+def test_a_run_measured_on_the_stack_prices_only_its_own_model_and_method():
+    cfg = _stack("demo")
+    own = BENCH_H100_QWEN14_QLORA.model_copy(update={
+        "gpu_model": "NVIDIA L40S", "tokens_per_second_per_device": 1500.0, "origin": "run", "stack": "demo",
+        "run_id": "r1"})
+    c = compare(cfg, load_run(cfg, ROOT), PriceInputs(training=own, training_read_from="store"))
+    row = _row(c, "hub:Qwen/Qwen3-14B", "qlora")
+    assert row.throughput.kind == "measured" and row.gpu_hours == pytest.approx(92_160_000 / 1500 / 3600)
+    assert all(r.throughput.kind == "estimated" for r in c.rows if r is not row)
 
 
 def test_the_chart_is_a_png(tmp_path):

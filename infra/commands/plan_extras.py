@@ -19,10 +19,8 @@ from typing import Any
 
 from documents.run_config import RunConfig
 from infra.config import StackConfig
-from infra.cost.compare import (Comparison, compare, comparison_document, cost_model_throughput, plot_comparison,
-                                render_comparison)
-from infra.cost.price import CostReport, PriceInputs, price_stack
-from infra.cost.pricing import PriceBook
+from infra.cost.compare import Comparison, compare, comparison_document, plot_comparison, render_comparison
+from infra.cost.price import PriceInputs, price_stack
 from infra.cost.report import render_table, report_document
 from infra.cost.training import REPO_ROOT, load_run
 from infra.model_fit import worker_fits
@@ -84,14 +82,12 @@ def _placement(cfg: StackConfig, run: RunConfig | None) -> tuple[list[str], list
     return lines, [fit.model_dump(mode="json") for fit in fits]
 
 
-def _comparison(cfg: StackConfig, run: RunConfig | None, report: CostReport, inputs: PriceInputs) -> Comparison:
+def _comparison(cfg: StackConfig, run: RunConfig | None, inputs: PriceInputs) -> Comparison:
     if run is None or run.train is None:
         raise SystemExit(f"ftstack plan --compare: stack {cfg.stack!r}: run config {cfg.pipeline.run_config} has no "
                          "train section here")
-    sized = report.training
     try:
-        return compare(cfg, run, sized.tokens if sized else None, sized.epochs if sized else 1.0,
-                       cost_model_throughput(cfg, run, inputs), PriceBook(cfg.pricing.overrides))
+        return compare(cfg, run, inputs)
     except ValueError as exc:
         raise SystemExit(f"ftstack plan --compare: {exc}") from None
 
@@ -118,7 +114,7 @@ def plan_extras(cfg: StackConfig, result: MockRun, args: argparse.Namespace) -> 
             text += [f"         {v}" for v in r.violations]
             text += [f"         note: {n}" for n in r.notes]
     if args.compare or args.compare_chart:
-        comparison = _comparison(cfg, run, report, inputs)
+        comparison = _comparison(cfg, run, inputs)
         document["compare"] = comparison_document(comparison)
         text += ["", render_comparison(comparison)]
         if args.compare_chart:

@@ -4,12 +4,14 @@ that figure came from, GPU-hours, wall time and cost on demand and preemptible.
 
 - GPUs needed: the fewest GPUs of the stack's model on which ``decide_parallelism`` finds a plan that fits
   (``infra.model_fit``); DDP needs one, FSDP as many as the shards need.
-- Tokens/s per GPU: from the caller's ``throughput`` function, the one the stack's training-run cost uses; a
-  figure not measured on this GPU model, model and method is marked estimated. FSDP is priced at the same
-  per-GPU throughput as DDP (its all-gathers overlap compute), an assumption the table states.
-- GPU-hours = tokens x passes / tokens/s per GPU / 3,600; cost = GPU-hours x the price of one GPU-hour (the
-  node's hourly price / its GPUs), preemptible where the catalog has a preemptible price; wall hours = GPU-hours
-  over the GPUs the run gets: the stack's training GPUs when it fits there, else the GPUs needed.
+- Tokens/s per GPU, GPU-hours and cost: each row is priced by ``price_stack`` (the one price path) with the run
+  config changed to that model and method, so its tokens/s come from where the stack's own training-run cost
+  takes them (configured, measured, borrowed, estimated); the stack's configured figure and the run it measured
+  count only for their own model and method. Preemptible: the same with the workers preemptible, where the
+  catalog has a preemptible price. FSDP is priced at the same per-GPU throughput as DDP (its all-gathers overlap
+  compute), an assumption the table states.
+- Wall hours = GPU-hours over the GPUs the run gets: the stack's training GPUs when it fits there, else the GPUs
+  needed in whole nodes.
 """
 
 from __future__ import annotations
@@ -24,9 +26,7 @@ from pydantic import BaseModel, ConfigDict
 from documents.run_config import RunConfig, parse_run_config
 from infra import catalog
 from infra.config import StackConfig
-from infra.cost.model import node_price
-from infra.cost.pricing import PriceBook
-from infra.cost.price import PriceInputs, training_throughput
+from infra.cost.price import CostReport, PriceInputs, price_stack
 from infra.model_fit import smallest_placement
 from infra.pipeline.chain import worker_shape
 from workloads.train.model_shapes import KNOWN, ModelShape, UnknownModel, shape_for_source
@@ -35,6 +35,7 @@ METHODS = ("full", "lora", "qlora")
 REFERENCE_TOKENS = 100_000_000
 """The tokens a comparison is made for when the configured data has no size here (no data.rows, no prepare summary,
 no tokenized split)."""
+REFERENCE_ROWS = 10_000
 MIN_PARAMS = 1e9
 """Known shapes below this (the local CPU model) are left out of a GPU stack's comparison."""
 ThroughputKind = Literal["measured", "borrowed", "estimated", "configured", "unknown"]
@@ -57,10 +58,6 @@ class RowThroughput(BaseModel):
     @property
     def estimated(self) -> bool:
         return self.kind == "estimated"
-
-
-Throughput = Callable[[str, str], RowThroughput]
-"""(model source, method) -> the figure the cost model would price that run with."""
 
 
 class CompareRow(BaseModel):
@@ -124,86 +121,109 @@ def with_method(run: RunConfig, source: str, method: str) -> RunConfig:
     return parse_run_config(data, f"comparison variant {source} {method}")
 
 
-def cost_model_throughput(cfg: StackConfig, run: RunConfig, inputs: PriceInputs = PriceInputs()) -> Throughput:
-    """Each row's tokens/s as the stack's training-run cost would price that model and method
-    (``infra.cost.price.training_throughput``): the stack's configured figure and the run it measured count only
-    for the model and method they were set or measured for."""
-    plain = cfg.model_copy(update={"pricing": cfg.pricing.model_copy(update={
-        "training": cfg.pricing.training.model_copy(update={"tokens_per_second_per_gpu": None})})})
-    measured = inputs.training
-
-    def figure(source: str, method: str) -> RowThroughput:
-        own = (source, method) == (run.model.source, run.train.method)
-        mine = measured is not None and (measured.model, measured.method) == (source, method)
-        found = training_throughput(cfg if own else plain, with_method(run, source, method),
-                                    inputs if mine else PriceInputs())
-        if found is None:
-            return RowThroughput(tokens_per_second_per_gpu=None, kind="unknown", basis="no figure to price it with")
-        return RowThroughput(tokens_per_second_per_gpu=found.tokens_per_second_per_gpu, kind=found.kind,
-                             basis=found.source(), figure=found.basis.describe() if found.basis else None,
-                             ratio=found.ratio if found.kind == "estimated" else None)
-
-    return figure
+Pricer = Callable[[RunConfig, bool], CostReport]
+"""(a variant of the run, preemptible) -> the stack priced with it."""
 
 
-def gpu_hour_prices(cfg: StackConfig, book: PriceBook) -> tuple[float | None, float | None]:
-    """On-demand and preemptible USD per GPU-hour of the first GPU worker set (None where not priced)."""
-    if cfg.target != "nebius" or cfg.nodes is None:
-        return None, None
-    w = next(w for w in cfg.nodes.workers if w.shape.gpus)
-    gpus = w.shape.gpus
-    on_demand = node_price(w.platform, w.preset, book).usd_per_hour / gpus
-    spot = node_price(w.platform, w.preset, book, preemptible=True)
-    return on_demand, (None if spot.note else spot.usd_per_hour / gpus)
+def stack_pricer(cfg: StackConfig, run: RunConfig, inputs: PriceInputs = PriceInputs()) -> Pricer:
+    """`price_stack` for variants of `run`: the stack's configured throughput and the run it measured count only for
+    the model and method they were set or measured for; preemptible prices every worker set preemptible."""
+    training = cfg.pricing.training.model_copy(update={"tokens_per_second_per_gpu": None})
+    plain = cfg.model_copy(update={"pricing": cfg.pricing.model_copy(update={"training": training})})
+    unmeasured = inputs.model_copy(update={"training": None, "training_read_from": None})
+
+    def spot(stack: StackConfig) -> StackConfig:
+        workers = [w.model_copy(update={"preemptible": True}) for w in stack.nodes.workers]
+        return stack.model_copy(update={"nodes": stack.nodes.model_copy(update={"workers": workers})})
+
+    def price(variant: RunConfig, preemptible: bool) -> CostReport:
+        key = (variant.model.source, variant.train.method)
+        own = key == (run.model.source, run.train.method)
+        measured = inputs.training is not None and (inputs.training.model, inputs.training.method) == key
+        stack = cfg if own else plain
+        return price_stack(spot(stack) if preemptible else stack, inputs if measured else unmeasured, run=variant)
+
+    return price
 
 
-def compare(cfg: StackConfig, run: RunConfig, tokens: float | None, passes: float, throughput: Throughput,
-            book: PriceBook) -> Comparison:
-    """The comparison table for a stack whose first worker set has GPUs (see the module docstring); `tokens` x
-    `passes` is the configured run's size, REFERENCE_TOKENS x 1 where that is unknown (None)."""
+def _row_throughput(report: CostReport) -> RowThroughput:
+    found = report.throughput
+    if found is None:
+        return RowThroughput(tokens_per_second_per_gpu=None, kind="unknown", basis="no figure to price it with")
+    return RowThroughput(tokens_per_second_per_gpu=found.tokens_per_second_per_gpu, kind=found.kind,
+                         basis=found.source(), figure=found.basis.describe() if found.basis else None,
+                         ratio=found.ratio if found.kind == "estimated" else None)
+
+
+def _has_preemptible_price(report: CostReport) -> bool:
+    """Whether the (preemptible) workers were priced preemptible, not on demand for want of a figure."""
+    return not any(line.note for line in report.monthly.lines if line.key.startswith("compute_worker"))
+
+
+def reference_sized(cfg: StackConfig, run: RunConfig) -> tuple[StackConfig, RunConfig]:
+    """The stack and run sized for REFERENCE_TOKENS in one pass (REFERENCE_ROWS rows of the tokens per row that make
+    them, as pricing.training.avgTokensPerRow), for a run whose data has no size here."""
+    per_row = REFERENCE_TOKENS / (REFERENCE_ROWS * run.data.split_ratio)
+    training = cfg.pricing.training.model_copy(update={"avg_tokens_per_row": per_row})
+    cfg = cfg.model_copy(update={"pricing": cfg.pricing.model_copy(update={"training": training})})
+    data = run.data.model_copy(update={"rows": REFERENCE_ROWS})
+    train = run.train.model_copy(update={"epochs": 1.0, "max_steps": None})
+    return cfg, run.model_copy(update={"data": data, "train": train})
+
+
+def compare(cfg: StackConfig, run: RunConfig, inputs: PriceInputs = PriceInputs()) -> Comparison:
+    """The comparison table for a Nebius stack with a GPU worker set (see the module docstring); `inputs`: what the
+    stack's runs measured, as `price_stack` takes them."""
     worker = next((w for w in (cfg.nodes.workers if cfg.nodes else []) if w.shape.gpus), None)
-    if worker is None:
-        raise ValueError(f"stack {cfg.stack!r}: no GPU worker set to compare methods on")
+    if worker is None or cfg.target != "nebius":
+        raise ValueError(f"stack {cfg.stack!r}: no priced GPU worker set to compare methods on")
+    price = stack_pricer(cfg, run, inputs)
+    sized = price(run, False).training
+    if sized is None:
+        cfg, run = reference_sized(cfg, run)
+        price = stack_pricer(cfg, run, inputs)
+        sized = price(run, False).training
+        data_basis = "a reference size: the run config's data has no size here"
+    else:
+        data_basis = f"the run config's data: {sized.tokens:,.0f} tokens x {sized.epochs:g} passes"
     platform = catalog.get_platform(worker.platform)
     nodes, gpus_per_node = worker_shape(cfg)
     stack_gpus = nodes * gpus_per_node
-    on_demand, spot = gpu_hour_prices(cfg, book)
-    if tokens is None:
-        tokens, passes = REFERENCE_TOKENS, 1.0
-        data_basis = "a reference size: the run config's data has no size here"
-    else:
-        data_basis = f"the run config's data: {tokens:,.0f} tokens x {passes:g} passes"
-    rows = []
+    rows, rates, spot_rates = [], set(), set()
     for source in compared_models(run):
         shape = shape_for_source(source)
         for method in METHODS:
             variant = with_method(run, source, method)
             fit = smallest_placement(variant, shape, platform.gpu_memory_gib, 1)
-            figure = throughput(source, method)
-            tps = figure.tokens_per_second_per_gpu
-            gpu_hours = tokens * passes / tps / 3600 if tps else None
+            on_demand, spot = price(variant, False), price(variant, True)
+            priced = on_demand.training
             needed = fit.gpus if fit else None
             fits_stack = needed is not None and needed <= stack_gpus
             wall_gpus = stack_gpus if fits_stack else (gpus_per_node * math.ceil(needed / gpus_per_node)
                                                        if needed else None)
+            preemptible = spot.training.usd if _has_preemptible_price(spot) else None
+            if priced.gpu_hours:
+                rates.add(round(priced.usd / priced.gpu_hours, 6))
+                if preemptible is not None:
+                    spot_rates.add(round(preemptible / priced.gpu_hours, 6))
             rows.append(CompareRow(
                 model=source, params_b=round(shape.params / 1e9, 2), method=method,
                 strategy=fit.plan.strategy if fit else None, gpus_needed=needed,
-                per_gpu_gib=round(fit.per_gpu_gib, 1) if fit else None, fits_stack=fits_stack, throughput=figure,
-                gpu_hours=gpu_hours,
-                wall_hours=gpu_hours / wall_gpus if gpu_hours is not None and wall_gpus else None,
-                wall_gpus=wall_gpus,
-                usd_on_demand=gpu_hours * on_demand if gpu_hours is not None and on_demand is not None else None,
-                usd_preemptible=gpu_hours * spot if gpu_hours is not None and spot is not None else None,
+                per_gpu_gib=round(fit.per_gpu_gib, 1) if fit else None, fits_stack=fits_stack,
+                throughput=_row_throughput(on_demand), gpu_hours=priced.gpu_hours,
+                wall_hours=priced.gpu_hours / wall_gpus if priced.gpu_hours is not None and wall_gpus else None,
+                wall_gpus=wall_gpus, usd_on_demand=priced.usd, usd_preemptible=preemptible,
             ))
     notes = ["FSDP rows are priced at the per-GPU throughput of the same model and method under DDP "
              "(all-gathers overlapped with compute); a measured FSDP run replaces that assumption"]
-    if spot is None and on_demand is not None:
+    if not _has_preemptible_price(price(run, True)):
         notes.append(f"{worker.platform}: no preemptible price in the catalog; preemptible cost not shown")
     return Comparison(
         stack=cfg.stack, gpu_model=platform.gpu_model or "", gpu_memory_gib=platform.gpu_memory_gib,
-        gpus_per_node=gpus_per_node, stack_gpus=stack_gpus, tokens=tokens, passes=passes, data_basis=data_basis,
-        usd_per_gpu_hour=on_demand, preemptible_usd_per_gpu_hour=spot, rows=rows, notes=notes,
+        gpus_per_node=gpus_per_node, stack_gpus=stack_gpus, tokens=sized.tokens, passes=sized.epochs,
+        data_basis=data_basis, usd_per_gpu_hour=next(iter(rates)) if len(rates) == 1 else None,
+        preemptible_usd_per_gpu_hour=next(iter(spot_rates)) if len(spot_rates) == 1 else None,
+        rows=rows, notes=notes,
     )
 
 
