@@ -2,47 +2,17 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from documents.metrics import load_metrics
 from documents.run_config import RunConfig
-from train_fixtures import with_train, write_config
+from train_fixtures import LOSS_REL_TOL, trained, with_train, write_config
 
-ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 STEPS = 20
-LOSS_REL_TOL = 1e-5
-"""FSDP against DDP over 20 steps, same rows, seed and initial weights. Measured here (2026-11-25, 2 ranks, gloo,
-fp32): LoRA identical at every step; full fine-tuning identical for 7 steps, then apart by float32 rounding (the
-reduce-scatter and the all-reduce add the ranks' gradients in different orders) up to a relative 4e-7 at step 20.
-1e-5 is 25 times that."""
-
-
-def torchrun(run: RunConfig, tmp_path: Path, name: str, nproc: int = 2) -> subprocess.CompletedProcess[str]:
-    """`finetune` over `nproc` local ranks (gloo), one thread each; the log is kept beside the config."""
-    config = write_config(run, tmp_path / f"{name}.json")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-         "-m", "workloads.train.finetune", "--config", str(config)],
-        capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
-    (tmp_path / f"{name}.log").write_text(done.stdout + done.stderr)
-    return done
-
-
-def trained(run: RunConfig, tmp_path: Path, name: str, nproc: int = 2) -> tuple[list[float], dict[str, Any]]:
-    done = torchrun(run, tmp_path, name, nproc)
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    losses = [r.loss for r in load_metrics(run.train_run_dir / "metrics.jsonl") if r.loss is not None]
-    return losses, json.loads((run.train_run_dir / "run_manifest.json").read_text())
 
 
 def pair(tiny_prepared: RunConfig, tmp_path: Path, **train: Any) -> tuple[RunConfig, RunConfig]:
@@ -69,3 +39,36 @@ def test_fsdp_and_ddp_give_the_same_loss_curve_and_fsdp_holds_half_the_parameter
     assert shard == pytest.approx(whole / 2, rel=0.01), (shard, whole)
     output = fsdp_run.train_run_dir / ("model" if method == "full" else "adapter")
     assert fsdp_manifest[("model" if method == "full" else "adapter")] == str(output)
+
+
+def test_qlora_shards_its_4bit_base_on_cpu(tiny_prepared: RunConfig, tmp_path: Path) -> None:
+    """bitsandbytes' NF4 weights stored in the compute dtype (fp32 on CPU) are ordinary floating tensors to FSDP:
+    each rank keeps half of every packed weight, and training matches DDP's."""
+    ddp_run, fsdp_run = pair(tiny_prepared, tmp_path, quantization="4bit", max_steps=4)
+    ddp, ddp_manifest = trained(ddp_run, tmp_path, "ddp")
+    fsdp, fsdp_manifest = trained(fsdp_run, tmp_path, "fsdp")
+    assert fsdp_manifest["parallelism"]["method"] == "qlora" and fsdp_manifest["parallelism"]["strategy"] == "fsdp"
+    whole, shard = ddp_manifest["parameter_bytes"]["frozen"], fsdp_manifest["parameter_bytes"]["frozen"]
+    assert shard == pytest.approx(whole / 2, rel=0.01), (shard, whole)
+    assert fsdp == pytest.approx(ddp, rel=LOSS_REL_TOL)
+    assert (fsdp_run.adapter_dir / "adapter_model.safetensors").is_file()
+
+
+def test_a_sharded_checkpoint_resumes_on_more_ranks_and_is_refused_on_one(
+        tiny_prepared: RunConfig, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """torch.distributed.checkpoint reshards the 2-rank weights and Adam states over 3 ranks; one process cannot
+    shard, so it refuses the FSDP checkpoint and says what to set."""
+    from workloads.train.finetune import main
+
+    common = {"save_steps": 2, "micro_batch_size": 1, "batching": "grouped", "parallelism": "fsdp"}
+    first = with_train(tiny_prepared, tmp_path, max_steps=4, **common)
+    trained(first, tmp_path, "two")
+    more = with_train(tiny_prepared, tmp_path, max_steps=6, **common)
+    losses, manifest = trained(more, tmp_path, "three", nproc=3)
+    assert "written by 2 ranks, resuming on 3" in (tmp_path / "three.log").read_text()
+    assert [a["resumed_from_step"] for a in manifest["attempts"]] == [4] and manifest["world_size"] == 3
+    assert len(losses) == 6 and manifest["status"] == "completed"
+    alone = with_train(tiny_prepared, tmp_path, max_steps=8, **common)
+    assert main(["--config", str(write_config(alone, tmp_path / "one.json"))]) == 2
+    error = capsys.readouterr().err
+    assert "written under fsdp and this run trains under ddp" in error and "needs 2 or more ranks" in error

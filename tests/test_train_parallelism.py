@@ -105,6 +105,13 @@ def test_one_rank_cannot_shard_so_auto_stays_ddp_and_says_what_would_fit():
     assert f"FSDP needs at least {plan.min_fsdp_ranks} ranks" in plan.reason
 
 
+def test_fsdp_on_one_rank_keeps_the_replica():
+    plan = decide_parallelism(_run(method="lora", parallelism="fsdp"), QWEN8, H100, 1)
+    assert (plan.configured, plan.strategy, plan.shards) == ("fsdp", "ddp", 1)
+    assert "one rank, nothing to shard" in plan.reason
+    assert plan.per_rank_bytes["base_weights"] == QWEN8.params * 2
+
+
 def test_without_gpu_memory_auto_is_ddp_and_fsdp_when_configured():
     auto = decide_parallelism(_run(method="lora"), LLAMA70, None, 2)
     fsdp = decide_parallelism(_run(method="lora", parallelism="fsdp"), LLAMA70, None, 2)

@@ -67,6 +67,36 @@ def problem(folder: Path, fingerprint: str | None = None) -> str | None:
     return None
 
 
+FSDP_MODEL = "pytorch_model_fsdp_0"
+"""the folder of a checkpoint's sharded weights (torch.distributed.checkpoint), written under FSDP only."""
+
+
+def written_by(folder: Path) -> tuple[str, int]:
+    """(ddp or fsdp, ranks) of the run that wrote the checkpoint: sharded weights mean FSDP; one RNG state per
+    rank."""
+    ranks = len(list(folder.glob("rng_state_*.pth"))) or 1
+    return ("fsdp" if (folder / FSDP_MODEL).is_dir() else "ddp"), ranks
+
+
+class CannotResume(ValueError):
+    """A checkpoint this run cannot load; the message says what to change."""
+
+
+def check_resumable(folder: Path, strategy: str, world_size: int) -> str | None:
+    """Refuse a checkpoint of the other strategy; a different rank count loads (torch.distributed.checkpoint
+    reshards FSDP states, DDP's are whole), returned as a note for the log."""
+    saved, ranks = written_by(folder)
+    if saved != strategy:
+        raise CannotResume(
+            f"{folder} was written under {saved} and this run trains under {strategy}: set train.parallelism: {saved} "
+            f"to resume it (an fsdp checkpoint needs 2 or more ranks), or move {folder.parent} away to start again")
+    if ranks != world_size:
+        return (f"{folder} was written by {ranks} ranks, resuming on {world_size}: the weights and optimizer states "
+                f"load as they are ({'resharded' if saved == 'fsdp' else 'whole'}), but the global batch changes with "
+                "the ranks and the rows after the resume point are split among the ranks anew")
+    return None
+
+
 def latest_complete(root: Path, fingerprint: str | None = None) -> Path | None:
     """Newest intact checkpoint under `root` (of this `fingerprint`); others are skipped with a warning."""
     for folder in reversed(_checkpoints(root)):

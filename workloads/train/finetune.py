@@ -279,6 +279,9 @@ def train_run(run: RunConfig) -> int:
     rank0 = args.process_index == 0
     resume = checkpoints.latest_complete(paths.checkpoint_dir, fingerprint)
     resumed_step = checkpoints.checkpoint_step(resume) if resume else 0
+    note = checkpoints.check_resumable(resume, parallel.strategy, args.world_size) if resume else None
+    if note:
+        log.warning(note)
     tokenizer = AutoTokenizer.from_pretrained(paths.model_dir)
     set_seed(train.seed)  # every rank draws the same fresh adapter: FSDP shards each rank's own copy, DDP broadcasts rank 0's
     model = load_model(paths.model_dir, train, precision, args.local_process_index, choice, plan.gradient_checkpointing)
@@ -358,7 +361,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError) as error:
         print(f"finetune: {error}", file=sys.stderr)
         return 2
-    return train_run(run)
+    try:
+        return train_run(run)
+    except checkpoints.CannotResume as error:
+        print(f"finetune: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

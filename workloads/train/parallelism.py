@@ -87,6 +87,11 @@ def decide_parallelism(run: RunConfig, shape: ModelShape | None, gpu_memory_gib:
         return ParallelismPlan(strategy=strategy, reason=reason, shards=shards, per_rank_bytes=parts, fits=fits,
                                **common, **more)
 
+    if configured == "fsdp" and world_size == 1:
+        parts = per_rank_parts(estimate(shape, fit_inputs(run)), train.method) if shape is not None else {}
+        budget = fraction * gpu_memory_gib * GIB if gpu_memory_gib is not None else None
+        fits = budget is None or not parts or parts["total"] <= budget
+        return plan("ddp", "fsdp: one rank, nothing to shard: the whole replica stays on its device", parts, fits)
     if shape is None:
         strategy = "ddp" if configured == "auto" else configured
         return plan(strategy, f"{configured}: model shape unknown, memory not estimated", {}, True)
