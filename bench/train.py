@@ -116,7 +116,7 @@ def build_mixed(dense_dir: Path, tokenizer_dir: Path, max_length: int, out: Path
     kept), interleaved; saved once at `out`."""
     from datasets import Dataset, load_from_disk
 
-    from workloads.data.convert import to_messages
+    from workloads.data.convert import to_chat_row
     from workloads.data.synthetic import conversation
     from workloads.data.tokenize import encode_batch, load_tokenizer, max_token_chars
 
@@ -130,7 +130,7 @@ def build_mixed(dense_dir: Path, tokenizer_dir: Path, max_length: int, out: Path
     max_chars = max_length * max_token_chars(tokenizer)
     short: list[dict[str, Any]] = []
     for start in range(0, 100 * count, chunk):
-        chats = {"messages": [to_messages(conversation(0, i)) for i in range(start, start + chunk)]}
+        chats = {"messages": [to_chat_row(conversation(0, i)).turns() for i in range(start, start + chunk)]}
         encoded = encode_batch(chats, list(range(chunk)), tokenizer, max_length, "truncate", max_chars)
         short += [{c: encoded[c][i] for c in columns} for i in range(chunk)
                   if encoded["status"][i] == "kept" and encoded["length"][i] <= max_length // 2]

@@ -6,7 +6,9 @@ model (the run's measured training throughput).
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from documents.base import parse
 from documents.throughput import ThroughputCheck, ThroughputMeasurement
@@ -29,14 +31,23 @@ class RunIndex(BaseModel):
     perplexity_base: float | None = None
     perplexity_finetuned: float | None = None
     perplexity_improvement_pct: float | None = None
-    tokens_per_second: float | None = None
     train_loss_final: float | None = None
     cost_usd: float | None = None
     files: list[str] = []
     throughput: ThroughputMeasurement | None = None
-    """the training throughput the run measured (what the stack's training-run cost is priced with)."""
+    """the run's one throughput figure: real tokens over logged time for the whole run, per device, with its basis
+    and provenance (what the stack's training-run cost is priced with)."""
     throughput_check: ThroughputCheck | None = None
     """the figure the stack was priced with before this run measured its own (estimate, measurement, ratio)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_last_interval(cls, data: Any) -> Any:
+        """Records written before 2026-11-25 also held `tokens_per_second`, the last logged interval's figure
+        over all ranks: not the run's throughput, so it is read and dropped."""
+        if isinstance(data, dict) and "tokens_per_second" in data:
+            return {k: v for k, v in data.items() if k != "tokens_per_second"}
+        return data
 
 
 def read_run_record(text: str | bytes, origin: str) -> RunIndex:

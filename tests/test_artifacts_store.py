@@ -12,6 +12,7 @@ from document_fixtures import evaluator_report, side
 from moto.server import ThreadedMotoServer
 
 from documents.metrics import MetricsRecord
+from documents.run_record import read_run_record, write_run_record
 from documents.stack_outputs import Cost, StackOutputs, read_stack_outputs
 from infra.runs.store import (
     ArtifactError,
@@ -59,7 +60,7 @@ def test_local_store_layout_index_and_listing(tmp_path: Path) -> None:
     assert index["perplexity_base"] == pytest.approx(7.03)
     assert index["perplexity_finetuned"] == pytest.approx(4.70)
     assert index["perplexity_improvement_pct"] == pytest.approx((7.03 - 4.70) / 7.03 * 100)
-    assert index["tokens_per_second"] == pytest.approx(104.0)
+    assert "tokens_per_second" not in index and index["throughput"] is None  # no measurement given: none made up
     assert index["train_loss_final"] == pytest.approx(3.0 - 1.6)
     assert index["run_name"] == "demo"  # from the run config, also when the folders are given (fetched runs)
     assert index["cost_usd"] == 1.25 and index["job_ids"]["eval"] == "41"
@@ -185,3 +186,12 @@ def test_upload_run_follows_the_train_sections_output_dir(tmp_path: Path, monkey
     (tmp_path / "elsewhere" / "metrics.jsonl").write_text(MetricsRecord(step=3, epoch=1, loss=1.25).line())
     result = upload_run(LocalStore(tmp_path / "artifacts"), "dev", "r1", config_path, job_ids={"eval": "9"})
     assert result.uploaded == ["config/run.json", "train/metrics.jsonl"] and result.index.train_loss_final == 1.25
+
+
+def test_a_run_record_written_before_the_one_throughput_figure_still_reads() -> None:
+    """run.json files written before 2026-11-25 carried `tokens_per_second`, the last logged interval's figure."""
+    old = ('{"stack": "local", "run_id": "20261101-080000", "uploaded_at": "2026-11-01T08:10:00+00:00", '
+           '"tokens_per_second": 104.0, "train_loss_final": 1.4, "files": ["run.json"]}')
+    index = read_run_record(old, "runs/local/20261101-080000/run.json")
+    assert index.run_id == "20261101-080000" and index.train_loss_final == 1.4 and index.throughput is None
+    assert "tokens_per_second" not in json.loads(write_run_record(index))

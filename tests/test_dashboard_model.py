@@ -39,6 +39,8 @@ def test_sections_match_the_cost_model_and_the_program(stack: str) -> None:
     if stack in ("demo", "dev"):  # L40S, no run of its own: priced with an estimate (h100's data size is unset)
         assert data.training_kind == "estimated" and data.training["usd"] > 0
         assert data.training_source.startswith("estimated from NVIDIA H100 SXM ")
+        page = render_html(data, "test")
+        assert '<span id="training-kind">(estimated)</span>' in page.split('id="monthly-cost"')[1].split("</div></div>")[1]
     workers = {w.name for w in cfg.nodes.workers}
     assert len(data.nodes) == len(workers) + 3 + (cfg.nodes.accounting is not None)
     assert sum(int(n.count) * (n.gpus or 0) for n in data.nodes if n.gpus) == outputs["gpus_total"]

@@ -22,7 +22,7 @@ from document_fixtures import evaluator_report, side
 
 from documents.metrics import MetricsRecord
 from documents.run_config import load_run_config
-from infra.commands.run import finish_run
+from infra.commands.run import evaluation_summary_text, finish_run
 from infra.commands.runs import format_table
 from infra.config import load_stack_config
 from infra.cost.price import price_stack
@@ -87,7 +87,7 @@ def test_a_measured_run_replaces_the_estimate_in_every_price_of_the_stack(dev_bu
 
     result = finished_run(tmp_path / "cluster")
     inputs = price_inputs(cfg, REPO).with_evaluation(result.evaluation)
-    outputs, _, where = finish_run(cfg, REPO, result, {"kind": "local"}, inputs)
+    outputs, report, where = finish_run(cfg, REPO, result, {"kind": "local"}, inputs)
     assert where is not None and dev_bucket["FTSTACK_ARTIFACTS_BUCKET"] in where
 
     store, _ = stack_store(cfg, REPO)
@@ -106,6 +106,8 @@ def test_a_measured_run_replaces_the_estimate_in_every_price_of_the_stack(dev_bu
     assert record.run_id in ran.throughput_source and "read from s3://" in ran.throughput_source
     # the measured cost per chat is in the section as built: 35 tokens/s of the fine-tuned model
     assert outputs.cost.chats["measured"].tokens_per_second == 35.0
+    printed = evaluation_summary_text(cfg, result, cfg, report)  # what ftstack run prints, from the same price
+    assert next(l for l in printed.splitlines() if l.strip().startswith("measured")).split()[1] == "35"
 
     plan = plan_json(dev_bucket)
     planned, program = plan["cost"]["training_run"], plan["outputs"]

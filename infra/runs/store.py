@@ -270,7 +270,6 @@ def build_index(
         records = read_metrics(_read_text(metrics_file), str(metrics_file)) if metrics_file else []
     except DocumentError as exc:
         raise ArtifactError(str(exc)) from None
-    tokens_per_second = next((r.tokens_per_second for r in reversed(records) if r.tokens_per_second is not None), None)
     final_loss = next((r.loss for r in reversed(records) if r.loss is not None), None)
     return RunIndex(
         stack=stack,
@@ -285,7 +284,6 @@ def build_index(
         perplexity_base=evaluator.base_model.perplexity if evaluator else None,
         perplexity_finetuned=evaluator.finetuned_model.perplexity if evaluator else None,
         perplexity_improvement_pct=evaluator.comparison.perplexity if evaluator else None,
-        tokens_per_second=tokens_per_second,
         train_loss_final=final_loss,
         cost_usd=cost_usd,
         files=sorted(files),

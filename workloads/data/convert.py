@@ -24,6 +24,7 @@ from documents.stage_manifest import manifest_path, write_manifest
 from documents.base import DocumentError
 from documents.data_reports import BadRow, ConvertReport, convert_report_path, read_convert_report, write_report
 from documents.atomic import atomic_file, os_errors_as, sha256_file
+from documents.chat_row import ChatRow, chat_row_line
 from workloads.data.freshness import build_manifest, is_current
 
 log = logging.getLogger("workloads.data.convert")
@@ -154,9 +155,10 @@ def row_problem(row: Any, keep: tuple[str, ...] = ()) -> str | None:
     return None
 
 
-def to_messages(row: dict[str, Any]) -> list[dict[str, str]]:
-    messages = [{"role": "system", "content": row["system"]}] if (row.get("system") or "").strip() else []
-    return messages + [{"role": "user", "content": row["user"]}, {"role": "assistant", "content": row["assistant"]}]
+def to_chat_row(row: dict[str, Any], keep: tuple[str, ...] = ()) -> ChatRow:
+    """A checked source row (see `row_problem`) as a chat row, the `keep` columns carried as strings."""
+    return ChatRow.from_columns(row.get("system"), row["user"], row["assistant"],
+                                **{column: str(row[column]) for column in keep})
 
 
 def convert(
@@ -202,8 +204,7 @@ def _convert(input_path: Path, output: Path, max_bad_fraction: float, limit: int
                     if len(first_bad) < FIRST_BAD:
                         first_bad.append(BadRow(row=number, reason=problem))
                     continue
-                kept = {column: str(row[column]) for column in keep}
-                out.write(json.dumps({"messages": to_messages(row), **kept}, ensure_ascii=False) + "\n")
+                out.write(chat_row_line(to_chat_row(row, keep)))
                 written += 1
         if total == 0:
             raise ConvertError(f"{input_path}: no rows")

@@ -22,6 +22,7 @@ from documents.stage_manifest import manifest_path, write_manifest
 from documents.base import DocumentError
 from documents.data_reports import SplitReport, read_split_report, split_report_path, write_report
 from documents.atomic import atomic_file, os_errors_as, sha256_file
+from documents.chat_row import ChatRow, ChatRowError, read_chat_rows
 from workloads.data.freshness import build_manifest, is_current
 
 log = logging.getLogger("workloads.data.split")
@@ -35,31 +36,22 @@ def split_paths(input_path: Path) -> tuple[Path, Path]:
     return (input_path.with_name(f"{input_path.stem}_train.jsonl"), input_path.with_name(f"{input_path.stem}_test.jsonl"))
 
 
-def read_lines(path: Path, group_by: str | None = None) -> list[str]:
-    """Non-empty lines, each checked to be a JSON object with a `messages` list (and a `group_by` value)."""
-    if not path.is_file():
-        raise SplitError(f"{path}: file not found")
-    lines = []
-    with open(path, "rb") as handle:
-        for number, raw in enumerate(handle, start=1):
-            if not raw.strip():
-                continue
-            try:
-                line = raw.decode("utf-8").strip()
-                row = json.loads(line)
-            except (UnicodeDecodeError, json.JSONDecodeError) as error:
-                raise SplitError(f"{path}:{number}: not a JSON line: {error}") from None
-            if not isinstance(row, dict) or not isinstance(row.get("messages"), list):
-                raise SplitError(f"{path}:{number}: expected an object with a 'messages' list")
-            if group_by is not None and row.get(group_by) is None:
+def read_rows(path: Path, group_by: str | None = None) -> list[tuple[str, ChatRow]]:
+    """Each non-blank line with its chat row (and a `group_by` value, checked)."""
+    rows = []
+    try:
+        for number, line, row in read_chat_rows(path):
+            if group_by is not None and row.kept(group_by) is None:
                 raise SplitError(f"{path}:{number}: no {group_by!r} value to group by (convert with --keep {group_by})")
-            lines.append(line)
-    if not lines:
+            rows.append((line, row))
+    except ChatRowError as error:
+        raise SplitError(str(error)) from None
+    if not rows:
         raise SplitError(f"{path}: no rows")
-    return lines
+    return rows
 
 
-def _groups(lines: list[str], group_by: str | None) -> tuple[list[list[str]], dict[str, int]]:
+def _groups(rows: list[tuple[str, ChatRow]], group_by: str | None) -> tuple[list[list[str]], dict[str, int]]:
     """Rows that must stay together: identical rows, and rows sharing a `group_by` value (joined when an
     identical row links two values). Groups keep the order of their first row."""
     parent: dict[str, str] = {}
@@ -70,32 +62,31 @@ def _groups(lines: list[str], group_by: str | None) -> tuple[list[list[str]], di
         return key
 
     contents = []
-    for line in lines:
-        row = json.loads(line)
-        content = "c" + json.dumps(row, sort_keys=True, ensure_ascii=False)
+    for _, row in rows:
+        content = "c" + json.dumps(row.model_dump(mode="json"), sort_keys=True, ensure_ascii=False)
         contents.append(content)
         if group_by is not None:
-            parent[root(content)] = root("g" + str(row[group_by]))
+            parent[root(content)] = root("g" + str(row.kept(group_by)))
         root(content)
     same: dict[str, list[str]] = {}
     for content in contents:
         same.setdefault(content, []).append(content)
     groups: dict[str, list[str]] = {}
-    for line, content in zip(lines, contents):
+    for (line, _), content in zip(rows, contents):
         groups.setdefault(root(content), []).append(line)
     duplicates = {"duplicate_groups": sum(1 for g in same.values() if len(g) > 1),
                   "duplicate_rows": sum(len(g) - 1 for g in same.values())}
     return list(groups.values()), duplicates
 
 
-def assign(lines: list[str], ratio: float, shuffle: bool, seed: int, group_by: str | None = None
+def assign(rows: list[tuple[str, ChatRow]], ratio: float, shuffle: bool, seed: int, group_by: str | None = None
            ) -> tuple[list[str], list[str], dict[str, Any]]:
     """Train and test rows. Groups (identical rows; rows sharing a `group_by` value), not rows, are cut at
     `ratio`: a group lands whole on one side."""
-    groups, counts = _groups(lines, group_by)
+    groups, counts = _groups(rows, group_by)
     if shuffle:
         random.Random(seed).shuffle(groups)
-    target = round(len(lines) * ratio)
+    target = round(len(rows) * ratio)
     train: list[str] = []
     test: list[str] = []
     sides = {"train": 0, "test": 0}
@@ -133,10 +124,10 @@ def _split(input_path: Path, ratio: float, shuffle: bool, seed: int, group_by: s
         else:
             log.info("%s and %s are up to date", train_path, test_path)
             return stored
-    lines = read_lines(input_path, group_by)
-    train, test, duplicates = assign(lines, ratio, shuffle, seed, group_by)
+    rows = read_rows(input_path, group_by)
+    train, test, duplicates = assign(rows, ratio, shuffle, seed, group_by)
     if not train or not test:
-        raise SplitError(f"{input_path}: {len(lines)} rows at ratio {ratio} leave the "
+        raise SplitError(f"{input_path}: {len(rows)} rows at ratio {ratio} leave the "
                          f"{'train' if not train else 'test'} split empty")
     with ExitStack() as stack:
         for path, rows in ((train_path, train), (test_path, test)):
@@ -147,11 +138,11 @@ def _split(input_path: Path, ratio: float, shuffle: bool, seed: int, group_by: s
         write_manifest(manifest_path(path), build_manifest("split", inputs, {**params, "side": side},
                                                            output_sha256=sha256_file(path), rows=len(rows)))
     report = SplitReport(input=str(input_path.resolve()), train=str(train_path.resolve()),
-                         test=str(test_path.resolve()), rows=len(lines), train_rows=len(train), test_rows=len(test),
+                         test=str(test_path.resolve()), rows=len(rows), train_rows=len(train), test_rows=len(test),
                          **(duplicates | params))
     write_report(report_file, report)
     log.info("split %d rows in %d groups: %d rows (%d groups) train, %d rows (%d groups) test "
-             "(%d duplicate rows kept together)", len(lines), duplicates["groups"], len(train),
+             "(%d duplicate rows kept together)", len(rows), duplicates["groups"], len(train),
              duplicates["train_groups"], len(test), duplicates["test_groups"], duplicates["duplicate_rows"])
     return report
 

@@ -22,6 +22,7 @@ from typing import Any, Literal
 from documents.prepare_summary import TokenizeLosses
 from documents.stage_manifest import MANIFEST_NAME, StageManifest, read_stage_manifest, write_manifest
 from documents.atomic import atomic_dir, os_errors_as
+from documents.chat_row import ChatRowError, read_chat_rows
 from workloads.data.freshness import build_manifest, is_current
 from workloads.data.shorten import Messages, cap_context, fit_context, token_count
 
@@ -39,24 +40,11 @@ class TokenizeError(ValueError):
 
 
 def read_conversations(path: Path) -> list[list[dict[str, str]]]:
-    """The `messages` of each line, checked: a list of {role, content} string pairs with an assistant turn."""
-    if not path.is_file():
-        raise TokenizeError(f"{path}: file not found")
-    conversations = []
-    with open(path, "rb") as handle:
-        for number, raw in enumerate(handle, start=1):
-            if not raw.strip():
-                continue
-            try:
-                messages = json.loads(raw.decode("utf-8"))["messages"]
-            except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as error:
-                raise TokenizeError(f"{path}:{number}: not a {{\"messages\": [...]}} JSON line ({error})") from None
-            if not isinstance(messages, list) or not all(
-                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                for m in messages
-            ):
-                raise TokenizeError(f"{path}:{number}: messages must be a list of {{role, content}} strings")
-            conversations.append([{"role": m["role"], "content": m["content"]} for m in messages])
+    """The `messages` of each chat row (documents.chat_row checks them: {role, content} strings)."""
+    try:
+        conversations = [row.turns() for _, _, row in read_chat_rows(path)]
+    except ChatRowError as error:
+        raise TokenizeError(str(error)) from None
     if not conversations:
         raise TokenizeError(f"{path}: no rows")
     return conversations

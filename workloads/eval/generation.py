@@ -10,7 +10,6 @@ stalled prompt cannot swing the comparison, and the timing costs no generation b
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from dataclasses import dataclass
@@ -19,6 +18,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 from transformers.generation.streamers import BaseStreamer
+
+from documents.chat_row import ChatRowError, read_chat_rows
 
 
 @dataclass(frozen=True)
@@ -58,13 +59,15 @@ def read_prompts(dataset, test_jsonl: Path, limit: int) -> list[Prompt]:
                          "run the prepare stage again")
     if not test_jsonl.exists():
         raise FileNotFoundError(f"{test_jsonl}: test split not found (run the data stage first)")
-    with test_jsonl.open(encoding="utf-8") as handle:
-        lines = [line for line in handle if line.strip()]
+    try:
+        rows = [row for _, _, row in read_chat_rows(test_jsonl)]
+    except ChatRowError as error:
+        raise ValueError(f"{error}; run the prepare stage again") from None
     prompts = []
     for item in dataset.select(range(min(limit, len(dataset)))):
         try:
-            user, reference = _final_turns(json.loads(lines[item["row"]])["messages"])
-        except (IndexError, ValueError, KeyError, TypeError) as error:
+            user, reference = _final_turns(rows[item["row"]].turns())
+        except (IndexError, ValueError) as error:
             raise ValueError(f"{test_jsonl}: row {item['row']}: not the conversation the tokenized split was made "
                              f"from ({error!r}); run the prepare stage again") from None
         prompts.append(Prompt(item["input_ids"][: item["prompt_length"]], user, reference))

@@ -7,12 +7,13 @@ own tokenizer and chat template and refuses what does not fit with a 400.
 
 from __future__ import annotations
 
-import json
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from documents.base import DocumentError
+from documents.hf_files import read_decoder_config
 from documents.sections.serve import ServeConfig
 
 # transformers' continuous batching pages hold 256 tokens (ContinuousBatchingConfig.page_size); the engines are
@@ -23,14 +24,10 @@ CB_PAGE_TOKENS = 256
 def model_context(folder: Path) -> int | None:
     """The model's position limit from its config.json (text_config for multimodal models), if it states one."""
     try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        value = read_decoder_config(folder).max_position_embeddings
+    except DocumentError:
         return None
-    for section in (config, config.get("text_config") or {}):
-        value = section.get("max_position_embeddings")
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
+    return value if value is not None and value > 0 else None
 
 
 @dataclass(frozen=True)

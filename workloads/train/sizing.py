@@ -19,6 +19,7 @@ from workloads.train.model_shapes import ModelShape
 
 if TYPE_CHECKING:
     from documents.run_config import RunConfig
+    from documents.sections.train import TrainConfig
 
 EFFICIENT_TOKENS = 2048
 """Smallest micro-batch worth trading recomputation for. Recomputation runs every forward twice: with a frozen
@@ -28,6 +29,15 @@ bf16 ridge point (989 TFLOP/s over 3.35 TB/s, about 300), so it is still compute
 dequantized twice per micro-batch (forward and backward, 2.5 bytes per weight each time). For Qwen3-14B
 that is about 25 ms against about 170 ms of GEMMs at 2,048 tokens (4N FLOPs per token at 700 TFLOP/s)."""
 ALIGN = 64
+
+
+def tokens_per_step(train: TrainConfig, max_length: int, batching: Batching, ranks: int = 1,
+                    tokens_per_row: float | None = None) -> float:
+    """Tokens one optimizer step takes in over `ranks` data-parallel ranks: accumulation x ranks x a micro-batch
+    (packed: micro_batch_size x max_length tokens; padded: micro_batch_size rows of `tokens_per_row` tokens, at
+    most max_length when the rows are not known). The batch plan and the cost model both count with it."""
+    row = max_length if batching == "packed" or tokens_per_row is None else tokens_per_row
+    return train.gradient_accumulation_steps * max(ranks, 1) * train.micro_batch_size * row
 
 
 class DoesNotFit(ValueError):
@@ -60,7 +70,7 @@ def plan_batches(run: RunConfig, shape: ModelShape | None, gpu_memory_gib: float
     inputs = inputs_from_run(run, batching, shards)
     length = inputs.max_length
     accumulation = train.gradient_accumulation_steps
-    step_tokens = inputs.micro_batch * accumulation * length
+    step_tokens = int(tokens_per_step(train, length, "packed"))
     fraction = train.memory_fraction
     configured = train.micro_batch_tokens if packed else None
     auto_tokens = configured == "auto"
