@@ -42,6 +42,8 @@ class Platform:
     presets: Mapping[str, Preset]
     drivers_preset: str | None = None
     """Default Nebius drivers preset of GPU node groups (mk8s ``gpu_settings.drivers_preset``)."""
+    cuda_version: str | None = None
+    """Default CUDA version (X.Y.Z) Soperator's images use on this platform (the charts' ``cudaVersion``)."""
 
     @property
     def is_gpu(self) -> bool:
@@ -68,13 +70,50 @@ def _platform(
     gpu_memory_gib: int = 0, gpu_cluster_gpus: int = 0,
 ) -> Platform:
     table = {p: parse_preset(p, gpu_cluster_gpus=gpu_cluster_gpus) for p in presets}
-    drivers = CUDA12_DRIVERS if gpu_model else None
-    return Platform(name, cpu, gpu_model, gpu_memory_gib, MappingProxyType(table), drivers)
+    drivers, cuda = (DEFAULT_DRIVERS_PRESET, DEFAULT_CUDA_VERSION) if gpu_model else (None, None)
+    return Platform(name, cpu, gpu_model, gpu_memory_gib, MappingProxyType(table), drivers, cuda)
 
 
-CUDA12_DRIVERS = "cuda12"
-"""Nebius drivers preset offered for L40S, H100 and H200 node groups on mk8s 1.30/1.31 (docs.nebius.com
-kubernetes/gpu/set-up; ``nebius mk8s node-group get-compatibility-matrix`` lists the current ones)."""
+REFERENCE_DRIVER_PRESETS = (
+    "nebius/nebius-solutions-library soperator/installations/example/driver_presets.tf "
+    "(commit 9a187732a69e500115f78a088dc2ceb3981540e3, newest stored revision, read 2026-11-25)"
+)
+"""Where ``SUPPORTED_DRIVER_PRESETS_BY_K8S`` comes from: the reference install's table that its
+``check_driver_presets`` preconditions validate a plan against."""
+
+SUPPORTED_DRIVER_PRESETS_BY_K8S: Mapping[str, Mapping[str, tuple[str, ...]]] = MappingProxyType({
+    version: MappingProxyType({platform: ("cuda13.0",) for platform in platforms})
+    for version, platforms in {
+        "1.35": ("gpu-l40s-a", "gpu-l40s-d", "gpu-h100-sxm", "gpu-h200-sxm", "gpu-b200-sxm", "gpu-b200-sxm-a",
+                 "gpu-b300-sxm", "gpu-rtx6000", "gpu-gb300"),
+        "1.36": ("gpu-l40s-a", "gpu-l40s-d", "gpu-h100-sxm", "gpu-h200-sxm", "gpu-b200-sxm", "gpu-b200-sxm-a",
+                 "gpu-b300-sxm", "gpu-rtx6000", "gpu-rtx6000-a", "gpu-gb300"),
+    }.items()
+})
+"""Managed Kubernetes version -> GPU platform -> drivers presets with preinstalled GPU node images
+(``supported_gpu_driver_presets_by_k8s`` of ``REFERENCE_DRIVER_PRESETS``; an older revision listed 1.32 and
+1.33, none lists 1.31)."""
+
+DEFAULT_DRIVERS_PRESET = "cuda13.0"
+DEFAULT_CUDA_VERSION = "13.0.2"
+"""The reference's per-platform defaults for every GPU platform (``platform_driver_presets`` and
+``platform_cuda_versions`` in soperator/installations/example/variables.tf, commit
+01e8c67a6182305bf2751a931fc5ee2f642f51a1, read 2026-11-25)."""
+
+SOPERATOR_CUDA_VERSIONS: Mapping[str, tuple[str, ...]] = MappingProxyType({
+    "4.1.7": ("12.9.0", "13.0.2"),
+})
+"""CUDA versions a Soperator release ships active-check images and NCCL tests for (nebius/soperator at the
+tag: helm/soperator-activechecks/values.yaml ``images.activeCheckImageTags`` and ``ncclTestsVersions``); the
+chart fails to render for any other ``cudaVersion``."""
+
+
+def supported_pairs() -> str:
+    """The table as one line: ``1.35: gpu-h100-sxm cuda13.0, ...; 1.36: ...`` (for error messages)."""
+    return "; ".join(
+        f"{version}: " + ", ".join(f"{platform} {'/'.join(presets)}" for platform, presets in platforms.items())
+        for version, platforms in SUPPORTED_DRIVER_PRESETS_BY_K8S.items()
+    )
 
 _CPU_PRESETS = (
     "2vcpu-8gb", "4vcpu-16gb", "8vcpu-32gb", "16vcpu-64gb", "32vcpu-128gb", "48vcpu-192gb",

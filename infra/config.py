@@ -53,7 +53,10 @@ class NebiusConfig(_Model):
     region: str = Field("eu-north1", description="Nebius region of the project.")
     subnet_id: str | None = Field(None, description="Existing VPC subnet; None creates one.")
     network_id: str | None = Field(None, description="VPC network for a new subnet.")
-    k8s_version: str = Field("1.31", alias="k8sVersion", description="Managed Kubernetes control-plane version.")
+    k8s_version: str = Field(
+        "1.35", alias="k8sVersion",
+        description="Managed Kubernetes version; one with preinstalled GPU images (catalog.SUPPORTED_DRIVER_PRESETS_BY_K8S).",
+    )
     public_endpoint: bool = Field(True, description="Give the k8s API a public address.")
     tenant_id: str | None = Field(
         None, description="Nebius tenant id; its 'editors' group lets the backup service account write the bucket."
@@ -122,6 +125,10 @@ class WorkerSet(NodeSet):
     drivers_preset: str | None = Field(
         None, description="Nebius drivers preset; default: the platform's (infra/catalog.py)."
     )
+    cuda_version: str | None = Field(
+        None, pattern=r"^\d+\.\d+\.\d+$",
+        description="CUDA version (X.Y.Z) of Soperator's images on these workers; default: the platform's.",
+    )
 
     @model_validator(mode="after")
     def _drivers(self) -> WorkerSet:
@@ -130,7 +137,16 @@ class WorkerSet(NodeSet):
             raise ValueError(f"driversPreset: {self.platform} has no GPU")
         if self.gpu_drivers == "gpu-operator" and self.drivers_preset is not None:
             raise ValueError("driversPreset: only with gpuDrivers nebius-preset (the GPU operator brings its own)")
+        if not gpu and self.cuda_version is not None:
+            raise ValueError(f"cudaVersion: {self.platform} has no GPU")
         return self
+
+    @property
+    def node_cuda_version(self) -> str | None:
+        """The CUDA version of this worker set's images, None on CPU workers."""
+        if self.shape.gpus == 0:
+            return None
+        return self.cuda_version or catalog.get_platform(self.platform).cuda_version
 
     @property
     def node_drivers_preset(self) -> str | None:
@@ -244,6 +260,21 @@ class Buckets(_Model):
     artifacts: ArtifactsBucket = ArtifactsBucket()
 
 
+ActiveChecksScope = Literal["dev", "testing", "prod_quick", "prod_acceptance", "essential", "off"]
+
+
+class ActiveChecksConfig(_Model):
+    """Soperator's active checks (helm-soperatorchecks and helm-soperator-activechecks), as the reference install
+    sets them; see infra/soperator/active_checks.py."""
+
+    scope: ActiveChecksScope = Field(
+        "prod_quick", description="The reference's active_checks_scope (what runs after creation); off: no checks."
+    )
+    node_replacement: bool = Field(
+        False, description="Let soperatorchecks replace nodes whose checks failed (checks.manager.enableNodeReplacement)."
+    )
+
+
 class SoperatorConfig(_Model):
     version: str = Field("4.1.7", description="Soperator chart version (a released tag).")
     slurm_version: str = Field("25.11.3", description="Slurm version in that release's images.")
@@ -253,6 +284,7 @@ class SoperatorConfig(_Model):
     k8up_version: str = "4.8.3"
     registry: str = "cr.eu-north1.nebius.cloud/soperator"
     namespace: str | None = Field(None, description="Slurm cluster namespace; default clusterName.")
+    active_checks: ActiveChecksConfig = Field(ActiveChecksConfig(), description="Soperator's active checks.")
 
 
 class MonitoringConfig(_Model):
@@ -378,12 +410,20 @@ class StackConfig(_Model):
             raise ValueError("filesystems.accounting: set but nodes.accounting is not")
         if self.nodes and self.filesystems and self.nodes.accounting and not self.filesystems.accounting:
             raise ValueError("filesystems.accounting: required with nodes.accounting (MariaDB keeps its data there)")
+        if self.target == "nebius" and self.nebius and self.nodes and self.soperator:
+            gpu_image_preconditions(self.nebius.k8s_version, self.nodes.workers, self.soperator.version)
         if self.target == "nebius" and self.buckets and self.buckets.backups.enabled and not (
             self.nebius and self.nebius.tenant_id
         ):
             raise ValueError("nebius.tenantId: required for jail backups (the backup service account joins "
                              "the tenant's editors group)")
         return self
+
+    @property
+    def cuda_version(self) -> str | None:
+        """The one CUDA version of the GPU worker sets (passed to Soperator's charts), None without GPUs."""
+        found = sorted({w.node_cuda_version for w in self.nodes.workers if w.node_cuda_version}) if self.nodes else []
+        return found[0] if found else None
 
     @property
     def monitoring_on(self) -> bool:
@@ -393,6 +433,42 @@ class StackConfig(_Model):
     @property
     def slurm_namespace(self) -> str:
         return (self.soperator and self.soperator.namespace) or self.cluster_name
+
+
+def gpu_image_preconditions(k8s_version: str, workers: list[WorkerSet], soperator_version: str) -> None:
+    """The reference install's ``check_driver_presets`` preconditions (catalog.REFERENCE_DRIVER_PRESETS), plus the
+    CUDA versions the pinned Soperator has images for; raises with every failed one, naming what is listed."""
+    table = catalog.SUPPORTED_DRIVER_PRESETS_BY_K8S
+    offered = table.get(k8s_version, {})
+    gpu = [w for w in workers if w.shape.gpus]
+    preinstalled = [w for w in gpu if w.gpu_drivers == "nebius-preset"]
+    cudas = sorted({str(w.node_cuda_version) for w in gpu if w.node_cuda_version})
+    presets = sorted({str(w.node_drivers_preset) for w in preinstalled if w.node_drivers_preset})
+    images = catalog.SOPERATOR_CUDA_VERSIONS.get(soperator_version)
+    failed = []
+    if k8s_version not in table:
+        failed.append(f"nebius.k8sVersion {k8s_version}: no preinstalled GPU images for this Kubernetes version; "
+                      f"supported versions: {', '.join(sorted(table))}")
+    if missing := sorted({w.platform for w in preinstalled if w.node_drivers_preset is None}):
+        failed.append(f"driversPreset: missing for GPU platform(s): {', '.join(missing)}")
+    if missing := sorted({w.platform for w in gpu if w.node_cuda_version is None}):
+        failed.append(f"cudaVersion: missing (X.Y.Z form) for GPU platform(s): {', '.join(missing)}")
+    if unlisted := sorted({w.platform for w in preinstalled if w.platform not in offered}):
+        failed.append(f"nodes.workers: GPU platform(s) {', '.join(unlisted)} have no preinstalled images for "
+                      f"Kubernetes {k8s_version}")
+    failed += [f"nodes.workers {w.name}: driversPreset {w.node_drivers_preset} is not offered for {w.platform} on "
+               f"Kubernetes {k8s_version} (offered: {', '.join(offered[w.platform])})"
+               for w in preinstalled if w.platform in offered and w.node_drivers_preset not in offered[w.platform]]
+    if len(cudas) > 1:
+        failed.append(f"nodes.workers: all worker sets must use the same CUDA version; found {', '.join(cudas)}")
+    if len(presets) > 1:
+        failed.append(f"nodes.workers: all worker sets must use the same drivers preset; found {', '.join(presets)}")
+    if images is not None and (unshipped := [c for c in cudas if c not in images]):
+        failed.append(f"cudaVersion {', '.join(unshipped)}: Soperator {soperator_version} ships images for CUDA "
+                      f"{', '.join(images)} only")
+    if failed:
+        listed = f"listed ({catalog.REFERENCE_DRIVER_PRESETS}): {catalog.supported_pairs()}"
+        raise ValueError("; ".join(failed) + f"; {listed}")
 
 
 def _decode(field: str, raw: Any) -> Any:

@@ -22,7 +22,9 @@ def plan(stack: str, version: str | None = None):
     cfg = load_stack_config(stack)
     if version is not None:
         assert cfg.soperator
-        cfg = cfg.model_copy(update={"soperator": cfg.soperator.model_copy(update={"version": version})})
+        # the active checks are described for 4.1.7 only (infra/soperator/active_checks.py); 5.0.0 renamed them
+        off = cfg.soperator.active_checks.model_copy(update={"scope": "off"})
+        cfg = cfg.model_copy(update={"soperator": cfg.soperator.model_copy(update={"version": version, "active_checks": off})})
     specs = layout(cfg)
     sizes = SIZES | {fs.mount_tag: fs.size_gib for fs in specs.filesystems}
     backup = BackupTarget("bucket", "https://storage.eu-north1.nebius.cloud") if cfg.buckets and cfg.buckets.backups.enabled else None

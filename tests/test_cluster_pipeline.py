@@ -131,7 +131,7 @@ def test_second_run_submits_nothing_and_status_reads_over_ssh(cluster_run: dict[
     assert again["submitted"] == [] and again["evaluation"] == cluster_run["run"]["evaluation"]
     status = ftstack("status", "--json", cluster=local_cluster, config_dir=cluster_run["config_dir"], timeout=300)
     assert status.returncode == 0, status.stderr
-    jobs = json.loads(status.stdout)
+    jobs = json.loads(status.stdout)["jobs"]
     assert {stage: job["job_id"] for stage, job in jobs.items()} == \
         {stage: job["job_id"] for stage, job in cluster_run["run"]["jobs"].items()}
     assert {job["state"] for job in jobs.values()} == {"COMPLETED"}

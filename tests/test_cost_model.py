@@ -45,8 +45,12 @@ SEED_CHAT = {"tps_3_8": 3.86, "tps_60": 0.24, "tps_200": 0.07}
 
 
 def seed_demo() -> StackConfig:
-    """The demo stack as seed 000 priced it: without the monitoring releases (their lines are not in the seed)."""
-    return load_stack_config("demo").model_copy(update={"monitoring": MonitoringConfig(enabled=False)})
+    """The demo stack as seed 000 priced it: without the monitoring releases and active checks (their lines are
+    not in the seed)."""
+    cfg = load_stack_config("demo")
+    assert cfg.soperator
+    off = cfg.soperator.model_copy(update={"active_checks": cfg.soperator.active_checks.model_copy(update={"scope": "off"})})
+    return cfg.model_copy(update={"monitoring": MonitoringConfig(enabled=False), "soperator": off})
 
 
 def _close_to_printed(ours: float, printed: float, rel: float, half_unit: float) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 from typing import Any, Callable
 
@@ -11,7 +12,14 @@ import pytest
 import yaml
 
 from infra import catalog
-from infra.config import PROJECT, StackConfigError, load_stack_config, parse_stack_config, read_stack_file
+from infra.config import (
+    PROJECT,
+    StackConfigError,
+    load_stack_config,
+    parse_stack_config,
+    read_stack_file,
+    stack_file,
+)
 
 STACKS = ("local", "dev", "demo", "h100")
 
@@ -185,4 +193,64 @@ def test_cloud_install_settings_are_validated() -> None:
     with_change("nebius.tenantId", lambda d: d["nebius"].pop("tenantId"))
     with_change("filesystems.accounting", lambda d: d["filesystems"].pop("accounting"))
     with_change("driversPreset", lambda d: d["nodes"]["workers"][0].update(gpuDrivers="gpu-operator", driversPreset="cuda12"))
-    assert cfg.nodes and cfg.nodes.workers[0].node_drivers_preset == "cuda12"
+    assert cfg.nodes and cfg.nodes.workers[0].node_drivers_preset == "cuda13.0"
+
+
+def _stack_variant(tmp_path, stack: str, change) -> str:
+    """A copy of a shipped stack file whose project keys (namespace stripped) ``change`` edits in place."""
+    document = yaml.safe_load(stack_file(stack).read_text())
+    change({k.split(":", 1)[1]: v for k, v in document["config"].items()})
+    (tmp_path / f"Pulumi.{stack}.yaml").write_text(yaml.safe_dump(document))
+    return stack
+
+
+def test_kubernetes_1_31_with_cuda12_is_refused_naming_the_listed_pairs(tmp_path) -> None:
+    """The reference install's table (solutions library driver_presets.tf) lists 1.35 and 1.36 with cuda13.0 only."""
+    def old_pair(config):
+        config["nebius"]["k8sVersion"] = "1.31"
+        config["nodes"]["workers"][0]["driversPreset"] = "cuda12"
+    stack = _stack_variant(tmp_path, "demo", old_pair)
+    with pytest.raises(StackConfigError) as err:
+        load_stack_config(stack, tmp_path)
+    message = str(err.value)
+    assert "nebius.k8sVersion 1.31: no preinstalled GPU images" in message
+    assert "supported versions: 1.35, 1.36" in message
+    assert "GPU platform(s) gpu-l40s-d have no preinstalled images for Kubernetes 1.31" in message
+    assert "1.35: gpu-l40s-a cuda13.0, gpu-l40s-d cuda13.0, gpu-h100-sxm cuda13.0" in message
+    assert "driver_presets.tf" in message
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    (lambda c: c["nodes"]["workers"][0].update(driversPreset="cuda12"),
+     "nodes.workers worker: driversPreset cuda12 is not offered for gpu-l40s-d on Kubernetes 1.35 (offered: cuda13.0)"),
+    (lambda c: c["nodes"]["workers"][0].update(cudaVersion="12.8.1"),
+     "cudaVersion 12.8.1: Soperator 4.1.7 ships images for CUDA 12.9.0, 13.0.2 only"),
+    (lambda c: c["nodes"]["workers"].append({**c["nodes"]["workers"][0], "name": "extra", "cudaVersion": "12.9.0"}),
+     "all worker sets must use the same CUDA version; found 12.9.0, 13.0.2"),
+    (lambda c: c["nodes"]["workers"][0].update(cudaVersion="13.0"), "nodes.workers.0.cudaVersion"),
+])
+def test_driver_and_cuda_preconditions_name_what_is_listed(tmp_path, change, expected) -> None:
+    stack = _stack_variant(tmp_path, "demo", change)
+    with pytest.raises(StackConfigError, match=re.escape(expected)):
+        load_stack_config(stack, tmp_path)
+
+
+def test_mixed_drivers_presets_are_refused(tmp_path, monkeypatch) -> None:
+    """Two presets both offered (a table revision like the one listing 1.32) still may not mix across worker sets."""
+    table = {"1.35": {"gpu-l40s-d": ("cuda12.8", "cuda13.0")}}
+    monkeypatch.setattr(catalog, "SUPPORTED_DRIVER_PRESETS_BY_K8S", table)
+    def two_sets(c):
+        c["nodes"]["workers"].append({**c["nodes"]["workers"][0], "name": "extra", "driversPreset": "cuda12.8"})
+    stack = _stack_variant(tmp_path, "demo", two_sets)
+    with pytest.raises(StackConfigError, match=re.escape("all worker sets must use the same drivers preset; "
+                                                         "found cuda12.8, cuda13.0")):
+        load_stack_config(stack, tmp_path)
+
+
+@pytest.mark.parametrize("stack", ["dev", "demo", "h100"])
+def test_shipped_gpu_stacks_use_a_listed_pair_and_one_cuda_version(stack) -> None:
+    cfg = load_stack_config(stack)
+    assert cfg.nebius and cfg.nodes and cfg.soperator
+    assert cfg.nebius.k8s_version == "1.35"
+    assert {w.node_drivers_preset for w in cfg.nodes.workers} == {"cuda13.0"}
+    assert cfg.cuda_version == "13.0.2"

@@ -179,7 +179,8 @@ def test_monitoring_off_removes_releases_switches_lines_and_outputs() -> None:
     assert set(cluster["slurmScripts"]["builtIn"]) == {"gpu_health_check.py"}
     assert "prometheus-operator-crds" not in got["soperator"].depends_on
     run = run_under_mocks(cfg)
-    assert len(run.of_type(RELEASE)) == 11
+    assert len(run.of_type(RELEASE)) == 13  # 18 with monitoring, less its 5 releases
+    assert got["soperatorchecks"].values["serviceMonitor"] == {"enabled": False}
     assert [r.name for r in run.of_type(SECRET_TYPE)] == ["ft-h100-soperator-jail-backup"]
     assert not any(k.startswith("monitoring_") or "monitoring" in k for k in run.outputs)
 

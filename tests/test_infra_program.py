@@ -49,11 +49,12 @@ def test_local_stack_creates_no_cloud_resources_only_the_pipeline(run_stack) -> 
 
 # releases: cert-manager, kruise, soperator-crds, soperator, storage, cluster, nodesets (7); + 2 mariadb with
 # accounting; + k8up and the backup schedule with backups; + 5 monitoring (Prometheus and VictoriaMetrics CRDs,
-# metrics, DCGM exporter, dashboards). apps: the NVIDIA network operator on a fabric.
+# metrics, DCGM exporter, dashboards); + 2 active checks (soperatorchecks, soperator-activechecks). apps: the
+# NVIDIA network operator on a fabric.
 @pytest.mark.parametrize(("stack", "groups", "filesystems", "gpu_clusters", "buckets", "releases", "apps"), [
-    ("dev", 4, 5, 0, 1, 12, 0),
-    ("demo", 5, 7, 0, 2, 16, 0),
-    ("h100", 5, 5, 1, 2, 16, 1),
+    ("dev", 4, 5, 0, 1, 14, 0),
+    ("demo", 5, 7, 0, 2, 18, 0),
+    ("h100", 5, 5, 1, 2, 18, 1),
 ])
 def test_resource_counts(run_stack, stack, groups, filesystems, gpu_clusters, buckets, releases, apps) -> None:
     counted = types(run_stack(stack))
@@ -100,7 +101,7 @@ def test_demo_node_groups_presets_and_disks(run_stack) -> None:
     assert "fixedNodeCount" not in groups["system"]
     assert groups["login"]["template"]["bootDisk"]["sizeGibibytes"] == 256
     assert groups["controller"]["fixedNodeCount"] == 1
-    assert worker["gpuSettings"] == {"driversPreset": "cuda12"}
+    assert worker["gpuSettings"] == {"driversPreset": "cuda13.0"}
     assert all("gpuSettings" not in g["template"] for name, g in groups.items() if name != "worker")
     assert groups["accounting"]["template"]["resources"]["preset"] == "8vcpu-32gb"
 
@@ -205,6 +206,18 @@ def test_helm_values_in_releases(run_stack) -> None:
     ]
     assert releases["soperator"].inputs["chart"] == "oci://cr.eu-north1.nebius.cloud/soperator/helm-soperator"
     assert releases["soperator"].inputs["version"] == "4.1.7" and releases["soperator"].inputs["skipCrds"] is True
+    checks = releases["soperator-activechecks"].inputs
+    assert checks["namespace"] == "innovationbank" and checks["timeout"] == 7200
+    assert checks["values"]["cudaVersion"] == cluster["cudaVersion"] == "13.0.2"
+    assert releases["soperatorchecks"].inputs["values"]["checks"]["manager"]["enableNodeReplacement"] is False
+
+
+def test_active_checks_off_installs_neither_release(run_stack) -> None:
+    cfg = load_stack_config("demo")
+    assert cfg.soperator
+    off = cfg.soperator.model_copy(update={"active_checks": cfg.soperator.active_checks.model_copy(update={"scope": "off"})})
+    names = {r.inputs["name"] for r in run_stack(cfg.model_copy(update={"soperator": off})).of_type(RELEASE)}
+    assert "nodesets" in names and not {"soperatorchecks", "soperator-activechecks"} & names
 
 
 def test_releases_wait_for_their_predecessors(run_stack) -> None:
@@ -216,6 +229,8 @@ def test_releases_wait_for_their_predecessors(run_stack) -> None:
     assert urn["soperator"] in deps["slurm-cluster-storage"]
     assert urn["slurm-cluster-storage"] in deps["slurm-cluster"]
     assert urn["slurm-cluster"] in deps["nodesets"]
+    assert urn["soperator"] in deps["soperatorchecks"]
+    assert {urn["nodesets"], urn["soperatorchecks"]} <= deps["soperator-activechecks"]
     storage_class = next(r for r in run.resources if r.type.endswith(":StorageClass"))
     assert {r.urn for r in run.of_type(NG)} <= set(storage_class.dependencies)
 

@@ -41,7 +41,8 @@ def test_release_order_is_a_valid_dependency_order() -> None:
             assert set(spec.depends_on) <= seen, spec.key
             seen.add(spec.key)
         keys = [s.key for s in plan]
-        assert keys[-3:] == ["slurm-cluster-storage", "slurm-cluster", "nodesets"]
+        assert keys[-5:] == ["slurm-cluster-storage", "slurm-cluster", "nodesets", "soperatorchecks",
+                             "soperator-activechecks"]
         assert ("mariadb-operator" in keys) == (stack != "dev")
 
 

@@ -16,6 +16,10 @@ class ReadinessConfig(BaseModel):
     expect_gpus_per_node: int | None = Field(None, ge=0, description="GPUs every node must have")
     expect_gpu_memory_gib: float | None = Field(None, gt=0, description="memory per GPU as the preset states it")
     allow_cpu: bool = Field(False, description="pass on a node without GPUs (the local stack)")
+    allow_drained_nodes: bool = Field(
+        False, description="go on although the partition has nodes Soperator's active checks drained "
+                           "([node_problem]/[hardware_problem] reasons); they are reported, not refused",
+    )
     interconnect: Literal["infiniband", "ethernet"] | None = Field(
         None, description="fabric between nodes; None detects InfiniBand from /sys/class/infiniband"
     )

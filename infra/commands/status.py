@@ -1,4 +1,5 @@
-"""`ftstack status --stack NAME`: the pipeline's recorded jobs with their live Slurm states."""
+"""`ftstack status --stack NAME`: the pipeline's recorded jobs with their live Slurm states, and the drained nodes
+with their reasons (a failed Soperator active check drains with ``[node_problem]``)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,16 @@ import sys
 from infra.commands.run import add_transport_arguments, open_spec
 from infra.config import StackConfigError, load_stack_config
 from infra.monitoring.live import live_line
-from infra.pipeline.runner import status
+from infra.pipeline.runner import drained_nodes, status
 from infra.pipeline.transport import TransportError
 from infra.program.backends import find_repo_root
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("status", help="the pipeline's jobs (from the last ftstack run) and their states")
+    parser = subparsers.add_parser("status", help="the pipeline's jobs (from the last ftstack run) and their states, "
+                                                  "and the drained nodes with their reasons")
     add_transport_arguments(parser)
-    parser.add_argument("--json", action="store_true", help="print the jobs as JSON")
+    parser.add_argument("--json", action="store_true", help='print {"jobs": ..., "drained_nodes": [...]} as JSON')
     parser.set_defaults(func=run)
 
 
@@ -25,13 +27,16 @@ def run(args: argparse.Namespace) -> int:
     repo = find_repo_root()
     try:
         stack = load_stack_config(args.stack, repo / args.config_dir)
-        jobs = status(stack, repo, open_spec(args, stack))
+        spec = open_spec(args, stack)
+        jobs = status(stack, repo, spec)
+        drained = drained_nodes(stack, repo, spec)
     except (StackConfigError, ValueError, TransportError, OSError) as error:
         print(f"ftstack status: {error}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps(jobs, indent=2))
-    elif not jobs:
+        print(json.dumps({"jobs": jobs, "drained_nodes": [s.model_dump() for s in drained]}, indent=2))
+        return 0
+    if not jobs:
         print(f"no pipeline run recorded for stack {stack.stack!r} (ftstack run --stack {stack.stack})")
     else:
         for stage, job in jobs.items():
@@ -39,4 +44,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{stage:<10} job {job['job_id']:<8} {job['state']:<12} {elapsed}  {job['output'] or ''}")
             if job["state"] == "RUNNING":
                 print(f"{'':<10} {live_line(stack.target, repo, str(job['job_id']))}")
+    print("drained nodes: " + ("none" if not drained else f"{len(drained)}"))
+    for state in drained:
+        print(f"  {state.line()}")
     return 0

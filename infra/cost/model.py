@@ -22,11 +22,14 @@ from pydantic import BaseModel, ConfigDict
 from infra import catalog
 from infra.monitoring import releases as mon
 from infra.config import BootDisk, StackConfig
+from infra.soperator import active_checks
 from infra.nebius.layout import ACCOUNTING, CONTROLLER_SPOOL, JAIL, SUBMOUNT_PREFIX, FilesystemSpec, Layout, layout
 from infra.cost.pricing import HOURS_PER_MONTH, ChatAssumptions, PriceBook, PricingConfig
 
 SECONDS_PER_DAY = 86_400
 CATEGORIES = ("compute", "boot_disks", "volumes", "shared_fs", "object_storage", "networking")
+ONE_OFF = "one_off"
+"""Category of lines paid once (not monthly): outside the monthly totals."""
 
 
 class _Frozen(BaseModel):
@@ -270,6 +273,26 @@ def monitoring_lines(cfg: StackConfig, plan: Layout, book: PriceBook) -> list[Co
     ]
 
 
+def active_checks_lines(cfg: StackConfig, book: PriceBook) -> list[CostLine]:
+    """The worker time Soperator's active checks hold after creation (each check at its Slurm time limit, an upper
+    bound), at the workers' hourly price: paid once, before the first job can use those nodes."""
+    lines = []
+    workers = {w.name: w for w in cfg.nodes.workers} if cfg.nodes else {}
+    for use in active_checks.node_hours_after_creation(cfg):
+        worker = workers[use.worker_set]
+        price = node_price(worker.platform, worker.preset, book, preemptible=worker.preemptible)
+        usd = use.node_hours * price.usd_per_hour
+        scope = cfg.soperator.active_checks.scope if cfg.soperator else "off"
+        lines.append(CostLine(
+            key=f"one_off_active_checks_{_slug(worker.name)}", category=ONE_OFF,
+            label=f"One-off: active checks after creation ({scope} scope), worker nodes {worker.name}",
+            quantity=f"{use.node_hours:.2f} node-hours ({use.node_hours * worker.shape.gpus:.2f} GPU-hours)",
+            unit_price=f"${price.usd_per_hour:.2f}/node/hour", usd_low=usd, usd_high=usd,
+            price_keys=price.price_keys, note="once after creation, at most (Slurm time limits); not monthly",
+        ))
+    return lines
+
+
 def monthly_cost(cfg: StackConfig, pricing: PricingConfig | None = None, book: PriceBook | None = None,
                  plan: Layout | None = None) -> MonthlyCost:
     """Every priced line of the stack, per-category and overall totals (low: autoscaling min, high: max).
@@ -277,20 +300,22 @@ def monthly_cost(cfg: StackConfig, pricing: PricingConfig | None = None, book: P
     Node groups and filesystems come from ``plan`` (the run's one layout), computed here when not given.
     The NVIDIA GPU/network operators (Nebius applications) and k8up run on the nodes priced here and add
     no line of their own; the backups they write are the ``object_storage_backups`` line. Monitoring adds
-    ``compute_monitoring`` and ``volume_monitoring_metrics``.
+    ``compute_monitoring`` and ``volume_monitoring_metrics``; active checks a one-off line outside the totals.
     """
     pricing = pricing or PricingConfig()
     book = book or PriceBook(pricing.overrides)
     plan = plan or layout(cfg)
     lines = (compute_lines(plan, book) + boot_disk_lines(plan, book) + filesystem_lines(plan, book)
-             + bucket_lines(cfg, pricing, book) + network_lines(cfg, book) + monitoring_lines(cfg, plan, book))
+             + bucket_lines(cfg, pricing, book) + network_lines(cfg, book) + monitoring_lines(cfg, plan, book)
+             + active_checks_lines(cfg, book))
+    monthly = [line for line in lines if line.category != ONE_OFF]
     categories = {
         c: (sum(l.usd_low for l in lines if l.category == c), sum(l.usd_high for l in lines if l.category == c))
         for c in CATEGORIES
     }
     keys = {k for line in lines for k in line.price_keys}
     return MonthlyCost(
-        lines=tuple(lines), usd_low=sum(l.usd_low for l in lines), usd_high=sum(l.usd_high for l in lines),
+        lines=tuple(lines), usd_low=sum(l.usd_low for l in monthly), usd_high=sum(l.usd_high for l in monthly),
         categories=categories, pricing_date=book.newest_date(keys),
     )
 

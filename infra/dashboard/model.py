@@ -34,6 +34,7 @@ CATEGORY_LABELS = {
     "shared_fs": "Shared filesystems",
     "object_storage": "Object storage",
     "networking": "Networking",
+    "one_off": "Paid once (not monthly)",
 }
 
 @dataclass(frozen=True)

@@ -104,6 +104,13 @@ def stage_fingerprint(stage: Stage, code: str, run: RunConfig, data_sha256: str 
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
+def slurm_env(stack: StackConfig, repo_root: Path) -> dict[str, str]:
+    """What Slurm's tools need in their environment: the local Slurm's config file; nothing elsewhere."""
+    if stack.target == "local":
+        return {"SLURM_CONF": os.environ.get("SLURM_CONF") or str(repo_root / LOCAL_SLURM_CONF)}
+    return {}
+
+
 def placement_for(stack: StackConfig, run: RunConfig, repo_root: Path) -> Placement:
     """Local stack: this machine's Slurm, the repo's venv and `.local/`; cloud: the jail seen from login; an
     existing cluster: its jail root, under which a relative `paths.root` of the run config lies."""
@@ -114,7 +121,7 @@ def placement_for(stack: StackConfig, run: RunConfig, repo_root: Path) -> Placem
             python=str(repo_root / ".venv" / "bin" / "python"),
             env={"FT_ROOT": str(root if root.is_absolute() else (repo_root / root).resolve()),
                  TEXTFILE_DIR_ENV: str(repo_root / LOCAL_TEXTFILE_DIR)},
-            slurm_env={"SLURM_CONF": os.environ.get("SLURM_CONF") or str(repo_root / LOCAL_SLURM_CONF)},
+            slurm_env=slurm_env(stack, repo_root),
         )
     if stack.cluster is not None:
         jail = PurePosixPath(stack.cluster.jail_root)

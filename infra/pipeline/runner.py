@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from infra.config import StackConfig
 from infra.pipeline.bundle import upload_bundle
 from infra.pipeline.chain import (JobSpec, check_run_config_path, code_hash, job_arguments, log_dirs, pipeline_jobs,
-                                  placement_for, run_root)
+                                  placement_for, run_root, slurm_env)
 from infra.pipeline.datasource import fingerprint_source
 from infra.pipeline.jobs import SlurmJobProvider, job_inputs, read_result
 from infra.pipeline.run_lock import stack_lock
@@ -30,6 +30,7 @@ from infra.pipeline.transport import TransportError
 from documents.run_config import load_run_config
 from documents.evaluator_report import EvaluatorReport
 from documents.pipeline_state import PipelineState, StageRecord, load_state, save_state
+from workloads.checks.node_states import NodeState
 
 Progress = Callable[[str], None]
 PASSPHRASE_ENV = "FT_SSH_KEY_PASSPHRASE"
@@ -242,6 +243,20 @@ def run_pipeline(
             return result
         state = wait_chain(stack, repo_root, transport, jobs, state, progress=progress)
         return result.model_copy(update={"jobs": _public_jobs(state), "evaluation": state.evaluation})
+
+
+def drained_nodes(stack: StackConfig, repo_root: Path, transport: dict[str, Any]) -> list[NodeState]:
+    """The stack's Slurm nodes that are drained or draining now, once each, with their reasons."""
+    connection = open_transport(transport)
+    try:
+        states = SlurmClient(connection, env=slurm_env(stack, repo_root)).node_states()
+    finally:
+        connection.close()
+    drained: dict[str, NodeState] = {}
+    for state in states:
+        if state.drained:
+            drained.setdefault(state.node, state)
+    return list(drained.values())
 
 
 def status(stack: StackConfig, repo_root: Path, transport: dict[str, Any]) -> dict[str, dict[str, Any]]:

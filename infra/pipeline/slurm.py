@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict
 
 from infra.pipeline.transport import Transport
 from documents.metrics import MetricsRecord, read_metrics
+from workloads.checks.node_states import NodeState, parse_sinfo, sinfo_command
 
 SUCCESS = "COMPLETED"
 FAILED_STATES = frozenset(
@@ -327,6 +328,10 @@ class SlurmClient:
             f"Slurm does not know job {job_id}: {(result.stderr or '').strip()}"
             + (f"; sacct: {acct.stderr.strip()}" if not acct.ok else "")
         )
+
+    def node_states(self, partition: str | None = None) -> list[NodeState]:
+        """Every node's state and reason (``sinfo --Node``), one row per node and partition."""
+        return parse_sinfo(self._run(sinfo_command(partition)).check().stdout)
 
     def cancel(self, job_id: str) -> JobInfo:
         """scancel a queued or running job; a finished job is left as it is. Returns its state after."""

@@ -104,7 +104,7 @@ class Soperator(pulumi.ComponentResource):
                 values=spec.values,
                 skip_crds=spec.skip_crds,
                 wait_for_jobs=True,
-                timeout=1200,
+                timeout=spec.timeout_s,
             ),
             opts=pulumi.ResourceOptions(parent=self, provider=provider, depends_on=after),
         )

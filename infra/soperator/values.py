@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra.soperator import chart_contract
+from infra.soperator import active_checks, chart_contract
 from infra.monitoring import releases as mon
 from infra.config import StackConfig
 from infra.nebius.layout import (
@@ -64,6 +64,8 @@ class ReleaseSpec:
     repo: str | None = None
     skip_crds: bool = False
     depends_on: tuple[str, ...] = ()
+    timeout_s: int = 1200
+    """How long Helm waits for the release's resources, jobs and hooks."""
 
     def violations(self) -> list[str]:
         family, chart = self.contract
@@ -262,8 +264,10 @@ def slurm_cluster_values(cfg: StackConfig, specs: list[NodeGroupSpec], allocatio
     controller, login = _role(specs, "controller"), _role(specs, "login")
     assert controller is not None and login is not None
     first_worker = next(s for s in specs if s.role == "worker")
+    cuda = {"cudaVersion": cfg.cuda_version} if cfg.cuda_version is not None else {}
     return {
         "clusterName": cfg.cluster_name,
+        **cuda,
         "k8sNodeFilters": [node_filter(s) for s in specs],
         "volumeSources": [
             _pvc_source(CONTROLLER_SPOOL, f"{CONTROLLER_SPOOL}-pvc"),
@@ -415,8 +419,8 @@ def monitoring_releases(cfg: StackConfig, chart: Callable[..., ReleaseSpec]) -> 
 
 def release_plan(cfg: StackConfig, specs: list[NodeGroupSpec], allocation_id: Any, size_gib: dict[str, Any],
                  backup: BackupTarget | None = None) -> list[ReleaseSpec]:
-    """Every release in install order, each naming the releases it waits for; ``backup`` adds k8up and
-    the jail backup schedule; monitoring (``cfg.monitoring_on``) comes before the operator, whose
+    """Every release in install order, each naming the releases it waits for; active checks unless their scope
+    is off; ``backup`` adds k8up and the jail backup schedule; monitoring (``cfg.monitoring_on``) comes before the operator, whose
     ServiceMonitors and PodMonitors need the Prometheus CRDs."""
     sop = cfg.soperator
     assert sop is not None and cfg.nodes is not None
@@ -455,6 +459,14 @@ def release_plan(cfg: StackConfig, specs: list[NodeGroupSpec], allocation_id: An
                   depends_on=("slurm-cluster-storage",)),
         soperator("nodesets", ns, nodesets_values(cfg, specs), depends_on=("slurm-cluster",)),
     ]
+    if sop.active_checks.scope != "off":
+        plan += [
+            soperator(active_checks.CONTROLLER_RELEASE, SOPERATOR_NAMESPACE, active_checks.controller_values(cfg),
+                      depends_on=("soperator",)),
+            soperator(active_checks.CHECKS_RELEASE, ns, active_checks.checks_values(cfg),
+                      depends_on=("nodesets", active_checks.CONTROLLER_RELEASE),
+                      timeout_s=active_checks.CHECKS_RELEASE_TIMEOUT_S),
+        ]
     if backup is not None:
         plan += [
             ReleaseSpec("k8up", "k8up", sop.k8up_version, K8UP_NAMESPACE, {}, ("k8up", "k8up"),

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from workloads.checks import measure
+from workloads.checks import measure, node_states
 from documents.sections.readiness import ReadinessConfig
 from documents.readiness_report import GpuPerf, NodeInventory, ReadinessFloors, ReadinessReport
 from workloads.checks.readiness import BUSBW_FLOORS_GBS, check_line, evaluate, floors_for
@@ -46,6 +46,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name, kind in _FLAGS.items():
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=None)
     p.add_argument("--allow-cpu", action="store_true", default=None, help="pass on a node without GPUs")
+    p.add_argument("--allow-drained-nodes", action="store_true", default=None,
+                   help="go on although the partition has nodes the active checks drained")
     p.add_argument("--json-out", help="report path (default <results_dir>/readiness-<job id>.json with --config)")
     return p.parse_args(argv)
 
@@ -62,7 +64,7 @@ def settings(args: argparse.Namespace) -> tuple[ReadinessConfig, Path | None]:
         base = section.model_dump() if section is not None else {}
         if out is None:
             out = Path(run.results_dir) / f"readiness-{os.environ.get('SLURM_JOB_ID', 'local')}.json"
-    overrides = {k: getattr(args, k) for k in [*_FLAGS, "allow_cpu"] if getattr(args, k) is not None}
+    overrides = {k: getattr(args, k) for k in [*_FLAGS, "allow_cpu", "allow_drained_nodes"] if getattr(args, k) is not None}
     return ReadinessConfig.model_validate({**base, **overrides}), out
 
 
@@ -148,7 +150,7 @@ def run_checks(cfg: ReadinessConfig) -> ReadinessReport:
         reduced = measure.allreduce(device, mib, cfg.iterations, len(set(hosts))) if world > 1 else None
         interconnect = cfg.interconnect or ("infiniband" if all(_gather(measure.infiniband_present(), world)) else "ethernet")
         nodes = _merge_nodes(inventories)
-        checks = evaluate(nodes, perf, reduced, cfg, interconnect)
+        checks = [node_states.job_check(cfg.allow_drained_nodes), *evaluate(nodes, perf, reduced, cfg, interconnect)]
         failed = [c for c in checks if c.status == "fail"]
         return ReadinessReport(
             ok=not failed,

@@ -1,0 +1,129 @@
+"""Soperator's active checks on the cloud stacks: both releases, their values against the 4.1.7 chart contract,
+what each scope runs after creation, `off`, and their one-off cost line. Expected values are read from
+nebius/soperator 4.1.7 (helm/soperator-activechecks/values.yaml and scripts/*.sh) and the solutions library's
+five-scope locals_active_checks.tf."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from infra.soperator.active_checks import CHECKS_RELEASE, CONTROLLER_RELEASE, after_creation
+from infra.soperator.chart_contract import contract, violations
+from infra.config import StackConfig, load_stack_config
+from infra.cost.model import ONE_OFF, monthly_cost, node_price
+from infra.nebius.layout import layout
+from infra.cost.pricing import PriceBook
+from infra.soperator.values import SOPERATOR_NAMESPACE, release_plan
+
+SIZES = {"jail": 256, "controller-spool": 128, "accounting": 256}
+# values.yaml 4.1.7: checks with runAfterCreation true that are GPU Slurm jobs, and their scripts' #SBATCH --time
+GPU_AFTER_CREATION_MIN = {"all-reduce-perf-nccl-in-docker": 10, "all-reduce-perf-nccl-with-ib": 30,
+                          "all-reduce-perf-nccl-without-ib": 20, "cuda-samples": 10, "gpu-fryer": 20,
+                          "ib-gpu-perf": 20, "mem-perf": 15}
+PREPULL_MIN = 30  # prepull-container-image: one exclusive job (no eachWorkerJobs)
+
+
+def with_scope(stack: str, scope: str) -> StackConfig:
+    cfg = load_stack_config(stack)
+    assert cfg.soperator
+    checks = cfg.soperator.active_checks.model_copy(update={"scope": scope})
+    return cfg.model_copy(update={"soperator": cfg.soperator.model_copy(update={"active_checks": checks})})
+
+
+def releases(cfg: StackConfig) -> dict:
+    specs = layout(cfg)
+    sizes = SIZES | {fs.mount_tag: fs.size_gib for fs in specs.filesystems}
+    return {r.key: r for r in release_plan(cfg, list(specs.node_groups), "alloc", sizes)}
+
+
+@pytest.mark.parametrize(("stack", "gpus"), [("demo", "2"), ("h100", "8"), ("dev", "1")])
+def test_both_releases_with_zero_contract_findings(stack, gpus) -> None:
+    cfg = load_stack_config(stack)
+    plan = releases(cfg)
+    controller, checks = plan[CONTROLLER_RELEASE], plan[CHECKS_RELEASE]
+    assert controller.chart == "oci://cr.eu-north1.nebius.cloud/soperator/helm-soperatorchecks"
+    assert checks.chart == "oci://cr.eu-north1.nebius.cloud/soperator/helm-soperator-activechecks"
+    assert (controller.namespace, checks.namespace) == (SOPERATOR_NAMESPACE, cfg.cluster_name)
+    assert checks.depends_on == ("nodesets", CONTROLLER_RELEASE) and controller.depends_on == ("soperator",)
+    assert checks.timeout_s == 120 * 60  # soperator-fluxcd 4.1.7: soperatorActiveChecks.timeout 120m
+    assert controller.violations() == [] and checks.violations() == []
+    assert controller.values["checks"]["manager"]["enableNodeReplacement"] is False
+    assert checks.values["slurmClusterRefName"] == cfg.cluster_name
+    assert checks.values["slurmJob"]["gpusPerNode"] == gpus
+    assert checks.values["cudaVersion"] == plan["slurm-cluster"].values["cudaVersion"] == "13.0.2"
+    assert checks.values["checks"]["ssh-check"]["k8sJobSpec"]["jobContainer"]["env"] == [
+        {"name": "NUM_OF_LOGIN_NODES", "value": "1"}]
+
+
+def test_the_scope_changes_what_runs_after_creation() -> None:
+    dev, quick, essential = (releases(with_scope("h100", s))[CHECKS_RELEASE].values["checks"]
+                             for s in ("dev", "prod_quick", "essential"))
+    assert "all-reduce-perf-nccl-in-docker" not in dev
+    assert dev["ib-gpu-perf"]["failureReactions"] == {
+        "drainSlurmNode": {"drainReasonPrefix": "[node_problem]"}, "commentSlurmNode": None}
+    assert quick["all-reduce-perf-nccl-in-docker"] == {"runAfterCreation": False}
+    assert "ib-gpu-perf" not in quick  # the chart's own reaction: a comment with [node_problem]
+    not_after = {name for name, v in essential.items() if v.get("runAfterCreation") is False}
+    assert not_after == {"all-reduce-perf-nccl-in-docker", "all-reduce-perf-nccl-with-ib",
+                         "all-reduce-perf-nccl-without-ib", "cuda-samples", "gpu-fryer", "mem-perf",
+                         "prepull-container-image", "manage-jail-state", "ib-gpu-perf"}
+    ran = {s: {c.name for c in after_creation(with_scope("h100", s))} for s in ("dev", "prod_quick", "essential")}
+    assert set(GPU_AFTER_CREATION_MIN) <= ran["dev"]
+    assert ran["dev"] - ran["prod_quick"] == {"all-reduce-perf-nccl-in-docker"}
+    assert not set(GPU_AFTER_CREATION_MIN) & ran["essential"] and "ssh-check" in ran["essential"]
+
+
+def test_infiniband_checks_stay_suspended_without_a_fabric() -> None:
+    demo = releases(load_stack_config("demo"))[CHECKS_RELEASE].values["checks"]
+    for name in ("all-reduce-perf-nccl-with-ib", "ib-gpu-perf"):
+        assert demo[name] == {"runAfterCreation": False, "suspend": True}
+    assert "all-reduce-perf-nccl-with-ib" not in releases(load_stack_config("h100"))[CHECKS_RELEASE].values["checks"]
+
+
+def test_off_removes_both_releases_and_the_cost_line() -> None:
+    for stack in ("demo", "h100"):
+        cfg = with_scope(stack, "off")
+        assert not {CONTROLLER_RELEASE, CHECKS_RELEASE} & set(releases(cfg))
+        assert not [line for line in monthly_cost(cfg).lines if line.category == ONE_OFF]
+
+
+def test_the_contract_catches_what_the_chart_would_not_read_or_refuses_to_render() -> None:
+    checks = releases(load_stack_config("h100"))[CHECKS_RELEASE]
+    c = contract("soperator", "4.1.7", CHECKS_RELEASE)
+    both = copy.deepcopy(checks.values)
+    both["checks"]["gpu-fryer"] = {"failureReactions": {"commentSlurmNode": {"commentPrefix": "[node_problem]"}}}
+    assert violations(c, both) == [
+        "soperator-activechecks 4.1.7: checks.gpu-fryer.failureReactions.commentSlurmNode.commentPrefix is not a "
+        "value the chart reads or its CRD keeps"]
+    assert violations(c, {**checks.values, "clusterName": "x"}) == [
+        "soperator-activechecks 4.1.7: clusterName is not a value the chart reads or its CRD keeps"]
+
+
+def test_another_soperator_version_needs_scope_off() -> None:
+    cfg = load_stack_config("demo")
+    assert cfg.soperator
+    v5 = cfg.model_copy(update={"soperator": cfg.soperator.model_copy(update={"version": "5.0.0"})})
+    with pytest.raises(ValueError, match="described for Soperator 4.1.7 only, not 5.0.0; set soperator.activeChecks.scope: off"):
+        releases(v5)
+
+
+@pytest.mark.parametrize(("stack", "scope", "each_min", "fabric"), [
+    ("demo", "prod_quick", 20 + 10 + 20 + 15, False),
+    ("h100", "prod_quick", 30 + 20 + 10 + 20 + 20 + 15, True),
+    ("h100", "dev", 10 + 30 + 20 + 10 + 20 + 20 + 15, True),
+])
+def test_the_checks_gpu_time_after_creation_is_a_one_off_line(stack, scope, each_min, fabric) -> None:
+    cfg = with_scope(stack, scope)
+    assert cfg.nodes
+    worker = cfg.nodes.workers[0]
+    assert bool(worker.fabric) == fabric
+    node_hours = each_min / 60 * worker.size + PREPULL_MIN / 60
+    cost = monthly_cost(cfg)
+    [line] = [line for line in cost.lines if line.category == ONE_OFF]
+    hourly = node_price(worker.platform, worker.preset, PriceBook()).usd_per_hour
+    assert line.usd_high == pytest.approx(node_hours * hourly)
+    assert line.quantity == f"{node_hours:.2f} node-hours ({node_hours * worker.shape.gpus:.2f} GPU-hours)"
+    off = monthly_cost(with_scope(stack, "off"))
+    assert (cost.usd_low, cost.usd_high) == (off.usd_low, off.usd_high)
