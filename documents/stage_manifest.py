@@ -94,10 +94,12 @@ class ModelManifest(_Manifest):
 
 
 class MergedManifest(_Manifest):
-    """A merged model: the adapter and base it was made from."""
+    """A servable model: the adapter and base it was merged from, or the full fine-tune it was exported from."""
 
     stage: Literal["export"] = "export"
-    adapter: FileDigest
+    adapter: FileDigest | None = None
+    trained: FileDigest | None = None
+    """a full fine-tune's weights (the first safetensors file of its model folder)."""
     base: str
     dtype: str
     created: str

@@ -120,3 +120,23 @@ def test_requeue_signal_then_a_lost_node_resume_on_both_nodes_from_the_last_chec
     assert manifest["status"] == "completed" and manifest["world_size"] == 2 and manifest["nodes"] == 2
     steps = [r.step for r in load_metrics(metrics) if r.loss is not None]
     assert steps == list(range(1, 41)), steps
+
+
+def test_fsdp_shards_the_model_across_both_nodes(local_cluster: Cluster, tiny_prepared: RunConfig,
+                                                 tmp_path: Path) -> None:
+    """One torchrun per node, FSDP over the 2 ranks: each node holds half of the base's parameters."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    run = with_train(tiny_prepared, tmp_path, max_steps=4, micro_batch_size=1, save_steps=2, procs_per_node=1,
+                     parallelism="fsdp", batching="grouped")
+    losses = run_to_end(local_cluster, run, tmp_path, 2, "fsdp-nodes")
+    manifest = json.loads((run.train_run_dir / "run_manifest.json").read_text())
+    assert (manifest["nodes"], manifest["world_size"], manifest["parallelism"]["strategy"]) == (2, 2, "fsdp")
+    base = AutoModelForCausalLM.from_pretrained(tiny_prepared.base_model_dir, dtype=torch.float32)
+    whole = sum(p.numel() * p.element_size() for p in base.parameters())
+    assert manifest["parameter_bytes"]["frozen"] == pytest.approx(whole / 2, rel=0.01)
+    assert len(losses) == 4 and all(math.isfinite(x) for x in losses)
+    assert sorted(p.name for p in (run.checkpoints_dir / "checkpoint-4" / "pytorch_model_fsdp_0").glob("*.distcp")) == [
+        "__0_0.distcp", "__1_0.distcp"]
+    assert (run.adapter_dir / "adapter_model.safetensors").is_file()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from safetensors.torch import save_file
 import torch
 
@@ -85,3 +86,23 @@ def test_checkpoint_of_another_configuration_is_not_resumed(tmp_path: Path, capl
     assert checkpoints.latest_complete(tmp_path, training_fingerprint(longer)) == tmp_path / "checkpoint-5"
     assert checkpoints.latest_complete(tmp_path, training_fingerprint(other)) is None
     assert "written by a different training configuration" in caplog.text
+
+
+def test_a_checkpoint_of_the_other_strategy_is_refused_and_another_rank_count_noted(tmp_path: Path) -> None:
+    ddp = tmp_path / "ddp" / "checkpoint-4"
+    fsdp = tmp_path / "fsdp" / "checkpoint-4"
+    for folder, ranks in ((ddp, 2), (fsdp, 2)):
+        folder.mkdir(parents=True)
+        for rank in range(ranks):
+            (folder / f"rng_state_{rank}.pth").write_bytes(b"x")
+    (fsdp / checkpoints.FSDP_MODEL).mkdir()
+    (fsdp / checkpoints.FSDP_MODEL / "__0_0.distcp").write_bytes(b"x")
+    assert checkpoints.written_by(ddp) == ("ddp", 2) and checkpoints.written_by(fsdp) == ("fsdp", 2)
+    assert checkpoints.check_resumable(fsdp, "fsdp", 2) is None
+    with pytest.raises(checkpoints.CannotResume, match="written under ddp and this run trains under fsdp: set "
+                                                        "train.parallelism: ddp"):
+        checkpoints.check_resumable(ddp, "fsdp", 2)
+    with pytest.raises(checkpoints.CannotResume, match="needs 2 or more ranks"):
+        checkpoints.check_resumable(fsdp, "ddp", 1)
+    note = checkpoints.check_resumable(fsdp, "fsdp", 4)
+    assert note is not None and "written by 2 ranks, resuming on 4" in note and "resharded" in note

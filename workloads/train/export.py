@@ -1,7 +1,9 @@
-"""Merge a LoRA adapter into a full-precision copy of its base for serving (never into 4-bit weights).
+"""Merge a LoRA adapter into a full-precision copy of its base for serving (never into 4-bit weights), or export
+a full fine-tune's model folder, as a normal transformers model folder that eval and serve load.
 
     python -m workloads.train.export --adapter DIR --base DIR --out DIR [--dtype float32|bfloat16|float16]
-    python -m workloads.train.export --config RUN.json     (the run's adapter and base -> its merged folder)
+    python -m workloads.train.export --model DIR --base DIR --out DIR [--dtype ...]   (a full fine-tune)
+    python -m workloads.train.export --config RUN.json     (the run's adapter or model and base -> its merged folder)
 """
 
 from __future__ import annotations
@@ -56,10 +58,33 @@ def merge_adapter(adapter: Path, base: Path, out: Path, dtype: str = "float32") 
     return out
 
 
+def export_full_model(model_dir: Path, base: Path, out: Path, dtype: str = "float32") -> Path:
+    """Save a full fine-tune's model (fp32 masters) in `dtype` with its tokenizer to `out` (atomic)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    weights = sorted(model_dir.glob("*.safetensors"))
+    if not (model_dir / "config.json").is_file() or not weights:
+        raise ExportError(f"{model_dir}: not a trained model folder (config.json or *.safetensors missing)")
+    if dtype not in DTYPES:
+        raise ExportError(f"--dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype])
+    tokenizer = AutoTokenizer.from_pretrained(model_dir if (model_dir / "tokenizer_config.json").is_file() else base)
+    with atomic_dir(out) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        write_manifest(tmp / MANIFEST_NAME, MergedManifest(
+            trained={"path": str(model_dir.resolve()), "sha256": sha256_file(weights[0])},
+            base=str(base.resolve()), dtype=dtype, created=utc_now(),
+        ))
+    log.info("exported the full fine-tune %s -> %s (%s)", model_dir, out, dtype)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--config", type=Path, help="run config: defaults for --adapter, --base and --out")
+    parser.add_argument("--config", type=Path, help="run config: defaults for --adapter/--model, --base and --out")
     parser.add_argument("--adapter", type=Path)
+    parser.add_argument("--model", type=Path, help="a full fine-tune's model folder (instead of --adapter)")
     parser.add_argument("--base", type=Path)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
@@ -69,13 +94,20 @@ def main(argv: list[str] | None = None) -> int:
         if options.config is not None:
             run = load_run_config(options.config)
             paths = train_paths(run)
-            options.adapter = options.adapter or paths.adapter_dir
+            if run.train.method == "full":
+                options.model = options.model or paths.full_model_dir
+            else:
+                options.adapter = options.adapter or paths.adapter_dir
             options.base = options.base or paths.model_dir
             options.out = options.out or run.merged_dir
-        missing = [f"--{name}" for name in ("adapter", "base", "out") if getattr(options, name) is None]
+        trained = "model" if options.model is not None else "adapter"
+        missing = [f"--{name}" for name in (trained, "base", "out") if getattr(options, name) is None]
         if missing:
             parser.error(f"{', '.join(missing)} required without --config")
-        merge_adapter(options.adapter, options.base, options.out, options.dtype)
+        if options.model is not None:
+            export_full_model(options.model, options.base, options.out, options.dtype)
+        else:
+            merge_adapter(options.adapter, options.base, options.out, options.dtype)
     except (ExportError, ConfigError) as error:
         print(f"export: {error}", file=sys.stderr)
         return 2
