@@ -37,20 +37,24 @@ def test_fsdp_and_ddp_give_the_same_loss_curve_and_fsdp_holds_half_the_parameter
     held = "trainable" if method == "full" else "frozen"
     whole, shard = ddp_manifest["parameter_bytes"][held], fsdp_manifest["parameter_bytes"][held]
     assert shard == pytest.approx(whole / 2, rel=0.01), (shard, whole)
+    if method == "full":  # the estimate's sharded fp32 masters against the shards rank 0 held
+        assert fsdp_manifest["parallelism"]["per_rank_bytes"]["trainable_weights"] == shard
     output = fsdp_run.train_run_dir / ("model" if method == "full" else "adapter")
     assert fsdp_manifest[("model" if method == "full" else "adapter")] == str(output)
 
 
 def test_qlora_shards_its_4bit_base_on_cpu(tiny_prepared: RunConfig, tmp_path: Path) -> None:
     """bitsandbytes' NF4 weights stored in the compute dtype (fp32 on CPU) are ordinary floating tensors to FSDP:
-    each rank keeps half of every packed weight, and training matches DDP's."""
-    ddp_run, fsdp_run = pair(tiny_prepared, tmp_path, quantization="4bit", max_steps=4)
+    each rank keeps half of every packed weight, and training matches DDP's (with activation checkpointing, as the
+    shipped QLoRA configs train)."""
+    ddp_run, fsdp_run = pair(tiny_prepared, tmp_path, quantization="4bit", max_steps=4, gradient_checkpointing=True)
     ddp, ddp_manifest = trained(ddp_run, tmp_path, "ddp")
     fsdp, fsdp_manifest = trained(fsdp_run, tmp_path, "fsdp")
     assert fsdp_manifest["parallelism"]["method"] == "qlora" and fsdp_manifest["parallelism"]["strategy"] == "fsdp"
     whole, shard = ddp_manifest["parameter_bytes"]["frozen"], fsdp_manifest["parameter_bytes"]["frozen"]
     assert shard == pytest.approx(whole / 2, rel=0.01), (shard, whole)
     assert fsdp == pytest.approx(ddp, rel=LOSS_REL_TOL)
+    assert fsdp_manifest["batch_plan"]["gradient_checkpointing"] is True
     assert (fsdp_run.adapter_dir / "adapter_model.safetensors").is_file()
 
 

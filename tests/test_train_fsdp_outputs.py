@@ -1,5 +1,5 @@
-"""What FSDP training leaves is ordinary: the adapter in PEFT's layout and a full fine-tune's model folder, exported
-by workloads.train.export, evaluated by the evaluator and served by the gateway as any other run's."""
+"""What FSDP training leaves is ordinary: the adapter in PEFT's layout (the evaluator loads it as an adapter, export
+merges it) and a full fine-tune's model folder (exported, evaluated and served by the gateway as a merged model)."""
 
 from __future__ import annotations
 
@@ -63,6 +63,8 @@ def test_eval_and_serve_load_what_fsdp_trained(tiny_prepared: RunConfig, tmp_pat
     report = json.loads(evaluated.stdout)
     assert report["finetuned_kind"] == finetuned and report["finetuned_model"]["perplexity"] > 1
 
+    if method == "lora":  # the merged folder export made from it serves like every merged run's (test_serve_http.py)
+        return
     proc, url, _ = start_server(run, tmp_path, None)
     try:
         body = {"model": "finetuned", "messages": [{"role": "user", "content": "What is a bond?"}], "max_tokens": 4}

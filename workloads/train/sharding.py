@@ -16,10 +16,11 @@ from torch import nn
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The model's decoder blocks: modules of the classes transformers never splits across devices."""
+    """The model's decoder blocks: modules of the classes transformers never splits across devices (also once
+    sharded, when FSDP has swapped in a subclass)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     names = set(getattr(base, "_no_split_modules", None) or [])
-    layers = [m for m in model.modules() if type(m).__name__ in names]
+    layers = [m for m in model.modules() if any(c.__name__ in names for c in type(m).__mro__)]
     if not layers:
         raise ValueError(f"{type(base).__name__}: no decoder layers found to shard (no _no_split_modules)")
     return layers
