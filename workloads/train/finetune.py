@@ -119,11 +119,14 @@ class FinetuneTrainer(Trainer):
 
 
 def load_model(model_dir: Path, train: TrainConfig, precision: str, local_rank: int,
-               choice: attention.AttentionChoice, checkpointing: bool) -> Any:
+               choice: attention.AttentionChoice, checkpointing: bool, fsdp: bool = False) -> Any:
     """Base model (NF4 4-bit, int8 or unquantized) with the chosen attention, its frozen floating-point weights
     in the compute dtype (or fp32 under `train.kbit_upcast`), activation checkpointing when asked, the fused loss
     when configured, and a fresh LoRA adapter; for method full every weight in fp32 (master weights; the
-    Trainer's autocast, or FSDP's mixed precision policy, computes in the compute dtype) and no adapter."""
+    Trainer's autocast, or FSDP's mixed precision policy, computes in the compute dtype) and no adapter. Under
+    `fsdp` an unquantized base is loaded into CPU memory, not onto the GPU (a replica that does not fit the GPU is
+    why FSDP was chosen): `fully_shard` moves each layer to the rank's GPU as it shards it. A 4-bit base still loads
+    onto the GPU, where bitsandbytes quantizes it and keeps its quantization state."""
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
     dtype = torch.float32 if train.method == "full" else DTYPES[precision]
@@ -140,7 +143,7 @@ def load_model(model_dir: Path, train: TrainConfig, precision: str, local_rank: 
         attention.register()
     model = AutoModelForCausalLM.from_pretrained(
         model_dir, dtype=dtype, quantization_config=quantization, attn_implementation=choice.implementation,
-        device_map={"": local_rank} if cuda else None,
+        device_map={"": local_rank} if cuda and not (fsdp and quantization is None) else None,
     )
     model.config.use_cache = False
     if quantization is not None and train.kbit_upcast:
@@ -283,7 +286,8 @@ def train_run(run: RunConfig) -> int:
         log.warning(note)
     tokenizer = AutoTokenizer.from_pretrained(paths.model_dir)
     set_seed(train.seed)  # every rank draws the same fresh adapter: FSDP shards each rank's own copy, DDP broadcasts rank 0's
-    model = load_model(paths.model_dir, train, precision, args.local_process_index, choice, plan.gradient_checkpointing)
+    model = load_model(paths.model_dir, train, precision, args.local_process_index, choice, plan.gradient_checkpointing,
+                       fsdp)
     if fsdp:
         sharding.shard(model, DTYPES[precision], torch.cuda.is_available())
     if rank0 and train.method != "full":
