@@ -231,10 +231,10 @@ def gpu_workers_have_gpu_presets(ctx: Context) -> list[str]:
 
 
 def model_fits(ctx: Context) -> list[str]:
-    """The run config's model, method, micro-batch and length fit each GPU worker's memory."""
-    from workloads.train.memory import estimate
+    """The run config's model and method fit each GPU worker set: the parallelism the run will use there (DDP, or
+    FSDP over the set's GPUs) within memory_fraction of each GPU; otherwise the smallest node count that fits."""
+    from infra.model_fit import worker_fits
     from workloads.train.model_shapes import UnknownModel, shape_for_source
-    from workloads.train.sizing import DoesNotFit, plan_batches, plan_inputs
 
     if ctx.run is None or ctx.run.train is None or ctx.cfg.nodes is None:
         return []
@@ -246,24 +246,9 @@ def model_fits(ctx: Context) -> list[str]:
     except UnknownModel as exc:
         return [str(exc)]
     found = []
-    for w in ctx.cfg.nodes.workers:
-        platform = catalog.get_platform(w.platform)
-        if not platform.is_gpu:
-            continue
-        try:  # the same sizing the trainer does on that GPU (train.micro_batch_tokens / gradient_checkpointing auto)
-            inputs = plan_inputs(ctx.run, plan_batches(ctx.run, shape, platform.gpu_memory_gib))
-        except DoesNotFit as exc:
-            found.append(f"worker set {w.name}: {exc}")
-            continue
-        need = estimate(shape, inputs)
-        ctx.notes.append(f"worker set {w.name}: ~{need.total_gib:.1f} GiB per {platform.gpu_model} of "
-                         f"{platform.gpu_memory_gib} GiB at {inputs.micro_batch} x {inputs.max_length} tokens")
-        if not need.fits(platform.gpu_memory_gib):
-            found.append(
-                f"worker set {w.name}: {inputs.method} of {ctx.run.model.source} at micro_batch {inputs.micro_batch} x "
-                f"{inputs.max_length} tokens needs ~{need.total_gib:.1f} GiB per GPU, {platform.gpu_model} has "
-                f"{platform.gpu_memory_gib} GiB ({need.breakdown_gib()})"
-            )
+    for fit in worker_fits(ctx.cfg, ctx.run, shape):
+        line = f"{ctx.run.train.method} of {ctx.run.model.source}: {fit.describe()}"
+        (ctx.notes if fit.fits else found).append(line)
     return found
 
 

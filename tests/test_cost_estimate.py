@@ -88,3 +88,24 @@ def test_the_nearest_figure_has_the_same_method_first_then_the_closest_model_siz
 
 def test_no_figure_no_estimate():
     assert estimate_throughput(dev_run(), "NVIDIA L40S", []) is None
+
+
+def test_a_full_fine_tune_does_one_more_pass_than_an_adapter():
+    """Same GPU, model and recomputation: an adapter's frozen base costs forward + input gradients + recomputed
+    forward (3 x 2N FLOPs per token); a full fine-tune adds the weight gradients (4 x 2N): 3/4 of the tokens/s."""
+    estimate = estimate_throughput(dev_run(method="full", quantization="none"), "NVIDIA H100 SXM", [h100_row()])
+    assert estimate.kind == "estimated" and estimate.tokens_per_second_per_gpu == pytest.approx(3000.0 * 3 / 4)
+
+
+def test_a_run_only_sharding_holds_is_estimated_too():
+    """Llama-3.1-70B LoRA (141 GB in bf16) fits no single H100, so sizing it on one GPU fails; sized over the fewest
+    FSDP ranks that hold it, it is compute-bound like the row, recomputing like it: the ratio is the FLOPs per token,
+    2 x (decoder linears + LM head): Qwen3-14B 40 x 330,301,440 + 151,936 x 5,120 against Llama-3.1-70B
+    80 x 855,638,016 + 128,256 x 8,192."""
+    run = dev_run(method="lora", quantization="none", micro_batch_tokens="auto")
+    run = run.model_copy(update={"model": run.model.model_copy(update={"source": "hub:meta-llama/Llama-3.1-70B"})})
+    estimate = estimate_throughput(run, "NVIDIA H100 SXM", [h100_row()])
+    qwen14 = 40 * 330_301_440 + 151_936 * 5_120
+    llama70 = 80 * 855_638_016 + 128_256 * 8_192
+    assert estimate is not None and estimate.kind == "estimated"
+    assert estimate.tokens_per_second_per_gpu == pytest.approx(3000.0 * qwen14 / llama70)

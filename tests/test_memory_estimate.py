@@ -20,6 +20,10 @@ def test_published_parameter_counts():
     assert KNOWN["Qwen/Qwen3-8B"].params / 1e9 == pytest.approx(8.2, abs=0.05)
     assert KNOWN["Qwen/Qwen3-32B"].params / 1e9 == pytest.approx(32.8, abs=0.05)
     assert KNOWN["HuggingFaceTB/SmolLM2-135M-Instruct"].params == pytest.approx(134.5e6, rel=1e-3)
+    # the hub's parameter count of meta-llama/Llama-3.1-8B (8.03B); peft's print_trainable_parameters in seed 002
+    # for Llama-3.1-70B-Instruct: "all params: 70,553,706,496"
+    assert KNOWN["meta-llama/Llama-3.1-8B"].params / 1e9 == pytest.approx(8.03, abs=0.005)
+    assert KNOWN["meta-llama/Llama-3.1-70B-Instruct"].params == 70_553_706_496
 
 
 def test_qlora_of_qwen3_14b_fits_an_l40s_and_full_fine_tuning_does_not():

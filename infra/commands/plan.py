@@ -13,9 +13,11 @@ import sys
 from typing import Any
 
 from infra.commands import plan_extras
-from infra.config import StackConfigError, load_stack_config
+from infra.config import StackConfig, StackConfigError, load_stack_config
+from infra.pipeline.chain import check_run_config_path
+from infra.program.build import REPO_ROOT
 from infra.program.mocks import MockResource, MockRun, run_under_mocks
-from documents.run_config import ConfigError
+from documents.run_config import ConfigError, load_run_config
 
 _KEY_PROPERTIES = (
     "name", "platform", "preset", "fixedNodeCount", "autoscaling", "type", "sizeGibibytes",
@@ -33,6 +35,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--stack", required=True, help="stack name (stacks/Pulumi.<stack>.yaml)")
     parser.add_argument("--config-dir", default="stacks", help="directory of the stack files (default: stacks)")
     parser.add_argument("--json", action="store_true", help="print resources and outputs as JSON")
+    parser.add_argument("--run-config", metavar="FILE",
+                        help="plan with this run config instead of the stack's pipeline.runConfig (a path under "
+                             "workloads/, relative to the repository root, as pipeline.runConfig takes it)")
     plan_extras.add_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -94,6 +99,16 @@ def render_text(stack: str, run: MockRun) -> str:
     return f"{head}\n\nResources ({len(run.resources)}):\n{tree}\n\nOutputs:\n{outputs}\n"
 
 
+def with_run_config(cfg: StackConfig, path: str) -> StackConfig:
+    """The stack with `path` as its pipeline.runConfig, checked as the pipeline checks it (shipped, readable)."""
+    try:
+        check_run_config_path(path)
+    except ValueError as exc:
+        raise ConfigError(f"--run-config: {exc}") from None
+    load_run_config(REPO_ROOT / path)
+    return cfg.model_copy(update={"pipeline": cfg.pipeline.model_copy(update={"run_config": path})})
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         cfg = load_stack_config(args.stack, args.config_dir)
@@ -101,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
         print(exc, file=sys.stderr)
         return 2
     try:
+        if args.run_config:
+            cfg = with_run_config(cfg, args.run_config)
         result = run_under_mocks(cfg)
     except ConfigError as exc:
         print(f"ftstack plan: {exc}", file=sys.stderr)

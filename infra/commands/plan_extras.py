@@ -1,8 +1,10 @@
-"""The cost table and policy results that `ftstack plan` adds after the resource tree.
+"""The cost table, the training placement, the policy results and the method comparison that `ftstack plan`
+adds after the resource tree.
 
 `--policies` runs policies/rules.py against the run under mocks; a mandatory violation makes the plan
 exit 1. `--policy-config FILE.json` takes the format of `pulumi preview --policy-pack-config`:
 ``{"<policy>": {"enforcementLevel": "advisory", "<property>": value}}``.
+`--compare` adds the method comparison (infra/cost/compare.py); `--compare-chart FILE.png|.svg` draws it too.
 """
 
 from __future__ import annotations
@@ -14,19 +16,27 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+from documents.run_config import RunConfig
 from documents.text_input import TextInputError, load_json
 from infra.config import StackConfig
-from infra.cost.price import price_stack
+from infra.cost.compare import Comparison, compare, comparison_document, plot_comparison, render_comparison
+from infra.cost.price import PriceInputs, price_stack
 from infra.cost.report import render_table, report_document
 from infra.cost.training import REPO_ROOT, load_run
+from infra.model_fit import worker_fits
 from infra.runs.measured import price_inputs
 from infra.program.mocks import MockRun
+from workloads.train.model_shapes import UnknownModel, shape_for_source
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policies", action="store_true",
                         help="run the policy pack's rules; exit 1 on a mandatory violation")
     parser.add_argument("--policy-config", type=Path, help="policy config JSON (as for pulumi --policy-pack-config)")
+    parser.add_argument("--compare", action="store_true",
+                        help="compare full, LoRA and QLoRA of each known model size on the stack's GPU model")
+    parser.add_argument("--compare-chart", type=Path, metavar="FILE",
+                        help="also draw the comparison's costs as a chart (.png or .svg)")
 
 
 @dataclass(frozen=True)
@@ -57,13 +67,44 @@ def _plan_check() -> Callable[..., Any]:
     return next(iter(found)).load()
 
 
+def _placement(cfg: StackConfig, run: RunConfig | None) -> tuple[list[str], list[dict[str, Any]]]:
+    """The run's parallelism, per-GPU estimate and fit on each GPU worker set (text lines, JSON)."""
+    if run is None or run.train is None or cfg.nodes is None:
+        return [], []
+    try:
+        fits = worker_fits(cfg, run, shape_for_source(run.model.source))
+    except UnknownModel as exc:
+        return ["", f"Training placement: {exc}"], []
+    if not fits:
+        return [], []
+    lines = ["", f"Training placement of {run.model.source} ({run.train.method}, parallelism {run.train.parallelism}):"]
+    lines += [f"  {fit.describe()}" for fit in fits]
+    return lines, [fit.model_dump(mode="json") for fit in fits]
+
+
+def _comparison(cfg: StackConfig, run: RunConfig | None, inputs: PriceInputs) -> Comparison:
+    if run is None or run.train is None:
+        raise SystemExit(f"ftstack plan --compare: stack {cfg.stack!r}: run config {cfg.pipeline.run_config} has no "
+                         "train section here")
+    try:
+        return compare(cfg, run, inputs)
+    except ValueError as exc:
+        raise SystemExit(f"ftstack plan --compare: {exc}") from None
+
+
 def plan_extras(cfg: StackConfig, result: MockRun, args: argparse.Namespace) -> PlanExtras:
-    report = price_stack(cfg, price_inputs(cfg, REPO_ROOT))
+    inputs = price_inputs(cfg, REPO_ROOT)
+    report = price_stack(cfg, inputs)
+    run = load_run(cfg)
     text = ["", render_table(report)]
     document: dict[str, Any] = {"cost": report_document(report)}
     code = 0
+    lines, placement = _placement(cfg, run)
+    text += lines
+    if placement:
+        document["placement"] = placement
     if args.policies:
-        results, failed = _plan_check()(result.resources, cfg, load_run(cfg), _policy_config(args.policy_config))
+        results, failed = _plan_check()(result.resources, cfg, run, _policy_config(args.policy_config))
         code = 1 if failed else 0
         document["policies"] = [r.model_dump() for r in results]
         text += ["", f"Policies ({len(results)}, {len(failed)} mandatory violations):"]
@@ -72,4 +113,14 @@ def plan_extras(cfg: StackConfig, result: MockRun, args: argparse.Namespace) -> 
             text.append(f"  [{mark}] {r.policy} ({r.enforcement})")
             text += [f"         {v}" for v in r.violations]
             text += [f"         note: {n}" for n in r.notes]
+    if args.compare or args.compare_chart:
+        comparison = _comparison(cfg, run, inputs)
+        document["compare"] = comparison_document(comparison)
+        text += ["", render_comparison(comparison)]
+        if args.compare_chart:
+            try:
+                plot_comparison(comparison, args.compare_chart)
+                text.append(f"chart: {args.compare_chart}")
+            except ValueError as exc:
+                text.append(f"chart: not drawn: {exc}")
     return PlanExtras("\n".join(text), document, code)

@@ -18,7 +18,9 @@ Pure: a run config, a GPU model and the measured figures in; a `TrainingThroughp
     (passes x bf16 weights / micro-batch tokens).
 
   The micro-batch and recomputation are the ones the run recorded, else `plan_batches` on that GPU's memory
-  (what `auto` sizing chooses); the stack's side is always `plan_batches` on its GPU's memory.
+  (what `auto` sizing chooses; sharded over the fewest FSDP ranks that hold a run no single GPU does); the
+  stack's side is always `plan_batches` on its GPU's memory. A full fine-tune does one more pass per micro-batch
+  (the weight gradients) than an adapter on a frozen base.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from infra import catalog
 from documents.run_config import RunConfig
 from documents.throughput import ThroughputMeasurement
 from workloads.train.model_shapes import ModelShape, UnknownModel, shape_for_source
+from workloads.train.parallelism import decide_parallelism
+from documents.train_plan import BatchPlan
 from workloads.train.sizing import DoesNotFit, plan_batches
 
 Kind = Literal["configured", "measured", "borrowed", "estimated"]
@@ -48,12 +52,14 @@ class Plan(BaseModel):
     shape: ModelShape
     micro_batch_tokens: int
     recompute: bool
+    full: bool = False
+    """a full fine-tune: backward also computes every weight's gradient."""
 
     @property
     def passes(self) -> int:
-        """Forward-sized passes over the weights per micro-batch: forward, backward (input gradients), and
-        the recomputed forward."""
-        return 3 if self.recompute else 2
+        """Forward-sized passes over the weights per micro-batch: forward, backward (input gradients; weight
+        gradients too in a full fine-tune), and the recomputed forward."""
+        return 2 + int(self.full) + int(self.recompute)
 
     def flops_per_token(self) -> float:
         return 2.0 * (self.shape.linear_params + self.shape.vocab * self.shape.hidden) * self.passes
@@ -97,13 +103,26 @@ class TrainingThroughput(BaseModel):
         return f"{self.kind}: {self.basis.describe()}{where}"
 
 
+def _batches(run: RunConfig, shape: ModelShape, memory_gib: float) -> BatchPlan:
+    """`plan_batches` on one GPU; a run whose replica does not fit is sized as it trains, sharded over the fewest
+    FSDP ranks that hold it (`decide_parallelism`)."""
+    try:
+        return plan_batches(run, shape, memory_gib)
+    except DoesNotFit:
+        ranks = decide_parallelism(run, shape, memory_gib, 1).min_fsdp_ranks
+        if ranks is None:
+            raise
+        return plan_batches(run, shape, memory_gib, shards=ranks)
+
+
 def _plan(run: RunConfig, shape: ModelShape, gpu_model: str, recorded: ThroughputMeasurement | None = None) -> Plan:
+    full = (recorded.method if recorded is not None else run.train.method) == "full"
     if recorded is not None and recorded.micro_batch_tokens and recorded.gradient_checkpointing is not None:
         return Plan(gpu_model=gpu_model, shape=shape, micro_batch_tokens=recorded.micro_batch_tokens,
-                    recompute=recorded.gradient_checkpointing)
-    batches = plan_batches(run, shape, catalog.gpu_memory_gib(gpu_model))
+                    recompute=recorded.gradient_checkpointing, full=full)
+    batches = _batches(run, shape, catalog.gpu_memory_gib(gpu_model))
     return Plan(gpu_model=gpu_model, shape=shape, micro_batch_tokens=batches.micro_batch_tokens,
-                recompute=batches.gradient_checkpointing)
+                recompute=batches.gradient_checkpointing, full=full)
 
 
 def _shape(source: str) -> ModelShape | None:

