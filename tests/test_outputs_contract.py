@@ -19,6 +19,7 @@ from documents.adapter_registry import AdapterEntry, AdapterSpeed, ServedSet
 from documents.base import DocumentError
 from documents.stack_outputs import parse_stack_outputs, read_stack_outputs
 from infra.commands.run import run_outputs
+from infra.program.outputs import served_speeds
 from infra.config import StackConfig, load_stack_config
 from infra.cost.price import PriceInputs, price_stack
 from infra.program.mocks import SECRET, run_under_mocks
@@ -105,7 +106,8 @@ def waited_outputs(cfg: StackConfig, served: ServedSet | None = None) -> dict[st
             for i, stage in enumerate(("prepare", "readiness", "train", "eval"))}
     result = PipelineRun(stack=cfg.stack, started_at=None, bundle_hash="0123456789abcdef", submitted=list(jobs),
                          kept=[], jobs=jobs, evaluation=evaluator_report("103", side(9.0, 20.0), side(6.0, 41.5)))
-    return run_outputs(cfg, price_stack(cfg, PriceInputs().with_evaluation(result.evaluation)), result, served).flat()
+    inputs = PriceInputs(served_speeds=served_speeds(served)).with_evaluation(result.evaluation)
+    return run_outputs(cfg, price_stack(cfg, inputs), result, served).flat()
 
 
 def test_a_waited_pipeline_fills_eval_elapsed_and_measured_keys_with_numbers(produced: dict[str, dict[str, Any]]) -> None:

@@ -22,7 +22,7 @@ from infra.config import StackConfig, StackConfigError, load_stack_config, stack
 from infra.cost.price import CostReport, PriceInputs, price_stack
 from infra.cost.report import render_chat_table
 from infra.cost.training import stack_gpu_model
-from infra.program.outputs import pipeline_section, serving_section
+from infra.program.outputs import pipeline_section, served_speeds, serving_section
 from infra.runs.measured import price_inputs, runs_of
 from infra.program.build import stack_identity
 from infra.pipeline.fetch import fetch_run
@@ -78,7 +78,7 @@ def run_outputs(stack: StackConfig, cost: CostReport, result: PipelineRun, serve
     server's adapters when it reported them."""
     return StackOutputs(**stack_identity(stack), cost=cost.section(),
                         pipeline=pipeline_section(result.bundle_hash, result.jobs, result.evaluation),
-                        serving=serving_section(cost.monthly, stack.pricing.chat, served) if served else None)
+                        serving=serving_section(cost.adapter_chats, served) if served else None)
 
 
 def local_served_set(stack: StackConfig, repo: Path) -> ServedSet | None:
@@ -154,8 +154,8 @@ def throughput_check(before: CostReport, measured: ThroughputMeasurement) -> Thr
                               measured.tokens_per_second_per_device)
 
 
-def finish_run(stack: StackConfig, repo: Path, result: PipelineRun, spec: dict[str, Any], inputs: PriceInputs
-               ) -> tuple[StackOutputs, CostReport, str | None]:
+def finish_run(stack: StackConfig, repo: Path, result: PipelineRun, spec: dict[str, Any], inputs: PriceInputs,
+               served: ServedSet | None = None) -> tuple[StackOutputs, CostReport, str | None]:
     """After a finished pipeline: bring its records back, price the stack with the throughput the run measured
     (with the figure it was priced with before kept beside it in the run record), write the outputs and store
     the artifacts (once per eval job). Returns the outputs, the price and where the artifacts went."""
@@ -166,7 +166,7 @@ def finish_run(stack: StackConfig, repo: Path, result: PipelineRun, spec: dict[s
             inputs = inputs.model_copy(update={"training": stored.throughput,
                                                "training_read_from": runs_of(store, stack.stack)})
         report = price_stack(stack, inputs)
-        return run_outputs(stack, report, result, local_served_set(stack, repo)), report, None
+        return run_outputs(stack, report, result, served), report, None
     with tempfile.TemporaryDirectory(prefix="ft-fetch-") as tmp:
         folders = run_folders(stack, result, spec, Path(tmp))
         run_id = new_run_id(result)
@@ -177,7 +177,7 @@ def finish_run(stack: StackConfig, repo: Path, result: PipelineRun, spec: dict[s
             report = price_stack(stack, inputs.model_copy(update={
                 "training": throughput, "training_read_from": runs_of(store, stack.stack) if store else None,
                 "training_note": None}))
-        outputs = run_outputs(stack, report, result, local_served_set(stack, repo))
+        outputs = run_outputs(stack, report, result, served)
         where = _upload(store, stack, repo, result, run_id, folders, outputs, throughput, check) \
             if store is not None else None
     return outputs, report, where
@@ -199,20 +199,21 @@ def run(args: argparse.Namespace) -> int:
         return 130
     path = outputs_path(repo, stack.stack)
     prepare = read_prepare(spec, result) if args.wait else None
+    served = local_served_set(stack, repo)
     inputs = price_inputs(stack, repo).with_evaluation(result.evaluation).model_copy(
-        update={"prepared": prepare.summary if prepare is not None else None})
+        update={"prepared": prepare.summary if prepare is not None else None, "served_speeds": served_speeds(served)})
     if args.wait and result.evaluation is not None:
         try:
-            outputs, report, where = finish_run(stack, repo, result, spec, inputs)
+            outputs, report, where = finish_run(stack, repo, result, spec, inputs, served)
         except (ArtifactError, TransportError, DocumentError) as error:
-            write_outputs(path, run_outputs(stack, price_stack(stack, inputs), result, local_served_set(stack, repo)))
+            write_outputs(path, run_outputs(stack, price_stack(stack, inputs), result, served))
             print(f"ftstack run: artifacts not stored (local copies kept): {error}", file=sys.stderr)
             return 1
         if where:
             print(f"artifacts stored in {where}", file=sys.stderr)
     else:
         report = price_stack(stack, inputs)
-        outputs = run_outputs(stack, report, result, local_served_set(stack, repo))
+        outputs = run_outputs(stack, report, result, served)
     write_outputs(path, outputs)
     print(f"outputs written to {path}", file=sys.stderr)
     if args.json:

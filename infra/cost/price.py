@@ -51,6 +51,8 @@ class PriceInputs(BaseModel):
     """the fine-tuned model's generation speed the eval job measured (the `measured` cost-per-chat scenario)."""
     prepared: PrepareSummary | None = None
     """the run's prepare summary (the data size the training run is priced on)."""
+    served_speeds: dict[str, float] = {}
+    """the generation speed each served adapter measured, by served name (its cost per chat)."""
 
     def with_evaluation(self, evaluation: EvaluatorReport | None) -> PriceInputs:
         """These inputs with the generation speed of the eval job's report (none before it reported)."""
@@ -67,6 +69,8 @@ class CostReport(BaseModel):
     chats: list[ChatScenario]
     measured_chat: ChatScenario | None
     notes: list[str]
+    adapter_chats: dict[str, ChatScenario] = {}
+    """each served adapter's cost per chat at its own measured speed (the `measured` scenario's arithmetic)."""
 
     def section(self) -> Cost:
         """The cost part of the stack outputs; stacks that price chats list the `measured` scenario after the
@@ -135,5 +139,7 @@ def price_stack(cfg: StackConfig, inputs: PriceInputs = PriceInputs(), root: Pat
         if monthly.usd_high > 0 else []
     chats = [s for s in scenarios if s.name != MEASURED]
     measured = next((s for s in scenarios if s.name == MEASURED), None)
+    adapter_chats = {name: scenario for name, speed in inputs.served_speeds.items() if monthly.usd_high > 0
+                     for scenario in chat_scenarios(monthly, cfg.pricing.chat, speed) if scenario.name == MEASURED}
     return CostReport(monthly=monthly, training=training, throughput=throughput, chats=chats,
-                      measured_chat=measured, notes=notes)
+                      measured_chat=measured, notes=notes, adapter_chats=adapter_chats)

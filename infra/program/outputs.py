@@ -10,9 +10,8 @@ from typing import Any
 
 from documents.evaluator_report import EvaluatorReport
 from documents.adapter_registry import ServedSet
-from documents.stack_outputs import MEASURED, SIDES, ChatCost, Cost, EvalSide, Job, Pipeline, ServedAdapter, Serving
-from infra.cost.model import ChatScenario, MonthlyCost, TrainingRun, chat_scenarios
-from infra.cost.pricing import ChatAssumptions
+from documents.stack_outputs import SIDES, ChatCost, Cost, EvalSide, Job, Pipeline, ServedAdapter, Serving
+from infra.cost.model import ChatScenario, MonthlyCost, TrainingRun
 
 EVAL_FIGURES: dict[str, str] = {
     "perplexity": "perplexity",
@@ -55,22 +54,27 @@ def cost_section(monthly: MonthlyCost, training: TrainingRun | None, chats: Iter
     )
 
 
-def serving_section(monthly: MonthlyCost, chat: ChatAssumptions, served: ServedSet) -> Serving:
-    """Each served adapter with its measured speed and, where the stack costs something and the adapter has
-    been measured, its cost per chat at that speed (the `measured` scenario's arithmetic)."""
+def serving_section(adapter_chats: Mapping[str, ChatScenario], served: ServedSet) -> Serving:
+    """Each served adapter with its measured speed and, where the price path priced it (a stack that costs
+    something, an adapter that has been measured), its cost per chat at that speed."""
     adapters = {}
     for entry in served.adapters:
         speed = served.speed.get(entry.name)
         tokens_per_second = speed.tokens_per_second if speed else None
-        usd = None
-        if tokens_per_second and monthly.usd_high > 0:
-            scenario = next(s for s in chat_scenarios(monthly, chat, tokens_per_second) if s.name == MEASURED)
-            usd = _round(scenario.usd_per_chat)
+        chat = adapter_chats.get(entry.name)
         adapters[entry.name] = ServedAdapter(
-            run_id=entry.run_id, usd_per_chat=usd,
+            run_id=entry.run_id, usd_per_chat=_round(chat.usd_per_chat) if chat else None,
             tokens_per_second=_round(tokens_per_second) if tokens_per_second else None,
             time_to_first_token_s=_round(speed.time_to_first_token_s) if speed and speed.time_to_first_token_s else None)
     return Serving(adapters=adapters)
+
+
+def served_speeds(served: ServedSet | None) -> dict[str, float]:
+    """The measured generation speed of each served adapter, by name (the price path's `served_speeds`)."""
+    if served is None:
+        return {}
+    names = {entry.name for entry in served.adapters}
+    return {name: s.tokens_per_second for name, s in served.speed.items() if name in names and s.tokens_per_second}
 
 
 def eval_sides(evaluation: EvaluatorReport | None) -> dict[str, EvalSide]:
