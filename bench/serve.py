@@ -33,16 +33,15 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 sys.path.insert(0, str(ROOT / "tests"))  # adapter_runs: adapters registered as stored runs, shared with the tests
 
 from adapter_runs import register_run, save_adapter  # noqa: E402
-from infra.runs.store import LocalStore  # noqa: E402
 
 from documents.run_config import load_run_config, parse_run_config  # noqa: E402
+from infra.runs.store import LocalStore  # noqa: E402
 from workloads.eval.generation import read_prompts  # noqa: E402
 from workloads.eval.perplexity import load_tokenized  # noqa: E402
 from workloads.serve.client import stream_chat  # noqa: E402

@@ -12,7 +12,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 
-
 def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:

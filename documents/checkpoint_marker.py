@@ -8,8 +8,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from documents.base import read_document
 from documents.atomic import write_text_atomic
+from documents.base import read_document
 
 MARKER_NAME = "COMPLETE.json"
 

@@ -12,9 +12,9 @@ from typing import Literal
 
 from pydantic import ConfigDict
 
+from documents.atomic import write_text_atomic
 from documents.base import Figures, parse
 from documents.prepare_summary import TokenizeLosses
-from documents.atomic import write_text_atomic
 
 REPORT_VERSION = 1
 

@@ -14,8 +14,8 @@ from typing import Literal
 
 from pydantic import AliasChoices, ConfigDict, Field, ValidationError
 
-from documents.base import DocumentError, Figures, describe
 from documents.atomic import write_text_atomic
+from documents.base import DocumentError, Figures, describe
 
 log = logging.getLogger("documents.metrics")
 

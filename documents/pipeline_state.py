@@ -9,10 +9,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from documents.base import describe
-from documents.text_input import TextInputError, read_utf8
-from documents.evaluator_report import EvaluatorReport
 from documents.atomic import write_text_atomic
+from documents.base import describe
+from documents.evaluator_report import EvaluatorReport
+from documents.text_input import TextInputError, read_utf8
 
 
 class SourceFingerprint(BaseModel):

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from documents.base import parse
 from documents.atomic import write_text_atomic
+from documents.base import parse
 
 
 class _Document(BaseModel):

@@ -9,8 +9,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from documents.sections.readiness import ReadinessConfig
 from documents.sections.eval import EvalConfig
+from documents.sections.readiness import ReadinessConfig
 from documents.sections.serve import ServeConfig
 from documents.sections.train import TrainConfig
 from documents.text_input import TextInputError, load_json

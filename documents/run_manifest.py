@@ -16,12 +16,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from documents.atomic import sha256_file, utc_now, write_text_atomic
 from documents.base import DocumentError, parse
 from documents.stage_manifest import MANIFEST_NAME, load_model_manifest
-from documents.atomic import sha256_file, utc_now, write_text_atomic
-from documents.train_plan import AttentionChoice
-from documents.train_plan import BatchingDecision, ParallelismPlan
-from documents.train_plan import BatchPlan
+from documents.train_plan import AttentionChoice, BatchingDecision, BatchPlan, ParallelismPlan
 
 MANIFEST_VERSION = 1
 RUN_MANIFEST_NAME = "run_manifest.json"

@@ -21,8 +21,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from documents.base import DocumentError, parse
 from documents.atomic import write_text_atomic
+from documents.base import DocumentError, parse
 
 MANIFEST_NAME = "manifest.json"
 

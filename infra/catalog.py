@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping
 
-
 _PRESET_RE = re.compile(r"^(?:(?P<gpus>\d+)gpu-)?(?P<vcpus>\d+)vcpu-(?P<ram>\d+)gb$")
 
 

@@ -8,10 +8,10 @@ from typing import Any
 
 from document_fixtures import evaluator_report, side
 
-from infra.runs.store import ArtifactStore, upload_run
+from documents.metrics import MetricsRecord
 from infra.config import load_stack_config
 from infra.program.mocks import run_under_mocks
-from documents.metrics import MetricsRecord
+from infra.runs.store import ArtifactStore, upload_run
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"

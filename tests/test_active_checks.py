@@ -9,12 +9,12 @@ import copy
 
 import pytest
 
-from infra.soperator.active_checks import CHECKS_RELEASE, CONTROLLER_RELEASE, after_creation
-from infra.soperator.chart_contract import contract, violations
 from infra.config import StackConfig, load_stack_config
 from infra.cost.model import ONE_OFF, monthly_cost, node_price
-from infra.nebius.layout import layout
 from infra.cost.pricing import PriceBook
+from infra.nebius.layout import layout
+from infra.soperator.active_checks import CHECKS_RELEASE, CONTROLLER_RELEASE, after_creation
+from infra.soperator.chart_contract import contract, violations
 from infra.soperator.values import SOPERATOR_NAMESPACE, release_plan
 
 SIZES = {"jail": 256, "controller-spool": 128, "accounting": 256}

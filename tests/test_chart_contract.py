@@ -7,11 +7,11 @@ import copy
 
 import pytest
 
-from infra.soperator import chart_contract
 from documents.chart_contract import read_contract_file
-from infra.soperator.chart_contract import ContractError, contract, violations
 from infra.config import load_stack_config
 from infra.nebius.layout import layout
+from infra.soperator import chart_contract
+from infra.soperator.chart_contract import ContractError, contract, violations
 from infra.soperator.values import BackupTarget, release_plan
 
 CLOUD_STACKS = ("dev", "demo", "h100")

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from cluster_fixtures import Cluster
 
 from infra.config import load_stack_config

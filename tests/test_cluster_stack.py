@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from documents.run_config import load_run_config, parse_run_config
 from infra.config import StackConfigError, load_stack_config, parse_stack_config
 from infra.pipeline.chain import pipeline_jobs, placement_for
 from infra.pipeline.fetch import fetch_run
 from infra.pipeline.runner import transport_spec
 from infra.pipeline.transport import LocalTransport
-from documents.run_config import load_run_config, parse_run_config
 
 REPO = Path(__file__).resolve().parents[1]
 HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBZXoof2CwLybfVERAHUrBsyLv4n0tOfk26uGtXZJBI/ login"

@@ -14,12 +14,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from cluster_fixtures import Cluster
 from slurm_jobs import job_field, release_requeued, wait_for
 from train_fixtures import with_train, write_config
-from documents.run_config import RunConfig
+
 from documents.metrics import load_metrics
+from documents.run_config import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]

@@ -6,14 +6,14 @@ import re
 
 import pytest
 
+from documents.metrics import MetricsRecord
 from infra.config import MonitoringConfig, StackConfig, load_stack_config
 from infra.cost.model import chat_scenario, chat_scenarios, monthly_cost, node_price, training_run
 from infra.cost.price import PriceInputs, price_stack, training_estimate
+from infra.cost.pricing import CATALOG, PriceBook, PriceOverride, PricingConfig
 from infra.cost.report import render_table
 from infra.cost.training import load_run, tokenized_tokens
 from infra.program.mocks import run_under_mocks
-from infra.cost.pricing import CATALOG, PriceBook, PriceOverride, PricingConfig
-from documents.metrics import MetricsRecord
 
 # seed 000, "Total Cost of Ownership": line key -> (low, high) in whole dollars as printed, except the
 # controller lines: the seed bills 2 controller nodes, Soperator 4.1.7 runs one slurmctld

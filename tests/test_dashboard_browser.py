@@ -15,8 +15,8 @@ from dashboard_fixtures import CHROMIUM, CHROMIUM_ARGS, EVALUATOR, REPO, stack_o
 from playwright.sync_api import sync_playwright
 
 from documents.stack_outputs import parse_stack_outputs
-from infra.runs.store import S3Store, local_store
 from infra.commands import report
+from infra.runs.store import S3Store, local_store
 
 SCREENSHOTS = REPO / ".local" / "screenshots"
 

@@ -6,14 +6,23 @@ import pytest
 from dashboard_fixtures import EVALUATOR, REPO, SAMPLE, stack_outputs
 from document_fixtures import evaluator_report, side
 
-from infra.cost import model as cost
-from infra.config import load_stack_config
+from documents.metrics import MetricsRecord
+from documents.prepare_summary import TokenizeLosses
 from documents.run_record import RunIndex
-from documents.stack_outputs import Cost, EvalSide, Job, Pipeline, ServedAdapter, Serving, StackOutputs, parse_stack_outputs
+from documents.stack_outputs import (
+    Cost,
+    EvalSide,
+    Job,
+    Pipeline,
+    ServedAdapter,
+    Serving,
+    StackOutputs,
+    parse_stack_outputs,
+)
+from infra.config import load_stack_config
+from infra.cost import model as cost
 from infra.dashboard.model import StoredRun, build, chat_label, comparison, loss_curves
 from infra.dashboard.render import render_html
-from documents.prepare_summary import TokenizeLosses
-from documents.metrics import MetricsRecord
 
 
 @pytest.mark.parametrize("stack", ["demo", "dev", "h100"])

@@ -13,12 +13,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sshd_fixtures import SshServer
 
 from infra.commands.cli import main as ftstack
 from infra.pipeline.slurm import SlurmClient
 from infra.pipeline.ssh import SshTransport
 from infra.pipeline.transport import LocalTransport
-from sshd_fixtures import SshServer
 from workloads.checks import node_states
 from workloads.checks.node_states import NodeState, drained_check, parse_sinfo, problem_nodes
 

@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from test_run_guards import ROOT, STACK, finished, ftstack, make_repo
 
 DEEP = "[" * 100_000 + "]" * 100_000

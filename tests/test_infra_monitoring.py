@@ -12,13 +12,13 @@ import json
 
 import pytest
 
-from infra.soperator.chart_contract import contract, violations
 from infra.commands.cli import main
 from infra.config import MonitoringConfig, StackConfig, StackConfigError, load_stack_config, parse_stack_config
 from infra.cost.model import monthly_cost
-from infra.program.mocks import SECRET, run_under_mocks
 from infra.monitoring.access import monitoring_access
 from infra.nebius.layout import layout
+from infra.program.mocks import SECRET, run_under_mocks
+from infra.soperator.chart_contract import contract, violations
 from infra.soperator.values import release_plan
 
 MONITORING = {"prometheus-operator-crds", "victoria-metrics-operator-crds", "metrics", "soperator-dcgm-exporter",

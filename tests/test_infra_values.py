@@ -7,9 +7,9 @@ import base64
 import yaml
 
 from infra.config import load_stack_config
-from infra.program.kubeconfig import kubeconfig
 from infra.nebius.layout import filesystem_specs, layout, node_group_specs
 from infra.nebius.network import login_address
+from infra.program.kubeconfig import kubeconfig
 from infra.soperator.values import (
     ALLOCATION_ANNOTATION,
     nodesets_values,

@@ -8,7 +8,14 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from workloads.train.memory import ALL_LINEAR, GIB, MemoryInputs, estimate, layer_activation_bytes_per_token, lora_params
+from workloads.train.memory import (
+    ALL_LINEAR,
+    GIB,
+    MemoryInputs,
+    estimate,
+    layer_activation_bytes_per_token,
+    lora_params,
+)
 from workloads.train.model_shapes import KNOWN, ModelShape, UnknownModel, shape_for_source, shape_from_hf_config
 
 L40S_GIB = 48

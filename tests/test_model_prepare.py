@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from documents.atomic import sha256_file
-from workloads.model.folder import ModelFolderError
 from documents.stage_manifest import ModelManifest
+from workloads.model.folder import ModelFolderError
 from workloads.model.prepare import prepare_model
 from workloads.model.source import SourceError, parse_source
 

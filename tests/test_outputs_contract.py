@@ -12,18 +12,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from document_fixtures import evaluator_report, side
 
 from documents.adapter_registry import AdapterEntry, AdapterSpeed, ServedSet
 from documents.base import DocumentError
 from documents.stack_outputs import parse_stack_outputs, read_stack_outputs
 from infra.commands.run import run_outputs
-from infra.program.outputs import served_speeds
 from infra.config import StackConfig, load_stack_config
 from infra.cost.price import PriceInputs, price_stack
-from infra.program.mocks import SECRET, run_under_mocks
 from infra.pipeline.runner import PipelineRun
+from infra.program.mocks import SECRET, run_under_mocks
+from infra.program.outputs import served_speeds
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "README.md"

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from infra.config import load_stack_config
-from infra.program.mocks import run_under_mocks
-from infra.pipeline.chain import CHAIN, code_hash, pipeline_jobs, placement_for, stage_fingerprint
 from documents.run_config import load_run_config
+from infra.config import load_stack_config
+from infra.pipeline.chain import CHAIN, code_hash, pipeline_jobs, placement_for, stage_fingerprint
+from infra.program.mocks import run_under_mocks
 
 REPO = Path(__file__).resolve().parents[1]
 KEY = {"pipelineSshPrivateKey": "-----BEGIN OPENSSH PRIVATE KEY-----\nnot-a-key\n-----END OPENSSH PRIVATE KEY-----"}

@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from infra.runs.store import list_runs, local_store, read_run_file
-from documents.evaluator_report import read_evaluator_report
+from documents.evaluator_report import EvaluatorReport, read_evaluator_report
 from documents.metrics import read_metrics
 from documents.run_manifest import read_run_manifest
-from documents.evaluator_report import EvaluatorReport
+from infra.runs.store import list_runs, local_store, read_run_file
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -12,9 +12,9 @@ from eval_fixtures import ROOT
 
 from documents.adapter_registry import AdapterEntry
 from documents.run_config import parse_run_config
+from documents.sections.serve import ServeConfig
 from workloads.serve.auth import AccessError, bearer_matches, is_loopback, require_key_beyond_loopback
 from workloads.serve.chat import check_exposure
-from documents.sections.serve import ServeConfig
 from workloads.serve.engines import plan_transformers, plan_vllm
 from workloads.serve.gateway import rename_sse_line
 

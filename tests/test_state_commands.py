@@ -14,8 +14,8 @@ from artifacts_fixtures import KEYS, S3Server, s3_server  # noqa: F401
 from test_artifacts_store import make_run
 
 from documents.throughput import ThroughputMeasurement
-from infra.runs.store import local_store, upload_run
 from infra.commands import bootstrap_backend, runs
+from infra.runs.store import local_store, upload_run
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -12,11 +12,11 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from documents.run_config import parse_run_config
+from documents.run_manifest import RunManifest
 from documents.train_plan import planned_batching
 from workloads.train.batch_choice import MICRO_BATCH_OVERHEAD_TOKENS, PACKED_ROW_PENALTY, decide_batching
 from workloads.train.batching import IGNORE_INDEX, REAL_TOKENS, PackedCollator, PackedDataset, PaddedCollator
 from workloads.train.config import create_training_arguments
-from documents.run_manifest import RunManifest
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = {"micro_batch_size": 1, "accumulation": 1, "max_length": 384, "token_budget": 384, "seed": 0}

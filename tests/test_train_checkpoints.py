@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
-from safetensors.torch import save_file
 import torch
+from safetensors.torch import save_file
 
-from workloads.train import checkpoints
 from documents.sections.train import NetworkConfig, TrainConfig
+from workloads.train import checkpoints
 from workloads.train.launch import launch_environment, procs_per_node
 
 

@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from train_fixtures import LOSS_REL_TOL, trained, with_train, write_config
 
 from documents.run_config import RunConfig
-from train_fixtures import LOSS_REL_TOL, trained, with_train, write_config
 
 pytestmark = pytest.mark.slow
 

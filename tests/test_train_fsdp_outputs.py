@@ -13,9 +13,9 @@ import httpx
 import pytest
 from eval_fixtures import start_server, stop_server
 from safetensors import safe_open
+from train_fixtures import ROOT, trained, with_train, write_config
 
 from documents.run_config import RunConfig, parse_run_config
-from train_fixtures import ROOT, trained, with_train, write_config
 
 pytestmark = pytest.mark.slow
 

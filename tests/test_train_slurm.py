@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from slurm_jobs import job_field, release_requeued, wait_for
 from train_fixtures import LOSS_REL_TOL, trained, with_train, write_config
+
 from documents.metrics import load_metrics
 
 ROOT = Path(__file__).resolve().parents[1]

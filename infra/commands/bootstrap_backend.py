@@ -10,13 +10,13 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from infra.config import StackConfigError, load_stack_config
 from infra.program.backends import (
-    S3_CREDENTIAL_ENV,
     LOCAL_STATE_DIR,
+    S3_CREDENTIAL_ENV,
     StateError,
     bootstrap_state_bucket,
     cloud_backend_plan,
-    local_backend_plan,
     find_repo_root,
+    local_backend_plan,
 )
 
 

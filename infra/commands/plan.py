@@ -12,12 +12,12 @@ import json
 import sys
 from typing import Any
 
+from documents.run_config import ConfigError, load_run_config
 from infra.commands import plan_extras
 from infra.config import StackConfig, StackConfigError, load_stack_config
 from infra.pipeline.chain import check_run_config_path
 from infra.program.build import REPO_ROOT
 from infra.program.mocks import MockResource, MockRun, run_under_mocks
-from documents.run_config import ConfigError, load_run_config
 
 _KEY_PROPERTIES = (
     "name", "platform", "preset", "fixedNodeCount", "autoscaling", "type", "sizeGibibytes",

@@ -24,8 +24,8 @@ from infra.cost.price import PriceInputs, price_stack
 from infra.cost.report import render_table, report_document
 from infra.cost.training import REPO_ROOT, load_run
 from infra.model_fit import worker_fits
-from infra.runs.measured import price_inputs
 from infra.program.mocks import MockRun
+from infra.runs.measured import price_inputs
 from workloads.train.model_shapes import UnknownModel, shape_for_source
 
 

@@ -9,16 +9,16 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from infra.runs.store import ArtifactError, ArtifactStore, list_runs, run_prefix, store_for_stack
-from infra.config import StackConfig, StackConfigError, load_stack_config
-from infra.dashboard import build, write_dashboard
-from infra.dashboard.model import StoredRun
-from infra.monitoring.view import job_metrics_view
 from documents.base import DocumentError
 from documents.evaluator_report import read_evaluator_report
 from documents.metrics import METRICS_NAME, read_metrics
 from documents.stack_outputs import StackOutputs, parse_stack_outputs, read_stack_outputs
+from infra.config import StackConfig, StackConfigError, load_stack_config
+from infra.dashboard import build, write_dashboard
+from infra.dashboard.model import StoredRun
+from infra.monitoring.view import job_metrics_view
 from infra.program.backends import find_repo_root
+from infra.runs.store import ArtifactError, ArtifactStore, list_runs, run_prefix, store_for_stack
 
 
 class RunNotFoundError(ArtifactError):

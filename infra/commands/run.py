@@ -17,33 +17,32 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from infra.runs.store import ARTIFACTS_BUCKET_ENV, ArtifactError, ArtifactStore, list_runs, store_for_stack, upload_run
-from infra.config import StackConfig, StackConfigError, load_stack_config, stack_file
-from infra.cost.price import CostReport, PriceInputs, price_stack
-from infra.cost.report import render_chat_table
-from infra.cost.training import stack_gpu_model
-from infra.program.outputs import pipeline_section, served_speeds, serving_section
-from infra.runs.measured import price_inputs, runs_of
-from infra.program.build import stack_identity
-from infra.pipeline.fetch import fetch_run
-from infra.pipeline.run_lock import StackBusy
-from infra.pipeline.connect import open_transport
-from infra.pipeline.runner import PipelineRun, load_state, run_pipeline, state_path, transport_spec
-from infra.pipeline.slurm import SlurmError
-from infra.pipeline.transport import TransportError
-from infra.program.backends import find_repo_root
-from documents.atomic import write_text_atomic
 from documents.adapter_registry import SERVED_SET_NAME, ServedSet, read_served_set
-from documents.run_config import ConfigError
+from documents.atomic import write_text_atomic
 from documents.base import DocumentError
+from documents.evaluator_report import report_name
 from documents.metrics import METRICS_NAME, read_metrics
-from documents.run_config import load_run_config
+from documents.prepare_summary import SUMMARY_NAME, PrepareSummary, read_prepare_summary
+from documents.run_config import ConfigError, load_run_config
 from documents.run_manifest import RUN_MANIFEST_NAME, read_run_manifest
 from documents.run_record import RunIndex
 from documents.stack_outputs import StackOutputs, write_stack_outputs
 from documents.throughput import ThroughputCheck, ThroughputMeasurement, measure_run
-from documents.prepare_summary import SUMMARY_NAME, PrepareSummary, read_prepare_summary
-from documents.evaluator_report import report_name
+from infra.config import StackConfig, StackConfigError, load_stack_config, stack_file
+from infra.cost.price import CostReport, PriceInputs, price_stack
+from infra.cost.report import render_chat_table
+from infra.cost.training import stack_gpu_model
+from infra.pipeline.connect import open_transport
+from infra.pipeline.fetch import fetch_run
+from infra.pipeline.run_lock import StackBusy
+from infra.pipeline.runner import PipelineRun, load_state, run_pipeline, state_path, transport_spec
+from infra.pipeline.slurm import SlurmError
+from infra.pipeline.transport import TransportError
+from infra.program.backends import find_repo_root
+from infra.program.build import stack_identity
+from infra.program.outputs import pipeline_section, served_speeds, serving_section
+from infra.runs.measured import price_inputs, runs_of
+from infra.runs.store import ARTIFACTS_BUCKET_ENV, ArtifactError, ArtifactStore, list_runs, store_for_stack, upload_run
 
 
 def add_transport_arguments(parser: argparse.ArgumentParser) -> None:

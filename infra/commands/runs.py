@@ -14,10 +14,10 @@ from documents.adapter_registry import AdapterEntry
 from documents.base import DocumentError
 from documents.run_manifest import read_run_manifest
 from documents.run_record import RunIndex
-from infra.runs.store import ArtifactError, ArtifactStore, list_runs, read_run_file, store_for_stack
-from workloads.serve.registry import STORED_MANIFEST, RegistryError, adapter_entry
 from infra.config import StackConfigError, load_stack_config
 from infra.program.backends import find_repo_root
+from infra.runs.store import ArtifactError, ArtifactStore, list_runs, read_run_file, store_for_stack
+from workloads.serve.registry import STORED_MANIFEST, RegistryError, adapter_entry
 
 COLUMNS = ("run", "started", "finished", "ppl base", "ppl tuned", "ppl gain %", "tokens/s/device",
            "train measured/priced", "cost $", "jobs")

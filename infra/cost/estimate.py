@@ -31,12 +31,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from infra import catalog
 from documents.run_config import RunConfig
 from documents.throughput import ThroughputMeasurement
+from documents.train_plan import BatchPlan
+from infra import catalog
 from workloads.train.model_shapes import ModelShape, UnknownModel, shape_for_source
 from workloads.train.parallelism import decide_parallelism
-from documents.train_plan import BatchPlan
 from workloads.train.sizing import DoesNotFit, plan_batches
 
 Kind = Literal["configured", "measured", "borrowed", "estimated"]

@@ -20,11 +20,11 @@ import re
 from pydantic import BaseModel, ConfigDict
 
 from infra import catalog
-from infra.monitoring import releases as mon
 from infra.config import BootDisk, StackConfig
-from infra.soperator import active_checks
-from infra.nebius.layout import ACCOUNTING, CONTROLLER_SPOOL, JAIL, SUBMOUNT_PREFIX, FilesystemSpec, Layout, layout
 from infra.cost.pricing import HOURS_PER_MONTH, ChatAssumptions, PriceBook, PricingConfig
+from infra.monitoring import releases as mon
+from infra.nebius.layout import ACCOUNTING, CONTROLLER_SPOOL, JAIL, SUBMOUNT_PREFIX, FilesystemSpec, Layout, layout
+from infra.soperator import active_checks
 
 SECONDS_PER_DAY = 86_400
 CATEGORIES = ("compute", "boot_disks", "volumes", "shared_fs", "object_storage", "networking")

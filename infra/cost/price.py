@@ -15,6 +15,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from documents.evaluator_report import EvaluatorReport
+from documents.prepare_summary import PrepareSummary
+from documents.run_config import RunConfig
+from documents.stack_outputs import MEASURED, ChatCost, Cost
+from documents.throughput import ThroughputMeasurement, bench_throughputs
 from infra.config import StackConfig
 from infra.cost.estimate import TrainingThroughput, estimate_throughput
 from infra.cost.model import (
@@ -28,11 +33,6 @@ from infra.cost.model import (
 )
 from infra.cost.pricing import PriceBook
 from infra.cost.training import REPO_ROOT, load_run, passes, stack_gpu_model, training_devices, training_tokens
-from documents.evaluator_report import EvaluatorReport
-from documents.prepare_summary import PrepareSummary
-from documents.run_config import RunConfig
-from documents.stack_outputs import MEASURED, ChatCost, Cost
-from documents.throughput import ThroughputMeasurement, bench_throughputs
 from infra.program.outputs import chat_cost, cost_section
 
 

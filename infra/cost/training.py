@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from documents.prepare_summary import PrepareSummary
+from documents.run_config import RunConfig
+from documents.sections.train import TrainConfig
+from documents.throughput import ThroughputMeasurement
+from documents.train_plan import planned_batching
 from infra import catalog
 from infra.config import StackConfig
 from infra.pipeline.chain import worker_shape
-from documents.prepare_summary import PrepareSummary
-from documents.run_config import RunConfig
-from documents.throughput import ThroughputMeasurement
-from documents.train_plan import planned_batching
-from documents.sections.train import TrainConfig
 from workloads.train.sizing import tokens_per_step
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent

@@ -9,6 +9,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from documents.evaluator_report import EvaluatorReport
+from documents.metrics import MetricsRecord
+from documents.run_record import RunIndex
 from documents.stack_outputs import (
     IDENTITY,
     MEASURED,
@@ -24,9 +27,6 @@ from documents.stack_outputs import (
 )
 from infra.monitoring.view import JobMetricsView
 from infra.program.outputs import EVAL_FIGURES
-from documents.run_record import RunIndex
-from documents.evaluator_report import EvaluatorReport
-from documents.metrics import MetricsRecord
 
 CATEGORY_LABELS = {
     "compute": "Compute",

@@ -9,9 +9,9 @@ from typing import Any
 
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
+from documents.atomic import write_text_atomic
 from infra.dashboard import charts
 from infra.dashboard.model import CATEGORY_LABELS, DashboardData
-from documents.atomic import write_text_atomic
 
 PAGE_NAME = "index.html"
 

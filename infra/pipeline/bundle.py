@@ -18,9 +18,9 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, ReadResult, ResourceProvider, UpdateResult
 
-from infra.program.dynamic_resource import DynamicResource
 from infra.pipeline.connect import open_transport
 from infra.pipeline.transport import Transport
+from infra.program.dynamic_resource import DynamicResource
 
 PACKAGE = "workloads"
 PACKAGES = (PACKAGE, "documents")

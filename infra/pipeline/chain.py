@@ -21,12 +21,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from documents.evaluator_report import report_name
+from documents.metrics import METRICS_NAME
+from documents.run_config import RunConfig, RunPaths
 from infra.catalog import get_platform, get_preset
 from infra.config import StackConfig
 from infra.pipeline.bundle import PACKAGE, bundle_files
-from documents.run_config import RunConfig, RunPaths
-from documents.evaluator_report import report_name
-from documents.metrics import METRICS_NAME
 from workloads.common.job_metrics import TEXTFILE_DIR_ENV
 
 Stage = Literal["prepare", "readiness", "train", "eval", "serve"]

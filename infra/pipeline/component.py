@@ -6,13 +6,13 @@ from dataclasses import dataclass, field
 
 import pulumi
 
-from infra.pipeline.bundle import WorkloadBundle
-from infra.pipeline.chain import JobSpec, job_arguments
-from infra.program.outputs import eval_sides
-from infra.pipeline.jobs import SlurmJob, job_report
 from documents.evaluator_report import EvaluatorReport
 from documents.stack_outputs import SIDES, EvalSide, Job
 from documents.stack_outputs import Pipeline as PipelineOutputs
+from infra.pipeline.bundle import WorkloadBundle
+from infra.pipeline.chain import JobSpec, job_arguments
+from infra.pipeline.jobs import SlurmJob, job_report
+from infra.program.outputs import eval_sides
 
 
 @dataclass

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
-from infra.pipeline.transport import Transport
 from documents.pipeline_state import SourceFingerprint
 from documents.run_config import RunConfig
+from infra.pipeline.transport import Transport
 
 
 class DataSourceError(ValueError):

@@ -10,28 +10,37 @@ from __future__ import annotations
 
 import os
 import re
-from datetime import datetime, timezone
 from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import paramiko
 from pydantic import BaseModel
 
+from documents.evaluator_report import EvaluatorReport
+from documents.names import checked_name
+from documents.pipeline_state import PipelineState, StageRecord, load_state, save_state
+from documents.run_config import load_run_config
 from infra.config import StackConfig
 from infra.pipeline.bundle import upload_bundle
-from infra.pipeline.chain import (JobSpec, check_run_config_path, code_hash, job_arguments, log_dirs, pipeline_jobs,
-                                  placement_for, run_root, slurm_env)
+from infra.pipeline.chain import (
+    JobSpec,
+    check_run_config_path,
+    code_hash,
+    job_arguments,
+    log_dirs,
+    pipeline_jobs,
+    placement_for,
+    run_root,
+    slurm_env,
+)
+from infra.pipeline.connect import open_transport
 from infra.pipeline.datasource import fingerprint_source
 from infra.pipeline.jobs import SlurmJobProvider, job_inputs, read_result
 from infra.pipeline.run_lock import stack_lock
 from infra.pipeline.slurm import JobNotFound, SlurmClient, SlurmJobFailed
-from infra.pipeline.connect import open_transport
 from infra.pipeline.transport import TransportError
-from documents.names import checked_name
-from documents.run_config import load_run_config
-from documents.evaluator_report import EvaluatorReport
-from documents.pipeline_state import PipelineState, StageRecord, load_state, save_state
 from workloads.checks.node_states import NodeState
 
 Progress = Callable[[str], None]

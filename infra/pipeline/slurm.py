@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
-from infra.pipeline.transport import Transport
 from documents.metrics import MetricsRecord, read_metrics
+from infra.pipeline.transport import Transport
 from workloads.checks.node_states import NodeState, parse_sinfo, sinfo_command
 
 SUCCESS = "COMPLETED"

@@ -8,27 +8,27 @@ from pathlib import Path
 
 import pulumi
 
+from documents.run_config import load_run_config
+from documents.stack_outputs import ChatCost, Cost, Filesystem, NodeGroup, StackOutputs, flat_name
+from documents.stack_outputs import Platform as PlatformOutputs
 from infra.config import PROJECT, SECRET_KEYS, StackConfig
-from infra.pipeline.chain import code_hash, pipeline_jobs, placement_for, run_root
-from infra.pipeline.datasource import fingerprint_source
-from infra.pipeline.transport import LocalTransport
-from infra.pipeline.component import Pipeline, PipelineArgs
 from infra.cost.price import price_stack
-from infra.runs.measured import price_inputs
-from infra.program.kubeconfig import kubeconfig
+from infra.monitoring.access import monitoring_access
 from infra.nebius.backups import BackupAccess, BackupAccessArgs
 from infra.nebius.buckets import Buckets, BucketsArgs
 from infra.nebius.cluster import Mk8sCluster, Mk8sClusterArgs
 from infra.nebius.filesystems import SharedFilesystems, SharedFilesystemsArgs
 from infra.nebius.layout import Layout, layout
 from infra.nebius.network import Network, NetworkArgs
-from infra.monitoring.access import monitoring_access
+from infra.pipeline.chain import code_hash, pipeline_jobs, placement_for, run_root
+from infra.pipeline.component import Pipeline, PipelineArgs
+from infra.pipeline.datasource import fingerprint_source
+from infra.pipeline.transport import LocalTransport
+from infra.program.backends import nebius_s3_endpoint
+from infra.program.kubeconfig import kubeconfig
+from infra.runs.measured import price_inputs
 from infra.soperator.component import Soperator, SoperatorArgs
 from infra.soperator.values import BackupTarget, release_plan
-from infra.program.backends import nebius_s3_endpoint
-from documents.run_config import load_run_config
-from documents.stack_outputs import ChatCost, Cost, Filesystem, NodeGroup, StackOutputs, flat_name
-from documents.stack_outputs import Platform as PlatformOutputs
 
 PIPELINE_KEY_CONFIG = SECRET_KEYS[0]
 REPO_ROOT = Path(__file__).resolve().parents[2]

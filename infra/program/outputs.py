@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from documents.evaluator_report import EvaluatorReport
 from documents.adapter_registry import ServedSet
+from documents.evaluator_report import EvaluatorReport
 from documents.stack_outputs import SIDES, ChatCost, Cost, EvalSide, Job, Pipeline, ServedAdapter, Serving
 from infra.cost.model import ChatScenario, MonthlyCost, TrainingRun
 

@@ -8,11 +8,17 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from documents.throughput import ThroughputMeasurement
 from infra.config import StackConfig
 from infra.cost.price import PriceInputs
-from infra.runs.store import ARTIFACTS_BUCKET_ENV, RUNS_PREFIX, ArtifactError, ArtifactStore, latest_throughput, \
-    store_for_stack
-from documents.throughput import ThroughputMeasurement
+from infra.runs.store import (
+    ARTIFACTS_BUCKET_ENV,
+    RUNS_PREFIX,
+    ArtifactError,
+    ArtifactStore,
+    latest_throughput,
+    store_for_stack,
+)
 
 CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 

@@ -16,18 +16,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
-
+from documents.atomic import atomic_file
 from documents.base import DocumentError
+from documents.evaluator_report import read_evaluator_report
+from documents.metrics import METRICS_NAME, read_metrics
 from documents.names import checked_name
+from documents.run_config import load_run_config
+from documents.run_manifest import RUN_MANIFEST_NAME
 from documents.run_record import RunIndex, read_run_record, write_run_record
 from documents.stack_outputs import StackOutputs, write_stack_outputs
 from documents.throughput import ThroughputCheck, ThroughputMeasurement
-from documents.evaluator_report import read_evaluator_report
-from documents.metrics import read_metrics
-from documents.atomic import atomic_file
-from documents.run_config import load_run_config
-from documents.run_manifest import RUN_MANIFEST_NAME
-from documents.metrics import METRICS_NAME
 
 RUNS_PREFIX = "runs"
 INDEX_NAME = "run.json"

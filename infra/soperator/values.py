@@ -14,9 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra.soperator import active_checks, chart_contract
-from infra.monitoring import releases as mon
 from infra.config import StackConfig
+from infra.monitoring import releases as mon
 from infra.nebius.layout import (
     ACCOUNTING,
     CONTROLLER_SPOOL,
@@ -26,6 +25,7 @@ from infra.nebius.layout import (
     NodeGroupSpec,
     submount_tag,
 )
+from infra.soperator import active_checks, chart_contract
 
 ALLOCATION_ANNOTATION = "nebius.com/load-balancer-allocation-id"
 SOPERATOR_NAMESPACE = "soperator-system"

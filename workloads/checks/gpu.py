@@ -20,11 +20,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from workloads.checks import measure, node_states
-from documents.sections.readiness import ReadinessConfig
-from documents.readiness_report import GpuPerf, NodeInventory, ReadinessFloors, ReadinessReport
-from workloads.checks.readiness import BUSBW_FLOORS_GBS, check_line, evaluate, floors_for
 from documents.atomic import write_text_atomic
+from documents.readiness_report import GpuPerf, NodeInventory, ReadinessFloors, ReadinessReport
+from documents.sections.readiness import ReadinessConfig
+from workloads.checks import measure, node_states
+from workloads.checks.readiness import BUSBW_FLOORS_GBS, check_line, evaluate, floors_for
 
 _FLAGS = {
     "expect_gpu_model": str,

@@ -19,12 +19,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from documents.stage_manifest import manifest_path, write_manifest
-from documents.base import DocumentError
-from documents.text_input import JsonTooDeep, TextInputError, load_json
-from documents.data_reports import BadRow, ConvertReport, convert_report_path, read_convert_report, write_report
 from documents.atomic import atomic_file, os_errors_as, sha256_file
+from documents.base import DocumentError
 from documents.chat_row import ChatRow, chat_row_line
+from documents.data_reports import BadRow, ConvertReport, convert_report_path, read_convert_report, write_report
+from documents.stage_manifest import manifest_path, write_manifest
+from documents.text_input import JsonTooDeep, TextInputError, load_json
 from workloads.data.freshness import build_manifest, is_current
 
 log = logging.getLogger("workloads.data.convert")

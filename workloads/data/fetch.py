@@ -17,8 +17,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from documents.stage_manifest import manifest_path, write_manifest
 from documents.atomic import atomic_file, sha256_file
+from documents.stage_manifest import manifest_path, write_manifest
 from workloads.data.freshness import build_manifest
 
 log = logging.getLogger("workloads.data.fetch")

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from documents.stage_manifest import FileDigest, StageManifest, load_stage_manifest, manifest_path
 from documents.atomic import sha256_file, utc_now
+from documents.stage_manifest import FileDigest, StageManifest, load_stage_manifest, manifest_path
 
 
 def build_manifest(stage: str, inputs: Mapping[str, str | os.PathLike[str]], params: Mapping[str, Any],

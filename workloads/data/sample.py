@@ -18,10 +18,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from documents.stage_manifest import manifest_path, write_manifest
 from documents.atomic import atomic_file, sha256_file
-from workloads.data.freshness import build_manifest, is_current
+from documents.stage_manifest import manifest_path, write_manifest
 from workloads.data.finance_qa import qa_rows
+from workloads.data.freshness import build_manifest, is_current
 from workloads.data.synthetic import conversation
 
 log = logging.getLogger("workloads.data.sample")

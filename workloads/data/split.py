@@ -18,11 +18,11 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from documents.stage_manifest import manifest_path, write_manifest
-from documents.base import DocumentError
-from documents.data_reports import SplitReport, read_split_report, split_report_path, write_report
 from documents.atomic import atomic_file, os_errors_as, sha256_file
+from documents.base import DocumentError
 from documents.chat_row import ChatRow, ChatRowError, read_chat_rows
+from documents.data_reports import SplitReport, read_split_report, split_report_path, write_report
+from documents.stage_manifest import manifest_path, write_manifest
 from workloads.data.freshness import build_manifest, is_current
 
 log = logging.getLogger("workloads.data.split")

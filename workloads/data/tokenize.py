@@ -19,10 +19,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Literal
 
-from documents.prepare_summary import TokenizeLosses
-from documents.stage_manifest import MANIFEST_NAME, StageManifest, read_stage_manifest, write_manifest
 from documents.atomic import atomic_dir, os_errors_as
 from documents.chat_row import ChatRowError, read_chat_rows
+from documents.prepare_summary import TokenizeLosses
+from documents.stage_manifest import MANIFEST_NAME, StageManifest, read_stage_manifest, write_manifest
 from workloads.data.freshness import build_manifest, is_current
 from workloads.data.shorten import Messages, cap_context, fit_context, token_count
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from documents.evaluator_report import EvaluatorReport
 from documents.atomic import atomic_file
+from documents.evaluator_report import EvaluatorReport
 
 
 def write_chart(report: EvaluatorReport, path: Path) -> Path:

@@ -14,17 +14,17 @@ from typing import Any
 
 import torch
 
+from documents.evaluator_report import Comparison, EvalSettings, EvaluatorReport, SideReport, write_report
+from documents.prepare_summary import TokenizeLosses
 from documents.run_config import ConfigError, RunConfig, load_run_config
 from documents.sections.eval import EvalConfig
 from documents.stage_manifest import MANIFEST_NAME, load_stage_manifest
-from documents.prepare_summary import TokenizeLosses
 from workloads.common.job_metrics import JobFigures, JobMetricsFile, ProcessSampler
 from workloads.data.tokenize import tokenize_losses
+from workloads.eval.chart import write_chart
 from workloads.eval.generation import Prompt, generate_all, read_prompts
 from workloads.eval.metrics import answer_scores, compare, text_scores
 from workloads.eval.perplexity import assistant_perplexity, load_tokenized
-from documents.evaluator_report import Comparison, EvalSettings, EvaluatorReport, SideReport, write_report
-from workloads.eval.chart import write_chart
 
 log = logging.getLogger("workloads.eval")
 

@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from documents.stage_manifest import MANIFEST_NAME, ModelManifest, load_model_manifest, write_manifest
 from documents.atomic import atomic_dir, sha256_file, utc_now
+from documents.stage_manifest import MANIFEST_NAME, ModelManifest, load_model_manifest, write_manifest
 from workloads.model.folder import ModelFolderError, check_tokenizer, weight_files, weight_stats
 from workloads.model.source import ModelSource, SourceError, gguf_path, parse_source
 

@@ -17,13 +17,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from documents.run_config import ConfigError, RunConfig, load_run_config
-from workloads.serve.auth import AccessError, api_key_from_env, is_loopback, require_key_beyond_loopback
 from documents.adapter_registry import AdapterEntry
+from documents.run_config import ConfigError, RunConfig, load_run_config
 from documents.sections.serve import ServeConfig
+from workloads.serve.auth import AccessError, api_key_from_env, is_loopback, require_key_beyond_loopback
 from workloads.serve.engines import EnginePlan, adapter_route, choose_engine, plan_peft, plan_transformers, plan_vllm
 from workloads.serve.gateway import AdapterHost, Limits, build_gateway
-from workloads.serve.registry import RegistryError, parse_adapter_flags, resolve_adapters, served_base, stored_adapter, stored_runs
+from workloads.serve.registry import (
+    RegistryError,
+    parse_adapter_flags,
+    resolve_adapters,
+    served_base,
+    stored_adapter,
+    stored_runs,
+)
 from workloads.serve.served import ServedReporter
 from workloads.serve.supervise import EngineError, Supervisor
 

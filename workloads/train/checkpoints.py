@@ -8,10 +8,10 @@ import re
 import shutil
 from pathlib import Path
 
+from documents.atomic import replace_dir, utc_now
 from documents.base import DocumentError
 from documents.checkpoint_marker import MARKER_NAME as MARKER
 from documents.checkpoint_marker import CheckpointMarker, read_checkpoint_marker, write_checkpoint_marker
-from documents.atomic import replace_dir, utc_now
 
 log = logging.getLogger("workloads.train.checkpoints")
 

@@ -91,9 +91,8 @@ def create_training_arguments(
     Checkpoints are saved under `checkpoint_dir` and pruned by this package (atomic, bounded), so the Trainer's own
     rotation is off. Activation checkpointing is switched on by `finetune.load_model` on the model itself, not
     through TrainingArguments (whose argument for it was renamed in transformers 5.23)."""
-    from transformers import TrainingArguments
-
     import torch
+    from transformers import TrainingArguments
 
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     packed = (batching or planned_batching(train.batching)) == "packed"

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 
-from documents.stage_manifest import MANIFEST_NAME, MergedManifest, write_manifest
 from documents.atomic import atomic_dir, sha256_file, utc_now
 from documents.run_config import ConfigError, load_run_config
+from documents.stage_manifest import MANIFEST_NAME, MergedManifest, write_manifest
 from workloads.train.config import train_paths
 
 log = logging.getLogger("workloads.train.export")

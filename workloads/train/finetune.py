@@ -24,12 +24,27 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 
 from documents.atomic import atomic_dir
 from documents.hf_files import MODEL_CONFIG
+from documents.metrics import METRICS_NAME, truncate_metrics
 from documents.run_config import ConfigError, RunConfig, load_run_config
+from documents.run_manifest import (
+    RUN_MANIFEST_NAME,
+    RunManifest,
+    config_hash,
+    dataset_hash,
+    finish_attempt,
+    git_commit,
+    load_run_manifest,
+    model_hash,
+    package_versions,
+    start_attempt,
+    training_fingerprint,
+)
+from documents.sections.train import TrainConfig
+from documents.train_plan import Batching, BatchingDecision, BatchPlan, ParallelismPlan, planned_batching
+from workloads.common.job_metrics import JobMetricsFile
 from workloads.train import attention, checkpoints, fused_loss, sharding
-from documents.train_plan import Batching, BatchingDecision, ParallelismPlan, planned_batching
 from workloads.train.batch_choice import decide_batching
 from workloads.train.batching import REAL_TOKENS, PackedCollator, PackedDataset, PaddedCollator, batch_tokens
-from documents.sections.train import TrainConfig
 from workloads.train.config import (
     TrainPaths,
     create_training_arguments,
@@ -38,28 +53,12 @@ from workloads.train.config import (
     require_train,
     train_paths,
 )
-from documents.run_manifest import (
-    RUN_MANIFEST_NAME,
-    RunManifest,
-    config_hash,
-    dataset_hash,
-    finish_attempt,
-    git_commit,
-    model_hash,
-    package_versions,
-    load_run_manifest,
-    start_attempt,
-    training_fingerprint,
-)
-from documents.metrics import METRICS_NAME, truncate_metrics
-from workloads.common.job_metrics import JobMetricsFile
 from workloads.train.loss_chart import plot_loss
 from workloads.train.metrics_callback import MetricsCallback, TokenCounter
 from workloads.train.model_shapes import ModelShape, shape_from_model_folder
 from workloads.train.parallelism import decide_parallelism
-from documents.train_plan import BatchPlan
-from workloads.train.sizing import plan_batches
 from workloads.train.preemption import INTERRUPTED_EXIT, STOP_FILE_ENV, PreemptionCallback, StopRequest
+from workloads.train.sizing import plan_batches
 
 log = logging.getLogger("workloads.train.finetune")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from documents.metrics import load_metrics
 from documents.atomic import atomic_file
+from documents.metrics import load_metrics
 
 
 def plot_loss(metrics: Path, png: Path) -> None:
