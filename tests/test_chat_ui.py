@@ -7,6 +7,9 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import httpx
 import pytest
@@ -21,13 +24,14 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
-@pytest.fixture(scope="module")
-def chat_url(served, tmp_path_factory):
+@contextmanager
+def chat_ui(api: str, api_key: str, log: Path, max_tokens: int) -> Iterator[str]:
+    """`workloads.serve.chat` against `api` on a free loopback port, until it answers; its URL."""
     port = free_port()
-    env = {**os.environ, "FT_API_KEY": served.api_key, "GRADIO_ANALYTICS_ENABLED": "False"}
-    log = tmp_path_factory.mktemp("chat") / "chat.log"
-    proc = subprocess.Popen([sys.executable, "-m", "workloads.serve.chat", "--api", served.api, "--port", str(port),
-                             "--max-tokens", "12"], cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    env = {**os.environ, "FT_API_KEY": api_key, "GRADIO_ANALYTICS_ENABLED": "False"}
+    proc = subprocess.Popen([sys.executable, "-m", "workloads.serve.chat", "--api", api, "--port", str(port),
+                             "--max-tokens", str(max_tokens)], cwd=ROOT, env=env, stdout=log.open("w"),
+                            stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
     try:
         for _ in range(120):
@@ -42,6 +46,12 @@ def chat_url(served, tmp_path_factory):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def chat_url(served, tmp_path_factory):
+    with chat_ui(served.api, served.api_key, tmp_path_factory.mktemp("chat") / "chat.log", 12) as url:
+        yield url
 
 
 def test_send_a_message_and_read_the_streamed_answer_with_timing(chat_url) -> None:
@@ -79,27 +89,9 @@ def adapters_chat(adapter_runs, tmp_path_factory):
     from adapter_fixtures import ADAPTERS, adapter_server
 
     work = tmp_path_factory.mktemp("adapters-chat")
-    with adapter_server(adapter_runs, work / "serve", list(ADAPTERS)) as server:
-        port = free_port()
-        env = {**os.environ, "FT_API_KEY": server.key, "GRADIO_ANALYTICS_ENABLED": "False"}
-        log = work / "chat.log"
-        proc = subprocess.Popen([sys.executable, "-m", "workloads.serve.chat", "--api", f"{server.url}/v1",
-                                 "--port", str(port), "--max-tokens", "10"], cwd=ROOT, env=env,
-                                stdout=log.open("w"), stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}/"
-        try:
-            for _ in range(120):
-                if proc.poll() is not None:
-                    pytest.fail(f"chat UI exited {proc.returncode}: {log.read_text()[-2000:]}")
-                try:
-                    if httpx.get(url, timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    time.sleep(1)
-            yield url, server
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+    with adapter_server(adapter_runs, work / "serve", list(ADAPTERS)) as server, \
+            chat_ui(f"{server.url}/v1", server.key, work / "chat.log", 10) as url:
+        yield url, server
 
 
 def _pick(page, elem_id: str, name: str) -> None:
