@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, StrictStr, ValidationError
 
 from documents.base import DocumentError
+from documents.text_input import TextInputError, load_json, utf8_text
 
 MAX_LINE_BYTES = 16 << 20
 """Longest chat row read (16 MiB): far above any real conversation, low enough that one bad line cannot exhaust
@@ -60,16 +61,12 @@ def chat_row_line(row: ChatRow) -> str:
     return json.dumps(row.model_dump(mode="json"), ensure_ascii=False) + "\n"
 
 
-def parse_chat_row(raw: bytes, origin: str, max_line_bytes: int = MAX_LINE_BYTES) -> ChatRow:
+def parse_chat_row(text: str, origin: str) -> ChatRow:
     """One line as a chat row, or a ChatRowError naming `origin` (file:line)."""
-    if len(raw) > max_line_bytes:
-        raise ChatRowError(f"{origin}: line of {len(raw):,} bytes is over the {max_line_bytes:,}-byte limit of a "
-                           "chat row")
     try:
-        value = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
-        reason = "nested too deeply" if isinstance(error, RecursionError) else error
-        raise ChatRowError(f"{origin}: not a JSON line: {reason}") from None
+        value = load_json(text, origin)
+    except TextInputError as error:
+        raise ChatRowError(f"{origin}: not a JSON line ({str(error).removeprefix(f'{origin}: ')})") from None
     if not isinstance(value, dict) or "messages" not in value:
         raise ChatRowError(f"{origin}: expected an object with a 'messages' list")
     try:
@@ -103,5 +100,9 @@ def read_chat_rows(path: Path, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator
                                    "limit of a chat row")
             if not raw.strip():
                 continue
-            row = parse_chat_row(raw, f"{path}:{number}", max_line_bytes)
-            yield number, raw.decode("utf-8").strip(), row
+            origin = f"{path}:{number}"
+            try:
+                text = utf8_text(raw, origin).strip()
+            except TextInputError as error:
+                raise ChatRowError(f"{origin}: not a JSON line ({str(error).removeprefix(f'{origin}: ')})") from None
+            yield number, text, parse_chat_row(text, origin)

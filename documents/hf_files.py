@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from documents.atomic import write_text_atomic
 from documents.base import DocumentError, describe
+from documents.text_input import TextInputError, load_json
 
 MODEL_CONFIG = "config.json"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -50,11 +51,11 @@ class AdapterConfig(BaseModel):
 
 def _read_json_object(path: Path, what: str) -> dict[str, Any]:
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
+        value = load_json(path.read_bytes(), str(path))
     except OSError as error:
         raise DocumentError(f"{path}: cannot read the {what}: {error.strerror or error}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
-        raise DocumentError(f"{path}: not a valid {what} ({error})") from None
+    except TextInputError as error:
+        raise DocumentError(f"{path}: not a valid {what} ({str(error).removeprefix(f'{path}: ')})") from None
     if not isinstance(value, dict):
         raise DocumentError(f"{path}: not a valid {what} (a JSON object expected)")
     return value
