@@ -45,6 +45,11 @@ def train_paths(run: RunConfig) -> TrainPaths:
     )
 
 
+def trained_dir(paths: TrainPaths, train: TrainConfig) -> Path:
+    """Where the trained result goes: the model folder of a full fine-tune, else the adapter folder."""
+    return paths.full_model_dir if train.method == "full" else paths.adapter_dir
+
+
 def require_train(run: RunConfig) -> TrainConfig:
     if run.train is None:
         raise ValueError(f"run config {run.name!r}: no 'train' section")

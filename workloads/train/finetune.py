@@ -40,7 +40,7 @@ from documents.run_manifest import (
     training_fingerprint,
 )
 from documents.sections.train import TrainConfig
-from documents.train_plan import Batching, BatchingDecision, BatchPlan, ParallelismPlan, planned_batching
+from documents.train_plan import Batching, BatchingDecision, BatchPlan, planned_batching
 from workloads.common.job_metrics import JobMetricsFile
 from workloads.train import attention, checkpoints, fused_loss, sharding
 from workloads.train.batch_choice import decide_batching
@@ -52,6 +52,7 @@ from workloads.train.config import (
     max_length,
     require_train,
     train_paths,
+    trained_dir,
 )
 from workloads.train.loss_chart import plot_loss
 from workloads.train.metrics_callback import MetricsCallback, TokenCounter
@@ -215,20 +216,9 @@ def model_shape(model_dir: Path) -> ModelShape:
     return shape_from_model_folder(model_dir)
 
 
-def choose_parallelism(run: RunConfig, model_dir: Path) -> ParallelismPlan:
-    """DDP or FSDP for this machine's GPU and the job's ranks (workloads/train/parallelism.py)."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    return decide_parallelism(run, model_shape(model_dir), gpu_memory_gib(), world)
-
-
 def batch_plan(run: RunConfig, model_dir: Path, batching: Batching | None = None, shards: int = 1) -> BatchPlan:
     """Micro-batch tokens, accumulation and checkpointing for this machine (see workloads.train.sizing)."""
     return plan_batches(run, model_shape(model_dir), gpu_memory_gib(), batching, shards)
-
-
-def output_dir(paths: TrainPaths, train: TrainConfig) -> Path:
-    """Where the trained result goes: the model folder of a full fine-tune, else the adapter folder."""
-    return paths.full_model_dir if train.method == "full" else paths.adapter_dir
 
 
 def is_done(manifest_file: Path, output: Path, digest: str) -> bool:
@@ -248,7 +238,7 @@ def save_result(trainer: Trainer, tokenizer: Any, folder: Path, fsdp: bool, rank
         state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if rank0:
         with atomic_dir(folder) as tmp:
-            model.save_pretrained(tmp, safe_serialization=True, **({"state_dict": state} if fsdp else {}))
+            model.save_pretrained(tmp, safe_serialization=True, state_dict=state)
             tokenizer.save_pretrained(tmp)
 
 
@@ -259,20 +249,21 @@ def train_run(run: RunConfig) -> int:
     digest = config_hash(run.model_dump(mode="json"))
     fingerprint = training_fingerprint(run.model_dump(mode="json"))
     manifest_file = paths.run_dir / RUN_MANIFEST_NAME
-    output = output_dir(paths, train)
+    output = trained_dir(paths, train)
     if is_done(manifest_file, output, digest):
         log.info("%s: this config already trained to completion; nothing to do", paths.run_dir)
         return 0
     precision = detect_precision(train.precision)
     stop = StopRequest(os.environ.get(STOP_FILE_ENV))
-    parallel = choose_parallelism(run, paths.model_dir)
+    shape, gpu = model_shape(paths.model_dir), gpu_memory_gib()
+    parallel = decide_parallelism(run, shape, gpu, int(os.environ.get("WORLD_SIZE", "1")))
     if not parallel.fits:
         log.warning("the memory estimate says this run does not fit: %s", parallel.reason)
     fsdp = parallel.strategy == "fsdp"
-    plan = batch_plan(run, paths.model_dir, shards=parallel.shards)
+    plan = plan_batches(run, shape, gpu, shards=parallel.shards)
     batching = choose_batching(run, paths.dataset_dir, plan)
     if batching.chosen != planned_batching(train.batching):
-        plan = batch_plan(run, paths.model_dir, batching.chosen, parallel.shards)
+        plan = plan_batches(run, shape, gpu, batching.chosen, parallel.shards)
     choice = attention.choose(torch.cuda.is_available(), batching.chosen == "packed")
     args = create_training_arguments(train, paths.checkpoint_dir, precision, report_eval=bool(paths.eval_dataset_dir),
                                      gradient_accumulation_steps=plan.gradient_accumulation_steps,
@@ -343,9 +334,9 @@ def train_run(run: RunConfig) -> int:
     save_result(trainer, tokenizer, output, fsdp, rank0)
     if rank0:
         plot_loss(metrics_file, paths.run_dir / PLOT)
-        saved = {"model": str(output)} if train.method == "full" else {"adapter": str(output)}
-        finish_attempt(manifest_file, manifest, "completed", step, **saved)
-        log.info("%s saved to %s", "model" if train.method == "full" else "adapter", output)
+        kind = "model" if train.method == "full" else "adapter"
+        finish_attempt(manifest_file, manifest, "completed", step, **{kind: str(output)})
+        log.info("%s saved to %s", kind, output)
     trainer.accelerator.wait_for_everyone()
     return 0
 

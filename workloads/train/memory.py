@@ -217,12 +217,11 @@ def estimate(shape: ModelShape, inp: MemoryInputs) -> MemoryEstimate:
     a, s = DTYPE_BYTES[inp.dtype], stream_bytes(inp)
     tokens = inp.micro_batch * inp.max_length
     if inp.method == "full":
-        trainable, lora, grad_bytes = shape.params, 0, 4
-        state_bytes = 2 if inp.optimizer == "adamw_8bit" else 8
+        trainable, lora = shape.params, 0
     else:
         trainable = lora_params(shape, inp.lora_r, inp.lora_target_modules)
-        lora, grad_bytes = 4 * trainable, 4
-        state_bytes = 2 if inp.optimizer == "adamw_8bit" else 8
+        lora = 4 * trainable
+    grad_bytes, state_bytes = 4, 2 if inp.optimizer == "adamw_8bit" else 8
     per_layer = tokens * layer_activation_bytes_per_token(shape, inp)
     if inp.gradient_checkpointing:
         activations, recompute = tokens * shape.layers * s * shape.hidden, per_layer

@@ -24,12 +24,12 @@ MAX_RANKS = 4096
 """Largest rank count `min_fsdp_ranks` searches."""
 
 
-def fit_inputs(run: RunConfig, shards: int = 1) -> MemoryInputs:
+def fit_inputs(run: RunConfig) -> MemoryInputs:
     """The memory-estimate inputs the fit is judged on: the configured micro-batch, or one `max_length` sequence
     when `micro_batch_tokens: auto` (the smallest micro-batch sizing may choose), with activation checkpointing
     when it is `auto` (sizing turns it on when needed to fit)."""
     train = require_train(run)
-    inputs = inputs_from_run(run, shards=shards)
+    inputs = inputs_from_run(run)
     update: dict[str, object] = {}
     if train.micro_batch_tokens == "auto":
         update["micro_batch"] = 1
@@ -87,23 +87,24 @@ def decide_parallelism(run: RunConfig, shape: ModelShape | None, gpu_memory_gib:
         return ParallelismPlan(strategy=strategy, reason=reason, shards=shards, per_rank_bytes=parts, fits=fits,
                                **common, **more)
 
+    inputs = fit_inputs(run)
     if configured == "fsdp" and world_size == 1:
-        parts = per_rank_parts(estimate(shape, fit_inputs(run)), train.method) if shape is not None else {}
+        parts = per_rank_parts(estimate(shape, inputs), train.method) if shape is not None else {}
         budget = fraction * gpu_memory_gib * GIB if gpu_memory_gib is not None else None
         fits = budget is None or not parts or parts["total"] <= budget
         return plan("ddp", "fsdp: one rank, nothing to shard: the whole replica stays on its device", parts, fits)
     if shape is None:
         strategy = "ddp" if configured == "auto" else configured
         return plan(strategy, f"{configured}: model shape unknown, memory not estimated", {}, True)
-    replica = estimate(shape, fit_inputs(run))
-    sharded = estimate(shape, fit_inputs(run, world_size))
+    replica = estimate(shape, inputs)
+    sharded = estimate(shape, inputs.model_copy(update={"shards": world_size}))
     if gpu_memory_gib is None:
         strategy = "ddp" if configured == "auto" else configured
         chosen = sharded if strategy == "fsdp" else replica
         return plan(strategy, f"{configured}: no GPU memory known (CPU): {strategy}, nothing to fit",
                     per_rank_parts(chosen, train.method), True, replica_bytes=replica.total)
     budget = fraction * gpu_memory_gib * GIB
-    least = _min_fsdp_ranks(shape, fit_inputs(run), budget)
+    least = _min_fsdp_ranks(shape, inputs, budget)
     limit = f"{fraction:.0%} of {gpu_memory_gib:g} GiB = {budget / GIB:.1f} GiB"
     more = {"replica_bytes": replica.total, "min_fsdp_ranks": least}
     replica_fits = replica.total <= budget

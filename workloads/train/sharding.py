@@ -51,12 +51,12 @@ def shard(model: nn.Module, compute_dtype: torch.dtype, cuda: bool) -> nn.Module
     return model
 
 
-def local_parameter_bytes(model: nn.Module, trainable: bool | None = None) -> int:
-    """Bytes of the parameters this rank holds (a DTensor's local shard, else the whole tensor); `trainable`
-    selects trainable (True) or frozen (False) ones."""
+def local_parameter_bytes(model: nn.Module, trainable: bool) -> int:
+    """Bytes of the trainable (True) or frozen (False) parameters this rank holds (a DTensor's local shard, else
+    the whole tensor)."""
     total = 0
     for parameter in model.parameters():
-        if trainable is not None and parameter.requires_grad != trainable:
+        if parameter.requires_grad != trainable:
             continue
         local = parameter.to_local() if hasattr(parameter, "to_local") else parameter
         total += local.numel() * local.element_size()
