@@ -31,6 +31,10 @@ def _stack_config():
         return load_stack_config(os.environ["PULUMI_STACK"], ROOT / "stacks")
 
 
+PRICED: dict = {}
+"""The stack's price, computed by the first policy that needs it (one preview is one stack)."""
+
+
 def _validator(spec: rules.PolicySpec):
     def validate(args: StackValidationArgs, report_violation: ReportViolation) -> None:
         from infra.cost.training import load_run
@@ -38,7 +42,7 @@ def _validator(spec: rules.PolicySpec):
         cfg = _stack_config()
         resources = [rules.Res.from_policy(r) for r in args.resources]
         config = rules.defaults(spec) | dict(args.get_config())
-        ctx = rules.Context(resources, cfg, load_run(cfg), config)
+        ctx = rules.Context(resources, cfg, load_run(cfg), config, priced=PRICED)
         for message in spec.check(ctx):
             report_violation(message, None)
         for note in sorted(set(ctx.unchecked)):  # shown in the preview's diagnostics, not a violation

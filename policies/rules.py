@@ -120,6 +120,8 @@ class Context:
     unchecked: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     """What a rule reports beside its verdict (the estimated training cost beside the monthly TCO)."""
+    priced: dict[str, CostReport] = field(default_factory=dict)
+    """The stack's price once computed, shared by the rules of one evaluation (it reads the stack's stored runs)."""
 
     def of_type(self, type_: str) -> list[Res]:
         return [r for r in self.resources if r.type == type_]
@@ -178,17 +180,20 @@ def filesystem_quota(ctx: Context) -> list[str]:
     return []
 
 
-def stack_price(cfg: StackConfig) -> CostReport:
-    """The stack's price as `pulumi up` computes it (the one price path, with the stack's stored runs)."""
+def stack_price(ctx: Context) -> CostReport:
+    """The stack's price as `pulumi up` computes it (the one price path, with the stack's stored runs), computed
+    once per evaluation."""
     from infra.runs.measured import price_inputs
 
-    return price_stack(cfg, price_inputs(cfg, REPO_ROOT))
+    if ctx.cfg.stack not in ctx.priced:
+        ctx.priced[ctx.cfg.stack] = price_stack(ctx.cfg, price_inputs(ctx.cfg, REPO_ROOT))
+    return ctx.priced[ctx.cfg.stack]
 
 
 def monthly_budget(ctx: Context) -> list[str]:
     """Estimated monthly cost (autoscaling at max) within the budget; the training run's cost beside it."""
     limit = float(ctx.config.get("maxMonthlyUsd", 50_000))
-    report = stack_price(ctx.cfg)
+    report = stack_price(ctx)
     cost = report.monthly.usd_high
     training = training_cost_text(report)
     ctx.notes.append(f"monthly cost ${cost:,.0f} (autoscaling at max)" + (f"; {training}" if training else ""))
@@ -238,7 +243,7 @@ def model_fits(ctx: Context) -> list[str]:
 
     if ctx.run is None or ctx.run.train is None or ctx.cfg.nodes is None:
         return []
-    training = training_cost_text(stack_price(ctx.cfg))
+    training = training_cost_text(stack_price(ctx))
     if training:
         ctx.notes.append(training)
     try:
@@ -441,14 +446,14 @@ class Result(BaseModel):
 def evaluate(resources: list[Res], cfg: StackConfig, run: Any | None = None,
              config: Mapping[str, Mapping[str, Any]] | None = None) -> list[Result]:
     """Every policy on one stack; ``config`` maps policy name to overrides (and ``enforcementLevel``)."""
-    results = []
+    results, priced = [], {}
     for spec in POLICIES:
         own = dict((config or {}).get(spec.name, {}))
         level = own.pop("enforcementLevel", spec.enforcement)
         if level == "disabled":
             results.append(Result(policy=spec.name, enforcement=level, passed=True, violations=[]))
             continue
-        ctx = Context(resources, cfg, run, defaults(spec) | own)
+        ctx = Context(resources, cfg, run, defaults(spec) | own, priced=priced)
         violations = spec.check(ctx)
         results.append(Result(policy=spec.name, enforcement=level, passed=not violations, violations=violations,
                               unchecked=sorted(set(ctx.unchecked)), notes=ctx.notes))

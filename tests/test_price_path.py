@@ -21,7 +21,7 @@ from artifacts_fixtures import KEYS, S3Server, s3_server  # noqa: F401
 from document_fixtures import evaluator_report, side
 
 from documents.metrics import MetricsRecord
-from documents.run_config import load_run_config
+from documents.throughput import bench_throughputs
 from infra.commands.run import evaluation_summary_text, finish_run
 from infra.commands.runs import format_table
 from infra.config import load_stack_config
@@ -160,5 +160,8 @@ def test_plan_prints_an_estimated_training_cost_with_its_basis(stack: str) -> No
                           env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     line = next(l for l in done.stdout.splitlines() if l.startswith("Training run"))
-    assert line.startswith("Training run (estimated): ") and "$" in line and "1,169 tokens/s/GPU" in line
+    h100 = next(f for f in bench_throughputs()
+                if (f.gpu_model, f.model, f.method) == ("NVIDIA H100 SXM", "hub:Qwen/Qwen3-14B", "qlora"))
+    expected = h100.tokens_per_second_per_device * 362.05 / 989.4  # L40S over H100 SXM, dense bf16 TFLOP/s
+    assert line.startswith("Training run (estimated): ") and "$" in line and f"{expected:,.0f} tokens/s/GPU" in line
     assert "throughput: estimated from NVIDIA H100 SXM 2026-11-23, scaled by 0.366 (compute-bound" in done.stdout

@@ -19,7 +19,7 @@ from typing import Any
 from documents.run_config import RunConfig
 from documents.text_input import TextInputError, load_json
 from infra.config import StackConfig
-from infra.cost.compare import Comparison, compare, comparison_document, plot_comparison, render_comparison
+from infra.cost.compare import Comparison, compare, plot_comparison, render_comparison
 from infra.cost.price import PriceInputs, price_stack
 from infra.cost.report import render_table, report_document
 from infra.cost.training import REPO_ROOT, load_run
@@ -94,8 +94,8 @@ def _comparison(cfg: StackConfig, run: RunConfig | None, inputs: PriceInputs) ->
 
 def plan_extras(cfg: StackConfig, result: MockRun, args: argparse.Namespace) -> PlanExtras:
     inputs = price_inputs(cfg, REPO_ROOT)
-    report = price_stack(cfg, inputs)
     run = load_run(cfg)
+    report = price_stack(cfg, inputs, run=run)
     text = ["", render_table(report)]
     document: dict[str, Any] = {"cost": report_document(report)}
     code = 0
@@ -115,7 +115,7 @@ def plan_extras(cfg: StackConfig, result: MockRun, args: argparse.Namespace) -> 
             text += [f"         note: {n}" for n in r.notes]
     if args.compare or args.compare_chart:
         comparison = _comparison(cfg, run, inputs)
-        document["compare"] = comparison_document(comparison)
+        document["compare"] = comparison.model_dump()
         text += ["", render_comparison(comparison)]
         if args.compare_chart:
             try:

@@ -16,7 +16,7 @@ from documents.run_manifest import read_run_manifest
 from documents.run_record import RunIndex
 from infra.config import StackConfigError, load_stack_config
 from infra.program.backends import find_repo_root
-from infra.runs.store import ArtifactError, ArtifactStore, list_runs, read_run_file, store_for_stack
+from infra.runs.store import ArtifactError, ArtifactStore, list_runs, read_run_file, run_prefix, store_for_stack
 from workloads.serve.registry import STORED_MANIFEST, RegistryError, adapter_entry
 
 COLUMNS = ("run", "started", "finished", "ppl base", "ppl tuned", "ppl gain %", "tokens/s/device",
@@ -48,7 +48,7 @@ def adapter_entries(store: ArtifactStore, stack: str, runs: list[RunIndex]) -> l
     for index in runs:
         if STORED_MANIFEST not in index.files:
             continue
-        key = f"runs/{stack}/{index.run_id}/{STORED_MANIFEST}"
+        key = f"{run_prefix(stack, index.run_id)}/{STORED_MANIFEST}"
         try:
             manifest = read_run_manifest(read_run_file(store, stack, index.run_id, STORED_MANIFEST), key)
             entries.append(adapter_entry(index.run_id, index.run_id, manifest, index))

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -189,23 +189,26 @@ def compare(cfg: StackConfig, run: RunConfig, inputs: PriceInputs = PriceInputs(
     platform = catalog.get_platform(worker.platform)
     nodes, gpus_per_node = worker_shape(cfg)
     stack_gpus = nodes * gpus_per_node
-    rows, rates, spot_rates = [], set(), set()
+    has_spot = _has_preemptible_price(price(run, True))
+    rows: list[CompareRow] = []
+    usd_rate = spot_rate = None
     for source in compared_models(run):
         shape = shape_for_source(source)
         for method in METHODS:
             variant = with_method(run, source, method)
             fit = smallest_placement(variant, shape, platform.gpu_memory_gib, 1)
-            on_demand, spot = price(variant, False), price(variant, True)
+            on_demand = price(variant, False)
             priced = on_demand.training
+            if usd_rate is None and priced.gpu_hours and priced.usd is not None:
+                # a GPU-hour costs the same in every row (the stack's workers over its GPUs): priced once each way
+                usd_rate = priced.usd / priced.gpu_hours
+                spot = price(variant, True).training if has_spot else None
+                spot_rate = spot.usd / spot.gpu_hours if spot and spot.usd is not None and spot.gpu_hours else None
             needed = fit.gpus if fit else None
             fits_stack = needed is not None and needed <= stack_gpus
             wall_gpus = stack_gpus if fits_stack else (gpus_per_node * math.ceil(needed / gpus_per_node)
                                                        if needed else None)
-            preemptible = spot.training.usd if _has_preemptible_price(spot) else None
-            if priced.gpu_hours:
-                rates.add(round(priced.usd / priced.gpu_hours, 6))
-                if preemptible is not None:
-                    spot_rates.add(round(preemptible / priced.gpu_hours, 6))
+            preemptible = priced.gpu_hours * spot_rate if spot_rate is not None and priced.gpu_hours else None
             rows.append(CompareRow(
                 model=source, params_b=round(shape.params / 1e9, 2), method=method,
                 strategy=fit.plan.strategy if fit else None, gpus_needed=needed,
@@ -216,13 +219,12 @@ def compare(cfg: StackConfig, run: RunConfig, inputs: PriceInputs = PriceInputs(
             ))
     notes = ["FSDP rows are priced at the per-GPU throughput of the same model and method under DDP "
              "(all-gathers overlapped with compute); a measured FSDP run replaces that assumption"]
-    if not _has_preemptible_price(price(run, True)):
+    if not has_spot:
         notes.append(f"{worker.platform}: no preemptible price in the catalog; preemptible cost not shown")
     return Comparison(
         stack=cfg.stack, gpu_model=platform.gpu_model or "", gpu_memory_gib=platform.gpu_memory_gib,
         gpus_per_node=gpus_per_node, stack_gpus=stack_gpus, tokens=sized.tokens, passes=sized.epochs,
-        data_basis=data_basis, usd_per_gpu_hour=next(iter(rates)) if len(rates) == 1 else None,
-        preemptible_usd_per_gpu_hour=next(iter(spot_rates)) if len(spot_rates) == 1 else None,
+        data_basis=data_basis, usd_per_gpu_hour=usd_rate, preemptible_usd_per_gpu_hour=spot_rate,
         rows=rows, notes=notes,
     )
 
@@ -271,10 +273,6 @@ def render_comparison(c: Comparison) -> str:
                  "peaks and the work per token (infra/cost/estimate.py; each row's scaling in --json)")
     lines += [f"note: {n}" for n in c.notes]
     return "\n".join(lines)
-
-
-def comparison_document(c: Comparison) -> dict[str, Any]:
-    return c.model_dump()
 
 
 def plot_comparison(c: Comparison, path: Path) -> None:

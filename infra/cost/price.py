@@ -5,7 +5,7 @@ model (`infra.cost.model`) or the throughput estimator (`infra.cost.estimate`).
 
 The training throughput, in this order: the stack's pricing.training.tokensPerSecondPerGpu; the newest run
 measured on this stack (`PriceInputs.training`, read from the local store or the stack's artifacts bucket by
-`infra.runs.measured.stack_measurement`); a figure for the same GPU model, model and method measured elsewhere
+`infra.runs.measured.price_inputs`); a figure for the same GPU model, model and method measured elsewhere
 (borrowed); else the estimate from the nearest measured figure (`infra.cost.estimate`).
 """
 

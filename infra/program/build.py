@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import pulumi
 
@@ -13,6 +12,7 @@ from documents.stack_outputs import ChatCost, Cost, Filesystem, NodeGroup, Stack
 from documents.stack_outputs import Platform as PlatformOutputs
 from infra.config import PROJECT, SECRET_KEYS, StackConfig
 from infra.cost.price import price_stack
+from infra.cost.training import REPO_ROOT
 from infra.monitoring.access import monitoring_access
 from infra.nebius.backups import BackupAccess, BackupAccessArgs
 from infra.nebius.buckets import Buckets, BucketsArgs
@@ -31,7 +31,6 @@ from infra.soperator.component import Soperator, SoperatorArgs
 from infra.soperator.values import BackupTarget, release_plan
 
 PIPELINE_KEY_CONFIG = SECRET_KEYS[0]
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass

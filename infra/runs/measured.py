@@ -5,10 +5,8 @@ and `ftstack report` price with; `ftstack run` prices a run it just measured the
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
-from documents.throughput import ThroughputMeasurement
 from infra.config import StackConfig
 from infra.cost.price import PriceInputs
 from infra.runs.store import (
@@ -21,15 +19,6 @@ from infra.runs.store import (
 )
 
 CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
-
-
-@dataclass(frozen=True)
-class StackMeasurement:
-    """The figure (None when no stored run measured one), the store it was read from, or why none was read."""
-
-    figure: ThroughputMeasurement | None
-    read_from: str | None
-    note: str | None = None
 
 
 def runs_of(store: ArtifactStore, stack: str) -> str:
@@ -60,20 +49,15 @@ def stack_store(cfg: StackConfig, root: Path) -> tuple[ArtifactStore | None, str
     return store_for_stack(cfg, root, bucket=bucket), None
 
 
-def stack_measurement(cfg: StackConfig, root: Path) -> StackMeasurement:
-    """The training throughput the newest stored run of the stack measured."""
+def price_inputs(cfg: StackConfig, root: Path) -> PriceInputs:
+    """What `price_stack` needs from the stack's stored runs (before a run of this command measured anything): the
+    training throughput the newest stored run measured, the store it was read from, or why none was read."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     store, why = stack_store(cfg, root)
     if store is None:
-        return StackMeasurement(None, None, why)
+        return PriceInputs(training_note=why)
     try:
-        return StackMeasurement(latest_throughput(store, cfg.stack), runs_of(store, cfg.stack))
+        return PriceInputs(training=latest_throughput(store, cfg.stack), training_read_from=runs_of(store, cfg.stack))
     except (ArtifactError, BotoCoreError, ClientError) as error:
-        return StackMeasurement(None, None, f"runs not read from {runs_of(store, cfg.stack)}: {error}")
-
-
-def price_inputs(cfg: StackConfig, root: Path) -> PriceInputs:
-    """What `price_stack` needs from the stack's stored runs (before a run of this command measured anything)."""
-    found = stack_measurement(cfg, root)
-    return PriceInputs(training=found.figure, training_read_from=found.read_from, training_note=found.note)
+        return PriceInputs(training_note=f"runs not read from {runs_of(store, cfg.stack)}: {error}")
