@@ -123,6 +123,7 @@ def test_bad_admin_requests_get_4xx(adapter_runs, multi) -> None:
     assert httpx.delete(f"{admin}/{NAMES[0]}", timeout=10).status_code == 401
     cases = [
         (b"not json", 400, "not JSON"),
+        (b"[" * 50_000, 400, "not JSON"),  # nesting past the recursion limit: a 400, not a 500
         (json.dumps({"name": "desk-x"}).encode(), 400, "run_id"),
         (json.dumps(["desk-x"]).encode(), 400, "object"),
         (json.dumps({"name": "../etc", "run_id": f"run-{SPARE}"}).encode(), 400, "name must match"),

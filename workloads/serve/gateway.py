@@ -27,6 +27,7 @@ from starlette.concurrency import run_in_threadpool
 
 from documents.adapter_registry import AdapterEntry, AdapterSpeed
 from documents.sections.serve import MODEL_NAME
+from documents.text_input import TextInputError, load_json
 from workloads.serve.auth import bearer_matches
 from workloads.serve.budget import PromptCounter, TokenBudget
 from workloads.serve.request import ChatRequest, RequestError, read_chat_request
@@ -378,8 +379,8 @@ def admin_denied(gateway: Gateway, request: Request) -> JSONResponse | None:
 async def admin_body(request: Request, fields: tuple[str, ...]) -> dict[str, str]:
     raw = await read_body(request, 64 << 10)
     try:
-        document = json.loads(raw)
-    except ValueError:
+        document = load_json(raw, "request body", standard=True)
+    except TextInputError:
         raise Refused(400, "request body is not JSON", "invalid_json") from None
     if not isinstance(document, dict):
         raise Refused(400, "request body must be a JSON object", "invalid_request")

@@ -33,6 +33,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from workloads.serve.gateway import error
+
 BASE_ROW = "__base__"
 """peft's adapter name for a row that runs the bare base."""
 IDLE_POLL_S = 0.05
@@ -273,11 +275,6 @@ class Worker:
             command.answer(str(problem))
             return
         command.answer(None)
-
-
-def error(status: int, message: str, code: str) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "code": code}},
-                        status_code=status)
 
 
 def sse(document: dict[str, Any]) -> str:

@@ -8,6 +8,7 @@ from any store through `adapter_entry`.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from documents.adapter_registry import AdapterEntry, EvalSummary
@@ -79,7 +80,13 @@ def parse_adapter_flags(items: list[str]) -> dict[str, str]:
 
 def served_base(run: RunConfig) -> tuple[str, str]:
     """(sha256, path) of the base model this server serves (from its prepare manifest when it has one)."""
-    digest = model_hash(run.base_model_dir)
+    return _base_digest(run.base_model_dir)
+
+
+@functools.cache
+def _base_digest(folder: Path) -> tuple[str, str]:
+    """Hashed once per process: without a prepare manifest that is every weight file of the base."""
+    digest = model_hash(folder)
     return digest["sha256"], digest["path"]
 
 
