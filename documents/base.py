@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 from typing import Any, TypeVar
@@ -28,9 +29,14 @@ class Figures(BaseModel):
     def _non_finite_is_not_measured(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
-        required = {name for name, field in cls.model_fields.items() if field.is_required()}
+        required = _required_fields(cls)
         return {key: None if key not in required and isinstance(value, float) and not math.isfinite(value) else value
                 for key, value in data.items()}
+
+
+@functools.cache
+def _required_fields(model: type[BaseModel]) -> frozenset[str]:
+    return frozenset(name for name, field in model.model_fields.items() if field.is_required())
 
 
 def describe(error: ValidationError) -> str:

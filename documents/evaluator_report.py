@@ -20,7 +20,7 @@ REPORT_VERSION = 1
 
 
 class _Document(Figures):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid")
 
 
 class SampleGeneration(_Document):

@@ -27,7 +27,7 @@ METRICS_NAME = "metrics.jsonl"
 class MetricsRecord(Figures):
     """One logged optimizer step: training figures (a `loss` step), the eval loss (an eval step), or both."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid")
 
     version: Literal[1] = METRICS_VERSION
     step: int

@@ -18,7 +18,7 @@ from documents.throughput import ThroughputCheck, ThroughputMeasurement
 class RunIndex(Figures):
     """`run.json`: what `ftstack runs` shows without reading the other files."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid")
 
     stack: StackName
     run_id: RunId

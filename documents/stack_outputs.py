@@ -36,7 +36,7 @@ def flat_name(name: str) -> str:
 
 
 class _Section(Figures):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid")
 
 
 class Category(_Section):

@@ -443,17 +443,13 @@ def gpu_image_preconditions(k8s_version: str, workers: list[WorkerSet], soperato
     offered = table.get(k8s_version, {})
     gpu = [w for w in workers if w.shape.gpus]
     preinstalled = [w for w in gpu if w.gpu_drivers == "nebius-preset"]
-    cudas = sorted({str(w.node_cuda_version) for w in gpu if w.node_cuda_version})
-    presets = sorted({str(w.node_drivers_preset) for w in preinstalled if w.node_drivers_preset})
+    cudas = sorted({w.node_cuda_version for w in gpu})
+    presets = sorted({w.node_drivers_preset for w in preinstalled})
     images = catalog.SOPERATOR_CUDA_VERSIONS.get(soperator_version)
     failed = []
     if k8s_version not in table:
         failed.append(f"nebius.k8sVersion {k8s_version}: no preinstalled GPU images for this Kubernetes version; "
                       f"supported versions: {', '.join(sorted(table))}")
-    if missing := sorted({w.platform for w in preinstalled if w.node_drivers_preset is None}):
-        failed.append(f"driversPreset: missing for GPU platform(s): {', '.join(missing)}")
-    if missing := sorted({w.platform for w in gpu if w.node_cuda_version is None}):
-        failed.append(f"cudaVersion: missing (X.Y.Z form) for GPU platform(s): {', '.join(missing)}")
     if unlisted := sorted({w.platform for w in preinstalled if w.platform not in offered}):
         failed.append(f"nodes.workers: GPU platform(s) {', '.join(unlisted)} have no preinstalled images for "
                       f"Kubernetes {k8s_version}")

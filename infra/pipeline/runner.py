@@ -41,7 +41,7 @@ from infra.pipeline.jobs import SlurmJobProvider, job_inputs, read_result
 from infra.pipeline.run_lock import stack_lock
 from infra.pipeline.slurm import JobNotFound, SlurmClient, SlurmJobFailed
 from infra.pipeline.transport import TransportError
-from workloads.checks.node_states import NodeState
+from workloads.checks.node_states import NodeState, once_per_node
 
 Progress = Callable[[str], None]
 PASSPHRASE_ENV = "FT_SSH_KEY_PASSPHRASE"
@@ -272,11 +272,7 @@ def drained_nodes(stack: StackConfig, repo_root: Path, transport: dict[str, Any]
         states = SlurmClient(connection, env=slurm_env(stack, repo_root)).node_states()
     finally:
         connection.close()
-    drained: dict[str, NodeState] = {}
-    for state in states:
-        if state.drained:
-            drained.setdefault(state.node, state)
-    return list(drained.values())
+    return once_per_node(s for s in states if s.drained)
 
 
 def status(stack: StackConfig, repo_root: Path, transport: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -97,9 +97,9 @@ def after_creation(cfg: StackConfig) -> list[Check]:
     sop = cfg.soperator
     if sop is None or sop.active_checks.scope == "off":
         return []
-    skipped = set(_NOT_AFTER_CREATION[sop.active_checks.scope])
+    skipped, fabric = set(_NOT_AFTER_CREATION[sop.active_checks.scope]), _fabric(cfg)
     return [c for c in checks(sop.version)
-            if c.after_creation and c.name not in skipped and (_fabric(cfg) or not c.infiniband)]
+            if c.after_creation and c.name not in skipped and (fabric or not c.infiniband)]
 
 
 def _gpus_per_node(cfg: StackConfig) -> int:
@@ -161,8 +161,8 @@ def node_hours_after_creation(cfg: StackConfig) -> list[CheckTime]:
     if cfg.nodes is None:
         return []
     gpu_checks = [c for c in after_creation(cfg) if c.gpu_nodes]
-    each = sum(c.time_limit_min for c in gpu_checks if c.each_worker) / 60
-    single = sum(c.time_limit_min for c in gpu_checks if not c.each_worker) / 60
     if not gpu_checks:
         return []
+    each = sum(c.time_limit_min for c in gpu_checks if c.each_worker) / 60
+    single = sum(c.time_limit_min for c in gpu_checks if not c.each_worker) / 60
     return [CheckTime(w.name, each * w.size + (single if i == 0 else 0.0)) for i, w in enumerate(cfg.nodes.workers)]

@@ -141,6 +141,7 @@ def run_checks(cfg: ReadinessConfig) -> ReadinessReport:
             timeout=dt.timedelta(minutes=5),
         )
     try:
+        drained = _gather(node_states.job_check(cfg.allow_drained_nodes) if rank == 0 else None, world)[0]
         hosts = _gather(socket.gethostname(), world)
         local_world = Counter(hosts)[socket.gethostname()]
         inventories = _gather(measure.inventory(), world)
@@ -150,7 +151,7 @@ def run_checks(cfg: ReadinessConfig) -> ReadinessReport:
         reduced = measure.allreduce(device, mib, cfg.iterations, len(set(hosts))) if world > 1 else None
         interconnect = cfg.interconnect or ("infiniband" if all(_gather(measure.infiniband_present(), world)) else "ethernet")
         nodes = _merge_nodes(inventories)
-        checks = [node_states.job_check(cfg.allow_drained_nodes), *evaluate(nodes, perf, reduced, cfg, interconnect)]
+        checks = [drained, *evaluate(nodes, perf, reduced, cfg, interconnect)]
         failed = [c for c in checks if c.status == "fail"]
         return ReadinessReport(
             ok=not failed,

@@ -12,7 +12,7 @@ import argparse
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict
 
@@ -66,13 +66,17 @@ def parse_sinfo(text: str) -> list[NodeState]:
     return states
 
 
-def problem_nodes(states: Iterable[NodeState], prefixes: Sequence[str] = DRAIN_REASON_PREFIXES) -> list[NodeState]:
-    """Drained nodes whose reason an active check wrote (one entry per node)."""
+def once_per_node(states: Iterable[NodeState]) -> list[NodeState]:
+    """The first state of each node (sinfo lists a node once per partition)."""
     seen: dict[str, NodeState] = {}
     for s in states:
-        if s.drained and s.reason and s.reason.startswith(tuple(prefixes)):
-            seen.setdefault(s.node, s)
+        seen.setdefault(s.node, s)
     return list(seen.values())
+
+
+def problem_nodes(states: Iterable[NodeState]) -> list[NodeState]:
+    """Drained nodes whose reason an active check wrote (one entry per node)."""
+    return once_per_node(s for s in states if s.drained and s.reason and s.reason.startswith(DRAIN_REASON_PREFIXES))
 
 
 def drained_check(states: Iterable[NodeState], partition: str | None, allowed: bool) -> CheckResult:
@@ -90,13 +94,11 @@ def drained_check(states: Iterable[NodeState], partition: str | None, allowed: b
                               "(scontrol update nodename=NODE state=resume) or set readiness.allow_drained_nodes")
 
 
-def read_states(partition: str | None, run: Callable[[list[str]], str] | None = None) -> list[NodeState] | None:
+def read_states(partition: str | None) -> list[NodeState] | None:
     """The partition's node states from ``sinfo``; None where Slurm's tools are not installed."""
-    def local(argv: list[str]) -> str:
-        return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=60).stdout
-
     try:
-        return parse_sinfo((run or local)(sinfo_command(partition)))
+        return parse_sinfo(subprocess.run(sinfo_command(partition), capture_output=True, text=True, check=True,
+                                          timeout=60).stdout)
     except FileNotFoundError:
         return None
 
