@@ -245,7 +245,8 @@ def bench_adapters(args: argparse.Namespace, base: Path, tokenizer) -> dict:
     finally:
         stop_launcher(proc)
     print("bench: adapters: one merged fine-tune in transformers serve", file=sys.stderr, flush=True)
-    merged_copy(base, next(iter(adapters.values())), run.merged_dir)
+    run.merged_dir.parent.mkdir(parents=True, exist_ok=True)
+    run.merged_dir.symlink_to(work / "merged" / next(iter(adapters)))  # memory_comparison merged it already
     merged_run = run.model_copy(update={"serve": run.serve.model_copy(update={"engine": "transformers",
                                                                               "cb_num_blocks": 64})})
     config.write_text(merged_run.model_dump_json())

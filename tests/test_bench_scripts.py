@@ -96,3 +96,18 @@ def test_bench_train_dry_run_refuses_what_a_run_would_refuse(tmp_path: Path) -> 
         proc = subprocess.run([sys.executable, str(BENCH / "train.py"), *args, "--dry-run"], cwd=ROOT,
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and problem in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.slow
+def test_bench_serve_adapters_path_at_its_smallest(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The default path: one base with an adapter in one peft engine, against a process per fine-tune (memory)
+    and a merged copy in transformers serve (load)."""
+    report = bench("serve.py", "--paths", "adapters", "--base", str(tiny_model_dir), "--adapters", "1",
+                   "--clients", "2", "--requests", "2", "--max-tokens", "2", "--startup-timeout", "300", cwd=tmp_path)
+    adapters = report["adapters"]
+    memory = adapters["memory"]["rss_bytes"]
+    assert memory["process_per_fine_tune"] > memory["base_and_adapters_one_process"] > 0
+    load = adapters["load"]
+    assert set(load["base_and_adapters"]["per_name"]) == {"base", "desk-1"}
+    assert all(side["throughput_tokens_per_second"] > 0
+               for side in (load["base_only"], load["base_and_adapters"], load["merged_transformers_serve"]))
