@@ -36,12 +36,12 @@ def _check_dtype(dtype: str) -> None:
         raise ExportError(f"--dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
 
 
-def _save_servable(model: Any, trained: Path, base: Path, out: Path, dtype: str, **source: dict[str, str]) -> None:
-    """`model` with its tokenizer (the trained folder's, else the base's) and a MergedManifest naming `source`
+def _save_servable(model: Any, folder: Path, base: Path, out: Path, dtype: str, **source: dict[str, str]) -> None:
+    """`model` with its tokenizer (the trained `folder`'s, else the base's) and a MergedManifest naming `source`
     (adapter= or trained=) into `out` (atomic)."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(trained if (trained / "tokenizer_config.json").is_file() else base)
+    tokenizer = AutoTokenizer.from_pretrained(folder if (folder / "tokenizer_config.json").is_file() else base)
     with atomic_dir(out) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
