@@ -50,8 +50,20 @@ class Schema(BaseModel):
     keys: tuple[str, ...]
 
 
+class HardCodedLine(BaseModel):
+    """A line of a chart's script or template, copied verbatim, that names a Kubernetes object literally instead of
+    from values (a Slurm cluster, its namespace, or an object named after them)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    file: str = Field(description="path inside the chart folder, e.g. scripts/ssh-check.sh")
+    line: int = Field(gt=0)
+    text: str = Field(min_length=1)
+
+
 class ChartEntry(BaseModel):
-    """One chart in a contract file: its full `keys`, or (in a file that `extends`) what changed."""
+    """One chart in a contract file: its full `keys`, or (in a file that `extends`) what changed; `hard_coded`
+    lists the chart's lines with literal names (a file that `extends` and lists none keeps the older version's)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -59,6 +71,7 @@ class ChartEntry(BaseModel):
     keys: tuple[KeyRule, ...] | None = None
     add: tuple[KeyRule, ...] = ()
     remove: tuple[str, ...] = ()
+    hard_coded: tuple[HardCodedLine, ...] = ()
 
 
 class ContractFile(BaseModel):

@@ -284,7 +284,15 @@ class SoperatorConfig(_Model):
     mariadb_operator_version: str = "25.10.2"
     k8up_version: str = "4.8.3"
     registry: str = "cr.eu-north1.nebius.cloud/soperator"
-    namespace: str | None = Field(None, description="Slurm cluster namespace; default clusterName.")
+    slurm_cluster_name: str = Field(
+        "soperator", pattern=r"^[a-z][a-z0-9-]{0,40}$",
+        description="Name of the SlurmCluster; Soperator 4.1.7's active checks reach only `soperator` "
+        "(infra/soperator/charts/soperator-4.1.7.yaml hard_coded), as the reference install names it.",
+    )
+    namespace: str = Field(
+        "soperator", pattern=r"^[a-z][a-z0-9-]{0,62}$",
+        description="Namespace of the Slurm cluster; the active checks hard-code `soperator` as well.",
+    )
     active_checks: ActiveChecksConfig = Field(ActiveChecksConfig(), description="Soperator's active checks.")
 
 
@@ -433,7 +441,13 @@ class StackConfig(_Model):
 
     @property
     def slurm_namespace(self) -> str:
-        return (self.soperator and self.soperator.namespace) or self.cluster_name
+        """The Slurm cluster's namespace (Soperator's, on a nebius stack); ``clusterName`` labels the cloud resources."""
+        return self.soperator.namespace if self.soperator else self.cluster_name
+
+    @property
+    def slurm_cluster_name(self) -> str:
+        """The SlurmCluster's name (Soperator's, on a nebius stack)."""
+        return self.soperator.slurm_cluster_name if self.soperator else self.cluster_name
 
 
 def gpu_image_preconditions(k8s_version: str, workers: list[WorkerSet], soperator_version: str) -> None:

@@ -13,7 +13,7 @@ from infra.config import StackConfig, load_stack_config
 from infra.cost.model import ONE_OFF, monthly_cost, node_price
 from infra.cost.pricing import PriceBook
 from infra.nebius.layout import layout
-from infra.soperator.active_checks import CHECKS_RELEASE, CONTROLLER_RELEASE, after_creation
+from infra.soperator.active_checks import CHECKS_RELEASE, CONTROLLER_RELEASE, after_creation, literal_names, name_conflicts
 from infra.soperator.chart_contract import contract, violations
 from infra.soperator.values import SOPERATOR_NAMESPACE, release_plan
 
@@ -45,12 +45,14 @@ def test_both_releases_with_zero_contract_findings(stack, gpus) -> None:
     controller, checks = plan[CONTROLLER_RELEASE], plan[CHECKS_RELEASE]
     assert controller.chart == "oci://cr.eu-north1.nebius.cloud/soperator/helm-soperatorchecks"
     assert checks.chart == "oci://cr.eu-north1.nebius.cloud/soperator/helm-soperator-activechecks"
-    assert (controller.namespace, checks.namespace) == (SOPERATOR_NAMESPACE, cfg.cluster_name)
-    assert checks.depends_on == ("nodesets", CONTROLLER_RELEASE) and controller.depends_on == ("soperator",)
+    # the chart's scripts and CronJob reach the cluster `soperator` in namespace `soperator` (see below)
+    assert (controller.namespace, checks.namespace) == (SOPERATOR_NAMESPACE, "soperator")
+    assert set(checks.depends_on) == {"slurm-cluster-storage", "slurm-cluster", "nodesets", CONTROLLER_RELEASE}
+    assert controller.depends_on == ("soperator",)
     assert checks.timeout_s == 120 * 60  # soperator-fluxcd 4.1.7: soperatorActiveChecks.timeout 120m
     assert controller.violations() == [] and checks.violations() == []
     assert controller.values["checks"]["manager"]["enableNodeReplacement"] is False
-    assert checks.values["slurmClusterRefName"] == cfg.cluster_name
+    assert checks.values["slurmClusterRefName"] == plan["slurm-cluster"].values["clusterName"] == "soperator"
     assert checks.values["slurmJob"]["gpusPerNode"] == gpus
     assert checks.values["cudaVersion"] == plan["slurm-cluster"].values["cudaVersion"] == "13.0.2"
     assert checks.values["checks"]["ssh-check"]["k8sJobSpec"]["jobContainer"]["env"] == [
@@ -127,3 +129,46 @@ def test_the_checks_gpu_time_after_creation_is_a_one_off_line(stack, scope, each
     assert line.quantity == f"{node_hours:.2f} node-hours ({node_hours * worker.shape.gpus:.2f} GPU-hours)"
     off = monthly_cost(with_scope(stack, "off"))
     assert (cost.usd_low, cost.usd_high) == (off.usd_low, off.usd_high)
+
+
+def test_the_pinned_chart_hard_codes_the_cluster_and_namespace_soperator() -> None:
+    """Read from the chart's own lines (kept verbatim in the 4.1.7 chart contract): the login FQDN of
+    scripts/create-user.sh and ssh-check.sh, and the CronJob template's ConfigMap, Secret, label and namespaces."""
+    names = literal_names("4.1.7")
+    by_file = {(n.where.rsplit(":", 1)[0], n.kind, n.name) for n in names}
+    assert {("helm/soperator-activechecks/scripts/create-user.sh", "cluster", "soperator"),
+            ("helm/soperator-activechecks/scripts/create-user.sh", "namespace", "soperator"),
+            ("helm/soperator-activechecks/scripts/ssh-check.sh", "namespace", "soperator"),
+            ("helm/soperator-activechecks/templates/run-extensive-check-on-reservations.yaml", "namespace", "soperator"),
+            } <= by_file
+    assert {(n.kind, n.name) for n in names} == {("cluster", "soperator"), ("namespace", "soperator")}
+    assert literal_names("5.0.0") == names  # 5.0.0's contract extends 4.1.7 and records no other lines
+
+
+@pytest.mark.parametrize("stack", ["demo", "h100", "dev"])
+def test_every_stack_names_its_cluster_and_namespace_as_the_chart_does(stack) -> None:
+    cfg = load_stack_config(stack)
+    plan = releases(cfg)
+    chart = {(n.kind, n.name) for n in literal_names("4.1.7")}
+    ours = {("cluster", plan["slurm-cluster"].values["clusterName"]), ("cluster", plan[CHECKS_RELEASE].values["slurmClusterRefName"]),
+            *(("namespace", plan[key].namespace) for key in ("slurm-cluster-storage", "slurm-cluster", "nodesets", CHECKS_RELEASE))}
+    assert ours == chart
+    assert name_conflicts(cfg) == []
+
+
+def test_a_stack_naming_its_cluster_otherwise_is_refused_unless_the_checks_are_off() -> None:
+    cfg = load_stack_config("demo")
+    assert cfg.soperator
+    renamed = cfg.model_copy(update={"soperator": cfg.soperator.model_copy(
+        update={"slurm_cluster_name": "innovationbank", "namespace": "ib"})})
+    with pytest.raises(ValueError) as refused:
+        releases(renamed)
+    message = str(refused.value)
+    assert ("soperator.slurmClusterName is 'innovationbank', but Soperator 4.1.7's active checks reach the cluster "
+            "'soperator' (helm/soperator-activechecks/scripts/create-user.sh:7)") in message
+    assert "soperator.namespace is 'ib'" in message and "run-extensive-check-on-reservations.yaml:131" in message
+    off = with_scope("demo", "off")
+    assert off.soperator
+    off = off.model_copy(update={"soperator": off.soperator.model_copy(update={"slurm_cluster_name": "innovationbank"})})
+    plan = releases(off)
+    assert CHECKS_RELEASE not in plan and plan["slurm-cluster"].values["clusterName"] == "innovationbank"

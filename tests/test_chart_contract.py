@@ -69,7 +69,7 @@ def test_the_findings_of_issue_12_are_contract_violations() -> None:
 
 def test_5_0_nodesets_need_the_cluster_name() -> None:
     nodesets = plan("demo", "5.0.0")["nodesets"]
-    assert nodesets.values["clusterName"] == "innovationbank"
+    assert nodesets.values["clusterName"] == "soperator"
     assert _bad(nodesets, lambda v: v.pop("clusterName")) == [
         "nodesets 5.0.0: clusterName is required (spec.clusterName)"]
     assert _bad(plan("demo")["nodesets"], lambda v: v.update(clusterName="x")) == [

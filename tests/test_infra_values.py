@@ -58,7 +58,7 @@ def test_dev_without_accounting_tells_the_operator_no_mariadb() -> None:
 def test_slurm_cluster_values_bind_login_to_allocation_and_filter_nodes() -> None:
     cfg = load_stack_config("demo")
     values = slurm_cluster_values(cfg, specs("demo"), "vpcallocation-e00x", SIZES)
-    assert values["clusterName"] == "innovationbank"
+    assert values["clusterName"] == "soperator"
     assert values["slurmNodes"]["login"]["sshdServiceAnnotations"][ALLOCATION_ANNOTATION] == "vpcallocation-e00x"
     assert values["slurmNodes"]["login"]["sshdServiceType"] == "LoadBalancer"
     filters = {f["name"]: f for f in values["k8sNodeFilters"]}
@@ -159,4 +159,4 @@ def test_nodesets_cluster_name_follows_the_pinned_version() -> None:
     assert "clusterName" not in nodesets_values(cfg, specs("demo"))
     assert cfg.soperator
     v5 = cfg.model_copy(update={"soperator": cfg.soperator.model_copy(update={"version": "5.0.0"})})
-    assert nodesets_values(v5, specs("demo"))["clusterName"] == "innovationbank"
+    assert nodesets_values(v5, specs("demo"))["clusterName"] == "soperator"

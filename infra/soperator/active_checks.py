@@ -15,15 +15,20 @@ Sources (read 2026-11-25):
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from infra.config import StackConfig
+from infra.soperator import chart_contract
 from workloads.checks.node_states import NODE_PROBLEM
 
 CONTROLLER_RELEASE = "soperatorchecks"
 CHECKS_RELEASE = "soperator-activechecks"
 CHECKS_RELEASE_TIMEOUT_S = 7200
+CHECKS_READ = ("slurm-cluster-storage", "slurm-cluster", "nodesets", CONTROLLER_RELEASE)
+"""Releases whose objects the checks release reads: the jail PVC (run-extensive-check-on-reservations mounts
+``jail-pvc``), the SlurmCluster with its login service, ConfigMap and munge Secret, the workers, the controller."""
 
 
 @dataclass(frozen=True)
@@ -138,13 +143,62 @@ def checks_values(cfg: StackConfig) -> dict[str, Any]:
             if check.infiniband:
                 overrides.setdefault(check.name, {}).update(runAfterCreation=False, suspend=True)
     values: dict[str, Any] = {
-        "slurmClusterRefName": cfg.cluster_name,
+        "slurmClusterRefName": cfg.slurm_cluster_name,
         "slurmJob": {"gpusPerNode": str(_gpus_per_node(cfg))},
         "checks": overrides,
     }
     if cfg.cuda_version is not None:
         values["cudaVersion"] = cfg.cuda_version
     return values
+
+
+NameKind = Literal["cluster", "namespace"]
+_NAME = r"[a-z0-9]([a-z0-9-]*[a-z0-9])?"
+_LITERAL_NAMES: tuple[re.Pattern[str], ...] = tuple(re.compile(p) for p in (
+    rf"login-0\.(?P<cluster>{_NAME})-login-headless-svc\.(?P<namespace>{_NAME})\.svc\.cluster\.local",
+    rf"^\s*app\.kubernetes\.io/instance:\s*(?P<cluster>{_NAME})\s*$",
+    rf"^\s*name:\s*(?P<cluster>{_NAME})-slurm-configs\s*$",
+    rf"^\s*secretName:\s*(?P<cluster>{_NAME})-munge\s*$",
+    rf"^\s*namespace:\s*(?P<namespace>{_NAME})\s*$",
+))
+"""How a literal line names the Slurm cluster or its namespace: Soperator 4.1.7's internal/naming/naming.go builds
+the login headless service ``<cluster>-login-headless-svc`` (FQDN ``<svc>.<namespace>.svc.cluster.local``), the
+ConfigMap ``<cluster>-slurm-configs`` and the Secret ``<cluster>-munge``; the instance label is the cluster's name."""
+
+
+@dataclass(frozen=True)
+class LiteralName:
+    """A name the activechecks chart hard-codes, and where."""
+
+    kind: NameKind
+    name: str
+    where: str
+
+
+def literal_names(version: str) -> list[LiteralName]:
+    """Every cluster or namespace name hard-coded in the activechecks chart at ``version`` (from its chart contract's
+    ``hard_coded`` lines); a recorded line that names neither is an error in the contract file."""
+    found = []
+    for line in chart_contract.hard_coded("soperator", version, CHECKS_RELEASE):
+        where = f"helm/soperator-activechecks/{line.file}:{line.line}"
+        matches = [m for p in _LITERAL_NAMES for m in [p.search(line.text)] if m]
+        if not matches:
+            raise chart_contract.ContractError(f"{where}: recorded as hard-coded, but names no cluster or namespace")
+        found += [LiteralName(kind, name, where) for m in matches for kind, name in m.groupdict().items()
+                  if kind in ("cluster", "namespace") and name]
+    return found
+
+
+def name_conflicts(cfg: StackConfig) -> list[str]:
+    """Where the stack's Slurm cluster or namespace differs from what the activechecks chart hard-codes (none when
+    the checks are off)."""
+    sop = cfg.soperator
+    if sop is None or sop.active_checks.scope == "off":
+        return []
+    ours = {"cluster": ("soperator.slurmClusterName", cfg.slurm_cluster_name),
+            "namespace": ("soperator.namespace", cfg.slurm_namespace)}
+    return [f"{ours[n.kind][0]} is {ours[n.kind][1]!r}, but Soperator {sop.version}'s active checks reach the "
+            f"{n.kind} {n.name!r} ({n.where})" for n in literal_names(sop.version) if n.name != ours[n.kind][1]]
 
 
 @dataclass(frozen=True)

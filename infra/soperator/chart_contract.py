@@ -15,10 +15,11 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from documents.chart_contract import LIST_ITEM, ChartContract, ContractError, KeyRule, read_contract_file
+from documents.chart_contract import LIST_ITEM, ChartContract, ContractError, HardCodedLine, KeyRule, read_contract_file
 
 CHARTS_DIR = Path(__file__).resolve().parent / "charts"
-__all__ = ["ChartContract", "ContractError", "admits", "changes", "contract", "leaf_paths", "versions", "violations"]
+__all__ = ["ChartContract", "ContractError", "admits", "changes", "contract", "hard_coded", "leaf_paths", "versions",
+           "violations"]
 
 
 def leaf_paths(values: Any, prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
@@ -108,6 +109,18 @@ def contract(family: str, version: str, chart: str) -> ChartContract:
         if rule.schema_ is not None and rule.schema_ not in schemas:
             raise ContractError(f"{_file(family, version)}: {chart} {rule.path}: unknown schema {rule.schema_!r}")
     return ChartContract(chart=chart, version=version, source=source, keys=rules, schemas=schemas)
+
+
+def hard_coded(family: str, version: str, chart: str) -> tuple[HardCodedLine, ...]:
+    """The chart's lines with literal names at ``version``: its own file's, else those of the version it extends."""
+    document = read_contract_file(_file(family, version)) if _file(family, version).is_file() else None
+    if document is None:
+        _resolved(family, version)  # raises the missing-contract error
+        return ()
+    entry = document.charts.get(chart)
+    if entry is not None and entry.hard_coded:
+        return entry.hard_coded
+    return hard_coded(family, document.extends, chart) if document.extends else ()
 
 
 def admits(family: str, version: str, chart: str, path: str) -> bool:

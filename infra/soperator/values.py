@@ -266,7 +266,7 @@ def slurm_cluster_values(cfg: StackConfig, specs: list[NodeGroupSpec], allocatio
     first_worker = next(s for s in specs if s.role == "worker")
     cuda = {"cudaVersion": cfg.cuda_version} if cfg.cuda_version is not None else {}
     return {
-        "clusterName": cfg.cluster_name,
+        "clusterName": cfg.slurm_cluster_name,
         **cuda,
         "k8sNodeFilters": [node_filter(s) for s in specs],
         "volumeSources": [
@@ -363,7 +363,7 @@ def nodesets_values(cfg: StackConfig, specs: list[NodeGroupSpec]) -> dict[str, A
     assert sop is not None
     values: dict[str, Any] = {"nodesets": [nodeset_values(cfg, s) for s in specs if s.role == "worker"]}
     if chart_contract.admits("soperator", sop.version, "nodesets", "clusterName"):
-        values["clusterName"] = cfg.cluster_name
+        values["clusterName"] = cfg.slurm_cluster_name
     return values
 
 
@@ -460,11 +460,13 @@ def release_plan(cfg: StackConfig, specs: list[NodeGroupSpec], allocation_id: An
         soperator("nodesets", ns, nodesets_values(cfg, specs), depends_on=("slurm-cluster",)),
     ]
     if sop.active_checks.scope != "off":
+        if conflicts := active_checks.name_conflicts(cfg):
+            raise ValueError("; ".join(conflicts) + "; name them as the chart does or set soperator.activeChecks.scope: off")
         plan += [
             soperator(active_checks.CONTROLLER_RELEASE, SOPERATOR_NAMESPACE, active_checks.controller_values(cfg),
                       depends_on=("soperator",)),
             soperator(active_checks.CHECKS_RELEASE, ns, active_checks.checks_values(cfg),
-                      depends_on=("nodesets", active_checks.CONTROLLER_RELEASE),
+                      depends_on=active_checks.CHECKS_READ,
                       timeout_s=active_checks.CHECKS_RELEASE_TIMEOUT_S),
         ]
     if backup is not None:
