@@ -60,7 +60,7 @@ def test_both_releases_with_zero_contract_findings(stack, gpus) -> None:
 
 
 def test_the_scope_changes_what_runs_after_creation() -> None:
-    dev, quick, essential = (releases(with_scope("h100", s))[CHECKS_RELEASE].values["checks"]
+    dev, quick, essential = (releases(with_scope("h100", s))[CHECKS_RELEASE].helm_document()["checks"]
                              for s in ("dev", "prod_quick", "essential"))
     assert "all-reduce-perf-nccl-in-docker" not in dev
     assert dev["ib-gpu-perf"]["failureReactions"] == {

@@ -12,6 +12,7 @@ from infra.nebius.network import login_address
 from infra.program.kubeconfig import kubeconfig
 from infra.soperator.values import (
     ALLOCATION_ANNOTATION,
+    SLURM_CLUSTER_DELETIONS,
     nodesets_values,
     release_plan,
     slurm_cluster_values,
@@ -136,7 +137,9 @@ def test_controller_spool_and_mariadb_use_the_filesystems_created_for_them() -> 
     values = slurm_cluster_values(load_stack_config("demo"), specs("demo"), "a", SIZES)
     controller = values["slurmNodes"]["controller"]
     assert "size" not in controller
-    assert controller["volumes"]["spool"] == {"volumeSourceName": "controller-spool", "volumeClaimTemplateSpec": None}
+    assert controller["volumes"]["spool"] == {"volumeSourceName": "controller-spool"}
+    # the chart's default volumeClaimTemplateSpec (50Gi) is deleted through value_yaml_files: NodeVolume takes one source
+    assert ("slurmNodes", "controller", "volumes", "spool", "volumeClaimTemplateSpec") in SLURM_CLUSTER_DELETIONS
     assert {v["name"] for v in values["volumeSources"]} >= {"controller-spool"}
     storage = values["slurmNodes"]["accounting"]["mariadbOperator"]["storage"]
     assert storage["volumeClaimTemplate"] == {"storageClassName": "slurm-local-pv", "accessModes": ["ReadWriteMany"],

@@ -137,7 +137,7 @@ def checks_values(cfg: StackConfig) -> dict[str, Any]:
         {"name": "NUM_OF_LOGIN_NODES", "value": str(nodes.login.size)}]}}}
     if scope in _IB_DRAINS:
         overrides.setdefault("ib-gpu-perf", {})["failureReactions"] = {
-            "drainSlurmNode": {"drainReasonPrefix": NODE_PROBLEM}, "commentSlurmNode": None}
+            "drainSlurmNode": {"drainReasonPrefix": NODE_PROBLEM}}
     if not _fabric(cfg):
         for check in catalog.values():
             if check.infiniband:
@@ -199,6 +199,15 @@ def name_conflicts(cfg: StackConfig) -> list[str]:
             "namespace": ("soperator.namespace", cfg.slurm_namespace)}
     return [f"{ours[n.kind][0]} is {ours[n.kind][1]!r}, but Soperator {sop.version}'s active checks reach the "
             f"{n.kind} {n.name!r} ({n.where})" for n in literal_names(sop.version) if n.name != ours[n.kind][1]]
+
+
+def checks_deletions(cfg: StackConfig) -> tuple[tuple[str, ...], ...]:
+    """Chart defaults the scope removes: ib-gpu-perf's comment reaction where it drains instead (the chart's
+    ``checkReactionsConflict`` fails the render with both)."""
+    assert cfg.soperator is not None
+    if cfg.soperator.active_checks.scope in _IB_DRAINS:
+        return (("checks", "ib-gpu-perf", "failureReactions", "commentSlurmNode"),)
+    return ()
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ import pulumi_kubernetes as k8s
 
 from infra.monitoring import releases as mon
 from infra.nebius.backups import BackupCredentials, RepositoryPassword
+from infra.soperator import helm_values
 from infra.soperator.values import BACKUP_SECRET, STORAGE_CLASS, ReleaseSpec
 
 BACKUP_RELEASE = "soperator-backup-config"
@@ -102,6 +103,7 @@ class Soperator(pulumi.ComponentResource):
                 namespace=spec.namespace,
                 create_namespace=True,
                 values=spec.values,
+                value_yaml_files=[pulumi.StringAsset(helm_values.deletion_yaml(spec.deletions))] if spec.deletions else None,
                 skip_crds=spec.skip_crds,
                 wait_for_jobs=True,
                 timeout=spec.timeout_s,

@@ -25,7 +25,7 @@ from infra.nebius.layout import (
     NodeGroupSpec,
     submount_tag,
 )
-from infra.soperator import active_checks, chart_contract
+from infra.soperator import active_checks, chart_contract, helm_values
 
 ALLOCATION_ANNOTATION = "nebius.com/load-balancer-allocation-id"
 SOPERATOR_NAMESPACE = "soperator-system"
@@ -45,6 +45,12 @@ MUNGE_CPU_M, MUNGE_MEMORY_GIB, MUNGE_EPHEMERAL_GIB = 1000, 1, 5
 SERVICE_MUNGE_CPU_M = 500
 DAEMONSET_CPU_M, DAEMONSET_MEMORY_GIB = 500, 4
 K8S_EPHEMERAL_RESERVE_GIB = 48
+SLURM_CLUSTER_DELETIONS: tuple[helm_values.Path, ...] = (
+    ("slurmNodes", "controller", "volumes", "spool", "volumeClaimTemplateSpec"),
+)
+"""The controller's spool comes from the controller-spool filestore (``volumeSourceName``); the chart's default 50 GiB
+``volumeClaimTemplateSpec`` (helm/slurm-cluster/values.yaml) would otherwise stay beside it, and the CRD's NodeVolume
+takes one source only (api/v1/slurmcluster_types.go)."""
 _EFFECTS = {"NO_SCHEDULE": "NoSchedule", "PREFER_NO_SCHEDULE": "PreferNoSchedule", "NO_EXECUTE": "NoExecute"}
 
 
@@ -52,7 +58,9 @@ _EFFECTS = {"NO_SCHEDULE": "NoSchedule", "PREFER_NO_SCHEDULE": "PreferNoSchedule
 class ReleaseSpec:
     """One Helm release: where its chart comes from, its namespace, values and predecessors.
 
-    ``contract`` is (family, chart) of the chart contract the values must satisfy at ``version``.
+    ``contract`` is (family, chart) of the chart contract the values must satisfy at ``version``. ``values`` may hold
+    no None (Pulumi's Python SDK would drop it); a chart default to remove is a path in ``deletions``, sent as
+    ``key: null`` through ``value_yaml_files``.
     """
 
     key: str
@@ -66,10 +74,21 @@ class ReleaseSpec:
     depends_on: tuple[str, ...] = ()
     timeout_s: int = 1200
     """How long Helm waits for the release's resources, jobs and hooks."""
+    deletions: tuple[helm_values.Path, ...] = ()
+    """Chart defaults this release removes (each a key path)."""
+
+    def __post_init__(self) -> None:
+        if nulls := helm_values.null_paths(self.values):
+            raise ValueError(f"release {self.key}: None at {', '.join(nulls)} would never reach Helm (Pulumi drops it); "
+                             "list a chart default to remove in deletions")
+
+    def helm_document(self) -> dict[str, Any]:
+        """The values Helm receives: the deletions as nulls under ``values``."""
+        return helm_values.merged(helm_values.deletion_document(self.deletions), self.values)
 
     def violations(self) -> list[str]:
         family, chart = self.contract
-        return chart_contract.violations(chart_contract.contract(family, self.version, chart), self.values)
+        return chart_contract.violations(chart_contract.contract(family, self.version, chart), self.helm_document())
 
 
 def chart_ref(registry: str, chart_dir: str) -> str:
@@ -282,7 +301,7 @@ def slurm_cluster_values(cfg: StackConfig, specs: list[NodeGroupSpec], allocatio
                 "slurmctld": {"resources": node_budget(controller).less(SERVICE_MUNGE).values()},
                 "munge": {"resources": SERVICE_MUNGE.values()},
                 "volumes": {
-                    "spool": {"volumeSourceName": CONTROLLER_SPOOL, "volumeClaimTemplateSpec": None},
+                    "spool": {"volumeSourceName": CONTROLLER_SPOOL},
                     "jail": {"volumeSourceName": JAIL},
                 },
                 "openMetrics": {"enabled": cfg.monitoring_on},
@@ -456,7 +475,7 @@ def release_plan(cfg: StackConfig, specs: list[NodeGroupSpec], allocation_id: An
         soperator("soperator", SOPERATOR_NAMESPACE, soperator_values(cfg), skip_crds=True, depends_on=operator_deps),
         soperator("slurm-cluster-storage", ns, storage_values(cfg, size_gib), depends_on=("soperator",)),
         soperator("slurm-cluster", ns, slurm_cluster_values(cfg, specs, allocation_id, size_gib),
-                  depends_on=("slurm-cluster-storage",)),
+                  depends_on=("slurm-cluster-storage",), deletions=SLURM_CLUSTER_DELETIONS),
         soperator("nodesets", ns, nodesets_values(cfg, specs), depends_on=("slurm-cluster",)),
     ]
     if sop.active_checks.scope != "off":
@@ -466,6 +485,7 @@ def release_plan(cfg: StackConfig, specs: list[NodeGroupSpec], allocation_id: An
             soperator(active_checks.CONTROLLER_RELEASE, SOPERATOR_NAMESPACE, active_checks.controller_values(cfg),
                       depends_on=("soperator",)),
             soperator(active_checks.CHECKS_RELEASE, ns, active_checks.checks_values(cfg),
+                      deletions=active_checks.checks_deletions(cfg),
                       depends_on=active_checks.CHECKS_READ,
                       timeout_s=active_checks.CHECKS_RELEASE_TIMEOUT_S),
         ]
