@@ -257,6 +257,22 @@ def model_fits(ctx: Context) -> list[str]:
     return found
 
 
+def storage_fits(ctx: Context) -> list[str]:
+    """Every path of the run config lies on a filesystem the stack mounts, and what the run writes on each filesystem
+    (base model, data, the kept checkpoints, exported models, the Python environment) fits its size."""
+    from infra.storage_fit import storage_use, storage_violations
+    from workloads.train.model_shapes import UnknownModel, shape_for_source
+
+    if ctx.run is None or ctx.cfg.filesystems is None:
+        return []
+    try:
+        shape = shape_for_source(ctx.run.model.source)
+    except UnknownModel as exc:
+        return [str(exc)]
+    ctx.notes.extend(u.line() for u in storage_use(ctx.cfg, ctx.run, shape))
+    return storage_violations(ctx.cfg, ctx.run, shape)
+
+
 def login_access(ctx: Context) -> list[str]:
     """Login has SSH keys and is the only node with a public address."""
     found = []
@@ -419,6 +435,7 @@ POLICIES: tuple[PolicySpec, ...] = (
     PolicySpec("preset-exists", presets_exist.__doc__ or "", presets_exist),
     PolicySpec("gpu-workers-gpu-preset", gpu_workers_have_gpu_presets.__doc__ or "", gpu_workers_have_gpu_presets),
     PolicySpec("model-fits-gpu", model_fits.__doc__ or "", model_fits),
+    PolicySpec("storage-fits", storage_fits.__doc__ or "", storage_fits),
     PolicySpec("login-only-public", login_access.__doc__ or "", login_access),
     PolicySpec("data-filesystems-protected", data_protected.__doc__ or "", data_protected, config_schema=_EXEMPT),
     PolicySpec("jail-backed-up", jail_backed_up.__doc__ or "", jail_backed_up, config_schema=_EXEMPT),

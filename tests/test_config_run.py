@@ -23,13 +23,19 @@ def test_shipped_configs_validate(path: Path) -> None:
     assert config.name == path.stem
 
 
-def test_cloud_configs_use_cluster_mounts_and_hub_model() -> None:
+def test_cloud_configs_write_on_their_stacks_submounts_and_use_a_hub_model() -> None:
+    from infra.config import load_stack_config
+
     for name in ("dev", "demo", "h100"):
         config = load_run_config(ROOT / "workloads" / "configs" / f"{name}.json")
         assert config.model.source.startswith("hub:")
-        assert config.base_model_dir == Path("/mnt/model/base")
-        assert config.data_dir == Path("/mnt/data") / name
-        assert str(config.checkpoints_dir).startswith("/mnt/chkpt/")
+        fs = load_stack_config(name).filesystems
+        assert fs is not None
+        mounts = [Path(s.mount_path) for s in fs.submounts]
+        located = config.locate("/")
+        for path in (located.base_model_dir, located.data_dir, located.checkpoints_dir, located.train_run_dir,
+                     located.results_dir):
+            assert any(m in path.parents for m in mounts), f"{name}: {path} is on no submount of {mounts}"
 
 
 def test_derived_locations_follow_the_contract(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -26,6 +26,7 @@ from infra.cost.training import REPO_ROOT, load_run
 from infra.model_fit import worker_fits
 from infra.program.mocks import MockRun
 from infra.runs.measured import price_inputs
+from infra.storage_fit import storage_use, storage_violations
 from workloads.train.model_shapes import UnknownModel, shape_for_source
 
 
@@ -82,6 +83,24 @@ def _placement(cfg: StackConfig, run: RunConfig | None) -> tuple[list[str], list
     return lines, [fit.model_dump(mode="json") for fit in fits]
 
 
+def _storage(cfg: StackConfig, run: RunConfig | None) -> tuple[list[str], list[dict[str, Any]], list[str]]:
+    """What the run writes on each filesystem of the stack and how full each will be (text lines, JSON, refusals)."""
+    if run is None or cfg.filesystems is None:
+        return [], [], []
+    try:
+        shape = shape_for_source(run.model.source)
+    except UnknownModel as exc:
+        return ["", f"Storage: {exc}"], [], []
+    uses = storage_use(cfg, run, shape)
+    refused = storage_violations(cfg, run, shape)
+    lines = ["", f"Storage of run {run.name} (upper bounds, infra/storage_fit.py):"]
+    lines += [f"  {'ok  ' if u.fits else 'FULL'} {u.line()}" for u in uses]
+    lines += [f"  refused: {r}" for r in refused]
+    document = [{"filesystem": u.name, "mount_path": u.mount_path, "size_gib": u.size_gib, "need_gib": u.need_gib,
+                 "fits": u.fits, "needs": [n.model_dump() for n in u.needs]} for u in uses]
+    return lines, document, refused
+
+
 def _comparison(cfg: StackConfig, run: RunConfig | None, inputs: PriceInputs) -> Comparison:
     if run is None or run.train is None:
         raise SystemExit(f"ftstack plan --compare: stack {cfg.stack!r}: run config {cfg.pipeline.run_config} has no "
@@ -103,9 +122,14 @@ def plan_extras(cfg: StackConfig, result: MockRun, args: argparse.Namespace) -> 
     text += lines
     if placement:
         document["placement"] = placement
+    lines, storage, refused = _storage(cfg, run)
+    text += lines
+    if storage:
+        document["storage"] = storage
+    code = 1 if refused else code
     if args.policies:
         results, failed = _plan_check()(result.resources, cfg, run, _policy_config(args.policy_config))
-        code = 1 if failed else 0
+        code = 1 if failed or refused else 0
         document["policies"] = [r.model_dump() for r in results]
         text += ["", f"Policies ({len(results)}, {len(failed)} mandatory violations):"]
         for r in results:
