@@ -272,7 +272,8 @@ class ActiveChecksConfig(_Model):
         "prod_quick", description="The reference's active_checks_scope (what runs after creation); off: no checks."
     )
     node_replacement: bool = Field(
-        False, description="Let soperatorchecks replace nodes whose checks failed (checks.manager.enableNodeReplacement)."
+        True, description="Let soperatorchecks replace nodes whose checks failed (checks.manager.enableNodeReplacement); "
+        "on as the reference install sets it (the chart's default is off).",
     )
 
 

@@ -13,7 +13,13 @@ from infra.config import StackConfig, load_stack_config
 from infra.cost.model import ONE_OFF, monthly_cost, node_price
 from infra.cost.pricing import PriceBook
 from infra.nebius.layout import layout
-from infra.soperator.active_checks import CHECKS_RELEASE, CONTROLLER_RELEASE, after_creation, literal_names, name_conflicts
+from infra.soperator.active_checks import (
+    CHECKS_RELEASE,
+    CONTROLLER_CHART,
+    after_creation,
+    literal_names,
+    name_conflicts,
+)
 from infra.soperator.chart_contract import contract, violations
 from infra.soperator.values import SOPERATOR_NAMESPACE, release_plan
 
@@ -42,16 +48,17 @@ def releases(cfg: StackConfig) -> dict:
 def test_both_releases_with_zero_contract_findings(stack, gpus) -> None:
     cfg = load_stack_config(stack)
     plan = releases(cfg)
-    controller, checks = plan[CONTROLLER_RELEASE], plan[CHECKS_RELEASE]
+    controller, checks = plan[CONTROLLER_CHART], plan[CHECKS_RELEASE]
+    assert controller.name == "soperator-checks"  # soperator-fluxcd 4.1.7: soperator.soperatorChecks.releaseName
     assert controller.chart == "oci://cr.eu-north1.nebius.cloud/soperator/helm-soperatorchecks"
     assert checks.chart == "oci://cr.eu-north1.nebius.cloud/soperator/helm-soperator-activechecks"
     # the chart's scripts and CronJob reach the cluster `soperator` in namespace `soperator` (see below)
     assert (controller.namespace, checks.namespace) == (SOPERATOR_NAMESPACE, "soperator")
-    assert set(checks.depends_on) == {"slurm-cluster-storage", "slurm-cluster", "nodesets", CONTROLLER_RELEASE}
+    assert set(checks.depends_on) == {"slurm-cluster-storage", "slurm-cluster", "nodesets", CONTROLLER_CHART}
     assert controller.depends_on == ("soperator",)
     assert checks.timeout_s == 120 * 60  # soperator-fluxcd 4.1.7: soperatorActiveChecks.timeout 120m
     assert controller.violations() == [] and checks.violations() == []
-    assert controller.values["checks"]["manager"]["enableNodeReplacement"] is False
+    assert controller.values["checks"]["manager"]["enableNodeReplacement"] is True  # the reference turns it on
     assert checks.values["slurmClusterRefName"] == plan["slurm-cluster"].values["clusterName"] == "soperator"
     assert checks.values["slurmJob"]["gpusPerNode"] == gpus
     assert checks.values["cudaVersion"] == plan["slurm-cluster"].values["cudaVersion"] == "13.0.2"
@@ -87,7 +94,7 @@ def test_infiniband_checks_stay_suspended_without_a_fabric() -> None:
 def test_off_removes_both_releases_and_the_cost_line() -> None:
     for stack in ("demo", "h100"):
         cfg = with_scope(stack, "off")
-        assert not {CONTROLLER_RELEASE, CHECKS_RELEASE} & set(releases(cfg))
+        assert not {CONTROLLER_CHART, CHECKS_RELEASE} & set(releases(cfg))
         assert not [line for line in monthly_cost(cfg).lines if line.category == ONE_OFF]
 
 

@@ -60,7 +60,7 @@ def test_every_release_receives_every_value_and_deletion_it_means(stack, runs) -
     specs = layout(cfg)
     sizes = {fs.mount_tag: fs.size_gib for fs in specs.filesystems}
     backup = BackupTarget("bucket", "endpoint") if cfg.buckets and cfg.buckets.backups.enabled else None
-    meant = {spec.key: spec for spec in release_plan(cfg, list(specs.node_groups), "alloc", sizes, backup)}
+    meant = {spec.name: spec for spec in release_plan(cfg, list(specs.node_groups), "alloc", sizes, backup)}
     got = {r.inputs["name"]: received(r.inputs) for r in runs[stack].of_type(RELEASE)}
     assert set(got) == set(meant)
     for key, document in got.items():

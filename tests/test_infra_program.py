@@ -152,7 +152,7 @@ def test_gpu_operator_instead_of_the_drivers_preset(run_stack) -> None:
 def test_backup_credentials_are_secrets_and_the_schedule_reads_them(run_stack) -> None:
     run = run_stack("demo")
     secret = next(s for s in run.of_type(SECRET_TYPE) if s.inputs["metadata"]["name"] == "jail-backup")
-    assert secret.inputs["metadata"] == {"name": "jail-backup", "namespace": "innovationbank"}
+    assert secret.inputs["metadata"] == {"name": "jail-backup", "namespace": "soperator"}  # the Slurm namespace
     assert secret.inputs["stringData"] == SECRET
     releases = {r.inputs["name"]: r for r in run.of_type(RELEASE)}
     schedule = releases["soperator-backup-config"]
@@ -207,9 +207,9 @@ def test_helm_values_in_releases(run_stack) -> None:
     assert releases["soperator"].inputs["chart"] == "oci://cr.eu-north1.nebius.cloud/soperator/helm-soperator"
     assert releases["soperator"].inputs["version"] == "4.1.7" and releases["soperator"].inputs["skipCrds"] is True
     checks = releases["soperator-activechecks"].inputs
-    assert checks["namespace"] == "innovationbank" and checks["timeout"] == 7200
+    assert checks["namespace"] == "soperator" and checks["timeout"] == 7200  # the chart hard-codes it
     assert checks["values"]["cudaVersion"] == cluster["cudaVersion"] == "13.0.2"
-    assert releases["soperatorchecks"].inputs["values"]["checks"]["manager"]["enableNodeReplacement"] is False
+    assert releases["soperator-checks"].inputs["values"]["checks"]["manager"]["enableNodeReplacement"] is True
 
 
 def test_active_checks_off_installs_neither_release(run_stack) -> None:
@@ -217,7 +217,7 @@ def test_active_checks_off_installs_neither_release(run_stack) -> None:
     assert cfg.soperator
     off = cfg.soperator.model_copy(update={"active_checks": cfg.soperator.active_checks.model_copy(update={"scope": "off"})})
     names = {r.inputs["name"] for r in run_stack(cfg.model_copy(update={"soperator": off})).of_type(RELEASE)}
-    assert "nodesets" in names and not {"soperatorchecks", "soperator-activechecks"} & names
+    assert "nodesets" in names and not {"soperator-checks", "soperator-activechecks"} & names
 
 
 def test_releases_wait_for_their_predecessors(run_stack) -> None:
@@ -229,8 +229,9 @@ def test_releases_wait_for_their_predecessors(run_stack) -> None:
     assert urn["soperator"] in deps["slurm-cluster-storage"]
     assert urn["slurm-cluster-storage"] in deps["slurm-cluster"]
     assert urn["slurm-cluster"] in deps["nodesets"]
-    assert urn["soperator"] in deps["soperatorchecks"]
-    assert {urn["nodesets"], urn["soperatorchecks"]} <= deps["soperator-activechecks"]
+    assert urn["soperator"] in deps["soperator-checks"]
+    assert {urn[key] for key in ("slurm-cluster-storage", "slurm-cluster", "nodesets", "soperator-checks")} <= deps[
+        "soperator-activechecks"]
     storage_class = next(r for r in run.resources if r.type.endswith(":StorageClass"))
     assert {r.urn for r in run.of_type(NG)} <= set(storage_class.dependencies)
 

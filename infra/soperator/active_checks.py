@@ -23,10 +23,12 @@ from infra.config import StackConfig
 from infra.soperator import chart_contract
 from workloads.checks.node_states import NODE_PROBLEM
 
-CONTROLLER_RELEASE = "soperatorchecks"
+CONTROLLER_CHART = "soperatorchecks"
+CONTROLLER_RELEASE = "soperator-checks"
+"""The controller's Helm release name, as soperator-fluxcd 4.1.7 installs it (soperator.soperatorChecks.releaseName)."""
 CHECKS_RELEASE = "soperator-activechecks"
 CHECKS_RELEASE_TIMEOUT_S = 7200
-CHECKS_READ = ("slurm-cluster-storage", "slurm-cluster", "nodesets", CONTROLLER_RELEASE)
+CHECKS_READ = ("slurm-cluster-storage", "slurm-cluster", "nodesets", CONTROLLER_CHART)
 """Releases whose objects the checks release reads: the jail PVC (run-extensive-check-on-reservations mounts
 ``jail-pvc``), the SlurmCluster with its login service, ConfigMap and munge Secret, the workers, the controller."""
 
@@ -114,7 +116,7 @@ def _gpus_per_node(cfg: StackConfig) -> int:
 
 
 def controller_values(cfg: StackConfig) -> dict[str, Any]:
-    """helm-soperatorchecks: node replacement as the stack says (off by default); its ServiceMonitor only with the
+    """helm-soperatorchecks: node replacement as the stack says (on by default, as the reference); its ServiceMonitor only with the
     Prometheus CRDs of the monitoring releases."""
     assert cfg.soperator is not None
     return {

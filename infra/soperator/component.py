@@ -96,7 +96,7 @@ class Soperator(pulumi.ComponentResource):
         return k8s.helm.v3.Release(
             f"{name}-{spec.key}",
             k8s.helm.v3.ReleaseArgs(
-                name=spec.key,
+                name=spec.name,
                 chart=spec.chart,
                 version=spec.version,
                 repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=spec.repo) if spec.repo else None,

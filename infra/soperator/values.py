@@ -76,6 +76,12 @@ class ReleaseSpec:
     """How long Helm waits for the release's resources, jobs and hooks."""
     deletions: tuple[helm_values.Path, ...] = ()
     """Chart defaults this release removes (each a key path)."""
+    release_name: str | None = None
+    """The Helm release's name where it is not ``key`` (the chart's folder)."""
+
+    @property
+    def name(self) -> str:
+        return self.release_name or self.key
 
     def __post_init__(self) -> None:
         if nulls := helm_values.null_paths(self.values):
@@ -482,8 +488,8 @@ def release_plan(cfg: StackConfig, specs: list[NodeGroupSpec], allocation_id: An
         if conflicts := active_checks.name_conflicts(cfg):
             raise ValueError("; ".join(conflicts) + "; name them as the chart does or set soperator.activeChecks.scope: off")
         plan += [
-            soperator(active_checks.CONTROLLER_RELEASE, SOPERATOR_NAMESPACE, active_checks.controller_values(cfg),
-                      depends_on=("soperator",)),
+            soperator(active_checks.CONTROLLER_CHART, SOPERATOR_NAMESPACE, active_checks.controller_values(cfg),
+                      depends_on=("soperator",), release_name=active_checks.CONTROLLER_RELEASE),
             soperator(active_checks.CHECKS_RELEASE, ns, active_checks.checks_values(cfg),
                       deletions=active_checks.checks_deletions(cfg),
                       depends_on=active_checks.CHECKS_READ,
