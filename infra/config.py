@@ -55,7 +55,7 @@ class NebiusConfig(_Model):
     subnet_id: str | None = Field(None, description="Existing VPC subnet; None creates one.")
     network_id: str | None = Field(None, description="VPC network for a new subnet.")
     k8s_version: str = Field(
-        "1.35", alias="k8sVersion",
+        "1.36", alias="k8sVersion",
         description="Managed Kubernetes version; one with preinstalled GPU images (catalog.SUPPORTED_DRIVER_PRESETS_BY_K8S).",
     )
     public_endpoint: bool = Field(True, description="Give the k8s API a public address.")

@@ -251,6 +251,6 @@ def test_mixed_drivers_presets_are_refused(tmp_path, monkeypatch) -> None:
 def test_shipped_gpu_stacks_use_a_listed_pair_and_one_cuda_version(stack) -> None:
     cfg = load_stack_config(stack)
     assert cfg.nebius and cfg.nodes and cfg.soperator
-    assert cfg.nebius.k8s_version == "1.35"
+    assert cfg.nebius.k8s_version == "1.36"  # the newest the reference lists (driver_presets.tf), as its example
     assert {w.node_drivers_preset for w in cfg.nodes.workers} == {"cuda13.0"}
     assert cfg.cuda_version == "13.0.2"

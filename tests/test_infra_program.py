@@ -236,7 +236,7 @@ def test_releases_wait_for_their_predecessors(run_stack) -> None:
     assert {r.urn for r in run.of_type(NG)} <= set(storage_class.dependencies)
     # every node group pinned to the control plane's version, as the reference pins node_group_version
     (cluster,) = run.of_type("nebius:index/mk8sV1Cluster:Mk8sV1Cluster")
-    assert {r.inputs["version"] for r in run.of_type(NG)} == {cluster.inputs["controlPlane"]["version"]} == {"1.35"}
+    assert {r.inputs["version"] for r in run.of_type(NG)} == {cluster.inputs["controlPlane"]["version"]} == {"1.36"}
 
 
 def test_outputs_are_flat_typed_and_secrets_stay_secret(run_stack) -> None:
