@@ -97,8 +97,8 @@ def run_needs(run: RunConfig, shape: ModelShape) -> list[Need]:
     """What the run writes, each with its path inside the jail and its upper bound."""
     paths = run.locate("/")
     needs = [Need(what="base model", path=str(paths.base_model_dir), gib=_gib(shape.params * BF16))]
-    rows = run.data.rows or DEFAULT_ROWS if run.data else 0
     if run.data is not None:
+        rows = run.data.rows or DEFAULT_ROWS
         per_token = TOKEN_COLUMN_BYTES + TEXT_BYTES_PER_TOKEN
         needs.append(Need(what="data", path=str(paths.data_dir), gib=_gib(rows * run.max_length * per_token)))
     if run.train is not None:
