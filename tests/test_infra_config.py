@@ -222,7 +222,7 @@ def test_kubernetes_1_31_with_cuda12_is_refused_naming_the_listed_pairs(tmp_path
 
 @pytest.mark.parametrize(("change", "expected"), [
     (lambda c: c["nodes"]["workers"][0].update(driversPreset="cuda12"),
-     "nodes.workers worker: driversPreset cuda12 is not offered for gpu-l40s-d on Kubernetes 1.35 (offered: cuda13.0)"),
+     "nodes.workers worker: driversPreset cuda12 is not offered for gpu-l40s-d on Kubernetes 1.36 (offered: cuda13.0)"),
     (lambda c: c["nodes"]["workers"][0].update(cudaVersion="12.8.1"),
      "cudaVersion 12.8.1: Soperator 4.1.7 ships images for CUDA 12.9.0, 13.0.2 only"),
     (lambda c: c["nodes"]["workers"].append({**c["nodes"]["workers"][0], "name": "extra", "cudaVersion": "12.9.0"}),
