@@ -94,7 +94,9 @@ def test_demo_node_groups_presets_and_disks(run_stack) -> None:
     worker = groups["worker"]["template"]
     assert worker["resources"] == {"platform": "gpu-l40s-d", "preset": "2gpu-64vcpu-384gb"}
     assert worker["bootDisk"] == {"type": "NETWORK_SSD_NON_REPLICATED", "sizeGibibytes": 558}
-    assert groups["worker"]["fixedNodeCount"] == 5
+    # ephemeral workers: the GPU node group autoscales 0..size (stacks/Pulumi.demo.yaml minSize 0, size 5)
+    assert groups["worker"]["autoscaling"] == {"minNodeCount": 0, "maxNodeCount": 5}
+    assert "fixedNodeCount" not in groups["worker"]
     assert worker["taints"] == [{"key": "nvidia.com/gpu", "value": "2", "effect": "NO_SCHEDULE"}]
     assert "gpuCluster" not in worker
     assert groups["system"]["autoscaling"] == {"minNodeCount": 3, "maxNodeCount": 9}
