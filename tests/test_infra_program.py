@@ -248,7 +248,9 @@ def test_outputs_are_flat_typed_and_secrets_stay_secret(run_stack) -> None:
     assert out["kubeconfig"] == SECRET and run.secret_outputs == {"kubeconfig"}
     assert out["login_address"] == MOCK_LOGIN_CIDR.split("/")[0]
     assert out["slurm_version"] == "25.11.3" and out["cluster_id"] == "innovationbank-k8s-id"
-    assert out["node_group_worker_nodes"] == 5 and out["node_group_system_max_nodes"] == 9
+    # ephemeral workers on a node group of 0 to 5 nodes
+    assert out["node_group_worker_nodes"] == 0 and out["node_group_worker_max_nodes"] == 5
+    assert out["node_group_system_max_nodes"] == 9
     assert out["filesystem_jail_size_gib"] == 256 and isinstance(out["filesystem_jail_size_gib"], int)
     assert out["worker_nodes"] == 5 and out["gpus_total"] == 10
     assert out["backups_bucket_name"] == "innovationbank-backups"
