@@ -1,5 +1,6 @@
-"""`ftstack status --stack NAME`: the pipeline's recorded jobs with their live Slurm states, and the drained nodes
-with their reasons (a failed Soperator active check drains with ``[node_problem]``)."""
+"""`ftstack status --stack NAME`: the pipeline's recorded jobs with their live Slurm states, the drained nodes
+with their reasons (a failed Soperator active check drains with ``[node_problem]``) and the nodes Slurm's power
+saving holds down or is bringing up (Soperator's ephemeral nodes)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sys
 from infra.commands.run import add_transport_arguments, open_spec
 from infra.config import StackConfigError, load_stack_config
 from infra.monitoring.live import live_line
-from infra.pipeline.runner import drained_nodes, status
+from infra.pipeline.runner import node_states, status
 from infra.pipeline.transport import TransportError
 from infra.program.backends import find_repo_root
 
@@ -19,7 +20,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("status", help="the pipeline's jobs (from the last ftstack run) and their states, "
                                                   "and the drained nodes with their reasons")
     add_transport_arguments(parser)
-    parser.add_argument("--json", action="store_true", help='print {"jobs": ..., "drained_nodes": [...]} as JSON')
+    parser.add_argument("--json", action="store_true", help='print {"jobs": ..., "drained_nodes": [...], "power_saving_nodes": [...]} as JSON')
     parser.set_defaults(func=run)
 
 
@@ -29,12 +30,15 @@ def run(args: argparse.Namespace) -> int:
         stack = load_stack_config(args.stack, repo / args.config_dir)
         spec = open_spec(args, stack)
         jobs = status(stack, repo, spec)
-        drained = drained_nodes(stack, repo, spec)
+        nodes = node_states(stack, repo, spec)
     except (StackConfigError, ValueError, TransportError, OSError) as error:
         print(f"ftstack status: {error}", file=sys.stderr)
         return 1
+    drained = [s for s in nodes if s.drained]
+    powered = [s for s in nodes if s.power is not None]
     if args.json:
-        print(json.dumps({"jobs": jobs, "drained_nodes": [s.model_dump() for s in drained]}, indent=2))
+        print(json.dumps({"jobs": jobs, "drained_nodes": [s.model_dump() for s in drained],
+                          "power_saving_nodes": [s.model_dump() for s in powered]}, indent=2))
         return 0
     if not jobs:
         print(f"no pipeline run recorded for stack {stack.stack!r} (ftstack run --stack {stack.stack})")
@@ -47,4 +51,8 @@ def run(args: argparse.Namespace) -> int:
     print("drained nodes: " + ("none" if not drained else f"{len(drained)}"))
     for state in drained:
         print(f"  {state.line()}")
+    if powered:
+        print(f"power saving: {len(powered)} node(s)")
+        for state in powered:
+            print(f"  {state.node}: {state.power} ({state.state})")
     return 0

@@ -265,14 +265,19 @@ def run_pipeline(
         return result.model_copy(update={"jobs": _public_jobs(state), "evaluation": state.evaluation})
 
 
-def drained_nodes(stack: StackConfig, repo_root: Path, transport: dict[str, Any]) -> list[NodeState]:
-    """The stack's Slurm nodes that are drained or draining now, once each, with their reasons."""
+def node_states(stack: StackConfig, repo_root: Path, transport: dict[str, Any]) -> list[NodeState]:
+    """The stack's Slurm nodes now, once each."""
     connection = open_transport(transport)
     try:
         states = SlurmClient(connection, env=slurm_env(stack, repo_root)).node_states()
     finally:
         connection.close()
-    return once_per_node(s for s in states if s.drained)
+    return once_per_node(states)
+
+
+def drained_nodes(stack: StackConfig, repo_root: Path, transport: dict[str, Any]) -> list[NodeState]:
+    """The stack's Slurm nodes that are drained or draining now, once each, with their reasons."""
+    return [s for s in node_states(stack, repo_root, transport) if s.drained]
 
 
 def status(stack: StackConfig, repo_root: Path, transport: dict[str, Any]) -> dict[str, dict[str, Any]]:

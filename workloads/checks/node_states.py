@@ -26,6 +26,8 @@ DRAIN_REASON_PREFIXES = (NODE_PROBLEM, HARDWARE_PROBLEM)
 """Reason prefixes of Soperator 4.1.7's active checks (helm/soperator-activechecks/values.yaml drainReasonPrefix)."""
 SINFO_FORMAT = "%N|%T|%P|%E"
 _STATE_FLAGS = "*~#!%$@^-"
+POWER_FLAGS = {"~": "powered down", "#": "powering up", "%": "powering down"}
+"""sinfo's power-saving suffixes (Slurm power saving; Soperator's ephemeral nodes)."""
 
 
 class NodeState(BaseModel):
@@ -37,6 +39,8 @@ class NodeState(BaseModel):
     state: str
     partition: str
     reason: str | None = None
+    power: str | None = None
+    """powered down, powering up or powering down (from sinfo's suffix); None: powered up."""
 
     @property
     def drained(self) -> bool:
@@ -61,8 +65,10 @@ def parse_sinfo(text: str) -> list[NodeState]:
         if len(parts) != 4:
             raise ValueError(f"sinfo row {line!r}: expected node|state|partition|reason")
         node, state, partition, reason = (p.strip() for p in parts)
+        flags = state[len(state.rstrip(_STATE_FLAGS)):]
         states.append(NodeState(node=node, state=state.rstrip(_STATE_FLAGS), partition=partition.rstrip("*"),
-                                reason=None if reason in ("", "none") else reason))
+                                reason=None if reason in ("", "none") else reason,
+                                power=next((POWER_FLAGS[f] for f in flags if f in POWER_FLAGS), None)))
     return states
 
 
