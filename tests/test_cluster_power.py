@@ -1,11 +1,12 @@
 """Slurm power saving on the rehearsal cluster, as Soperator's ephemeral nodes use it: idle nodes power down after
 SuspendTime (SuspendProgram stops their slurmd), a job powers them up (ResumeProgram starts it) and runs, and a node
 lost mid-job requeues the job, which powers the node up again and resumes from its checkpoint. `ftstack status`
-shows the powered-down and powering-up nodes."""
+shows the powered-down and powering-up nodes; the pipeline's wait names them in its progress and its timeout."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import uuid
@@ -16,6 +17,8 @@ from cluster_fixtures import Cluster
 from slurm_jobs import job_field, release_requeued, wait_for
 
 from infra.commands.cli import main as ftstack
+from infra.pipeline.slurm import SlurmClient, SlurmWaitTimeout
+from infra.pipeline.transport import LocalTransport
 from workloads.checks.node_states import parse_sinfo
 
 SUSPEND_S = 3
@@ -77,6 +80,13 @@ def test_idle_nodes_power_down_a_job_powers_them_up_and_a_lost_node_requeues_and
                              capture_output=True, text=True, env=env, check=True).stdout.strip().split(";")[0]
         wait_for(lambda: "powering up" in _states(local_cluster).values(), 60, "the job to power the nodes up", log)
         assert "powering up" in _status(local_cluster, tmp_path / "stacks", "power", capsys)
+        client = SlurmClient(LocalTransport(), env={"SLURM_CONF": str(local_cluster.slurm_conf)}, poll_s=0.5)
+        lines: list[str] = []
+        # the node comes up within a second or two here, the job stays CONFIGURING until Slurm's next check
+        named = rf"CONFIGURING on {local_cluster.workers[0]} (powering up|powered up) \(allocated\)"
+        with pytest.raises(SlurmWaitTimeout, match=rf"after 1s; it is {named}"):
+            client.wait(job, timeout=1, progress=lines.append)
+        assert any(re.search(named, line) for line in lines), lines
         wait_for(lambda: "step 3" in (log.read_text() if log.exists() else ""), 180, "the job to run", log)
 
         lost = local_cluster.script("lose-node", local_cluster.workers[1])
