@@ -30,6 +30,7 @@ from infra.cost.model import (
     chat_scenarios,
     monthly_cost,
     training_run,
+    worker_node_hourly_usd,
     workers_hourly_usd,
 )
 from infra.cost.pricing import PriceBook
@@ -149,7 +150,8 @@ def price_stack(cfg: StackConfig, inputs: PriceInputs = PriceInputs(), root: Pat
     measured = next((s for s in scenarios if s.name == MEASURED), None)
     adapter_chats = {name: scenario for name, speed in inputs.served_speeds.items() if monthly.usd_high > 0
                      for scenario in chat_scenarios(monthly, cfg.pricing.chat, speed) if scenario.name == MEASURED}
-    used = utilization(cfg, monthly, book, cfg.pricing.schedule, inputs.stage_seconds, inputs.stage_seconds_from,
+    node_hour = worker_node_hourly_usd(cfg.nodes.workers[0], book) if cfg.nodes else 0.0
+    used = utilization(cfg, monthly, node_hour, cfg.pricing.schedule, inputs.stage_seconds, inputs.stage_seconds_from,
                        training)
     return CostReport(monthly=monthly, training=training, throughput=throughput, chats=chats,
                       measured_chat=measured, notes=notes, adapter_chats=adapter_chats, utilization=used)

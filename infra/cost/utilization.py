@@ -20,8 +20,8 @@ import re
 from pydantic import BaseModel, ConfigDict
 
 from infra.config import StackConfig, WorkerSet
-from infra.cost.model import MonthlyCost, TrainingRun, node_price
-from infra.cost.pricing import HOURS_PER_MONTH, PriceBook, ScheduleAssumptions
+from infra.cost.model import MonthlyCost, TrainingRun
+from infra.cost.pricing import ScheduleAssumptions
 from infra.pipeline.chain import worker_shape
 
 RUN_STAGES = ("prepare", "readiness", "train", "eval")
@@ -74,12 +74,6 @@ def run_seconds(measured: dict[str, float] | None, training: TrainingRun | None)
     return {}, "no run measured and no training estimate: serving hours only"
 
 
-def _node_hourly(worker: WorkerSet, book: PriceBook) -> float:
-    """The node's compute and its boot disk, per hour it exists."""
-    disk = book.get(f"disk.{worker.boot_disk.type}").usd * worker.boot_disk.size_gib / HOURS_PER_MONTH
-    return node_price(worker.platform, worker.preset, book, preemptible=worker.preemptible).usd_per_hour + disk
-
-
 def _always_on(monthly: MonthlyCost, worker: WorkerSet) -> float:
     """The worker set's compute and boot-disk lines in the always-on month (keys as infra/cost/model.py names them)."""
     slug = re.sub(r"[^a-z0-9]+", "_", f"worker_{worker.name}".lower()).strip("_")
@@ -87,10 +81,11 @@ def _always_on(monthly: MonthlyCost, worker: WorkerSet) -> float:
     return sum(line.usd_high for line in monthly.lines if line.key in keys)
 
 
-def utilization(cfg: StackConfig, monthly: MonthlyCost, book: PriceBook, schedule: ScheduleAssumptions,
+def utilization(cfg: StackConfig, monthly: MonthlyCost, node_usd_per_hour: float, schedule: ScheduleAssumptions,
                 measured: dict[str, float] | None, measured_from: str | None,
                 training: TrainingRun | None) -> Utilization | None:
-    """The month at `schedule` with the elastic worker sets priced by the hour; None without an elastic set."""
+    """The month at `schedule` with the elastic worker sets priced by the hour (`node_usd_per_hour`: one node of the
+    first worker set, compute and boot disk); None without an elastic set."""
     elastic = [w for w in cfg.nodes.workers if w.elastic] if cfg.nodes else []
     if cfg.target != "nebius" or not elastic or cfg.soperator is None or cfg.nodes is None:
         return None
@@ -104,7 +99,7 @@ def utilization(cfg: StackConfig, monthly: MonthlyCost, book: PriceBook, schedul
     serving = schedule.serving_nodes * schedule.serving_hours_per_month
     hours = run_node_hours * schedule.runs_per_month + serving
     usd = monthly.usd_high - sum(_always_on(monthly, w) for w in elastic)
-    usd += (hours * _node_hourly(first, book)) if first.elastic else 0.0
+    usd += (hours * node_usd_per_hour) if first.elastic else 0.0
     if not first.elastic:
         basis += "; the first worker set (where runs and serving go) is always on"
     where = f" of {measured_from}" if measured and measured_from else ""
