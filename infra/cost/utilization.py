@@ -103,8 +103,8 @@ def utilization(cfg: StackConfig, monthly: MonthlyCost, node_usd_per_hour: float
     if not first.elastic:
         basis += "; the first worker set (where runs and serving go) is always on"
     where = f" of {measured_from}" if measured and measured_from else ""
-    stage_text = ", ".join(f"{s.stage} {s.hours:.2f} h x {s.nodes}" for s in stages) or "none"
-    basis = (f"{basis}{where} ({stage_text}); {schedule.runs_per_month:g} runs/month, {schedule.serving_nodes} "
+    stage_text = f" ({', '.join(f'{s.stage} {s.hours:.2f} h x {s.nodes}' for s in stages)})" if stages else ""
+    basis = (f"{basis}{where}{stage_text}; {schedule.runs_per_month:g} runs/month, {schedule.serving_nodes} "
              f"serving node(s) x {schedule.serving_hours_per_month:g} h; suspend tail "
              f"{cfg.soperator.suspend_time_seconds} s per node and run; requeue overhead {overhead:.0%}"
              f"{' (preemptible)' if first.preemptible else ''}")
