@@ -77,6 +77,20 @@ class TrainingCost(_Section):
     """configured, measured (this stack), borrowed (the same GPU model elsewhere), estimated or unknown."""
 
 
+class UtilizationCost(_Section):
+    """The month at the stack's schedule (pricing.schedule) with elastic workers priced for the node-hours the runs
+    measured, beside the always-on month (`monthly_usd_high`); `basis` says what was measured and assumed."""
+
+    always_on_usd: float
+    usd: float
+    runs_per_month: float
+    run_node_hours: float
+    serving_node_hours: float
+    worker_node_hours: float
+    requeue_overhead: float
+    basis: str
+
+
 class Cost(_Section):
     monthly_usd_low: float
     monthly_usd_high: float
@@ -86,6 +100,7 @@ class Cost(_Section):
     lines: dict[str, CostLine] = {}
     chats: dict[str, ChatCost] = {}
     training: TrainingCost | None = None
+    utilization: UtilizationCost | None = None
 
     def flat(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -105,6 +120,9 @@ class Cost(_Section):
         if self.training is not None:
             out |= {f"training_run_{field}": value for field in TrainingCost.model_fields
                     if (value := getattr(self.training, field)) is not None}
+        if self.utilization is not None:
+            out |= {f"cost_utilization_{field}": getattr(self.utilization, field)
+                    for field in UtilizationCost.model_fields}
         return out
 
     @classmethod
@@ -122,6 +140,8 @@ class Cost(_Section):
             "chats": {name: {field: flat[f"cost_per_chat_{name}_{field}"] for field in ChatCost.model_fields}
                       for name in flat["cost_per_chat_scenarios"]},
             "training": training or None,
+            "utilization": {field: flat[f"cost_utilization_{field}"] for field in UtilizationCost.model_fields}
+            if "cost_utilization_usd" in flat else None,
         }
 
 

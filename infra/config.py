@@ -117,7 +117,24 @@ class AutoscaledNodeSet(_Machine):
 class WorkerSet(NodeSet):
     name: str = Field(pattern=r"^[a-z][a-z0-9-]{0,30}$")
     fabric: str | None = Field(None, description="InfiniBand fabric, e.g. fabric-6; None for none.")
-    preemptible: bool = False
+    preemptible: bool = Field(
+        False, description="Preemptible VMs (the node group template's preemptible, as the reference's `preemptible = {}`)."
+    )
+    ephemeral: bool = Field(
+        False, description="Soperator ephemeral nodes (NodeSet ephemeralNodes): Slurm powers idle workers down after "
+        "soperator.suspendTimeSeconds and up for a job (ResumeProgram/SuspendProgram drive the NodeSetPowerState).",
+    )
+    initial_active: int | None = Field(
+        None, ge=0, description="Ephemeral workers powered up at creation (initialNumberEphemeralNodes; chart default 1).",
+    )
+    topology_wait_seconds: int | None = Field(
+        None, ge=60, description="How long a powered-up worker waits for its topology labels (ephemeralTopologyWaitTimeout; "
+        "CRD minimum 60, default 180).",
+    )
+    min_size: int | None = Field(
+        None, ge=0, description="Autoscale the node group between minSize and size (0: no VM while every worker is "
+        "powered down); unset: a fixed node count of size.",
+    )
     gpu_drivers: GpuDrivers = Field(
         "nebius-preset",
         description="nebius-preset: drivers in the node image (gpu_settings.drivers_preset); "
@@ -130,6 +147,25 @@ class WorkerSet(NodeSet):
         None, pattern=r"^\d+\.\d+\.\d+$",
         description="CUDA version (X.Y.Z) of Soperator's images on these workers; default: the platform's.",
     )
+
+    @model_validator(mode="after")
+    def _elastic(self) -> WorkerSet:
+        if self.min_size is not None and self.min_size > self.size:
+            raise ValueError(f"minSize {self.min_size} is above size {self.size}")
+        if self.min_size is not None and self.min_size < self.size and not self.ephemeral:
+            raise ValueError(f"minSize {self.min_size} below size {self.size} frees nodes only with ephemeral: true "
+                             "(a non-ephemeral NodeSet keeps a slurmd pod on every node)")
+        for key, value in (("initialActive", self.initial_active), ("topologyWaitSeconds", self.topology_wait_seconds)):
+            if value is not None and not self.ephemeral:
+                raise ValueError(f"{key}: only with ephemeral: true")
+        if self.initial_active is not None and self.initial_active > self.size:
+            raise ValueError(f"initialActive {self.initial_active} is above size {self.size}")
+        return self
+
+    @property
+    def elastic(self) -> bool:
+        """Whether this worker set's node group can give nodes back (ephemeral, autoscaled below its size)."""
+        return self.ephemeral and self.min_size is not None and self.min_size < self.size
 
     @model_validator(mode="after")
     def _drivers(self) -> WorkerSet:
@@ -295,6 +331,10 @@ class SoperatorConfig(_Model):
         description="Namespace of the Slurm cluster; the active checks hard-code `soperator` as well.",
     )
     active_checks: ActiveChecksConfig = Field(ActiveChecksConfig(), description="Soperator's active checks.")
+    suspend_time_seconds: int = Field(
+        600, gt=0, description="Idle seconds before Slurm powers an ephemeral worker down (SlurmCluster "
+        "slurmConfig.suspendTime; the CRD default 1000000000 never does). Sent only with an ephemeral worker set.",
+    )
 
 
 class MonitoringConfig(_Model):

@@ -4,6 +4,11 @@
 #   scripts/local-cluster.sh stop                end what this script started (its pid files and namespaces)
 #   scripts/local-cluster.sh status              daemons, namespaces, sinfo
 #   scripts/local-cluster.sh lose-node NAME      kill a worker node: its slurmd and every process in it
+#   start --suspend-time S                       Slurm power saving (S > 0; 0 turns it off; kept across starts):
+#                                                idle nodes power down after S seconds, a job powers them up
+#   scripts/local-cluster.sh power-down|power-up HOSTLIST   what Slurm's SuspendProgram/ResumeProgram run: stop or
+#                                                start each node's slurmd in its namespaces (Soperator's ephemeral
+#                                                nodes stop and start the node's slurmd pod the same way)
 #
 # Layout (addresses on a private bridge made for the cluster; nothing else is ever contacted, no route leaves it):
 #   <subnet>.1   the bridge, this machine's side (tests and ftstack reach the login node from here)
@@ -142,7 +147,102 @@ EOF
     addrs="$addrs${addrs:+,}$(worker "$i")"
   done
   echo "PartitionName=cluster Nodes=$addrs Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO" >>"$CONF.tmp"
+  power_save_settings >>"$CONF.tmp"
   mv "$CONF.tmp" "$CONF"
+}
+
+suspend_time() { cat "$RUN/suspend_time" 2>/dev/null || echo 0; }
+
+# Slurm power saving as Soperator 4.1.7 sets it for ephemeral nodes (internal/render/common/configmap.go:
+# SuspendProgram/ResumeProgram, idle_on_node_suspend), with timeouts small enough for tests. The programs call
+# this script back (power-down / power-up) with the cluster's environment.
+power_save_settings() {
+  local seconds program
+  seconds="$(suspend_time)"
+  [ "$seconds" -gt 0 ] || return 0
+  for program in power-down power-up; do
+    cat >"$ETC/$program.sh.tmp" <<EOF2
+#!/bin/sh
+# Written by scripts/local-cluster.sh: Slurm's $program program for the cluster in $BASE.
+export LOCAL_CLUSTER_DIR="$BASE" LOCAL_CLUSTER_PREFIX="$PREFIX" LOCAL_CLUSTER_SUBNET="$SUBNET" \\
+  LOCAL_CLUSTER_CTLD_PORT="$CTLD_PORT" LOCAL_CLUSTER_SLURMD_PORT="$SLURMD_PORT" PATH="$PATH"
+exec "$ROOT/scripts/local-cluster.sh" request-$program "\$1" >>"$LOG/power.log" 2>&1
+EOF2
+    chmod 755 "$ETC/$program.sh.tmp"
+    mv "$ETC/$program.sh.tmp" "$ETC/$program.sh"
+  done
+  cat <<EOF2
+SuspendTime=$seconds
+SuspendTimeout=5
+ResumeTimeout=60
+SuspendProgram=$ETC/power-down.sh
+ResumeProgram=$ETC/power-up.sh
+SlurmctldParameters=idle_on_node_suspend,power_save_interval=1,power_save_min_interval=0
+EOF2
+}
+
+# The node names of a Slurm hostlist (fe-n[1-2]) as this cluster names its workers.
+hostnames() { scontrol show hostnames "$1"; }
+
+# Slurm's programs only record the wanted power state (as Soperator's power-manager updates the NodeSetPowerState);
+# the power agent, started with the cluster, acts on it (as the operator stops and starts the worker pod). A slurmd
+# started from inside slurmctld's program runner lost its log and failed every batch launch here.
+request_power() {
+  local want="$1" node
+  mkdir -p "$RUN/power"
+  for node in $(hostnames "$2"); do echo "$want" >"$RUN/power/$node.tmp" && mv "$RUN/power/$node.tmp" "$RUN/power/$node"; done
+  log "requested power $want for $2"
+}
+
+power_agent() {
+  local request node want
+  while :; do
+    for request in "$RUN"/power/*; do
+      [ -f "$request" ] || continue
+      node="${request##*/}"
+      [[ "$node" != *.tmp ]] || continue
+      want="$(cat "$request")"
+      rm -f "$request"
+      if [ "$want" = up ]; then (power_up "$node") || true; else (power_down "$node") || true; fi
+    done
+    sleep 0.5
+  done
+}
+
+start_power_agent() {
+  if [ "$(suspend_time)" -gt 0 ]; then
+    alive "$RUN/power-agent.pid" && return
+    mkdir -p "$RUN/power"
+    setsid "$ROOT/scripts/local-cluster.sh" power-agent >>"$LOG/power.log" 2>&1 </dev/null &
+    echo $! >"$RUN/power-agent.pid"
+  else
+    stop_daemon "$RUN/power-agent.pid" "power agent"
+  fi
+}
+
+power_down() {
+  local node
+  for node in $(hostnames "$1"); do
+    owned "netns:$node" || die "$node is not a node of the cluster in $BASE"
+    stop_daemon "$RUN/slurmd-$node.pid" "slurmd of $node"
+    log "powered down $node"
+  done
+}
+
+power_up() {
+  local node
+  # slurmd -b reports a boot at its start, in whole seconds: one strictly after Slurm's resume request
+  sleep 1
+  for node in $(hostnames "$1"); do
+    owned "netns:$node" || die "$node is not a node of the cluster in $BASE"
+    # a slurmd left running (a resume that timed out) would never report the boot Slurm waits for
+    stop_daemon "$RUN/slurmd-$node.pid" "slurmd of $node"
+    mkdir -p "$SPOOL/$node"
+    # -b: report a reboot, as a new worker pod on a new VM does (Slurm waits for a boot newer than the resume request)
+    in_node "$node" "$node" slurmd -b || die "slurmd did not start in $node; see $LOG/slurmd-$node.log"
+    wait_pidfile "$RUN/slurmd-$node.pid" "slurmd of $node" "$LOG/slurmd-$node.log"
+    log "powered up $node"
+  done
 }
 
 keygen() { [ -s "$1" ] || ssh-keygen -q -t ed25519 -N "" -C "$2" -f "$1"; }
@@ -187,10 +287,17 @@ start_daemons() {
   for _ in $(seq 100); do scontrol ping 2>/dev/null | grep -q "is UP" && break; sleep 0.2; done
   for i in $(seq "$nodes"); do
     alive "$RUN/slurmd-$(worker "$i").pid" && continue
+    powered_down "$(worker "$i")" && continue
     mkdir -p "$SPOOL/$(worker "$i")"
     in_node "$(worker "$i")" "$(worker "$i")" slurmd || die "slurmd did not start in $(worker "$i"); see $LOG/slurmd-$(worker "$i").log"
     wait_pidfile "$RUN/slurmd-$(worker "$i").pid" "slurmd of $(worker "$i")" "$LOG/slurmd-$(worker "$i").log"
   done
+}
+
+# Whether power saving is on and Slurm has the node powered down or powering down (its slurmd stays stopped).
+powered_down() {
+  [ "$(suspend_time)" -gt 0 ] || return 1
+  case "$(sinfo -h -n "$1" -o '%t' 2>/dev/null)" in *~ | *%) return 0 ;; *) return 1 ;; esac
 }
 
 # A node exporter in every worker, and Prometheus in the controller's namespace scraping them.
@@ -236,6 +343,7 @@ start() {
     die "the cluster in $BASE has $(cat "$RUN/nodes") node(s); stop it before starting it with $nodes"
   fi
   echo "$nodes" >"$RUN/nodes"
+  [ -z "$suspend" ] || echo "$suspend" >"$RUN/suspend_time"
   [ -e "$JAIL/opt/venv" ] || ln -sfn "$(readlink -f "$ROOT/.venv")" "$JAIL/opt/venv"
   write_config "$nodes"
   make_bridge
@@ -245,6 +353,8 @@ start() {
   start_munge
   start_login
   start_daemons "$nodes"
+  [ -z "$suspend" ] || scontrol reconfigure || die "scontrol reconfigure failed; see $LOG/slurmctld.log"
+  start_power_agent
   start_monitoring "$nodes"
   wait_idle "$nodes"
 }
@@ -266,6 +376,7 @@ lose_node() {
 
 stop() {
   local entry i
+  stop_daemon "$RUN/power-agent.pid" "power agent"
   stop_daemon "$RUN/prometheus.pid" prometheus
   for i in $(seq "$(node_count)"); do
     stop_daemon "$RUN/node-exporter-$(worker "$i").pid" "node exporter of $(worker "$i")"
@@ -284,7 +395,7 @@ stop() {
       link:*) ip link del "${entry#link:}" 2>/dev/null || true ;;
     esac
   done
-  rm -f "$RUN/created" "$RUN/nodes"
+  rm -f "$RUN/created" "$RUN/nodes" "$RUN/suspend_time"
   rmdir "$JAIL_MOUNT" "/run/$PREFIX" 2>/dev/null || true
   log "namespaces and bridge removed"
 }
@@ -296,29 +407,41 @@ status() {
     if alive "${d%%:*}"; then echo "${d#*:}: running ($(cat "${d%%:*}"))"; else echo "${d#*:}: stopped"; rc=1; fi
   done
   for i in $(seq "$(node_count)"); do
-    if alive "$RUN/slurmd-$(worker "$i").pid"; then echo "slurmd $(worker "$i"): running"; else echo "slurmd $(worker "$i"): stopped"; rc=1; fi
+    if alive "$RUN/slurmd-$(worker "$i").pid"; then echo "slurmd $(worker "$i"): running"
+    elif powered_down "$(worker "$i")"; then echo "slurmd $(worker "$i"): powered down (power saving)"
+    else echo "slurmd $(worker "$i"): stopped"; rc=1; fi
     if alive "$RUN/node-exporter-$(worker "$i").pid"; then echo "node exporter $(worker "$i"): running"; else echo "node exporter $(worker "$i"): stopped"; rc=1; fi
   done
   [ $rc -eq 0 ] && sinfo -N -o '%N %T %c %m'
   return $rc
 }
 
+USAGE="usage: $0 start|stop|status [--nodes N] [--suspend-time S] | lose-node NAME | power-down|power-up HOSTLIST"
 command="${1:-}"
 shift || true
 nodes=2
+suspend=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --nodes) nodes="${2:-}"; shift 2 ;;
     --nodes=*) nodes="${1#--nodes=}"; shift ;;
-    *) [ "$command" = lose-node ] && [ -z "${target:-}" ] && { target="$1"; shift; continue; }
-       echo "usage: $0 start|stop|status [--nodes N] | lose-node NAME" >&2; exit 2 ;;
+    --suspend-time) suspend="${2:-}"; shift 2 ;;
+    --suspend-time=*) suspend="${1#--suspend-time=}"; shift ;;
+    *) case "$command" in lose-node | power-down | power-up | request-power-*) [ -z "${target:-}" ] && { target="$1"; shift; continue; } ;; esac
+       echo "$USAGE" >&2; exit 2 ;;
   esac
 done
 [[ "$nodes" =~ ^[1-9][0-9]?$ ]] || die "--nodes must be a number from 1 to 99, got '$nodes'"
+[ -z "$suspend" ] || [[ "$suspend" =~ ^[0-9]{1,6}$ ]] || die "--suspend-time must be whole seconds (0 turns power saving off), got '$suspend'"
 case "$command" in
   start) start "$nodes" ;;
   stop) stop ;;
   status) status ;;
-  lose-node) lose_node "${target:?usage: $0 lose-node NAME}" ;;
-  *) echo "usage: $0 start|stop|status [--nodes N] | lose-node NAME" >&2; exit 2 ;;
+  lose-node) lose_node "${target:?$USAGE}" ;;
+  power-down) power_down "${target:?$USAGE}" ;;
+  power-up) power_up "${target:?$USAGE}" ;;
+  request-power-down) request_power down "${target:?$USAGE}" ;;
+  request-power-up) request_power up "${target:?$USAGE}" ;;
+  power-agent) power_agent ;;
+  *) echo "$USAGE" >&2; exit 2 ;;
 esac

@@ -105,3 +105,30 @@ def test_a_malformed_contract_file_names_the_file_and_the_field(tmp_path) -> Non
         read_contract_file(mixed)
     every = [read_contract_file(path) for path in sorted(chart_contract.CHARTS_DIR.glob("*.yaml"))]
     assert {(f.version, f.extends) for f in every} >= {("4.1.7", None), ("5.0.0", "4.1.7")}
+
+
+@pytest.mark.parametrize(("stack", "size"), [("demo", 5), ("h100", 2)])
+def test_ephemeral_workers_reach_the_nodeset_and_slurm_config(stack, size) -> None:
+    """helm/nodesets 4.1.7 (templates/nodeset.yaml:22-40): replicas is every node the set may power up, ephemeralNodes
+    true, initialNumberEphemeralNodes rendered whenever the key is given (0 included); the SlurmCluster's
+    slurmConfig.suspendTime (operator default 1000000000, i.e. never) is what powers idle workers down."""
+    releases = plan(stack)
+    (nodeset,) = releases["nodesets"].values["nodesets"]
+    assert (nodeset["replicas"], nodeset["ephemeralNodes"], nodeset["initialNumberEphemeralNodes"]) == (size, True, 0)
+    assert "ephemeralTopologyWaitTimeout" not in nodeset
+    assert releases["slurm-cluster"].values["slurmConfig"] == {"suspendTime": 600}
+    assert _bad(releases["nodesets"], lambda v: v["nodesets"][0].update(ephemeral=True)) == [
+        "nodesets 4.1.7: nodesets.[].ephemeral is not a value the chart reads or its CRD keeps"]
+    assert _bad(releases["slurm-cluster"], lambda v: v["slurmConfig"].update(suspendTimeout=90)) == [
+        "slurm-cluster 4.1.7: slurmConfig.suspendTimeout is not a value the chart reads or its CRD keeps"]
+
+
+def test_always_on_workers_send_no_ephemeral_keys() -> None:
+    """The chart renders initialNumberEphemeralNodes whenever the key exists, ephemeral or not: a fixed worker set
+    sends none of the three keys, and no suspendTime."""
+    cfg = load_stack_config("dev")
+    assert cfg.nodes and not any(w.ephemeral for w in cfg.nodes.workers)
+    releases = plan("dev")
+    for nodeset in releases["nodesets"].values["nodesets"]:
+        assert not {"ephemeralNodes", "initialNumberEphemeralNodes", "ephemeralTopologyWaitTimeout"} & set(nodeset)
+    assert "slurmConfig" not in releases["slurm-cluster"].values

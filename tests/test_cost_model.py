@@ -46,11 +46,15 @@ SEED_CHAT = {"tps_3_8": 3.86, "tps_60": 0.24, "tps_200": 0.07}
 
 def seed_demo() -> StackConfig:
     """The demo stack as seed 000 priced it: without the monitoring releases and active checks (their lines are
-    not in the seed)."""
+    not in the seed), workers always on (the seed's fixed 5 nodes; the stack's are ephemeral, 0 to 5)."""
     cfg = load_stack_config("demo")
     assert cfg.soperator
     off = cfg.soperator.model_copy(update={"active_checks": cfg.soperator.active_checks.model_copy(update={"scope": "off"})})
-    return cfg.model_copy(update={"monitoring": MonitoringConfig(enabled=False), "soperator": off})
+    assert cfg.nodes
+    always_on = [w.model_copy(update={"ephemeral": False, "initial_active": None, "min_size": None})
+                 for w in cfg.nodes.workers]
+    nodes = cfg.nodes.model_copy(update={"workers": always_on})
+    return cfg.model_copy(update={"monitoring": MonitoringConfig(enabled=False), "soperator": off, "nodes": nodes})
 
 
 def _close_to_printed(ours: float, printed: float, rel: float, half_unit: float) -> bool:
@@ -126,7 +130,8 @@ def test_stack_override_changes_the_line_and_the_date():
     pricing = PricingConfig(overrides={"compute.gpu-l40s-d.gpu": PriceOverride(usd=1.0, date="2026-11-01")})
     cost = monthly_cost(cfg, pricing)
     workers = next(l for l in cost.lines if l.key == "compute_worker_worker")
-    assert workers.usd_low == pytest.approx((2 * 1.0 + 64 * 0.01 + 384 * 0.0032) * 730 * 5)
+    assert workers.usd_high == pytest.approx((2 * 1.0 + 64 * 0.01 + 384 * 0.0032) * 730 * 5)
+    assert workers.usd_low == 0  # ephemeral workers, node group 0..5: all powered down
     assert cost.pricing_date == "2026-11-01"
 
 

@@ -19,7 +19,7 @@ def test_plan_demo_lists_the_seed_000_cluster(capsys: pytest.CaptureFixture[str]
     assert main(["plan", "--stack", "demo"]) == 0
     text = capsys.readouterr().out
     assert "pulumi preview --stack demo" in text
-    assert "preset=2gpu-64vcpu-384gb" in text and "fixedNodeCount=5" in text
+    assert "preset=2gpu-64vcpu-384gb" in text and 'autoscaling={"minNodeCount": 0, "maxNodeCount": 5}' in text
     assert "bootDisk=558 GiB NETWORK_SSD_NON_REPLICATED" in text
     for fs in ("innovationbank-fs-jail-submount-data", "innovationbank-fs-controller-spool", "innovationbank-fs-accounting"):
         assert fs in text
@@ -33,7 +33,8 @@ def test_plan_json_has_resources_and_outputs(capsys: pytest.CaptureFixture[str])
     kinds = {r["type"].rsplit(":", 1)[-1] for r in doc["resources"]}
     assert {"Mk8sV1Cluster", "Mk8sV1NodeGroup", "ComputeV1GpuCluster", "Release"} <= kinds
     worker = next(r for r in doc["resources"] if r["name"] == "ft-h100-worker")
-    assert worker["properties"]["platform"] == "gpu-h100-sxm" and worker["properties"]["fixedNodeCount"] == 2
+    assert worker["properties"]["platform"] == "gpu-h100-sxm" and worker["properties"]["autoscaling"] == {
+        "minNodeCount": 0, "maxNodeCount": 2}
     assert doc["outputs"]["gpus_total"] == 16 and doc["outputs"]["kubeconfig"] == "[secret]"
 
 

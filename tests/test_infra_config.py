@@ -62,6 +62,18 @@ def test_demo_is_seed_000_cluster() -> None:
     }
     assert fs.accounting and fs.accounting.size_gib == 256 and fs.controller_spool.size_gib == 128
     assert cfg.buckets.backups.retention_days == 7
+    # the seed's workers scale between zero and five: ephemeral nodes, node group 0..5, none powered up at creation
+    assert (worker.ephemeral, worker.min_size, worker.initial_active, worker.elastic) == (True, 0, 0, True)
+
+
+def test_a_node_group_below_its_size_needs_ephemeral_workers() -> None:
+    """A NodeSet that is not ephemeral keeps a slurmd pod on each of its `size` nodes: the autoscaler frees none."""
+    message = error_of(lambda v: v["nodes"]["workers"][0].update(ephemeral=False, initialActive=None, minSize=2))
+    assert "minSize 2 below size 5 frees nodes only with ephemeral: true" in message
+    fixed = demo_values()
+    fixed["nodes"]["workers"][0].update(ephemeral=False, minSize=5)
+    fixed["nodes"]["workers"][0].pop("initialActive")
+    assert not parse_stack_config("demo", fixed, "x").nodes.workers[0].elastic
 
 
 def test_h100_is_seed_001_cluster() -> None:
@@ -93,6 +105,12 @@ def test_h100_is_seed_001_cluster() -> None:
     (lambda v: v.update(target="local"), "nebius", "local stack creates no cloud resources"),
     (lambda v: v.update(bogusKey=1), "bogusKey", "Extra inputs"),
     (lambda v: v["nebius"].pop("subnetId"), "nebius", "networkId"),
+    (lambda v: v["nodes"]["workers"][0].update(ephemeral=False, initialActive=None), "nodes.workers.0", "only with ephemeral: true"),
+    (lambda v: v["nodes"]["workers"][0].update(minSize=6), "nodes.workers.0", "minSize 6 is above size 5"),
+    (lambda v: v["nodes"]["workers"][0].update(minSize=-1), "nodes.workers.0.minSize", "greater than or equal to 0"),
+    (lambda v: v["nodes"]["workers"][0].update(initialActive=6), "nodes.workers.0", "initialActive 6 is above size 5"),
+    (lambda v: v["nodes"]["workers"][0].update(topologyWaitSeconds=59), "nodes.workers.0.topologyWaitSeconds",
+     "greater than or equal to 60"),
 ])
 def test_bad_values_name_the_key(mutate: Callable[[dict[str, Any]], None], key: str, words: str) -> None:
     message = error_of(mutate)

@@ -94,7 +94,9 @@ def test_demo_node_groups_presets_and_disks(run_stack) -> None:
     worker = groups["worker"]["template"]
     assert worker["resources"] == {"platform": "gpu-l40s-d", "preset": "2gpu-64vcpu-384gb"}
     assert worker["bootDisk"] == {"type": "NETWORK_SSD_NON_REPLICATED", "sizeGibibytes": 558}
-    assert groups["worker"]["fixedNodeCount"] == 5
+    # ephemeral workers: the GPU node group autoscales 0..size (stacks/Pulumi.demo.yaml minSize 0, size 5)
+    assert groups["worker"]["autoscaling"] == {"minNodeCount": 0, "maxNodeCount": 5}
+    assert "fixedNodeCount" not in groups["worker"]
     assert worker["taints"] == [{"key": "nvidia.com/gpu", "value": "2", "effect": "NO_SCHEDULE"}]
     assert "gpuCluster" not in worker
     assert groups["system"]["autoscaling"] == {"minNodeCount": 3, "maxNodeCount": 9}
@@ -250,7 +252,9 @@ def test_outputs_are_flat_typed_and_secrets_stay_secret(run_stack) -> None:
     assert out["kubeconfig"] == SECRET and run.secret_outputs == {"kubeconfig"}
     assert out["login_address"] == MOCK_LOGIN_CIDR.split("/")[0]
     assert out["slurm_version"] == "25.11.3" and out["cluster_id"] == "innovationbank-k8s-id"
-    assert out["node_group_worker_nodes"] == 5 and out["node_group_system_max_nodes"] == 9
+    # ephemeral workers on a node group of 0 to 5 nodes
+    assert out["node_group_worker_nodes"] == 0 and out["node_group_worker_max_nodes"] == 5
+    assert out["node_group_system_max_nodes"] == 9
     assert out["filesystem_jail_size_gib"] == 256 and isinstance(out["filesystem_jail_size_gib"], int)
     assert out["worker_nodes"] == 5 and out["gpus_total"] == 10
     assert out["backups_bucket_name"] == "innovationbank-backups"

@@ -201,6 +201,8 @@ def run(args: argparse.Namespace) -> int:
     served = local_served_set(stack, repo)
     inputs = price_inputs(stack, repo).with_evaluation(result.evaluation).model_copy(
         update={"prepared": prepare.summary if prepare is not None else None, "served_speeds": served_speeds(served)})
+    if timed := {s: float(j["elapsed_s"]) for s, j in result.jobs.items() if j["elapsed_s"] is not None}:
+        inputs = inputs.model_copy(update={"stage_seconds": timed, "stage_seconds_from": "this run"})
     if args.wait and result.evaluation is not None:
         try:
             outputs, report, where = finish_run(stack, repo, result, spec, inputs, served)

@@ -20,7 +20,7 @@ import re
 from pydantic import BaseModel, ConfigDict
 
 from infra import catalog
-from infra.config import BootDisk, StackConfig
+from infra.config import BootDisk, StackConfig, WorkerSet
 from infra.cost.pricing import HOURS_PER_MONTH, ChatAssumptions, PriceBook, PricingConfig
 from infra.monitoring import releases as mon
 from infra.nebius.layout import ACCOUNTING, CONTROLLER_SPOOL, JAIL, SUBMOUNT_PREFIX, FilesystemSpec, Layout, layout
@@ -339,6 +339,12 @@ def chat_scenarios(monthly: MonthlyCost, chat: ChatAssumptions, measured_tokens_
     if measured_tokens_per_second:
         rates.append(("measured", measured_tokens_per_second))
     return [chat_scenario(name, tps, daily, chat.output_tokens_per_chat) for name, tps in rates]
+
+
+def worker_node_hourly_usd(worker: WorkerSet, book: PriceBook) -> float:
+    """One node of a worker set for an hour it exists: its compute and its boot disk (the month's price / 730)."""
+    disk = book.get(f"disk.{worker.boot_disk.type}").usd * worker.boot_disk.size_gib / HOURS_PER_MONTH
+    return node_price(worker.platform, worker.preset, book, preemptible=worker.preemptible).usd_per_hour + disk
 
 
 def workers_hourly_usd(cfg: StackConfig, book: PriceBook) -> float:

@@ -1,7 +1,8 @@
 """The one price path: `price_stack` prices a stack from its config and what its runs measured (training
 throughput, the fine-tuned model's generation speed, the data size). The Pulumi program, `ftstack run`,
 `ftstack plan`, `ftstack report` and the policy pack all call it, and nothing else calls the pieces of the cost
-model (`infra.cost.model`) or the throughput estimator (`infra.cost.estimate`).
+model (`infra.cost.model`), the throughput estimator (`infra.cost.estimate`) or the month at measured utilization
+(`infra.cost.utilization`).
 
 The training throughput, in this order: the stack's pricing.training.tokensPerSecondPerGpu; the newest run
 measured on this stack (`PriceInputs.training`, read from the local store or the stack's artifacts bucket by
@@ -29,9 +30,11 @@ from infra.cost.model import (
     chat_scenarios,
     monthly_cost,
     training_run,
+    worker_node_hourly_usd,
     workers_hourly_usd,
 )
 from infra.cost.pricing import PriceBook
+from infra.cost.utilization import Utilization, utilization
 from infra.cost.training import REPO_ROOT, load_run, passes, stack_gpu_model, training_devices, training_tokens
 from infra.program.outputs import chat_cost, cost_section
 
@@ -53,6 +56,10 @@ class PriceInputs(BaseModel):
     """the run's prepare summary (the data size the training run is priced on)."""
     served_speeds: dict[str, float] = {}
     """the generation speed each served adapter measured, by served name (its cost per chat)."""
+    stage_seconds: dict[str, float] = {}
+    """each stage's elapsed seconds in the newest stored run (the month at measured utilization)."""
+    stage_seconds_from: str | None = None
+    """the run and store `stage_seconds` were read from."""
 
     def with_evaluation(self, evaluation: EvaluatorReport | None) -> PriceInputs:
         """These inputs with the generation speed of the eval job's report (none before it reported)."""
@@ -71,11 +78,13 @@ class CostReport(BaseModel):
     notes: list[str]
     adapter_chats: dict[str, ChatScenario] = {}
     """each served adapter's cost per chat at its own measured speed (the `measured` scenario's arithmetic)."""
+    utilization: Utilization | None = None
+    """the month at the stack's schedule with elastic workers priced by the hour (None without elastic workers)."""
 
     def section(self) -> Cost:
         """The cost part of the stack outputs; stacks that price chats list the `measured` scenario after the
         fixed ones, null until an eval job measured the generation speed."""
-        cost = cost_section(self.monthly, self.training, self.chats)
+        cost = cost_section(self.monthly, self.training, self.chats, self.utilization)
         if not cost.chats:
             return cost
         measured = chat_cost(self.measured_chat) if self.measured_chat is not None else ChatCost()
@@ -141,5 +150,8 @@ def price_stack(cfg: StackConfig, inputs: PriceInputs = PriceInputs(), root: Pat
     measured = next((s for s in scenarios if s.name == MEASURED), None)
     adapter_chats = {name: scenario for name, speed in inputs.served_speeds.items() if monthly.usd_high > 0
                      for scenario in chat_scenarios(monthly, cfg.pricing.chat, speed) if scenario.name == MEASURED}
+    node_hour = worker_node_hourly_usd(cfg.nodes.workers[0], book) if cfg.nodes else 0.0
+    used = utilization(cfg, monthly, node_hour, cfg.pricing.schedule, inputs.stage_seconds, inputs.stage_seconds_from,
+                       training)
     return CostReport(monthly=monthly, training=training, throughput=throughput, chats=chats,
-                      measured_chat=measured, notes=notes, adapter_chats=adapter_chats)
+                      measured_chat=measured, notes=notes, adapter_chats=adapter_chats, utilization=used)

@@ -116,6 +116,20 @@ class TrainingAssumptions(BaseModel):
     )
 
 
+class ScheduleAssumptions(BaseModel):
+    """The schedule elastic workers are priced at beside always-on (infra/cost/utilization.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True)
+
+    runs_per_month: float = Field(52 / 12, ge=0, description="pipeline runs a month; default a weekly retrain")
+    serving_nodes: int = Field(1, ge=0, description="worker nodes kept up for serving")
+    serving_hours_per_month: float = Field(HOURS_PER_MONTH, ge=0, le=HOURS_PER_MONTH,
+                                           description="hours a month those nodes serve")
+    requeue_overhead: float = Field(
+        0.15, ge=0, description="on preemptible workers, the expected extra run time (work redone since the last "
+        "checkpoint and restarts after preemptions) as a fraction of the run's time; an assumption, not measured")
+
+
 def valid_price_key(key: str) -> bool:
     parts = key.split(".")
     if parts[0] == "compute":
@@ -132,6 +146,7 @@ class PricingConfig(BaseModel):
     artifacts_gib: float = Field(1.0, ge=0, description="expected size of the artifacts bucket")
     chat: ChatAssumptions = ChatAssumptions()
     training: TrainingAssumptions = TrainingAssumptions()
+    schedule: ScheduleAssumptions = ScheduleAssumptions()
 
     @field_validator("overrides")
     @classmethod

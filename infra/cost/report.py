@@ -41,11 +41,26 @@ def render_table(report: CostReport) -> str:
                        f"{t.tokens_per_second_per_gpu:,.4g} tokens/s/GPU = {t.gpu_hours:,.1f} GPU-hours, "
                        f"{t.wall_hours:,.1f} h on {t.gpus} GPUs, ${t.usd:,.2f}")
             out.append(f"  throughput: {t.throughput_source}")
+    if report.utilization is not None:
+        out += ["", render_utilization(report)]
     if report.chats:
         out += ["", render_chat_table([*report.chats, *([report.measured_chat] if report.measured_chat else [])])]
     if report.notes:
         out += ["", *[f"note: {n}" for n in report.notes]]
     return "\n".join(out)
+
+
+def render_utilization(report: CostReport) -> str:
+    """Always-on beside the month at the stated schedule, with its basis."""
+    u = report.utilization
+    assert u is not None
+    return "\n".join([
+        "Monthly cost at measured utilization (elastic workers priced by the node-hour):",
+        f"  always on                ${u.always_on_usd:,.0f}",
+        f"  at the schedule          ${u.usd:,.0f}  ({u.worker_node_hours:,.1f} worker node-hours: "
+        f"{u.runs_per_month:g} runs x {u.run_node_hours:,.2f} + serving {u.serving_node_hours:,.0f})",
+        f"  basis: {u.basis}",
+    ])
 
 
 def training_cost_text(report: CostReport) -> str | None:
@@ -73,5 +88,6 @@ def report_document(report: CostReport) -> dict[str, Any]:
         "training_run": report.training.model_dump() if report.training else None,
         "cost_per_chat": [s.model_dump() for s in report.chats],
         "measured_chat": report.measured_chat.model_dump() if report.measured_chat else None,
+        "utilization": report.utilization.model_dump() if report.utilization else None,
         "notes": report.notes,
     }

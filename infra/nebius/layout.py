@@ -72,6 +72,8 @@ class NodeGroupSpec:
     taints: tuple[Taint, ...] = ()
     fabric: str | None = None
     preemptible: bool = False
+    ephemeral: bool = False
+    """Soperator ephemeral nodes: Slurm powers this worker set's nodes down when idle and up for a job."""
     drivers_preset: str | None = None
     """Nebius GPU drivers preset of the node image; None: no drivers in the image."""
     gpu_operator: bool = False
@@ -84,6 +86,13 @@ class NodeGroupSpec:
     @property
     def gpus(self) -> int:
         return self.shape.gpus
+
+    @property
+    def size(self) -> int:
+        """Nodes at most: the fixed count, else the autoscaling maximum."""
+        size = self.fixed_size if self.fixed_size is not None else self.max_size
+        assert size is not None
+        return size
 
 
 def _fs(tag: str, name: str, fs: Filesystem, mount_path: str | None = None) -> FilesystemSpec:
@@ -145,9 +154,10 @@ def _worker(cfg: StackConfig, w: WorkerSet) -> NodeGroupSpec:
     gpus = w.shape.gpus
     return NodeGroupSpec(
         name=w.name, role="worker", platform=w.platform, preset=w.preset, boot_disk=w.boot_disk,
-        fixed_size=w.size, min_size=None, max_size=None, mount_tags=_mounts(cfg, "worker"),
+        fixed_size=None if w.min_size is not None else w.size, min_size=w.min_size,
+        max_size=w.size if w.min_size is not None else None, mount_tags=_mounts(cfg, "worker"),
         labels=_labels(w.name, gpus > 0), taints=(Taint(TAINT_GPU, str(gpus)),) if gpus else (),
-        fabric=w.fabric, preemptible=w.preemptible, drivers_preset=w.node_drivers_preset,
+        fabric=w.fabric, preemptible=w.preemptible, ephemeral=w.ephemeral, drivers_preset=w.node_drivers_preset,
         gpu_operator=gpus > 0 and w.gpu_drivers == "gpu-operator",
     )
 

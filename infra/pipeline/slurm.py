@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict
 
 from documents.metrics import MetricsRecord, read_metrics
 from infra.pipeline.transport import Transport
-from workloads.checks.node_states import NodeState, parse_sinfo, sinfo_command
+from workloads.checks.node_states import NodeState, once_per_node, parse_sinfo, sinfo_command
 
 SUCCESS = "COMPLETED"
 FAILED_STATES = frozenset(
@@ -333,6 +333,20 @@ class SlurmClient:
         """Every node's state and reason (``sinfo --Node``), one row per node and partition."""
         return parse_sinfo(self._run(sinfo_command(partition)).check().stdout)
 
+    def waiting_on(self, info: JobInfo) -> str:
+        """What a job that has not started waits for: each of its allocated nodes with its state (a node Slurm's
+        power saving is bringing up, as ephemeral nodes are), else its pending reason."""
+        if info.state not in ("PENDING", "CONFIGURING") or not info.nodes or info.nodes in ("(null)", "None"):
+            return f"; reason {info.reason}" if info.reason and info.reason != "None" else ""
+        names = self._run(["scontrol", "show", "hostnames", info.nodes])
+        wanted = names.stdout.split() if names.ok else [info.nodes]
+        sinfo = self._run(sinfo_command())
+        rows = parse_sinfo(sinfo.stdout) if sinfo.ok else []
+        states = {s.node: s for s in once_per_node(rows) if s.node in wanted}
+        described = [f"{n} {(states[n].power or 'powered_up').replace('_', ' ')} ({states[n].state})" if n in states else f"{n} (unknown)"
+                     for n in wanted]
+        return f" on {', '.join(described)}"
+
     def cancel(self, job_id: str) -> JobInfo:
         """scancel a queued or running job; a finished job is left as it is. Returns its state after."""
         job_id = _check_id(job_id)
@@ -394,7 +408,8 @@ class SlurmClient:
                 seen = (info.state, info.reason)
                 if progress:
                     reason = f" ({info.reason})" if info.reason and info.reason != "None" else ""
-                    progress(f"{info.label}: {info.state}{reason}")
+                    waiting = self.waiting_on(info) if info.state == "CONFIGURING" else ""
+                    progress(f"{info.label}: {info.state}{reason}{waiting}")
             if metrics_path and info.state in ("RUNNING", "COMPLETING", SUCCESS):
                 record = self.latest_metrics_record(metrics_path, job_id=job_id)
                 if record and record != last_metrics:
@@ -410,7 +425,8 @@ class SlurmClient:
                     return info
                 raise SlurmJobFailed(info, self.log_tail(info, log_lines), errors=self.log_errors(info))
             if deadline is not None and time.monotonic() > deadline:
-                raise SlurmWaitTimeout(f"gave up waiting for {info.label} after {timeout:g}s; it is {info.state}")
+                raise SlurmWaitTimeout(f"gave up waiting for {info.label} after {timeout:g}s; it is {info.state}"
+                                       f"{self.waiting_on(info)}")
             time.sleep(self.poll_s)
 
     def wait_all(

@@ -154,8 +154,8 @@ def platform_section(cfg: StackConfig, plan: Layout, platform: Platform) -> Plat
         slurm_version=cfg.soperator.slurm_version,
         slurm_namespace=cfg.slurm_namespace,
         kubeconfig=platform.kubeconfig,
-        worker_nodes=sum(s.fixed_size or 0 for s in workers),
-        gpus_total=sum((s.fixed_size or 0) * s.gpus for s in workers),
+        worker_nodes=sum(s.size for s in workers),
+        gpus_total=sum(s.size * s.gpus for s in workers),
         node_groups={flat_name(spec.name): NodeGroup.model_construct(
             id=platform.cluster.node_group_ids[spec.name], platform=spec.platform, preset=spec.preset,
             nodes=spec.fixed_size if spec.fixed_size is not None else spec.min_size,

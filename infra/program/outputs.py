@@ -12,6 +12,7 @@ from documents.adapter_registry import ServedSet
 from documents.evaluator_report import EvaluatorReport
 from documents.stack_outputs import SIDES, ChatCost, Cost, EvalSide, Job, Pipeline, ServedAdapter, Serving
 from infra.cost.model import ChatScenario, MonthlyCost, TrainingRun
+from infra.cost.utilization import Utilization
 
 EVAL_FIGURES: dict[str, str] = {
     "perplexity": "perplexity",
@@ -33,9 +34,10 @@ def chat_cost(scenario: ChatScenario) -> ChatCost:
                     conversations_per_day=_round(scenario.conversations_per_day), usd=_round(scenario.usd_per_chat))
 
 
-def cost_section(monthly: MonthlyCost, training: TrainingRun | None, chats: Iterable[ChatScenario]) -> Cost:
-    """Totals, categories, every cost line (figures and the labels the dashboard shows), the training run and
-    the fixed cost-per-chat scenarios."""
+def cost_section(monthly: MonthlyCost, training: TrainingRun | None, chats: Iterable[ChatScenario],
+                 used: Utilization | None = None) -> Cost:
+    """Totals, categories, every cost line (figures and the labels the dashboard shows), the training run, the
+    fixed cost-per-chat scenarios and the month at measured utilization beside always-on."""
     return Cost(
         monthly_usd_low=_round(monthly.usd_low), monthly_usd_high=_round(monthly.usd_high),
         hours_per_month=monthly.hours_per_month, pricing_date=monthly.pricing_date,
@@ -50,6 +52,11 @@ def cost_section(monthly: MonthlyCost, training: TrainingRun | None, chats: Iter
             "throughput_source": training.throughput_source, "throughput_kind": training.throughput_kind,
             **{name: _round(value) for name in ("tokens_per_second_per_gpu", "gpu_hours", "wall_hours", "usd")
                if (value := getattr(training, name)) is not None},
+        },
+        utilization=None if used is None else {
+            **{name: _round(getattr(used, name)) for name in (
+                "always_on_usd", "usd", "runs_per_month", "run_node_hours", "serving_node_hours", "worker_node_hours")},
+            "requeue_overhead": used.requeue_overhead, "basis": used.basis,
         },
     )
 

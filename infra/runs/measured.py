@@ -15,6 +15,7 @@ from infra.runs.store import (
     ArtifactError,
     ArtifactStore,
     latest_throughput,
+    list_runs,
     store_for_stack,
 )
 
@@ -51,13 +52,17 @@ def stack_store(cfg: StackConfig, root: Path) -> tuple[ArtifactStore | None, str
 
 def price_inputs(cfg: StackConfig, root: Path) -> PriceInputs:
     """What `price_stack` needs from the stack's stored runs (before a run of this command measured anything): the
-    training throughput the newest stored run measured, the store it was read from, or why none was read."""
+    training throughput the newest stored run measured, the stage times of the newest run that recorded them, the
+    store they were read from, or why none was read."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     store, why = stack_store(cfg, root)
     if store is None:
         return PriceInputs(training_note=why)
     try:
-        return PriceInputs(training=latest_throughput(store, cfg.stack), training_read_from=runs_of(store, cfg.stack))
+        timed = next((r for r in reversed(list_runs(store, cfg.stack)) if r.job_durations_s), None)
+        return PriceInputs(training=latest_throughput(store, cfg.stack), training_read_from=runs_of(store, cfg.stack),
+                           stage_seconds=dict(timed.job_durations_s) if timed else {},
+                           stage_seconds_from=f"run {timed.run_id} ({runs_of(store, cfg.stack)})" if timed else None)
     except (ArtifactError, BotoCoreError, ClientError) as error:
         return PriceInputs(training_note=f"runs not read from {runs_of(store, cfg.stack)}: {error}")

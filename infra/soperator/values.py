@@ -293,6 +293,7 @@ def slurm_cluster_values(cfg: StackConfig, specs: list[NodeGroupSpec], allocatio
     return {
         "clusterName": cfg.slurm_cluster_name,
         **cuda,
+        **slurm_config_values(cfg),
         "k8sNodeFilters": [node_filter(s) for s in specs],
         "volumeSources": [
             _pvc_source(CONTROLLER_SPOOL, f"{CONTROLLER_SPOOL}-pvc"),
@@ -352,8 +353,9 @@ def nodeset_values(cfg: StackConfig, spec: NodeGroupSpec) -> dict[str, Any]:
     filt = node_filter(spec)
     return {
         "name": spec.name,
-        "replicas": spec.fixed_size,
+        "replicas": spec.size,
         "maxUnavailable": 1,
+        **ephemeral_values(cfg, spec),
         "gpu": {"enabled": gpu, "nvidia": {"gdrCopyEnabled": spec.fabric is not None}} if gpu else {"enabled": False},
         "nodeConfig": {
             "features": ["gpu", spec.platform] if gpu else ["cpu"],
@@ -380,6 +382,23 @@ def nodeset_values(cfg: StackConfig, spec: NodeGroupSpec) -> dict[str, Any]:
         "affinity": filt["affinity"],
         "tolerations": filt["tolerations"],
     }
+
+
+def ephemeral_values(cfg: StackConfig, spec: NodeGroupSpec) -> dict[str, Any]:
+    """A worker set's ephemeral-node keys of the NodeSet (helm/nodesets at 4.1.7 renders each only when given)."""
+    worker = next((w for w in cfg.nodes.workers if w.name == spec.name), None) if cfg.nodes else None
+    if worker is None or not worker.ephemeral:
+        return {}
+    optional = (("initialNumberEphemeralNodes", worker.initial_active),
+                ("ephemeralTopologyWaitTimeout", worker.topology_wait_seconds))
+    return {"ephemeralNodes": True, **{key: value for key, value in optional if value is not None}}
+
+
+def slurm_config_values(cfg: StackConfig) -> dict[str, Any]:
+    """SlurmCluster slurmConfig: suspendTime where a worker set is ephemeral (the CRD default never powers down)."""
+    if cfg.nodes is None or not any(w.ephemeral for w in cfg.nodes.workers) or cfg.soperator is None:
+        return {}
+    return {"slurmConfig": {"suspendTime": cfg.soperator.suspend_time_seconds}}
 
 
 def nodesets_values(cfg: StackConfig, specs: list[NodeGroupSpec]) -> dict[str, Any]:

@@ -1,0 +1,113 @@
+"""The month at the utilization the runs measured: elastic worker sets (ephemeral nodes on a node group that scales
+to fewer nodes, infra/config.py `WorkerSet.elastic`) priced for the node-hours the stack's schedule keeps them up,
+beside the always-on month (`MonthlyCost.usd_high`).
+
+- A run holds nodes for each stage's elapsed time: readiness and train every node of the first worker set, prepare
+  and eval one (infra/pipeline/chain.py's placement); measured from the newest stored run's job times, else the
+  training estimate alone. After its last job a node stays up `soperator.suspendTimeSeconds` before Slurm powers it
+  down (one tail per node and run). Boot time is not measured and not priced.
+- Preemptible workers: run hours x (1 + `pricing.schedule.requeueOverhead`), the expected work redone after
+  preemptions (requeue, restart from the last checkpoint), at the preemptible rate `node_price` already uses.
+- Serving: `servingNodes` nodes of the first worker set for `servingHoursPerMonth`.
+- Every other line (system, controller, login, storage, non-elastic workers) stays as in the always-on month;
+  active checks stay the one-off line they are there.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel, ConfigDict
+
+from infra.config import StackConfig, WorkerSet
+from infra.cost.model import MonthlyCost, TrainingRun
+from infra.cost.pricing import ScheduleAssumptions
+from infra.pipeline.chain import worker_shape
+
+RUN_STAGES = ("prepare", "readiness", "train", "eval")
+MULTI_NODE_STAGES = ("readiness", "train")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class StageHours(_Frozen):
+    stage: str
+    hours: float
+    nodes: int
+
+    @property
+    def node_hours(self) -> float:
+        return self.hours * self.nodes
+
+
+class Utilization(_Frozen):
+    """One month of the stated schedule: the elastic workers' node-hours and the total beside always-on."""
+
+    always_on_usd: float
+    usd: float
+    runs_per_month: float
+    run_node_hours: float
+    """node-hours one run holds: its stages, the suspend tail and, on preemptible workers, the requeue overhead."""
+    serving_node_hours: float
+    worker_node_hours: float
+    """the elastic workers' node-hours a month (runs plus serving)."""
+    requeue_overhead: float
+    basis: str
+
+
+def stage_hours(cfg: StackConfig, seconds: dict[str, float]) -> list[StageHours]:
+    """Each run stage's elapsed hours and the nodes it holds (readiness and train: every node of the first set)."""
+    nodes, _ = worker_shape(cfg)
+    return [StageHours(stage=s, hours=seconds[s] / 3600, nodes=nodes if s in MULTI_NODE_STAGES else 1)
+            for s in RUN_STAGES if s in seconds]
+
+
+def run_seconds(measured: dict[str, float] | None, training: TrainingRun | None) -> tuple[dict[str, float], str]:
+    """The stage times a run is priced with and their basis: the stored run's, else the training estimate's."""
+    if measured:
+        return {s: t for s, t in measured.items() if s in RUN_STAGES}, "measured job times"
+    if training is not None and training.wall_hours is not None:
+        return ({"train": training.wall_hours * 3600},
+                f"training estimate only ({training.throughput_kind}); prepare, readiness and eval not measured")
+    return {}, "no run measured and no training estimate: serving hours only"
+
+
+def _always_on(monthly: MonthlyCost, worker: WorkerSet) -> float:
+    """The worker set's compute and boot-disk lines in the always-on month (keys as infra/cost/model.py names them)."""
+    slug = re.sub(r"[^a-z0-9]+", "_", f"worker_{worker.name}".lower()).strip("_")
+    keys = {f"compute_{slug}", f"boot_disk_{slug}"}
+    return sum(line.usd_high for line in monthly.lines if line.key in keys)
+
+
+def utilization(cfg: StackConfig, monthly: MonthlyCost, node_usd_per_hour: float, schedule: ScheduleAssumptions,
+                measured: dict[str, float] | None, measured_from: str | None,
+                training: TrainingRun | None) -> Utilization | None:
+    """The month at `schedule` with the elastic worker sets priced by the hour (`node_usd_per_hour`: one node of the
+    first worker set, compute and boot disk); None without an elastic set."""
+    elastic = [w for w in cfg.nodes.workers if w.elastic] if cfg.nodes else []
+    if cfg.target != "nebius" or not elastic or cfg.soperator is None or cfg.nodes is None:
+        return None
+    first = cfg.nodes.workers[0]
+    seconds, basis = run_seconds(measured, training)
+    stages = stage_hours(cfg, seconds)
+    nodes_used = max((s.nodes for s in stages), default=0)
+    overhead = schedule.requeue_overhead if first.preemptible else 0.0
+    tail = nodes_used * cfg.soperator.suspend_time_seconds / 3600
+    run_node_hours = sum(s.node_hours for s in stages) * (1 + overhead) + tail
+    serving = schedule.serving_nodes * schedule.serving_hours_per_month
+    hours = run_node_hours * schedule.runs_per_month + serving
+    usd = monthly.usd_high - sum(_always_on(monthly, w) for w in elastic)
+    usd += (hours * node_usd_per_hour) if first.elastic else 0.0
+    if not first.elastic:
+        basis += "; the first worker set (where runs and serving go) is always on"
+    where = f" of {measured_from}" if measured and measured_from else ""
+    stage_text = f" ({', '.join(f'{s.stage} {s.hours:.2f} h x {s.nodes}' for s in stages)})" if stages else ""
+    basis = (f"{basis}{where}{stage_text}; {schedule.runs_per_month:g} runs/month, {schedule.serving_nodes} "
+             f"serving node(s) x {schedule.serving_hours_per_month:g} h; suspend tail "
+             f"{cfg.soperator.suspend_time_seconds} s per node and run; requeue overhead {overhead:.0%}"
+             f"{' (preemptible)' if first.preemptible else ''}")
+    return Utilization(always_on_usd=monthly.usd_high, usd=usd, runs_per_month=schedule.runs_per_month,
+                       run_node_hours=run_node_hours, serving_node_hours=serving, worker_node_hours=hours,
+                       requeue_overhead=overhead, basis=basis)
