@@ -6,6 +6,8 @@ One source (pyproject.toml) -> one folder (locks/) holding a hashed requirements
   jail   Soperator's jail (Python 3.12, manylinux x86_64, torch's CUDA build for the stacks' cudaVersion), gpu
          extra included, resolved from PyPI alone (the URLs a cluster can reach) with the local lock's versions
          as constraints, so both targets share every version they have in common.
+Each target is written twice from one resolution: hashed requirements (what installers read) and a PEP 751
+`pylock.<target>.toml` (the wheel uv chose per package, by URL and hash: what the wheelhouse downloads).
 `locks/lock.json` records the digest of pyproject's dependency tables the files were compiled from.
 
 Standard library only: `make venv` runs `python -m infra.environment.lock sync` before anything is installed.
@@ -49,15 +51,22 @@ class Target:
 
     @property
     def file(self) -> Path:
+        """The hashed requirements file (pip, uv pip sync)."""
         return LOCK_DIR / f"requirements-{self.name}.txt"
+
+    @property
+    def pylock(self) -> Path:
+        """The same resolution as a PEP 751 lock: each package's chosen wheel (URL, hash) for this platform."""
+        return LOCK_DIR / f"pylock.{self.name}.toml"
 
 
 TARGETS: dict[str, Target] = {
-    "local": Target("local", "3.11", "x86_64-manylinux_2_28", "2.13.0+cpu", None, ("dev",), pypi_only=False),
+    # this machine's glibc is 2.36: its package mirror holds some releases only as manylinux_2_34 wheels
+    "local": Target("local", "3.11", "x86_64-manylinux_2_34", "2.13.0+cpu", None, ("dev",), pypi_only=False),
     # torch 2.13.0 on PyPI is built for CUDA 13.0 (torch/version.py of its cp312 manylinux_2_28 wheel: '2.13.0+cu130')
     "jail": Target("jail", "3.12", "x86_64-manylinux_2_28", "2.13.0", "13.0", ("gpu",), pypi_only=True),
 }
-WHEEL_PLATFORM = {"x86_64-manylinux_2_28": "manylinux_2_28_x86_64"}
+WHEEL_PLATFORM = {"x86_64-manylinux_2_28": "manylinux_2_28_x86_64", "x86_64-manylinux_2_34": "manylinux_2_34_x86_64"}
 """pip download's --platform for a target's uv --python-platform."""
 
 PURE_SDISTS = frozenset({"rouge-score"})
@@ -163,9 +172,8 @@ def compile_target(target: Target, constraints: Path | None) -> None:
     written as a PEP 751 lock, which lists each package's wheels for the platform) that every package has a wheel
     for the target's Python and platform."""
     with tempfile.TemporaryDirectory(prefix="ft-lock-") as tmp:
-        pylock = Path(tmp) / "pylock.toml"
-        _uv_compile(target, constraints, pylock, Path(tmp))
-        refuse_wheel_gaps(wheel_gaps(tomllib.loads(pylock.read_text()), target), target)
+        _uv_compile(target, constraints, target.pylock, Path(tmp))
+        refuse_wheel_gaps(wheel_gaps(tomllib.loads(target.pylock.read_text()), target), target)
         _uv_compile(target, constraints, target.file, Path(tmp))
 
 
