@@ -117,7 +117,10 @@ def stage_source(target: Target, kind: str, dest: Path, *, cache_root: Path, ima
         shutil.copyfile(house / INSTALL_FILE, dest / INSTALL_FILE)
         (dest / WHEELS).mkdir()
         for wheel in (house / WHEELS).iterdir():
-            (dest / WHEELS / wheel.name).hardlink_to(wheel)
+            try:
+                (dest / WHEELS / wheel.name).hardlink_to(wheel)
+            except OSError:
+                shutil.copyfile(wheel, dest / WHEELS / wheel.name)
     else:
         shutil.copyfile(target.file, dest / INSTALL_FILE)
     spec = {"key": key, "lock_hash": lock_hash(target.file), "source": kind, "python": target.python,

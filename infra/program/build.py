@@ -206,6 +206,7 @@ def build_pipeline(cfg: StackConfig, platform: Platform | None) -> Pipeline | No
     return Pipeline(f"{cfg.cluster_name}-pipeline", PipelineArgs(
         source_dir=str(REPO_ROOT), code_root=placement.code_root, transport=transport, jobs=jobs,
         slurm_env=placement.slurm_env, wait=cfg.pipeline.wait, depends_on=after,
+        environment=placement.environment, repo_root=str(REPO_ROOT),
     ))
 
 
