@@ -236,7 +236,8 @@ start() {
     die "the cluster in $BASE has $(cat "$RUN/nodes") node(s); stop it before starting it with $nodes"
   fi
   echo "$nodes" >"$RUN/nodes"
-  [ -e "$JAIL/opt/venv" ] || ln -sfn "$(readlink -f "$ROOT/.venv")" "$JAIL/opt/venv"
+  # the jail holds no Python packages of ours: the pipeline's environment stage builds them (docs/environment.md)
+  if [ -L "$JAIL/opt/venv" ]; then rm -f "$JAIL/opt/venv"; fi
   write_config "$nodes"
   make_bridge
   make_node_netns "$CTL" "$SUBNET.2"
