@@ -229,3 +229,9 @@ def test_every_job_ran_in_the_environment_the_pipeline_built(cluster_run: dict[s
     assert {name: manifest.packages.get(name) for name in locked} == locked
     for stage in ("prepare", "readiness", "train", "eval"):
         assert stages[stage]["outs"]["env"]["FT_PYTHON"] == f"{built}/bin/python", stage
+    from infra.commands.run import outputs_path
+
+    outputs = json.loads(outputs_path(REPO, STACK).read_text())
+    assert outputs["environment_key"] == manifest.key and outputs["environment_source"] == "wheelhouse"
+    assert outputs["environment_size_bytes"] == manifest.size_bytes > 0
+    assert outputs["environment_build_seconds"] == manifest.build_seconds > 0

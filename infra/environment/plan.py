@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import PurePosixPath
+import tomllib
+from pathlib import Path, PurePosixPath
+from urllib.parse import unquote, urlparse
 
 from pydantic import BaseModel, ConfigDict
 
+from documents.environment_manifest import EnvironmentManifest
+from documents.stack_outputs import Environment
 from infra.config import StackConfig
-from infra.environment.lock import TARGETS, WHEEL_PLATFORM, lock_hash
+from infra.environment.lock import TARGETS, WHEEL_PLATFORM, Target, lock_hash
 from infra.environment.source import environment_key
 
 SOURCES_DIR = "sources"
@@ -66,3 +70,24 @@ def environment_plan(stack: StackConfig) -> EnvironmentPlan | None:
         image=config.image, python_version=target.python, platform=WHEEL_PLATFORM[target.platform], root=str(root),
         base_python=stack.pipeline.python,
     )
+
+
+def wheels_bytes(target: Target) -> int:
+    """Download size of the files uv chose for the target (the PEP 751 lock's sizes; a local file's own size)."""
+    total = 0
+    for package in tomllib.loads(target.pylock.read_text())["packages"]:
+        chosen = (package.get("wheels") or [package.get("sdist")])[0]
+        size = chosen.get("size")
+        if size is None and chosen["url"].startswith("file://"):
+            local = Path(unquote(urlparse(chosen["url"]).path))
+            size = local.stat().st_size if local.is_file() else 0
+        total += size or 0
+    return total
+
+
+def environment_section(plan: EnvironmentPlan, built: EnvironmentManifest | None = None) -> Environment:
+    """The stack outputs' environment: the plan's lock and source, with the build's size and time once built."""
+    return Environment(key=plan.key, lock_hash=plan.lock_hash, source=plan.source, image=plan.image,
+                       wheels_bytes=wheels_bytes(TARGETS[plan.lock]),
+                       size_bytes=built.size_bytes if built else None,
+                       build_seconds=built.build_seconds if built else None)
