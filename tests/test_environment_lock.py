@@ -82,3 +82,24 @@ def test_a_package_without_a_wheel_for_the_cluster_is_refused_naming_it_and_the_
     assert gaps == ["fancy-ext 1.0"]
     with pytest.raises(LockError, match=r"no wheel for Python 3\.12 manylinux_2_28_x86_64: fancy-ext 1\.0"):
         refuse_wheel_gaps(gaps, jail)
+
+
+def test_the_plan_names_the_lock_the_source_and_the_folder_of_a_cloud_stack() -> None:
+    import hashlib
+
+    from infra.commands.plan_extras import environment_text
+    from infra.config import load_stack_config
+    from infra.environment.plan import environment_plan, environment_section
+
+    demo = load_stack_config("demo", ROOT / "stacks")
+    plan = environment_plan(demo)
+    lock = hashlib.sha256((ROOT / "locks" / "requirements-jail.txt").read_bytes()).hexdigest()[:16]
+    assert plan is not None and plan.lock_hash == lock and plan.source == "index"
+    assert plan.python == f"/home/shared/finetune_env/{lock}-cp312-manylinux_2_28_x86_64/bin/python"
+    section = environment_section(plan)
+    assert section.size_bytes is None and section.build_seconds is None
+    torch_wheel = 500_000_000
+    assert section.wheels_bytes > torch_wheel
+    text = environment_text(section, plan)
+    assert f"lock {lock}" in text and "source index" in text and plan.folder in text
+    assert environment_plan(load_stack_config("local", ROOT / "stacks")) is None
