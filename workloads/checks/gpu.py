@@ -156,7 +156,7 @@ def run_checks(cfg: ReadinessConfig) -> ReadinessReport:
         reduced = measure.allreduce(device, mib, cfg.iterations, len(set(hosts))) if world > 1 else None
         interconnect = cfg.interconnect or ("infiniband" if all(_gather(measure.infiniband_present(), world)) else "ethernet")
         nodes = _merge_nodes(inventories)
-        checks = [drained, *environment, *evaluate(nodes, perf, reduced, cfg, interconnect)]
+        checks = [drained, *evaluate(nodes, perf, reduced, cfg, interconnect), *environment]
         failed = [c for c in checks if c.status == "fail"]
         return ReadinessReport(
             ok=not failed,

@@ -88,7 +88,7 @@ def install(spec: dict, source: Path, tmp: Path) -> str:
     offline = ["--no-index", "--find-links", str(wheels)] if kind == "wheelhouse" else []
     if uv is not None:
         _run([str(tmp / "bin" / "uv"), "pip", "install", "--quiet", "--python", python, "--no-deps",
-              "--require-hashes", "--offline", "--no-cache", "--compile-bytecode", *offline, "-r", requirements],
+              "--require-hashes", "--offline", "--no-cache", *offline, "-r", requirements],
              f"uv pip install from the {kind}")
         return "uv"
     _run([python, "-m", "pip", "install", "--quiet", "--no-deps", "--require-hashes", "--no-cache-dir",
