@@ -170,3 +170,31 @@ def test_a_lock_for_another_python_is_refused_naming_both(wheels: Path, tmp_path
     assert failed.returncode == 1
     assert failed.stderr.strip() == (f"environment: the lock {json.loads((source / 'source.json').read_text())['lock_hash']}"
                                      f" is for Python 3.12, this node's interpreter {BARE_PYTHON} is {PY}")
+
+
+def test_a_lock_without_a_wheel_for_the_cluster_is_refused_before_anything_is_shipped(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The operator's side (ftstack run and the program's dynamic resource) checks the lock's wheels for the
+    cluster before it ships or submits anything."""
+    import shutil
+
+    from infra.environment import lock
+    from infra.environment.lock import LockError
+    from infra.environment.plan import EnvironmentPlan
+    from infra.environment.resource import ship_source
+    from infra.pipeline.transport import LocalTransport
+
+    locks = tmp_path / "locks"
+    shutil.copytree(lock.LOCK_DIR, locks)
+    pylock = locks / "pylock.jail.toml"
+    text = pylock.read_text()
+    start = text.index('name = "safetensors"')
+    wheels = text.index("wheels = [", start)
+    pylock.write_text(text[:wheels] + "# wheels removed\n" + text[text.index("\n", wheels) + 1:])
+    monkeypatch.setattr(lock, "LOCK_DIR", locks)
+    root = tmp_path / "cluster" / "finetune_env"
+    plan = EnvironmentPlan(key="k", lock_hash="h", lock="jail", source="index", image=None, python_version="3.12",
+                           platform="manylinux_2_28_x86_64", root=str(root), base_python="python3")
+    with pytest.raises(LockError, match=r"no wheel for Python 3\.12 manylinux_2_28_x86_64: safetensors \d"):
+        ship_source(LocalTransport(), plan, ROOT)
+    assert not root.exists()
