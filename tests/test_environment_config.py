@@ -39,3 +39,22 @@ def test_the_local_stack_refuses_an_environment() -> None:
                                                "environment": {"source": "index"}}}
     with pytest.raises(StackConfigError, match="the local stack runs the repository's venv"):
         parse_stack_config("l", values, "stacks/Pulumi.l.yaml")
+
+
+def test_the_chain_starts_with_the_environment_and_readiness_expects_the_stack_s_cuda() -> None:
+    from pathlib import Path
+
+    from documents.run_config import load_run_config
+    from infra.pipeline.chain import pipeline_jobs, placement_for
+
+    repo = Path(__file__).resolve().parents[1]
+    demo = load_stack_config("demo")
+    run = load_run_config(repo / demo.pipeline.run_config)
+    jobs = pipeline_jobs(demo, run, demo.pipeline.run_config, "c", placement_for(demo, run, repo))
+    assert [j.stage for j in jobs] == ["environment", "prepare", "readiness", "train", "eval"]
+    environment, prepare, readiness = jobs[:3]
+    assert environment.extra_args == ["--nodes=1"] and environment.env == {"FT_PYTHON": "python3"}
+    assert environment.args == [f"/home/shared/finetune_env/sources/{environment.results_path.rsplit('/', 1)[1]}",
+                                "/home/shared/finetune_env"]
+    assert prepare.depends_on == ["environment"] and prepare.env["FT_PYTHON"] == f"{environment.results_path}/bin/python"
+    assert readiness.args[readiness.args.index("--expect-cuda") + 1] == "13.0.2"

@@ -223,7 +223,7 @@ def pipeline_jobs(
             args=[config_arg, *(_readiness_expectations(stack) if stage == "readiness" else [])],
             env=env,
             extra_args=_extra_args(stage, stack, run),
-            depends_on=list(DEPENDS_ON[stage]) or [job.stage for job in jobs[:1]],
+            depends_on=list(DEPENDS_ON[stage]) or (["environment"] if placement.environment else []),
             fingerprint=stage_fingerprint(stage, code, run, data_sha256),
             output=f"{results_dir}/logs/{run.name}-{stage}-%j.out",
             results_path=train_dir if stage in ("train", "serve") else results_dir,
