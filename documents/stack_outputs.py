@@ -257,6 +257,27 @@ class Pipeline(_Section):
         }
 
 
+class Environment(_Section):
+    """The workloads' environment on the cluster: the lock it is built from and how; its installed size and build
+    time once the environment stage has built it (null before, and on the Pulumi path until `ftstack run`)."""
+
+    key: str
+    lock_hash: str
+    source: str
+    image: str | None = None
+    wheels_bytes: int | None = None
+    """download size of the locked wheels for the cluster's Python and platform."""
+    size_bytes: int | None = None
+    build_seconds: float | None = None
+
+    def flat(self) -> dict[str, Any]:
+        return {f"environment_{field}": getattr(self, field) for field in Environment.model_fields}
+
+    @classmethod
+    def unflatten(cls, flat: Mapping[str, Any]) -> dict[str, Any]:
+        return {field: flat[f"environment_{field}"] for field in cls.model_fields}
+
+
 class MonitoringAccess(_Section):
     """How to open Grafana and query the metrics store from a workstation holding the stack's kubeconfig
     (`kubectl port-forward`, never a public endpoint); keys `monitoring_<field>`."""
@@ -320,6 +341,7 @@ class StackOutputs(_Section):
     platform: Platform | None = None
     monitoring: MonitoringAccess | None = None
     pipeline: Pipeline | None = None
+    environment: Environment | None = None
     serving: Serving | None = None
 
     def flat(self) -> dict[str, Any]:
@@ -332,6 +354,8 @@ class StackOutputs(_Section):
             out |= self.monitoring.flat()
         if self.pipeline is not None:
             out |= self.pipeline.flat()
+        if self.environment is not None:
+            out |= self.environment.flat()
         if self.serving is not None:
             out |= self.serving.flat()
         return out
@@ -345,6 +369,7 @@ def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
         "platform": Platform.unflatten(flat) if "node_groups" in flat else None,
         "monitoring": MonitoringAccess.unflatten(flat) if "monitoring_grafana_url" in flat else None,
         "pipeline": Pipeline.unflatten(flat) if "pipeline_stages" in flat else None,
+        "environment": Environment.unflatten(flat) if "environment_key" in flat else None,
         "serving": Serving.unflatten(flat) if "served_adapters" in flat else None,
     }
 

@@ -349,11 +349,36 @@ class MonitoringConfig(_Model):
     prometheus_crds_version: str = Field("19.1.0", description="prometheus-operator-crds chart (the reference pins 19.1.*).")
 
 
+class EnvironmentConfig(_Model):
+    """The workloads' Python environment on the cluster, built by the pipeline's `environment` stage from the lock
+    (locks/, docs/environment.md) into the shared jail, once per lock, Python and platform."""
+
+    source: Literal["index", "wheelhouse", "container"] = Field(
+        "index", description="index: the nodes install from the package index; wheelhouse: this machine downloads "
+        "the locked wheels and ships them (no network on the cluster); container: jobs run in `image` (Pyxis).")
+    lock: Literal["local", "jail"] = Field(
+        "jail", description="Target of the lock to install: jail (Python 3.12, torch's CUDA build) or local "
+        "(this machine's Python 3.11 and torch's CPU build: the rehearsal cluster).")
+    image: str | None = Field(None, description="Container image the jobs run in (source: container).")
+    root: str = Field("/home/shared/finetune_env", description="Folder of the environments in the jail.")
+
+    @model_validator(mode="after")
+    def _image_with_container(self) -> EnvironmentConfig:
+        if (self.source == "container") != (self.image is not None):
+            raise ValueError("environment.image: give it exactly when environment.source is container")
+        if not PurePosixPath(self.root).is_absolute():
+            raise ValueError(f"environment.root {self.root!r} must be an absolute path in the jail")
+        return self
+
+
 class PipelineConfig(_Model):
     run_config: str = Field(description="Run config JSON, e.g. workloads/configs/local.json.")
     wait: bool = True
     serve: bool = False
-    python: str = Field("python3", description="Interpreter with the workload dependencies on the Slurm nodes.")
+    python: str = Field("python3", description="The cluster's own interpreter, which builds the environment "
+                        "(the jobs then run the environment's); on the local stack unused (the repository's venv).")
+    environment: EnvironmentConfig | None = Field(
+        None, description="The workloads' environment on the cluster (default: from the index); none on local.")
     ssh_user: str = Field("root", description="Login-node user the pipeline connects as (cloud stacks).")
     ssh_port: int = Field(22, gt=0, lt=65536, description="Login-node SSH port (cloud stacks).")
     login_host_key: str | None = Field(
@@ -454,6 +479,9 @@ class StackConfig(_Model):
             raise ValueError(f"monitoring: only a nebius stack installs monitoring; remove it from a {self.target} stack")
         if self.target == "cluster" and self.cluster is None:
             raise ValueError("cluster: required on a cluster stack (the existing Slurm cluster's login node)")
+        if self.target == "local" and self.pipeline.environment is not None:
+            raise ValueError("pipeline.environment: the local stack runs the repository's venv (installed from the "
+                             "same lock by make venv); remove it")
         if self.target != "cluster" and self.cluster is not None:
             raise ValueError(f"cluster: only a cluster stack reaches an existing Slurm cluster; remove it from a {self.target} stack")
         if self.nodes and self.filesystems and self.filesystems.accounting and not self.nodes.accounting:
@@ -468,6 +496,13 @@ class StackConfig(_Model):
             raise ValueError("nebius.tenantId: required for jail backups (the backup service account joins "
                              "the tenant's editors group)")
         return self
+
+    @property
+    def environment(self) -> EnvironmentConfig | None:
+        """The environment the pipeline builds on the cluster; None on the local stack (the repository's venv)."""
+        if self.target == "local":
+            return None
+        return self.pipeline.environment or EnvironmentConfig()
 
     @property
     def cuda_version(self) -> str | None:

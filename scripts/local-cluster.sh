@@ -24,7 +24,8 @@
 # prometheus-node-exporter. The Prometheus URL is written to <dir>/monitoring/prometheus.url.
 # Environment: LOCAL_CLUSTER_DIR (default <repo>/.local/cluster), LOCAL_CLUSTER_PREFIX (default ftc; names of
 # namespaces, bridge and nodes), LOCAL_CLUSTER_SUBNET (default 10.213.0, a /24), LOCAL_CLUSTER_CTLD_PORT (6990),
-# LOCAL_CLUSTER_SLURMD_PORT (6991). Clients on this machine: export SLURM_CONF=<dir>/etc/slurm.conf
+# LOCAL_CLUSTER_SLURMD_PORT (6991), LOCAL_CLUSTER_HIDDEN_MIRRORS (this machine's package folders hidden from the
+# nodes; default /opt/pypi /opt/pypi-more /opt/wheels). Clients on this machine: export SLURM_CONF=<dir>/etc/slurm.conf
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -41,6 +42,7 @@ MON="$BASE/monitoring"
 LOGIN="$BASE/login"
 JAIL="$BASE/jail"
 JAIL_MOUNT="/run/$PREFIX/jail"
+LOCAL_MIRRORS="${LOCAL_CLUSTER_HIDDEN_MIRRORS:-/opt/pypi /opt/pypi-more /opt/wheels}"
 BRIDGE="$PREFIX-br"
 CTL="$PREFIX-ctl"
 LOGIN_NODE="$PREFIX-login"
@@ -107,6 +109,8 @@ make_node_netns() {
 
 # Run a command inside a node: its network namespace, its own hostname and the cluster's /etc/hosts, /etc/slurm
 # and jail mount (bind mounts private to the node; /sys stays this machine's, so slurmd finds its cgroups).
+# This machine's local package mirrors (LOCAL_MIRRORS) are covered by an empty read-only tmpfs in every node:
+# like the network, no package source but what the pipeline ships reaches the nodes.
 # Daemons fork away and keep these namespaces.
 in_node() {
   local netns="$1" host="$2"
@@ -114,8 +118,9 @@ in_node() {
   nsenter --net="/run/netns/$netns" unshare --mount --uts --propagation private sh -c '
     hostname "$1" && mount --bind "$2/hosts" /etc/hosts && mount --bind "$2" /etc/slurm &&
       mount --bind "$3" "$4" || exit 1
-    shift 4
-    exec "$@"' sh "$host" "$ETC" "$JAIL" "$JAIL_MOUNT" "$@"
+    for mirror in $5; do [ ! -d "$mirror" ] || mount -t tmpfs -o size=64k,ro none "$mirror" || exit 1; done
+    shift 5
+    exec "$@"' sh "$host" "$ETC" "$JAIL" "$JAIL_MOUNT" "$LOCAL_MIRRORS" "$@"
 }
 
 write_config() {
@@ -344,7 +349,8 @@ start() {
   fi
   echo "$nodes" >"$RUN/nodes"
   [ -z "$suspend" ] || echo "$suspend" >"$RUN/suspend_time"
-  [ -e "$JAIL/opt/venv" ] || ln -sfn "$(readlink -f "$ROOT/.venv")" "$JAIL/opt/venv"
+  # the jail holds no Python packages of ours: the pipeline's environment stage builds them (docs/environment.md)
+  if [ -L "$JAIL/opt/venv" ]; then rm -f "$JAIL/opt/venv"; fi
   write_config "$nodes"
   make_bridge
   make_node_netns "$CTL" "$SUBNET.2"

@@ -59,8 +59,7 @@ class Cluster:
         config = document["config"]
         config["soperator-finetune:cluster"].update(
             loginHost=self.login_host, hostKeyFile=str(self.host_key_file), jailRoot=self.jail_root)
-        config["soperator-finetune:pipeline"].update(
-            runConfig=str(run_config), python=f"{self.jail_root}/opt/venv/bin/python")
+        config["soperator-finetune:pipeline"].update(runConfig=str(run_config))
         config_dir.mkdir(parents=True, exist_ok=True)
         path = config_dir / f"Pulumi.{name}.yaml"
         path.write_text(yaml.safe_dump(document))

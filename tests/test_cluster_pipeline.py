@@ -97,7 +97,7 @@ def cluster_run(local_cluster: Cluster, tiny_model_dir: Path, tmp_path_factory: 
 
 def test_pipeline_runs_over_ssh_with_two_node_training(cluster_run: dict[str, Any], local_cluster: Cluster) -> None:
     run, stderr = cluster_run["run"], cluster_run["first"].stderr
-    assert run["submitted"] == ["prepare", "readiness", "train", "eval"]
+    assert run["submitted"] == ["environment", "prepare", "readiness", "train", "eval"]
     assert {job["state"] for job in run["jobs"].values()} == {"COMPLETED"}
     assert f"uploaded to {local_cluster.jail_root}/home/shared/finetune_code/" in stderr
     assert "step 4 loss" in stderr
@@ -118,9 +118,9 @@ def test_dropped_ssh_link_is_reconnected_without_resubmitting(cluster_run: dict[
     after_drop = (local_cluster.base / "log" / "sshd.log").read_bytes()[dropped["log_offset"]:].decode(errors="replace")
     assert "Accepted publickey for root" in after_drop, "ftstack did not log in again after the drop"
     stderr = cluster_run["first"].stderr
-    assert stderr.count("submitted job") == 4 and "step 4 loss" in stderr
+    assert stderr.count("submitted job") == 5 and "step 4 loss" in stderr
     logs = sorted(p.name.rsplit("-", 1)[0] for p in (cluster_run["root"] / "results/logs").glob("*.out"))
-    assert logs == ["ctiny-eval", "ctiny-prepare", "ctiny-readiness", "ctiny-train"]
+    assert logs == ["ctiny-environment", "ctiny-eval", "ctiny-prepare", "ctiny-readiness", "ctiny-train"]
 
 
 def test_second_run_submits_nothing_and_status_reads_over_ssh(cluster_run: dict[str, Any], local_cluster: Cluster) -> None:
@@ -211,3 +211,27 @@ def test_training_cost_uses_the_throughput_this_run_measured_on_the_cluster(clus
     assert source.startswith("measured: ") and index["run_id"] in source and f"stack {STACK}" in source
     assert index["throughput"]["tokens_per_second_per_device"] == pytest.approx(expected, rel=1e-3)
     assert index["throughput"]["device_kind"] == "cpu" and index["throughput"]["devices"] == 2
+
+
+def test_every_job_ran_in_the_environment_the_pipeline_built(cluster_run: dict[str, Any], local_cluster: Cluster) -> None:
+    """The jobs after the environment stage name its interpreter, and it holds the lock's versions, built on a node
+    from the shipped wheelhouse (the nodes have no route to an index)."""
+    from documents.environment_manifest import read_environment_manifest
+    from infra.environment.lock import TARGETS, pins
+
+    stages = json.loads((REPO / ".local/pipeline" / f"{STACK}.json").read_text())["stages"]
+    built = stages["environment"]["outs"]["results_path"]
+    assert built.startswith(f"{local_cluster.jail_root}/home/shared/finetune_env/")
+    manifest_file = local_cluster.on_host(built) / "environment.json"
+    manifest = read_environment_manifest(manifest_file.read_bytes(), str(manifest_file))
+    assert manifest.source == "wheelhouse" and manifest.node in local_cluster.workers
+    locked = pins(TARGETS["local"].file.read_text())
+    assert {name: manifest.packages.get(name) for name in locked} == locked
+    for stage in ("prepare", "readiness", "train", "eval"):
+        assert stages[stage]["outs"]["env"]["FT_PYTHON"] == f"{built}/bin/python", stage
+    from infra.commands.run import outputs_path
+
+    outputs = json.loads(outputs_path(REPO, STACK).read_text())
+    assert outputs["environment_key"] == manifest.key and outputs["environment_source"] == "wheelhouse"
+    assert outputs["environment_size_bytes"] == manifest.size_bytes > 0
+    assert outputs["environment_build_seconds"] == manifest.build_seconds > 0

@@ -79,7 +79,15 @@ def test_mock_run_wires_the_chain_in_order(stack: str) -> None:
     for stage, upstream in (("readiness", "prepare"), ("train", "readiness"), ("eval", "train")):
         assert jobs[upstream].urn in jobs[stage].dependencies, f"{stage} does not wait for {upstream}"
         assert jobs[stage].inputs["dependencies"] == [f"{jobs[upstream].name}-job"]
-    assert jobs["prepare"].inputs["dependencies"] == []
+    if stack == "local":
+        assert jobs["prepare"].inputs["dependencies"] == [] and "environment" not in jobs
+    else:
+        assert jobs["prepare"].inputs["dependencies"] == [f"{jobs['environment'].name}-job"]
+        assert jobs["environment"].inputs["dependencies"] == []
+        assert jobs["source"].urn in jobs["environment"].dependencies, "the lock is shipped before the build"
+        built = jobs["environment"].inputs["results_path"]
+        assert all(jobs[s].inputs["env"]["FT_PYTHON"] == f"{built}/bin/python" for s in CHAIN)
+        assert jobs["environment"].inputs["env"]["FT_PYTHON"] == "python3"
     assert all(jobs["bundle"].urn in jobs[s].dependencies for s in CHAIN)
     assert jobs["train"].inputs["transport"] == "[secret]" or stack == "local"
     if stack != "local":

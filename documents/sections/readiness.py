@@ -15,6 +15,8 @@ class ReadinessConfig(BaseModel):
     expect_gpu_model: str | None = Field(None, description="GPU model of the preset, e.g. 'NVIDIA L40S' or 'H100'")
     expect_gpus_per_node: int | None = Field(None, ge=0, description="GPUs every node must have")
     expect_gpu_memory_gib: float | None = Field(None, gt=0, description="memory per GPU as the preset states it")
+    expect_cuda: str | None = Field(None, description="CUDA version of the stack's images (X.Y[.Z]): torch's "
+                                    "CUDA build must match its X.Y")
     allow_cpu: bool = Field(False, description="pass on a node without GPUs (the local stack)")
     allow_drained_nodes: bool = Field(
         False, description="go on although the partition has nodes Soperator's active checks drained "

@@ -17,12 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from documents.run_config import RunConfig
+from documents.stack_outputs import Environment
 from documents.text_input import TextInputError, load_json
 from infra.config import StackConfig
 from infra.cost.compare import Comparison, compare, plot_comparison, render_comparison
 from infra.cost.price import PriceInputs, price_stack
 from infra.cost.report import render_table, report_document
 from infra.cost.training import REPO_ROOT, load_run
+from infra.environment.plan import EnvironmentPlan, environment_plan, environment_section
 from infra.model_fit import worker_fits
 from infra.program.mocks import MockRun
 from infra.runs.measured import price_inputs
@@ -111,6 +113,14 @@ def _comparison(cfg: StackConfig, run: RunConfig | None, inputs: PriceInputs) ->
         raise SystemExit(f"ftstack plan --compare: {exc}") from None
 
 
+def environment_text(section: Environment, plan: EnvironmentPlan) -> str:
+    """The environment the first job builds, as the plan shows it."""
+    wheels = f"{section.wheels_bytes / 1e9:.2f} GB of wheels" if section.wheels_bytes else "wheel size unknown"
+    return (f"Environment: lock {section.lock_hash} (locks/requirements-{plan.lock}.txt, Python {plan.python_version}, "
+            f"{plan.platform}), source {section.source}{' ' + section.image if section.image else ''}, {wheels}; "
+            f"built by the first job into {plan.folder}")
+
+
 def plan_extras(cfg: StackConfig, result: MockRun, args: argparse.Namespace) -> PlanExtras:
     inputs = price_inputs(cfg, REPO_ROOT)
     run = load_run(cfg)
@@ -127,6 +137,11 @@ def plan_extras(cfg: StackConfig, result: MockRun, args: argparse.Namespace) -> 
     if storage:
         document["storage"] = storage
     code = 1 if refused else code
+    environment = environment_plan(cfg)
+    if environment is not None:
+        section = environment_section(environment)
+        document["environment"] = section.model_dump(mode="json")
+        text += ["", environment_text(section, environment)]
     if args.policies:
         results, failed = _plan_check()(result.resources, cfg, run, _policy_config(args.policy_config))
         code = 1 if failed or refused else 0

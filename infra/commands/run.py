@@ -20,6 +20,7 @@ from typing import Any
 from documents.adapter_registry import SERVED_SET_NAME, ServedSet, read_served_set
 from documents.atomic import write_text_atomic
 from documents.base import DocumentError
+from documents.environment_manifest import ENVIRONMENT_MANIFEST_NAME, EnvironmentManifest, read_environment_manifest
 from documents.evaluator_report import report_name
 from documents.metrics import METRICS_NAME, read_metrics
 from documents.prepare_summary import SUMMARY_NAME, PrepareSummary, read_prepare_summary
@@ -32,6 +33,7 @@ from infra.config import StackConfig, StackConfigError, load_stack_config, stack
 from infra.cost.price import CostReport, PriceInputs, price_stack
 from infra.cost.report import render_chat_table
 from infra.cost.training import stack_gpu_model
+from infra.environment.plan import environment_plan, environment_section
 from infra.pipeline.connect import open_transport
 from infra.pipeline.fetch import fetch_run
 from infra.pipeline.run_lock import StackBusy
@@ -71,13 +73,27 @@ def open_spec(args: argparse.Namespace, stack: StackConfig) -> dict[str, Any]:
                           repo_root=find_repo_root())
 
 
-def run_outputs(stack: StackConfig, cost: CostReport, result: PipelineRun, served: ServedSet | None = None
-                ) -> StackOutputs:
+def run_outputs(stack: StackConfig, cost: CostReport, result: PipelineRun, served: ServedSet | None = None,
+                built: EnvironmentManifest | None = None) -> StackOutputs:
     """The run as stack outputs (the README's stack outputs contract), as the program writes them; with the
-    server's adapters when it reported them."""
+    server's adapters when it reported them and the environment's build once it is built."""
+    plan = environment_plan(stack)
     return StackOutputs(**stack_identity(stack), cost=cost.section(),
                         pipeline=pipeline_section(result.bundle_hash, result.jobs, result.evaluation),
+                        environment=environment_section(plan, built) if plan is not None else None,
                         serving=serving_section(cost.adapter_chats, served) if served else None)
+
+
+def built_environment(stack: StackConfig, spec: dict[str, Any]) -> EnvironmentManifest | None:
+    """The manifest of the stack's environment on the cluster, None before it is built (or unreadable)."""
+    plan = environment_plan(stack)
+    if plan is None:
+        return None
+    path = f"{plan.folder}/{ENVIRONMENT_MANIFEST_NAME}"
+    try:
+        return read_environment_manifest(open_transport(spec).read_file(path), path)
+    except (TransportError, OSError, DocumentError):
+        return None
 
 
 def local_served_set(stack: StackConfig, repo: Path) -> ServedSet | None:
@@ -154,7 +170,8 @@ def throughput_check(before: CostReport, measured: ThroughputMeasurement) -> Thr
 
 
 def finish_run(stack: StackConfig, repo: Path, result: PipelineRun, spec: dict[str, Any], inputs: PriceInputs,
-               served: ServedSet | None = None) -> tuple[StackOutputs, CostReport, str | None]:
+               served: ServedSet | None = None, built: EnvironmentManifest | None = None
+               ) -> tuple[StackOutputs, CostReport, str | None]:
     """After a finished pipeline: bring its records back, price the stack with the throughput the run measured
     (with the figure it was priced with before kept beside it in the run record), write the outputs and store
     the artifacts (once per eval job). Returns the outputs, the price and where the artifacts went."""
@@ -165,7 +182,7 @@ def finish_run(stack: StackConfig, repo: Path, result: PipelineRun, spec: dict[s
             inputs = inputs.model_copy(update={"training": stored.throughput,
                                                "training_read_from": runs_of(store, stack.stack)})
         report = price_stack(stack, inputs)
-        return run_outputs(stack, report, result, served), report, None
+        return run_outputs(stack, report, result, served, built), report, None
     with tempfile.TemporaryDirectory(prefix="ft-fetch-") as tmp:
         folders = run_folders(stack, result, spec, Path(tmp))
         run_id = new_run_id(result)
@@ -176,7 +193,7 @@ def finish_run(stack: StackConfig, repo: Path, result: PipelineRun, spec: dict[s
             report = price_stack(stack, inputs.model_copy(update={
                 "training": throughput, "training_read_from": runs_of(store, stack.stack) if store else None,
                 "training_note": None}))
-        outputs = run_outputs(stack, report, result, served)
+        outputs = run_outputs(stack, report, result, served, built)
         where = _upload(store, stack, repo, result, run_id, folders, outputs, throughput, check) \
             if store is not None else None
     return outputs, report, where
@@ -199,22 +216,23 @@ def run(args: argparse.Namespace) -> int:
     path = outputs_path(repo, stack.stack)
     prepare = read_prepare(spec, result) if args.wait else None
     served = local_served_set(stack, repo)
+    built = built_environment(stack, spec) if args.wait else None
     inputs = price_inputs(stack, repo).with_evaluation(result.evaluation).model_copy(
         update={"prepared": prepare.summary if prepare is not None else None, "served_speeds": served_speeds(served)})
     if timed := {s: float(j["elapsed_s"]) for s, j in result.jobs.items() if j["elapsed_s"] is not None}:
         inputs = inputs.model_copy(update={"stage_seconds": timed, "stage_seconds_from": "this run"})
     if args.wait and result.evaluation is not None:
         try:
-            outputs, report, where = finish_run(stack, repo, result, spec, inputs, served)
+            outputs, report, where = finish_run(stack, repo, result, spec, inputs, served, built)
         except (ArtifactError, TransportError, DocumentError) as error:
-            write_outputs(path, run_outputs(stack, price_stack(stack, inputs), result, served))
+            write_outputs(path, run_outputs(stack, price_stack(stack, inputs), result, served, built))
             print(f"ftstack run: artifacts not stored (local copies kept): {error}", file=sys.stderr)
             return 1
         if where:
             print(f"artifacts stored in {where}", file=sys.stderr)
     else:
         report = price_stack(stack, inputs)
-        outputs = run_outputs(stack, report, result, served)
+        outputs = run_outputs(stack, report, result, served, built)
     write_outputs(path, outputs)
     print(f"outputs written to {path}", file=sys.stderr)
     if args.json:

@@ -26,13 +26,15 @@ from documents.metrics import METRICS_NAME
 from documents.run_config import RunConfig, RunPaths
 from infra.catalog import get_platform, get_preset
 from infra.config import StackConfig
+from infra.environment.plan import EnvironmentPlan, environment_plan
 from infra.pipeline.bundle import PACKAGE, bundle_files
 from workloads.common.job_metrics import TEXTFILE_DIR_ENV
 
-Stage = Literal["prepare", "readiness", "train", "eval", "serve"]
+Stage = Literal["environment", "prepare", "readiness", "train", "eval", "serve"]
 
 CHAIN: tuple[Stage, ...] = ("prepare", "readiness", "train", "eval")
 DEPENDS_ON: dict[Stage, tuple[Stage, ...]] = {
+    "environment": (),
     "prepare": (),
     "readiness": ("prepare",),
     "train": ("readiness",),
@@ -40,6 +42,7 @@ DEPENDS_ON: dict[Stage, tuple[Stage, ...]] = {
     "serve": ("train",),
 }
 SECTIONS: dict[Stage, tuple[str, ...]] = {
+    "environment": (),
     "prepare": ("name", "paths", "model", "data"),
     "readiness": ("name", "paths", "readiness"),
     "train": ("name", "paths", "model", "data", "train"),
@@ -81,6 +84,8 @@ class Placement(BaseModel):
     python: str
     env: dict[str, str]
     slurm_env: dict[str, str]
+    environment: EnvironmentPlan | None = None
+    """The environment the pipeline builds first (cluster stacks); `python` is its interpreter."""
 
 
 def code_hash(source_dir: str | Path) -> str:
@@ -123,11 +128,13 @@ def placement_for(stack: StackConfig, run: RunConfig, repo_root: Path) -> Placem
                  TEXTFILE_DIR_ENV: str(repo_root / LOCAL_TEXTFILE_DIR)},
             slurm_env=slurm_env(stack, repo_root),
         )
+    environment = environment_plan(stack)
+    python = environment.python if environment is not None else stack.pipeline.python
     if stack.cluster is not None:
         jail = PurePosixPath(stack.cluster.jail_root)
-        return Placement(code_root=str(jail / CLUSTER_CODE_ROOT.lstrip("/")), python=stack.pipeline.python,
-                         env={"FT_ROOT": str(jail / run.paths.root)}, slurm_env={})
-    return Placement(code_root=CLUSTER_CODE_ROOT, python=stack.pipeline.python, env={}, slurm_env={})
+        return Placement(code_root=str(jail / CLUSTER_CODE_ROOT.lstrip("/")), python=python,
+                         env={"FT_ROOT": str(jail / run.paths.root)}, slurm_env={}, environment=environment)
+    return Placement(code_root=CLUSTER_CODE_ROOT, python=python, env={}, slurm_env={}, environment=environment)
 
 
 def run_paths_at(run: RunConfig, placement: Placement) -> RunPaths:
@@ -192,8 +199,9 @@ def _readiness_expectations(stack: StackConfig) -> list[str]:
     gpus = get_preset(first.platform, first.preset).gpus
     if not platform.is_gpu or gpus == 0:
         return []
+    cuda = ["--expect-cuda", stack.cuda_version] if stack.cuda_version else []
     return ["--expect-gpu-model", str(platform.gpu_model), "--expect-gpus-per-node", str(gpus),
-            "--expect-gpu-memory-gib", str(platform.gpu_memory_gib)]
+            "--expect-gpu-memory-gib", str(platform.gpu_memory_gib), *cuda]
 
 
 def pipeline_jobs(
@@ -207,7 +215,7 @@ def pipeline_jobs(
     results_dir, train_dir = paths.results_dir.as_posix(), paths.train_run_dir.as_posix()
     stages: list[Stage] = [*CHAIN, *(["serve"] if serve else [])]
     env = {"FT_PYTHON": placement.python, **placement.env}
-    jobs = []
+    jobs = [environment_job(placement.environment, results_dir, run.name)] if placement.environment else []
     for stage in stages:
         jobs.append(JobSpec(
             stage=stage,
@@ -215,7 +223,7 @@ def pipeline_jobs(
             args=[config_arg, *(_readiness_expectations(stack) if stage == "readiness" else [])],
             env=env,
             extra_args=_extra_args(stage, stack, run),
-            depends_on=list(DEPENDS_ON[stage]),
+            depends_on=list(DEPENDS_ON[stage]) or (["environment"] if placement.environment else []),
             fingerprint=stage_fingerprint(stage, code, run, data_sha256),
             output=f"{results_dir}/logs/{run.name}-{stage}-%j.out",
             results_path=train_dir if stage in ("train", "serve") else results_dir,
@@ -223,6 +231,18 @@ def pipeline_jobs(
             result_file=f"{results_dir}/{report_name('{job_id}')}" if stage == "eval" else None,
         ))
     return jobs
+
+
+def environment_job(plan: EnvironmentPlan, results_dir: str, run_name: str) -> JobSpec:
+    """The first stage: build the environment on one node from the shipped lock (every later job waits for it
+    and runs its interpreter); its fingerprint is the environment's key and source, so a second run keeps it."""
+    return JobSpec(
+        stage="environment", script=f"{PACKAGE}/jobs/environment.sbatch", args=[plan.source_dir, plan.root],
+        env={"FT_PYTHON": plan.base_python, **({"FT_CONTAINER_IMAGE": plan.image} if plan.image else {})},
+        extra_args=["--nodes=1"], depends_on=[],
+        fingerprint=plan.fingerprint, output=f"{results_dir}/logs/{run_name}-environment-%j.out",
+        results_path=plan.folder,
+    )
 
 
 def log_dirs(jobs: list[JobSpec]) -> list[str]:

@@ -9,6 +9,8 @@ import pulumi
 from documents.evaluator_report import EvaluatorReport
 from documents.stack_outputs import SIDES, EvalSide, Job
 from documents.stack_outputs import Pipeline as PipelineOutputs
+from infra.environment.plan import EnvironmentPlan
+from infra.environment.resource import EnvironmentSource
 from infra.pipeline.bundle import WorkloadBundle
 from infra.pipeline.chain import JobSpec, job_arguments
 from infra.pipeline.jobs import SlurmJob, job_report
@@ -31,6 +33,10 @@ class PipelineArgs:
     """Wait for every job to finish during `pulumi up` (outputs then carry final states and the evaluation)."""
     depends_on: list[pulumi.Resource] = field(default_factory=list)
     """What must be ready before anything is shipped (the Slurm cluster's releases on cloud stacks)."""
+    environment: EnvironmentPlan | None = None
+    """The environment the chain's first job builds (its lock is shipped first); None on the local stack."""
+    repo_root: str = "."
+    """The repository (the lock, the wheelhouse cache)."""
 
 
 class Pipeline(pulumi.ComponentResource):
@@ -46,15 +52,20 @@ class Pipeline(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=args.depends_on),
         )
         self.bundle_hash = bundle.content_hash
+        shipped = [EnvironmentSource(
+            f"{name}-environment-source", plan=args.environment, repo_root=args.repo_root, transport=args.transport,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=args.depends_on),
+        )] if args.environment is not None else []
         self.jobs = {}
         for job in args.jobs:
             upstream = [self.jobs[stage] for stage in job.depends_on]
+            after = shipped if job.stage == "environment" else []
             self.jobs[job.stage] = SlurmJob(
                 f"{name}-{job.stage}",
                 **job_arguments(job, bundle_path=bundle.path, dependencies=[u.job_id for u in upstream],
                                 transport=args.transport, slurm_env=args.slurm_env,
                                 wait=args.wait and job.stage != "serve"),
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[bundle, *upstream]),
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[bundle, *after, *upstream]),
             )
         self.register_outputs({"bundle_hash": self.bundle_hash})
 

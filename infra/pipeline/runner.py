@@ -23,6 +23,7 @@ from documents.names import checked_name
 from documents.pipeline_state import PipelineState, StageRecord, load_state, save_state
 from documents.run_config import load_run_config
 from infra.config import StackConfig
+from infra.environment.resource import ship_source
 from infra.pipeline.bundle import upload_bundle
 from infra.pipeline.chain import (
     JobSpec,
@@ -135,6 +136,10 @@ def submit_chain(
     state.data_source = fingerprint_source(channel, run, run_root(run, placement), state.data_source)
     if state.data_source is not None:
         progress(f"data {run.data.source}: sha256 {state.data_source.sha256[:16]} ({state.data_source.size} bytes)")
+    if placement.environment is not None:
+        shipped = ship_source(channel, placement.environment, repo_root)
+        progress(f"environment {placement.environment.key} ({placement.environment.source}): lock "
+                 f"{'shipped to' if shipped['shipped'] else 'already at'} {shipped['source_dir']}")
     bundle = upload_bundle(channel, repo_root, placement.code_root)
     progress(f"bundle {bundle['content_hash']} {'uploaded to' if bundle['uploaded'] else 'already at'} {bundle['path']}")
     state.bundle = {k: bundle[k] for k in ("content_hash", "path")}

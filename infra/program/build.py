@@ -21,6 +21,7 @@ from infra.nebius.filesystems import SharedFilesystems, SharedFilesystemsArgs
 from infra.nebius.layout import Layout, layout
 from infra.nebius.network import Network, NetworkArgs
 from infra.pipeline.chain import code_hash, pipeline_jobs, placement_for, run_root
+from infra.environment.plan import environment_plan, environment_section
 from infra.pipeline.component import Pipeline, PipelineArgs
 from infra.pipeline.datasource import fingerprint_source
 from infra.pipeline.transport import LocalTransport
@@ -206,6 +207,7 @@ def build_pipeline(cfg: StackConfig, platform: Platform | None) -> Pipeline | No
     return Pipeline(f"{cfg.cluster_name}-pipeline", PipelineArgs(
         source_dir=str(REPO_ROOT), code_root=placement.code_root, transport=transport, jobs=jobs,
         slurm_env=placement.slurm_env, wait=cfg.pipeline.wait, depends_on=after,
+        environment=placement.environment, repo_root=str(REPO_ROOT),
     ))
 
 
@@ -233,4 +235,5 @@ def build_stack(cfg: StackConfig) -> StackOutputs:
         platform=platform_section(cfg, plan, platform) if platform is not None else None,
         monitoring=monitoring_access(cfg),
         pipeline=pipeline.section() if pipeline is not None else None,
+        environment=environment_section(env) if pipeline is not None and (env := environment_plan(cfg)) else None,
     )

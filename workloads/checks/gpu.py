@@ -24,6 +24,7 @@ from documents.atomic import write_text_atomic
 from documents.readiness_report import GpuPerf, NodeInventory, ReadinessFloors, ReadinessReport
 from documents.sections.readiness import ReadinessConfig
 from workloads.checks import measure, node_states
+from workloads.checks.environment import environment_checks
 from workloads.checks.readiness import BUSBW_FLOORS_GBS, check_line, evaluate, floors_for
 
 _FLAGS = {
@@ -37,6 +38,7 @@ _FLAGS = {
     "allreduce_mib": int,
     "iterations": int,
     "min_busbw_gbs": float,
+    "expect_cuda": str,
 }
 
 
@@ -145,13 +147,16 @@ def run_checks(cfg: ReadinessConfig) -> ReadinessReport:
         hosts = _gather(socket.gethostname(), world)
         local_world = Counter(hosts)[socket.gethostname()]
         inventories = _gather(measure.inventory(), world)
+        code_dir = Path(__file__).resolve().parents[2]
+        environment = [c for chunk in _gather(environment_checks(code_dir, cfg.expect_cuda, gpus, cfg.allow_cpu)
+                                              if local_rank == 0 else [], world) for c in chunk]
         perf = [p for chunk in _gather(_measure_gpus(cfg, rank, local_rank, local_world), world) for p in chunk]
         device = torch.device("cuda", torch.cuda.current_device()) if gpus else torch.device("cpu")
         mib = cfg.allreduce_mib if gpus else min(cfg.allreduce_mib, 16)
         reduced = measure.allreduce(device, mib, cfg.iterations, len(set(hosts))) if world > 1 else None
         interconnect = cfg.interconnect or ("infiniband" if all(_gather(measure.infiniband_present(), world)) else "ethernet")
         nodes = _merge_nodes(inventories)
-        checks = [drained, *evaluate(nodes, perf, reduced, cfg, interconnect)]
+        checks = [drained, *evaluate(nodes, perf, reduced, cfg, interconnect), *environment]
         failed = [c for c in checks if c.status == "fail"]
         return ReadinessReport(
             ok=not failed,

@@ -1,0 +1,57 @@
+"""Readiness checks of the environment: versions against the lock beside the interpreter, the workloads' imports,
+the CUDA parts skipped honestly on a CPU node."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from pathlib import Path
+
+from infra.environment.lock import TARGETS
+from workloads.checks.environment import (
+    cuda_checks, import_check, locked_versions, third_party_imports, version_mismatches, versions_check,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_package_at_another_version_is_refused_naming_it_wanted_and_found(tmp_path: Path) -> None:
+    found = importlib.metadata.version("peft")
+    torch = importlib.metadata.version("torch")
+    changed = tmp_path / "requirements.txt"
+    changed.write_text(f"torch=={torch} \\\n    --hash=sha256:{'0' * 64}\npeft==0.17.0 \\\n    --hash=sha256:{'1' * 64}\n")
+    check = versions_check(changed)
+    assert check.status == "fail" and check.detail == f"peft: wanted 0.17.0, found {found}"
+
+
+def test_the_venv_holds_exactly_the_locked_versions() -> None:
+    locked = locked_versions(TARGETS["local"].file.read_text())
+    installed = {name: importlib.metadata.version(name) for name in ("torch", "transformers", "pydantic")}
+    assert {name: locked[name] for name in installed} == installed
+    assert version_mismatches({"torch": "2.13.0+cpu", "gone": "1.0"}, {"torch": "2.13.0+cpu"}) == [
+        "gone: wanted 1.0, found none"]
+
+
+def test_no_lock_beside_the_interpreter_is_a_skip_not_a_pass(tmp_path: Path) -> None:
+    assert versions_check(tmp_path / "requirements.txt").status == "skip"
+
+
+def test_the_imports_checked_are_the_shipped_code_s(tmp_path: Path) -> None:
+    for package in ("workloads", "documents"):
+        (tmp_path / package).mkdir()
+    (tmp_path / "workloads" / "a.py").write_text("import os\nimport torch.nn\nfrom peft import X\nfrom . import b\n")
+    (tmp_path / "documents" / "b.py").write_text("from workloads.x import y\nimport yaml, json\n")
+    assert third_party_imports(tmp_path) == ["peft", "torch", "yaml"]
+    assert {"torch", "transformers", "bitsandbytes", "peft", "pydantic"} <= set(third_party_imports(ROOT))
+
+
+def test_a_module_that_does_not_import_fails_and_an_optional_one_may_be_absent() -> None:
+    check = import_check(["json", "no_such_module_here"], frozenset())
+    assert check.status == "fail" and "no_such_module_here" in check.detail
+    assert import_check(["json", "no_such_module_here"], frozenset({"no_such_module_here"})).status == "pass"
+
+
+def test_cuda_checks_skip_on_a_cpu_node_only_where_cpu_runs_are_allowed() -> None:
+    assert {c.status for c in cuda_checks("13.0.2", gpus=False, allow_cpu=True)} == {"skip"}
+    refused = cuda_checks("13.0.2", gpus=False, allow_cpu=False)
+    assert {c.name for c in refused} == {"torch_cuda_build", "bitsandbytes_cuda", "nccl"}
+    assert {c.status for c in refused} == {"fail"}
