@@ -152,3 +152,14 @@ def test_transport_refuses_pickling_and_hides_key(sshd: SshServer, tmp_path: Pat
     with pytest.raises(TypeError, match="not picklable"):
         pickle.dumps(t)
     assert "PRIVATE" not in repr(t) and sshd.private_key not in repr(vars(t))
+
+
+
+def test_run_returns_every_byte_of_the_output_when_the_exit_status_comes_first(sshd: SshServer, tmp_path: Path) -> None:
+    """sshd may send the exit status while output is still on its way (a fetched 52 kB chart once came back as its
+    first 32 KiB): the result holds every byte of stdout and stderr."""
+    with _transport(sshd, tmp_path, host_key=sshd.host_public_key) as t:
+        size = 52_000
+        for _ in range(40):
+            result = t.run(f"head -c {size} /dev/zero | tr '\\0' x; echo done >&2").check()
+            assert (len(result.stdout), result.stdout.count("x"), result.stderr) == (size, size, "done\n")

@@ -337,7 +337,9 @@ class SshTransport:
                     out += chan.recv(65536)
                 while chan.recv_stderr_ready():
                     err += chan.recv_stderr(65536)
-                if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                # sshd may send the exit status before the last output: done only at the channel's EOF
+                if (chan.exit_status_ready() and (chan.eof_received or chan.closed)
+                        and not chan.recv_ready() and not chan.recv_stderr_ready()):
                     break
                 if deadline is not None and time.monotonic() > deadline:
                     raise CommandTimeout(f"command {line!r} on {self.target} did not finish within {timeout:g}s")
