@@ -7,7 +7,20 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+MODEL_NAME_MAX = 64
+"""characters in a served model id: OpenAI's fine-tuned model suffixes stop at 64."""
+MODEL_NAME = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9._-]{{0,{MODEL_NAME_MAX - 1}}}$")
+
+
+def model_name_problem(name: str) -> str | None:
+    """Why `name` cannot be a served model id (too long, or characters beyond letters, digits, `.`, `_`, `-`),
+    quoting at most its first 80 characters; None when it can."""
+    if MODEL_NAME.match(name):
+        return None
+    shown = repr(name[:80]) + (f"... ({len(name)} characters)" if len(name) > 80 else "")
+    if len(name) > MODEL_NAME_MAX:
+        return f"is {len(name)} characters long; a model name has at most {MODEL_NAME_MAX}: {shown}"
+    return f"must start with a letter or digit and hold only letters, digits, '.', '_' and '-': {shown}"
 
 
 class ServeConfig(BaseModel):
@@ -59,14 +72,14 @@ class ServeConfig(BaseModel):
     @field_validator("base_name", "finetuned_name")
     @classmethod
     def _name(cls, value: str) -> str:
-        if not MODEL_NAME.match(value):
-            raise ValueError(f"must match {MODEL_NAME.pattern}, got {value!r}")
+        if problem := model_name_problem(value):
+            raise ValueError(problem)
         return value
 
     @field_validator("adapters")
     @classmethod
     def _adapter_names(cls, value: dict[str, str]) -> dict[str, str]:
         for name in value:
-            if not MODEL_NAME.match(name):
-                raise ValueError(f"adapter name must match {MODEL_NAME.pattern}, got {name!r}")
+            if problem := model_name_problem(name):
+                raise ValueError(f"adapter name {problem}")
         return value

@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from documents.adapter_registry import AdapterEntry, AdapterSpeed
-from documents.sections.serve import MODEL_NAME
+from documents.sections.serve import model_name_problem
 from documents.text_input import TextInputError, load_json
 from workloads.serve.auth import bearer_matches
 from workloads.serve.budget import PromptCounter, TokenBudget
@@ -233,11 +233,11 @@ async def list_models(request: Request) -> JSONResponse:
 
 
 def model_card(gateway: Gateway, route: Route) -> dict[str, Any]:
-    """A /v1/models entry; an adapter's names its run, base and evaluation."""
+    """A /v1/models entry; an adapter's names its run (and the stack that ran it), base and evaluation."""
     card: dict[str, Any] = {"id": route.name, "object": "model", "created": gateway.created,
                             "owned_by": "soperator-finetune", "kind": route.kind}
     if route.adapter is not None:
-        card.update(route.adapter.model_dump(include={"run_id", "run_name", "rank", "base_model_sha256",
+        card.update(route.adapter.model_dump(include={"run_id", "run_name", "stack", "rank", "base_model_sha256",
                                                       "dataset_sha256", "evaluation"}))
     return card
 
@@ -415,8 +415,8 @@ async def load_adapter(request: Request) -> JSONResponse:
     try:
         body = await admin_body(request, ("name", "run_id"))
         name = body["name"]
-        if not MODEL_NAME.match(name):
-            raise Refused(400, f"name must match {MODEL_NAME.pattern}, got {name!r}", "invalid_request")
+        if problem := model_name_problem(name):
+            raise Refused(400, f"name {problem}", "invalid_request")
         if name in gateway.routes:
             raise Refused(409, f"model {name!r} is already served", "model_exists")
         try:

@@ -34,6 +34,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from workloads.serve.gateway import error
+from workloads.serve.request import RequestError, parse_chat_request
 
 BASE_ROW = "__base__"
 """peft's adapter name for a row that runs the bare base."""
@@ -339,6 +340,10 @@ def build_app(worker: Worker, base_name: str, default_max_tokens: int = 256) -> 
         body = await read_json(request)
         if body is None or not isinstance(body.get("messages"), list):
             return error(400, "body must be a JSON object with messages", "invalid_request")
+        try:
+            parse_chat_request(body)
+        except RequestError as problem:
+            return error(problem.status, str(problem), problem.code)
         name = body.get("model")
         if name != base_name and name not in engine.adapters:
             return error(404, f"model {name!r} is not loaded; loaded: {[base_name, *sorted(engine.adapters)]}",
