@@ -266,3 +266,41 @@ def test_long_adapter_names_are_refused_in_the_run_config_and_flags() -> None:
         ServeConfig(adapters={"n" * 10_000: "run-1"})
     with pytest.raises(ValueError, match="is 65 characters long"):
         ServeConfig(base_name="b" * 65)
+
+
+def test_sigterm_ends_requests_in_flight_like_openai(adapter_runs, tmp_path) -> None:
+    """Issue 42, item 6: after the grace period a non-streaming request got a plain-text 500 and a stream was cut
+    without an error or `data: [DONE]`, with CancelledError tracebacks in the log. Now: a JSON 503 and an error
+    event then `data: [DONE]`; the launcher ends its engine and exits as Slurm's SIGTERM asks."""
+    import dataclasses
+    import signal
+
+    from eval_fixtures import children
+
+    serve = adapter_runs.run.serve.model_copy(update={"shutdown_grace_s": 1.0, "max_tokens_limit": 1800})
+    runs = dataclasses.replace(adapter_runs, run=adapter_runs.run.model_copy(update={"serve": serve}))
+    with adapter_server(runs, tmp_path / "sigterm", [NAMES[0]]) as server:
+        engines = children(server.proc.pid)
+        body = {"model": NAMES[0], "messages": [{"role": "user", "content": PROMPTS[0]}], "max_tokens": 1800,
+                "temperature": 1.0}
+        url = f"{server.url}/v1/chat/completions"
+        whole: list[httpx.Response] = []
+        waiting = threading.Thread(target=lambda: whole.append(httpx.post(url, json=body, headers=server.headers,
+                                                                          timeout=120)))
+        waiting.start()
+        lines: list[str] = []
+        with httpx.stream("POST", url, json={**body, "stream": True}, headers=server.headers, timeout=120) as reply:
+            for line in reply.iter_lines():
+                if line.startswith("data:"):
+                    lines.append(line)
+                if len(lines) == 3:
+                    os.killpg(server.proc.pid, signal.SIGTERM)
+        waiting.join(timeout=60)
+        code = server.proc.wait(timeout=60)
+    log = server.log.read_text()
+    assert code == 128 + signal.SIGTERM, log[-2000:]
+    assert [pid for pid in engines if Path(f"/proc/{pid}").exists()] == []
+    assert lines[-1] == "data: [DONE]", lines[-3:]
+    assert json.loads(lines[-2][5:])["error"]["code"] == "server_shutting_down", lines[-3:]
+    assert whole[0].status_code == 503 and whole[0].json()["error"]["code"] == "server_shutting_down", whole[0].text
+    assert "Traceback" not in log and "CancelledError" not in log, log[-3000:]
