@@ -80,9 +80,28 @@ def test_demo_total_matches_seed_within_one_percent(demo_cost):
     assert sum(hi for _, hi in demo_cost.categories.values()) == pytest.approx(demo_cost.usd_high)
 
 
+def test_a_chat_is_priced_at_the_output_the_server_allows() -> None:
+    """One setting (issue 42, item 10): serve.max_tokens_limit caps a reply and is the output a chat is priced at;
+    its default is seed 000's 2K output."""
+    from documents.sections.serve import ServeConfig
+    from workloads.serve.gateway import Limits
+
+    cfg = load_stack_config("demo")
+    run = load_run(cfg)
+    assert run is not None and ServeConfig().max_tokens_limit == 2000 == run.serve.max_tokens_limit
+    default = {s.name: s for s in price_stack(cfg, run=run).chats}
+    assert default["tps_60"].conversations_per_day == 60 * 86400 / 2000
+    capped = run.model_copy(update={"serve": run.serve.model_copy(update={"max_tokens_limit": 500})})
+    report = price_stack(cfg, run=capped)
+    for scenario in report.chats:
+        assert scenario.usd_per_chat == pytest.approx(default[scenario.name].usd_per_chat * 500 / 2000)
+    assert any("500 output tokens a chat" in note for note in report.notes), report.notes
+    assert Limits().max_tokens == 2000
+
+
 def test_demo_cost_per_chat_matches_seed(demo_cost):
     cfg = load_stack_config("demo")
-    scenarios = {s.name: s for s in chat_scenarios(demo_cost, cfg.pricing.chat)}
+    scenarios = {s.name: s for s in chat_scenarios(demo_cost, cfg.pricing.chat, 2000)}  # seed 000: 2K output
     assert set(scenarios) == set(SEED_CHAT)
     assert scenarios["tps_3_8"].tokens_per_day == 328_320
     assert scenarios["tps_60"].conversations_per_day == 2_592

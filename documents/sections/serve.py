@@ -57,8 +57,9 @@ class ServeConfig(BaseModel):
     vllm_args: list[str] = Field(default_factory=list, description="extra arguments for `vllm serve`")
     startup_timeout_s: float = Field(600.0, gt=0, description="how long to wait for the engines to be healthy")
     max_tokens_limit: int = Field(
-        1024, gt=0, description="largest max_tokens a request may ask for; a request without one gets this much "
-                                "(or what its prompt leaves of the model's context or KV cache)",
+        2000, gt=0, description="largest max_tokens a request may ask for; a request without one gets this much "
+                                "(or what its prompt leaves of the model's context or KV cache); also the output "
+                                "tokens a chat is priced at (seed 000: 2K output)",
     )
     max_body_bytes: int = Field(1 << 20, gt=0, description="largest request body; a larger one gets 413")
     max_engine_restarts: int = Field(

@@ -32,7 +32,15 @@ from infra.cost.model import (
     workers_hourly_usd,
 )
 from infra.cost.pricing import PriceBook
-from infra.cost.training import REPO_ROOT, load_run, passes, stack_gpu_model, training_devices, training_tokens
+from infra.cost.training import (
+    REPO_ROOT,
+    chat_output_tokens,
+    load_run,
+    passes,
+    stack_gpu_model,
+    training_devices,
+    training_tokens,
+)
 from infra.program.outputs import chat_cost, cost_section
 
 
@@ -133,13 +141,19 @@ def price_stack(cfg: StackConfig, inputs: PriceInputs = PriceInputs(), root: Pat
     notes = [f"{line.label}: {line.note}" for line in monthly.lines if line.note]
     if inputs.training_note:
         notes.append(f"training throughput: {inputs.training_note}")
-    training, throughput = (training_estimate(cfg, run or load_run(cfg, root), book, inputs, notes)
+    run = run or (load_run(cfg, root) if cfg.target != "local" else None)
+    training, throughput = (training_estimate(cfg, run, book, inputs, notes)
                             if cfg.target != "local" else (None, None))
-    scenarios = chat_scenarios(monthly, cfg.pricing.chat, inputs.generation_tokens_per_second) \
+    output_tokens = chat_output_tokens(run)
+    scenarios = chat_scenarios(monthly, cfg.pricing.chat, output_tokens, inputs.generation_tokens_per_second) \
         if monthly.usd_high > 0 else []
+    if scenarios:
+        notes.append(f"cost per chat: {output_tokens:,} output tokens a chat, what the server allows a reply "
+                     "(serve.max_tokens_limit of the run config)")
     chats = [s for s in scenarios if s.name != MEASURED]
     measured = next((s for s in scenarios if s.name == MEASURED), None)
     adapter_chats = {name: scenario for name, speed in inputs.served_speeds.items() if monthly.usd_high > 0
-                     for scenario in chat_scenarios(monthly, cfg.pricing.chat, speed) if scenario.name == MEASURED}
+                     for scenario in chat_scenarios(monthly, cfg.pricing.chat, output_tokens, speed)
+                     if scenario.name == MEASURED}
     return CostReport(monthly=monthly, training=training, throughput=throughput, chats=chats,
                       measured_chat=measured, notes=notes, adapter_chats=adapter_chats)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from documents.prepare_summary import PrepareSummary
 from documents.run_config import RunConfig
+from documents.sections.serve import ServeConfig
 from documents.sections.train import TrainConfig
 from documents.throughput import ThroughputMeasurement
 from documents.train_plan import planned_batching
@@ -25,6 +26,12 @@ def load_run(cfg: StackConfig, root: Path = REPO_ROOT) -> RunConfig | None:
     path = Path(cfg.pipeline.run_config)
     path = path if path.is_absolute() else root / path
     return load_run_config(path) if path.is_file() else None
+
+
+def chat_output_tokens(run: RunConfig | None) -> int:
+    """The output tokens a chat is priced at: what the run's server allows a reply (serve.max_tokens_limit; its
+    default where the run config has no serve section or is not readable here)."""
+    return ((run.serve if run is not None else None) or ServeConfig()).max_tokens_limit
 
 
 def tokenized_tokens(tokenized_dir: Path) -> int | None:
