@@ -33,6 +33,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from workloads.common.chat_template import prompt_ids
 from workloads.serve.gateway import error
 from workloads.serve.request import RequestError, parse_chat_request
 
@@ -96,8 +97,7 @@ class AdapterModel:
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos, default=0)
 
     def prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        return list(prompt_ids(self.tokenizer, messages))
 
     def load(self, name: str, path: str) -> None:
         if name in self.adapters or name == BASE_ROW:
