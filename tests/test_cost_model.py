@@ -319,3 +319,21 @@ def test_the_training_run_is_sized_from_the_runs_own_prepare_summary(tmp_path):
     assert "training tokens: 315,000 in 900 train rows, from the run's prepare summary" in notes
     without, _ = training_estimate(cfg, sized, PriceBook(cfg.pricing.overrides), PriceInputs(), [])
     assert without.tokens == 10_000 * sized.data.split_ratio * sized.data.max_length
+
+
+def test_the_measured_chat_is_priced_from_decode_speed_at_the_chat_length() -> None:
+    """Issue 42, item 12: the eval's overall tokens/s falls with short replies (a fine-tune's 12-character answers
+    showed 38 % slower than the base's); a chat of the cost model's length takes the time to first token, then
+    its other tokens at the decode speed."""
+    from document_fixtures import evaluator_report, side
+
+    cfg = load_stack_config("demo")
+    short_replies = side(6.0, 11.1, time_to_first_token=0.4, decode_tokens_per_second=25.0)
+    inputs = PriceInputs().with_evaluation(evaluator_report(finetuned=short_replies))
+    report = price_stack(cfg, inputs)
+    chat_seconds = 0.4 + (2000 - 1) / 25.0
+    assert report.measured_chat.tokens_per_second == pytest.approx(2000 / chat_seconds)
+    daily = report.monthly.usd_high / cfg.pricing.chat.days_per_month
+    assert report.measured_chat.usd_per_chat == pytest.approx(daily / (86_400 / chat_seconds))
+    unmeasured = PriceInputs().with_evaluation(evaluator_report(finetuned=side(6.0, 11.1)))
+    assert price_stack(cfg, unmeasured).measured_chat.tokens_per_second == 11.1
