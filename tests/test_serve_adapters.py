@@ -287,13 +287,14 @@ def test_sigterm_ends_requests_in_flight_like_openai(adapter_runs, tmp_path) -> 
         whole: list[httpx.Response] = []
         waiting = threading.Thread(target=lambda: whole.append(httpx.post(url, json=body, headers=server.headers,
                                                                           timeout=120)))
-        waiting.start()
         lines: list[str] = []
         with httpx.stream("POST", url, json={**body, "stream": True}, headers=server.headers, timeout=120) as reply:
             for line in reply.iter_lines():
                 if line.startswith("data:"):
                     lines.append(line)
-                if len(lines) == 3:
+                if lines and not waiting.ident:
+                    waiting.start()  # waits behind the stream's generation: in flight at the gateway
+                    time.sleep(3)
                     os.killpg(server.proc.pid, signal.SIGTERM)
         waiting.join(timeout=60)
         code = server.proc.wait(timeout=60)
