@@ -42,6 +42,7 @@ def main() -> None:
 
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    from workloads.common.chat_template import prompt_ids
     from workloads.data.finance_qa import qa_rows
     from workloads.data.shorten import fit_context
     from workloads.eval.generation import Prompt, generate_all, generate_batch
@@ -51,8 +52,7 @@ def main() -> None:
     for row in qa_rows(args.prompts, 0):
         messages = fit_context(tokenizer, [{"role": "user", "content": row["user"]},
                                            {"role": "assistant", "content": row["assistant"]}], args.max_length)
-        rendered = tokenizer.apply_chat_template(messages[:-1], add_generation_prompt=True, tokenize=False)
-        prompts.append(Prompt(tokenizer(rendered, add_special_tokens=False)["input_ids"], "", ""))
+        prompts.append(Prompt(prompt_ids(tokenizer, messages[:-1]), "", ""))
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     if args.random_weights:
         torch.manual_seed(0)

@@ -32,6 +32,7 @@ class AdapterEntry(BaseModel):
     name: str = Field(description="model id clients ask for")
     run_id: str
     run_name: str | None = None
+    stack: str | None = Field(None, description="the stack whose run store holds the run (runs/<stack>/<run_id>)")
     adapter_dir: str = Field(description="the adapter folder (PEFT layout) on the serving machine")
     base_model_sha256: str
     base_model_path: str | None = None

@@ -27,6 +27,16 @@ def utf8_text(data: bytes, origin: str) -> str:
         raise TextInputError(f"{origin}: not UTF-8 text (byte {error.start}: {error.reason})") from None
 
 
+def is_unicode(text: str) -> bool:
+    """Whether `text` can be written as UTF-8: JSON's escapes allow a lone surrogate such as `\\ud800`, which no
+    file, tokenizer or HTTP body can carry."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def read_utf8(path: Path) -> str:
     """The UTF-8 text of the file at `path` (OSError when it cannot be read; TextInputError when not UTF-8)."""
     return utf8_text(Path(path).read_bytes(), str(path))

@@ -33,7 +33,8 @@ def save_adapter(base_dir: Path, out: Path, rank: int, seed: int) -> None:
     peft_model.save_pretrained(out)
 
 
-def register_run(store: LocalStore, root: Path, run_id: str, base_dir: Path, adapter_dir: Path, rank: int) -> None:
+def register_run(store: LocalStore, root: Path, run_id: str, base_dir: Path, adapter_dir: Path, rank: int,
+                 stack: str = STACK) -> None:
     """A finished run of `base_dir` in the store: its config, its manifest (adapter, base hash, data hash)."""
     run_dir = root / run_id
     run_dir.mkdir(parents=True)
@@ -48,4 +49,4 @@ def register_run(store: LocalStore, root: Path, run_id: str, base_dir: Path, ada
         "status": "completed", "adapter": str(adapter_dir),
     }
     (run_dir / RUN_MANIFEST_NAME).write_text(json.dumps(manifest))
-    upload_run(store, STACK, run_id, config_file, train_run_dir=run_dir, results_dir=run_dir / "none")
+    upload_run(store, stack, run_id, config_file, train_run_dir=run_dir, results_dir=run_dir / "none")

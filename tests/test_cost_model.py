@@ -84,9 +84,28 @@ def test_demo_total_matches_seed_within_one_percent(demo_cost):
     assert sum(hi for _, hi in demo_cost.categories.values()) == pytest.approx(demo_cost.usd_high)
 
 
+def test_a_chat_is_priced_at_the_output_the_server_allows() -> None:
+    """One setting (issue 42, item 10): serve.max_tokens_limit caps a reply and is the output a chat is priced at;
+    its default is seed 000's 2K output."""
+    from documents.sections.serve import ServeConfig
+    from workloads.serve.gateway import Limits
+
+    cfg = load_stack_config("demo")
+    run = load_run(cfg)
+    assert run is not None and ServeConfig().max_tokens_limit == 2000 == run.serve.max_tokens_limit
+    default = {s.name: s for s in price_stack(cfg, run=run).chats}
+    assert default["tps_60"].conversations_per_day == 60 * 86400 / 2000
+    capped = run.model_copy(update={"serve": run.serve.model_copy(update={"max_tokens_limit": 500})})
+    report = price_stack(cfg, run=capped)
+    for scenario in report.chats:
+        assert scenario.usd_per_chat == pytest.approx(default[scenario.name].usd_per_chat * 500 / 2000)
+    assert any("500 output tokens a chat" in note for note in report.notes), report.notes
+    assert Limits().max_tokens == 2000
+
+
 def test_demo_cost_per_chat_matches_seed(demo_cost):
     cfg = load_stack_config("demo")
-    scenarios = {s.name: s for s in chat_scenarios(demo_cost, cfg.pricing.chat)}
+    scenarios = {s.name: s for s in chat_scenarios(demo_cost, cfg.pricing.chat, 2000)}  # seed 000: 2K output
     assert set(scenarios) == set(SEED_CHAT)
     assert scenarios["tps_3_8"].tokens_per_day == 328_320
     assert scenarios["tps_60"].conversations_per_day == 2_592
@@ -305,3 +324,21 @@ def test_the_training_run_is_sized_from_the_runs_own_prepare_summary(tmp_path):
     assert "training tokens: 315,000 in 900 train rows, from the run's prepare summary" in notes
     without, _ = training_estimate(cfg, sized, PriceBook(cfg.pricing.overrides), PriceInputs(), [])
     assert without.tokens == 10_000 * sized.data.split_ratio * sized.data.max_length
+
+
+def test_the_measured_chat_is_priced_from_decode_speed_at_the_chat_length() -> None:
+    """Issue 42, item 12: the eval's overall tokens/s falls with short replies (a fine-tune's 12-character answers
+    showed 38 % slower than the base's); a chat of the cost model's length takes the time to first token, then
+    its other tokens at the decode speed."""
+    from document_fixtures import evaluator_report, side
+
+    cfg = load_stack_config("demo")
+    short_replies = side(6.0, 11.1, time_to_first_token=0.4, decode_tokens_per_second=25.0)
+    inputs = PriceInputs().with_evaluation(evaluator_report(finetuned=short_replies))
+    report = price_stack(cfg, inputs)
+    chat_seconds = 0.4 + (2000 - 1) / 25.0
+    assert report.measured_chat.tokens_per_second == pytest.approx(2000 / chat_seconds)
+    daily = report.monthly.usd_high / cfg.pricing.chat.days_per_month
+    assert report.measured_chat.usd_per_chat == pytest.approx(daily / (86_400 / chat_seconds))
+    unmeasured = PriceInputs().with_evaluation(evaluator_report(finetuned=side(6.0, 11.1)))
+    assert price_stack(cfg, unmeasured).measured_chat.tokens_per_second == 11.1

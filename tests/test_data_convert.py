@@ -168,3 +168,19 @@ def test_cli_exit_codes(tmp_path: Path) -> None:
     done = subprocess.run([*run, "--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "o.jsonl"),
                            "--max-bad-fraction", "0.5"], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0 and json.loads(done.stdout)["rows_written"] == 1
+
+
+def test_a_lone_surrogate_is_a_bad_row_with_its_line_number(tmp_path: Path) -> None:
+    """JSON's `\\ud800` escape decodes to a lone surrogate that no UTF-8 file can hold (issue 42, item 4)."""
+    path = tmp_path / "in.jsonl"
+    path.write_text('{"user": "Q", "assistant": "A"}\n{"user": "\\ud800", "assistant": "A"}\n'
+                    '{"user": "Q", "assistant": "A", "system": "x\\udfff"}\n{"user": "Q", "assistant": "A"}\n',
+                    encoding="ascii")
+    report = convert(path, tmp_path / "out.jsonl", max_bad_fraction=0.5)
+    assert report.rows_written == 2 and report.skipped_by_reason == {"user_not_unicode": 1, "system_not_unicode": 1}
+    assert [b.row for b in report.first_bad_rows] == [2, 3]
+    assert _lines(tmp_path / "out.jsonl") == [{"messages": [{"role": "user", "content": "Q"},
+                                                            {"role": "assistant", "content": "A"}]}] * 2
+    with pytest.raises(ConvertError, match=r"first bad rows: \[2, 3\]"):
+        convert(path, tmp_path / "strict.jsonl", max_bad_fraction=0.01)
+    assert not (tmp_path / "strict.jsonl").exists()

@@ -134,7 +134,7 @@ def test_served_adapters_are_priced_per_chat_at_their_own_speed(produced: dict[s
     assert outputs["served_adapters"] == ["desk-earnings", "desk-credit"]
     chat = cfg.pricing.chat
     daily = price_stack(cfg, PriceInputs()).monthly.usd_high / chat.days_per_month
-    chats_per_day = 50.0 * 86400 / chat.output_tokens_per_chat
+    chats_per_day = 50.0 * 86400 / 2000  # the demo run config's serve.max_tokens_limit (default: seed 000's 2K)
     assert outputs["served_adapter_desk_earnings_usd_per_chat"] == pytest.approx(daily / chats_per_day, abs=1e-4)
     assert outputs["served_adapter_desk_earnings_run_id"] == "run-desk-earnings"
     assert outputs["served_adapter_desk_credit_usd_per_chat"] is None

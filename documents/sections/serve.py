@@ -7,7 +7,20 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+MODEL_NAME_MAX = 64
+"""characters in a served model id: OpenAI's fine-tuned model suffixes stop at 64."""
+MODEL_NAME = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9._-]{{0,{MODEL_NAME_MAX - 1}}}$")
+
+
+def model_name_problem(name: str) -> str | None:
+    """Why `name` cannot be a served model id (too long, or characters beyond letters, digits, `.`, `_`, `-`),
+    quoting at most its first 80 characters; None when it can."""
+    if MODEL_NAME.match(name):
+        return None
+    shown = repr(name[:80]) + (f"... ({len(name)} characters)" if len(name) > 80 else "")
+    if len(name) > MODEL_NAME_MAX:
+        return f"is {len(name)} characters long; a model name has at most {MODEL_NAME_MAX}: {shown}"
+    return f"must start with a letter or digit and hold only letters, digits, '.', '_' and '-': {shown}"
 
 
 class ServeConfig(BaseModel):
@@ -44,8 +57,9 @@ class ServeConfig(BaseModel):
     vllm_args: list[str] = Field(default_factory=list, description="extra arguments for `vllm serve`")
     startup_timeout_s: float = Field(600.0, gt=0, description="how long to wait for the engines to be healthy")
     max_tokens_limit: int = Field(
-        1024, gt=0, description="largest max_tokens a request may ask for; a request without one gets this much "
-                                "(or what its prompt leaves of the model's context or KV cache)",
+        2000, gt=0, description="largest max_tokens a request may ask for; a request without one gets this much "
+                                "(or what its prompt leaves of the model's context or KV cache); also the output "
+                                "tokens a chat is priced at (seed 000: 2K output)",
     )
     max_body_bytes: int = Field(1 << 20, gt=0, description="largest request body; a larger one gets 413")
     max_engine_restarts: int = Field(
@@ -59,14 +73,14 @@ class ServeConfig(BaseModel):
     @field_validator("base_name", "finetuned_name")
     @classmethod
     def _name(cls, value: str) -> str:
-        if not MODEL_NAME.match(value):
-            raise ValueError(f"must match {MODEL_NAME.pattern}, got {value!r}")
+        if problem := model_name_problem(value):
+            raise ValueError(problem)
         return value
 
     @field_validator("adapters")
     @classmethod
     def _adapter_names(cls, value: dict[str, str]) -> dict[str, str]:
         for name in value:
-            if not MODEL_NAME.match(name):
-                raise ValueError(f"adapter name must match {MODEL_NAME.pattern}, got {name!r}")
+            if problem := model_name_problem(name):
+                raise ValueError(f"adapter name {problem}")
         return value

@@ -110,6 +110,7 @@ def with_run_config(cfg: StackConfig, path: str) -> StackConfig:
 
 
 def run(args: argparse.Namespace) -> int:
+    plan_extras.check_arguments(args)
     try:
         cfg = load_stack_config(args.stack, args.config_dir)
     except StackConfigError as exc:

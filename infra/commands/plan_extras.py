@@ -32,6 +32,9 @@ from infra.storage_fit import storage_use, storage_violations
 from workloads.train.model_shapes import UnknownModel, shape_for_source
 
 
+CHART_SUFFIXES = (".png", ".svg")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policies", action="store_true",
                         help="run the policy pack's rules; exit 1 on a mandatory violation")
@@ -39,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compare", action="store_true",
                         help="compare full, LoRA and QLoRA of each known model size on the stack's GPU model")
     parser.add_argument("--compare-chart", type=Path, metavar="FILE",
-                        help="also draw the comparison's costs as a chart (.png or .svg)")
+                        help="also draw the comparison's costs as a chart (FILE.png or FILE.svg)")
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,19 @@ def _storage(cfg: StackConfig, run: RunConfig | None) -> tuple[list[str], list[d
     return lines, document, refused
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """Refuse, before planning, a chart file that cannot be written: a format other than PNG or SVG, a missing
+    folder."""
+    path = args.compare_chart
+    if path is None:
+        return
+    if path.suffix not in CHART_SUFFIXES:
+        raise SystemExit(f"ftstack plan --compare-chart {path}: the chart is drawn as PNG or SVG; name the file "
+                         f"{' or '.join(CHART_SUFFIXES)} (got {path.suffix or 'no suffix'!r})")
+    if not path.parent.is_dir():
+        raise SystemExit(f"ftstack plan --compare-chart {path}: folder {path.parent} does not exist")
+
+
 def _comparison(cfg: StackConfig, run: RunConfig | None, inputs: PriceInputs) -> Comparison:
     if run is None or run.train is None:
         raise SystemExit(f"ftstack plan --compare: stack {cfg.stack!r}: run config {cfg.pipeline.run_config} has no "
@@ -162,4 +178,7 @@ def plan_extras(cfg: StackConfig, result: MockRun, args: argparse.Namespace) -> 
                 text.append(f"chart: {args.compare_chart}")
             except ValueError as exc:
                 text.append(f"chart: not drawn: {exc}")
+            except OSError as exc:
+                raise SystemExit(f"ftstack plan --compare-chart {args.compare_chart}: not written: "
+                                 f"{exc.strerror or exc}") from None
     return PlanExtras("\n".join(text), document, code)

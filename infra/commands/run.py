@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -211,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"ftstack run: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(interrupted_text(repo, args.stack), file=sys.stderr)
+        print(interrupted_text(repo, args), file=sys.stderr)
         return 130
     path = outputs_path(repo, stack.stack)
     prepare = read_prepare(spec, result) if args.wait else None
@@ -284,16 +285,29 @@ def read_prepare(spec: dict[str, Any], result: PipelineRun) -> PrepareRead | Non
         return PrepareRead(path, None, str(error))
 
 
-def interrupted_text(repo: Path, stack: str) -> str:
+def again_flags(args: argparse.Namespace, run_flags: bool) -> str:
+    """The flags a command after this one needs to reach the same stack the same way (`--stack`, the stack
+    files' folder, the login node, the SSH key), and with `run_flags` those that change what `ftstack run` does."""
+    given = [("--stack", args.stack), ("--config-dir", args.config_dir if args.config_dir != "stacks" else None),
+             ("--login-host", args.login_host if args.login_host != os.environ.get("FT_LOGIN_HOST") else None),
+             ("--ssh-key", args.ssh_key), ("--known-hosts", args.known_hosts)]
+    if run_flags:
+        given += [("--serve", args.serve or None), ("--cost-stack", args.cost_stack)]
+    return " ".join(flag if value is True else f"{flag} {shlex.quote(str(value))}"
+                    for flag, value in given if value is not None)
+
+
+def interrupted_text(repo: Path, args: argparse.Namespace) -> str:
     """What Ctrl-C left behind: the submitted jobs go on in Slurm; how to follow them or wait again."""
+    stack = args.stack
     try:
         jobs = {name: record.outs["job_id"] for name, record in load_state(state_path(repo, stack), stack).stages.items()}
     except ValueError:
         jobs = {}
     listed = ", ".join(f"{name} {job}" for name, job in jobs.items()) or "none recorded yet"
     return (f"\nftstack run: interrupted. Submitted jobs keep running in Slurm ({listed}); nothing was cancelled.\n"
-            f"  follow them:   ftstack status --stack {stack}\n"
-            f"  wait again:    ftstack run --stack {stack} --wait   (resubmits nothing that is unchanged)\n"
+            f"  follow them:   ftstack status {again_flags(args, False)}\n"
+            f"  wait again:    ftstack run {again_flags(args, True)} --wait   (resubmits nothing that is unchanged)\n"
             f"  stop them:     scancel <job id>")
 
 

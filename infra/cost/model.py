@@ -332,13 +332,14 @@ def chat_scenario(name: str, tokens_per_second: float, daily_cost_usd: float, ou
     )
 
 
-def chat_scenarios(monthly: MonthlyCost, chat: ChatAssumptions, measured_tokens_per_second: float | None = None) -> list[ChatScenario]:
+def chat_scenarios(monthly: MonthlyCost, chat: ChatAssumptions, output_tokens_per_chat: int,
+                   measured_tokens_per_second: float | None = None) -> list[ChatScenario]:
     """Seed 000's scenarios for the given throughputs, plus the measured one when evaluation ran."""
     daily = monthly.usd_high / chat.days_per_month
     rates: list[tuple[str, float]] = [(f"tps_{_slug(f'{t:g}')}", t) for t in chat.tokens_per_second]
     if measured_tokens_per_second:
         rates.append(("measured", measured_tokens_per_second))
-    return [chat_scenario(name, tps, daily, chat.output_tokens_per_chat) for name, tps in rates]
+    return [chat_scenario(name, tps, daily, output_tokens_per_chat) for name, tps in rates]
 
 
 def worker_node_hourly_usd(worker: WorkerSet, book: PriceBook) -> float:

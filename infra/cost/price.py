@@ -34,8 +34,16 @@ from infra.cost.model import (
     workers_hourly_usd,
 )
 from infra.cost.pricing import PriceBook
+from infra.cost.training import (
+    REPO_ROOT,
+    chat_output_tokens,
+    load_run,
+    passes,
+    stack_gpu_model,
+    training_devices,
+    training_tokens,
+)
 from infra.cost.utilization import Utilization, utilization
-from infra.cost.training import REPO_ROOT, load_run, passes, stack_gpu_model, training_devices, training_tokens
 from infra.program.outputs import chat_cost, cost_section
 
 
@@ -51,7 +59,11 @@ class PriceInputs(BaseModel):
     training_note: str | None = None
     """why no stored run was read (e.g. a bucket without credentials here)."""
     generation_tokens_per_second: float | None = None
-    """the fine-tuned model's generation speed the eval job measured (the `measured` cost-per-chat scenario)."""
+    """the fine-tuned model's generation speed the eval job measured over its own replies (prefill included)."""
+    generation_ttft_s: float | None = None
+    """its median time to the first token."""
+    generation_decode_tokens_per_second: float | None = None
+    """its median decode speed (tokens after the first over the seconds after it)."""
     prepared: PrepareSummary | None = None
     """the run's prepare summary (the data size the training run is priced on)."""
     served_speeds: dict[str, float] = {}
@@ -63,8 +75,22 @@ class PriceInputs(BaseModel):
 
     def with_evaluation(self, evaluation: EvaluatorReport | None) -> PriceInputs:
         """These inputs with the generation speed of the eval job's report (none before it reported)."""
-        speed = evaluation.finetuned_model.tokens_per_second if evaluation is not None else 0
-        return self.model_copy(update={"generation_tokens_per_second": speed if speed > 0 else None})
+        side = evaluation.finetuned_model if evaluation is not None else None
+        speed = side.tokens_per_second if side is not None else 0
+        return self.model_copy(update={
+            "generation_tokens_per_second": speed if speed > 0 else None,
+            "generation_ttft_s": side.time_to_first_token if side is not None else None,
+            "generation_decode_tokens_per_second": side.decode_tokens_per_second if side is not None else None})
+
+    def chat_speed(self, output_tokens: int) -> float | None:
+        """The measured speed of one chat of `output_tokens` (the `measured` cost-per-chat scenario): its first
+        token after the measured time to first token, the rest at the measured decode speed, so that the eval's
+        reply lengths (a fine-tune's short answers) do not set the price; the overall speed where no decode
+        speed was measured."""
+        decode, ttft = self.generation_decode_tokens_per_second, self.generation_ttft_s
+        if decode and ttft is not None:
+            return output_tokens / (ttft + (output_tokens - 1) / decode)
+        return self.generation_tokens_per_second
 
 
 class CostReport(BaseModel):
@@ -142,14 +168,20 @@ def price_stack(cfg: StackConfig, inputs: PriceInputs = PriceInputs(), root: Pat
     notes = [f"{line.label}: {line.note}" for line in monthly.lines if line.note]
     if inputs.training_note:
         notes.append(f"training throughput: {inputs.training_note}")
-    training, throughput = (training_estimate(cfg, run or load_run(cfg, root), book, inputs, notes)
+    run = run or (load_run(cfg, root) if cfg.target != "local" else None)
+    training, throughput = (training_estimate(cfg, run, book, inputs, notes)
                             if cfg.target != "local" else (None, None))
-    scenarios = chat_scenarios(monthly, cfg.pricing.chat, inputs.generation_tokens_per_second) \
+    output_tokens = chat_output_tokens(run)
+    scenarios = chat_scenarios(monthly, cfg.pricing.chat, output_tokens, inputs.chat_speed(output_tokens)) \
         if monthly.usd_high > 0 else []
+    if scenarios:
+        notes.append(f"cost per chat: {output_tokens:,} output tokens a chat, what the server allows a reply "
+                     "(serve.max_tokens_limit of the run config)")
     chats = [s for s in scenarios if s.name != MEASURED]
     measured = next((s for s in scenarios if s.name == MEASURED), None)
     adapter_chats = {name: scenario for name, speed in inputs.served_speeds.items() if monthly.usd_high > 0
-                     for scenario in chat_scenarios(monthly, cfg.pricing.chat, speed) if scenario.name == MEASURED}
+                     for scenario in chat_scenarios(monthly, cfg.pricing.chat, output_tokens, speed)
+                     if scenario.name == MEASURED}
     node_hour = worker_node_hourly_usd(cfg.nodes.workers[0], book) if cfg.nodes else 0.0
     used = utilization(cfg, monthly, node_hour, cfg.pricing.schedule, inputs.stage_seconds, inputs.stage_seconds_from,
                        training)

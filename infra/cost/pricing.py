@@ -87,12 +87,12 @@ class PriceOverride(BaseModel):
 
 
 class ChatAssumptions(BaseModel):
-    """Cost-per-chat scenarios (seed 000): throughputs, output tokens per conversation, days per month."""
+    """Cost-per-chat scenarios (seed 000): throughputs and days per month. The output tokens of a chat are the
+    run config's serve.max_tokens_limit, what the server allows (infra.cost.training.chat_output_tokens)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True)
 
     tokens_per_second: list[float] = Field([3.8, 60.0, 200.0], min_length=1)
-    output_tokens_per_chat: int = Field(2000, gt=0)
     days_per_month: float = Field(30.0, gt=0, description="daily cluster cost = monthly high / this")
 
     @field_validator("tokens_per_second")

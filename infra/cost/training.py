@@ -7,6 +7,7 @@ from pathlib import Path
 
 from documents.prepare_summary import PrepareSummary
 from documents.run_config import RunConfig
+from documents.sections.serve import ServeConfig
 from documents.sections.train import TrainConfig
 from documents.throughput import ThroughputMeasurement
 from documents.train_plan import planned_batching
@@ -27,9 +28,16 @@ def load_run(cfg: StackConfig, root: Path = REPO_ROOT) -> RunConfig | None:
     return load_run_config(path) if path.is_file() else None
 
 
+def chat_output_tokens(run: RunConfig | None) -> int:
+    """The output tokens a chat is priced at: what the run's server allows a reply (serve.max_tokens_limit; its
+    default where the run config has no serve section or is not readable here)."""
+    return ((run.serve if run is not None else None) or ServeConfig()).max_tokens_limit
+
+
 def tokenized_tokens(tokenized_dir: Path) -> int | None:
     """Sum of the ``length`` column of a ``datasets.save_to_disk`` folder, read with pyarrow."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     files = sorted(tokenized_dir.glob("*.arrow")) if tokenized_dir.is_dir() else []
     if not files:
@@ -40,7 +48,7 @@ def tokenized_tokens(tokenized_dir: Path) -> int | None:
             table = pa.ipc.open_stream(source).read_all()
         if "length" not in table.column_names:
             return None
-        total += int(pa.compute.sum(table["length"]).as_py() or 0)
+        total += int(pc.sum(table["length"]).as_py() or 0)
     return total
 
 
@@ -92,8 +100,10 @@ def training_tokens(cfg: StackConfig, run: RunConfig, prepared: PrepareSummary |
         rows, tokens = kept
         notes.append(f"training tokens: {tokens:,} in {rows:,} train rows, from the run's prepare summary")
         return tokens, rows
-    found = tokenized_tokens(run.locate().train_dataset_dir)
+    tokenized = run.locate().train_dataset_dir
+    found = tokenized_tokens(tokenized)
     if found is not None:
+        notes.append(f"training tokens: {found:,} in the tokenized train split at {tokenized}")
         return found, rows
     if rows is None:
         notes.append("training run: dataset size unknown (no tokenized dataset here and data.rows unset)")

@@ -5,10 +5,12 @@ from __future__ import annotations
 import math
 import os
 import re
+import sys
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
+import httpx
 from pydantic import BaseModel, ConfigDict
 
 from infra.monitoring.prometheus import Series, label_matcher, query, query_range
@@ -21,10 +23,39 @@ MAX_POINTS = 400
 """points per series a range query asks for at most."""
 
 
+def url_problem(url: str) -> str | None:
+    """Why `url` cannot be Prometheus' base URL (http or https, with a host), or None."""
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, ValueError) as error:
+        return f"not a URL ({error})"
+    if parsed.scheme not in ("http", "https"):
+        return f"it does not start with http:// or https:// (scheme {parsed.scheme or 'missing'!r})"
+    if not parsed.host:
+        return "it names no host"
+    return None
+
+
+def env_url_ignored() -> str | None:
+    """`$FTSTACK_PROMETHEUS_URL ... is ignored: why` when the variable is set but unusable, else None."""
+    url = os.environ.get(URL_ENV)
+    if url is None:
+        return None
+    problem = url_problem(url) if url.strip() else "it is empty"
+    return f"{URL_ENV}={url!r} is ignored: {problem}" if problem else None
+
+
+_said: set[str] = set()
+
+
 def prometheus_url(target: str, repo_root: Path) -> str | None:
     """$FTSTACK_PROMETHEUS_URL, else for the local stack the URL scripts/local-monitoring.sh recorded; None when
-    neither is known."""
-    if url := os.environ.get(URL_ENV):
+    neither is known. A malformed $FTSTACK_PROMETHEUS_URL is ignored, and said so once on stderr."""
+    if (ignored := env_url_ignored()) is not None:
+        if ignored not in _said:
+            _said.add(ignored)
+            print(f"ftstack: {ignored}", file=sys.stderr)
+    elif url := os.environ.get(URL_ENV):
         return url
     if target == "local":
         try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from infra.monitoring.jobs import URL_ENV, live_figures, prometheus_url
+from infra.monitoring.jobs import URL_ENV, env_url_ignored, live_figures, prometheus_url
 from infra.monitoring.prometheus import PrometheusError
 
 _SHOWN = (("step", "step {:.0f}"), ("tokens_per_second", "{:.1f} tokens/s"), ("step_seconds", "{:.2f} s/step"),
@@ -22,7 +22,7 @@ def live_line(target: str, repo_root: Path, job_id: str) -> str:
     """`live: ...` with the job's figures, or `live: unavailable (why)`; never raises for Prometheus' sake."""
     url = prometheus_url(target, repo_root)
     if url is None:
-        return f"live: unavailable (no Prometheus known for this stack; set {URL_ENV})"
+        return f"live: unavailable ({env_url_ignored() or f'no Prometheus known for this stack; set {URL_ENV}'})"
     try:
         figures = live_figures(url, job_id)
     except PrometheusError as error:

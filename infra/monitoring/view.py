@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from documents.run_record import RunIndex
-from infra.monitoring.jobs import URL_ENV, JobSeries, jobs_selector, job_series, prometheus_url
+from infra.monitoring.jobs import URL_ENV, JobSeries, env_url_ignored, job_series, jobs_selector, prometheus_url
 from infra.monitoring.prometheus import PrometheusError
 
 SHOWN_STAGES = ("train", "eval")
@@ -36,7 +36,8 @@ def job_metrics_view(target: str, repo_root: Path, run: RunIndex | None,
     """The train and eval jobs' series of `run` over its time window (started to finished, else to now)."""
     url = prometheus_url(target, repo_root)
     if url is None:
-        return JobMetricsView(unavailable=f"Metrics unavailable: no Prometheus known for this stack (set {URL_ENV}"
+        return JobMetricsView(unavailable=f"Metrics unavailable: {ignored}." if (ignored := env_url_ignored()) else
+                              f"Metrics unavailable: no Prometheus known for this stack (set {URL_ENV}"
                               + (", or start it with scripts/local-monitoring.sh start)." if target == "local" else ")."))
     ids = [run.job_ids[s] for s in SHOWN_STAGES if run is not None and s in run.job_ids]
     if run is None or not ids:

@@ -2,7 +2,8 @@
 
     python -m workloads.data.convert --input raw.parquet --output conversations.jsonl [--max-bad-fraction 0.01]
 
-Rows with a missing, empty or non-string user or assistant field are skipped and counted by reason in
+Rows with a missing, empty or non-string user or assistant field, or text that is not Unicode (a lone surrogate
+such as `\\ud800`, which JSON's escapes allow), are skipped and counted by reason in
 FILE.report.json; above the bad fraction the stage fails and writes no output.
 """
 
@@ -24,7 +25,7 @@ from documents.base import DocumentError
 from documents.chat_row import ChatRow, chat_row_line
 from documents.data_reports import BadRow, ConvertReport, convert_report_path, read_convert_report, write_report
 from documents.stage_manifest import manifest_path, write_manifest
-from documents.text_input import JsonTooDeep, TextInputError, load_json
+from documents.text_input import JsonTooDeep, TextInputError, is_unicode, load_json
 from workloads.data.freshness import build_manifest, is_current
 
 log = logging.getLogger("workloads.data.convert")
@@ -159,6 +160,9 @@ def row_problem(row: Any, keep: tuple[str, ...] = ()) -> str | None:
     system = row.get("system")
     if system is not None and not isinstance(system, str):
         return "system_not_string"
+    for field in ("system", *REQUIRED, *keep):
+        if not is_unicode(str(row.get(field) or "")):
+            return f"{field}_not_unicode"
     return None
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from workloads.common.chat_template import render
+
 Messages = list[dict[str, str]]
 
 MARKER = "\n[...]\n"
@@ -44,7 +46,7 @@ def cap_context(messages: Messages, max_chars: int) -> Messages | None:
 
 
 def token_count(tokenizer: Any, messages: Messages) -> int:
-    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    text = render(tokenizer, messages)
     return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 

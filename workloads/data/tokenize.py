@@ -23,6 +23,7 @@ from documents.atomic import atomic_dir, os_errors_as
 from documents.chat_row import ChatRowError, read_chat_rows
 from documents.prepare_summary import TokenizeLosses
 from documents.stage_manifest import MANIFEST_NAME, StageManifest, read_stage_manifest, write_manifest
+from workloads.common.chat_template import render
 from workloads.data.freshness import build_manifest, is_current
 from workloads.data.shorten import Messages, cap_context, fit_context, token_count
 
@@ -58,7 +59,7 @@ def assistant_spans(tokenizer: Any, messages: list[dict[str, str]], text: str) -
     for index, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        prefix = tokenizer.apply_chat_template(messages[:index], tokenize=False, add_generation_prompt=True) if index else ""
+        prefix = render(tokenizer, messages[:index], generation_prompt=True) if index else ""
         if not text.startswith(prefix):
             raise TokenizeError("chat template renders earlier turns differently once a reply follows; "
                                 "cannot locate assistant tokens")
@@ -103,15 +104,21 @@ def cap_messages(messages: list[dict[str, str]], max_chars: int) -> tuple[list[d
 
 
 def _encode(tokenizer: Any, conversations: list[Messages]) -> list[tuple[list[int], list[int], int]]:
-    """(input_ids, labels, prompt_length) per conversation; prompt_length is where the final answer starts."""
-    texts = [tokenizer.apply_chat_template(m, tokenize=False) for m in conversations]
-    encoded = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
+    """(input_ids, labels, prompt_length) per conversation; prompt_length is where the final answer starts.
+    The text up to the final answer and the rest are tokenized apart, so that the prompt's tokens are the ones
+    evaluation and serving feed (workloads.common.chat_template.prompt_ids): tokenized whole, a prompt ending in
+    whitespace (Qwen3's empty think block) would merge differently with the answer after it."""
+    texts = [render(tokenizer, m) for m in conversations]
+    spans = [assistant_spans(tokenizer, m, text) for m, text in zip(conversations, texts)]
+    cuts = [found[-1][0] if found else len(text) for found, text in zip(spans, texts)]
+    heads = tokenizer([t[:c] for t, c in zip(texts, cuts)], add_special_tokens=False, return_offsets_mapping=True)
+    tails = tokenizer([t[c:] for t, c in zip(texts, cuts)], add_special_tokens=False, return_offsets_mapping=True)
     rows = []
-    for messages, text, ids, offsets in zip(conversations, texts, encoded["input_ids"], encoded["offset_mapping"]):
-        spans = assistant_spans(tokenizer, messages, text)
-        labels = label_spans(ids, offsets, spans)
-        start = bisect.bisect_right([end for _, end in offsets], spans[-1][0]) if spans else len(ids)
-        rows.append((ids, labels, start))
+    for found, cut, head, head_offsets, tail, tail_offsets in zip(
+            spans, cuts, heads["input_ids"], heads["offset_mapping"], tails["input_ids"], tails["offset_mapping"]):
+        ids = [*head, *tail]
+        offsets = [*head_offsets, *((start + cut, end + cut) for start, end in tail_offsets)]
+        rows.append((ids, label_spans(ids, offsets, found), len(head)))
     return rows
 
 

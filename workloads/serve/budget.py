@@ -15,6 +15,7 @@ from typing import Any
 from documents.base import DocumentError
 from documents.hf_files import read_decoder_config
 from documents.sections.serve import ServeConfig
+from workloads.common.chat_template import prompt_ids
 
 # transformers' continuous batching pages hold 256 tokens (ContinuousBatchingConfig.page_size); the engines are
 # started without --cb-block-size, so --cb-num-blocks N is a cache of N x 256 tokens.
@@ -66,6 +67,4 @@ class PromptCounter:
             return self._tokenizer
 
     def count(self, messages: list[dict[str, str]]) -> int:
-        tokenizer = self._load()
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return len(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        return len(prompt_ids(self._load(), messages))

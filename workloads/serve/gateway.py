@@ -26,12 +26,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from documents.adapter_registry import AdapterEntry, AdapterSpeed
-from documents.sections.serve import MODEL_NAME
+from documents.sections.serve import ServeConfig, model_name_problem
 from documents.text_input import TextInputError, load_json
 from workloads.serve.auth import bearer_matches
 from workloads.serve.budget import PromptCounter, TokenBudget
 from workloads.serve.request import ChatRequest, RequestError, read_chat_request
-from workloads.serve.stream_end import ended_like_openai
+from workloads.serve.stream_end import SHUTDOWN_CODE, SHUTDOWN_MESSAGE, ended_like_openai, until_closing
 
 DRAIN_LIMIT = 256 << 20
 
@@ -51,7 +51,7 @@ class Route:
 class Limits:
     """What one request may ask for (ServeConfig.max_tokens_limit, max_body_bytes)."""
 
-    max_tokens: int = 1024
+    max_tokens: int = ServeConfig.model_fields["max_tokens_limit"].default
     max_body_bytes: int = 1 << 20
 
 
@@ -184,6 +184,12 @@ class Gateway:
     created: int = field(default_factory=lambda: int(time.time()))
     adapter_host: AdapterHost | None = None
     meters: dict[str, SpeedMeter] = field(default_factory=dict)
+    closing: asyncio.Event = field(default_factory=asyncio.Event)
+    """set when the server stops and the grace period for requests in flight is over: they end with an error."""
+
+    def close_after(self, grace_s: float) -> None:
+        """Called as the server begins to stop: requests still running in `grace_s` seconds are ended."""
+        asyncio.get_running_loop().call_later(grace_s, self.closing.set)
 
     def meter(self, name: str) -> SpeedMeter:
         return self.meters.setdefault(name, SpeedMeter())
@@ -233,11 +239,11 @@ async def list_models(request: Request) -> JSONResponse:
 
 
 def model_card(gateway: Gateway, route: Route) -> dict[str, Any]:
-    """A /v1/models entry; an adapter's names its run, base and evaluation."""
+    """A /v1/models entry; an adapter's names its run (and the stack that ran it), base and evaluation."""
     card: dict[str, Any] = {"id": route.name, "object": "model", "created": gateway.created,
                             "owned_by": "soperator-finetune", "kind": route.kind}
     if route.adapter is not None:
-        card.update(route.adapter.model_dump(include={"run_id", "run_name", "rank", "base_model_sha256",
+        card.update(route.adapter.model_dump(include={"run_id", "run_name", "stack", "rank", "base_model_sha256",
                                                       "dataset_sha256", "evaluation"}))
     return card
 
@@ -295,8 +301,9 @@ async def chat_completions(request: Request) -> Response:
         return await engine_refusal(reply)
     meter = gateway.meter(route.name)
     if not parsed.stream:
-        return await whole_reply(request, reply, route, meter, started)
-    return StreamingResponse(ended_like_openai(relay_stream(reply, route, meter, started), route.name),
+        return await whole_reply(request, reply, route, meter, started, gateway.closing)
+    return StreamingResponse(ended_like_openai(until_closing(relay_stream(reply, route, meter, started),
+                                                             gateway.closing), route.name),
                              media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache"})
 
@@ -334,9 +341,9 @@ async def relay_stream(reply: httpx.Response, route: Route, meter: SpeedMeter, s
 
 
 async def whole_reply(request: Request, reply: httpx.Response, route: Route, meter: SpeedMeter,
-                      started: float) -> Response:
-    """Read the engine's stream to its end, unless the client hangs up first: then close it (the engine
-    cancels the generation) and answer nobody."""
+                      started: float, closing: asyncio.Event) -> Response:
+    """Read the engine's stream to its end, unless the client hangs up first (then close it: the engine cancels
+    the generation, and nobody is answered) or the server stops (then close it and answer 503)."""
     first: list[float] = []
 
     async def lines() -> list[str]:
@@ -349,14 +356,18 @@ async def whole_reply(request: Request, reply: httpx.Response, route: Route, met
 
     reading = asyncio.ensure_future(lines())
     gone = asyncio.ensure_future(until_disconnected(request))
+    stopped = asyncio.ensure_future(closing.wait())
     try:
-        await asyncio.wait({reading, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finished, _ = await asyncio.wait({reading, gone, stopped}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for task in (reading, gone):
+        for task in (reading, gone, stopped):
             task.cancel()
         await reply.aclose()
-    if not reading.done() or reading.cancelled():
-        return Response(status_code=499)
+    if reading not in finished:
+        if gone in finished:
+            return Response(status_code=499)
+        return JSONResponse({"error": {"message": SHUTDOWN_MESSAGE, "type": "server_error", "code": SHUTDOWN_CODE}},
+                            status_code=503)
     try:
         document = collect_stream(reading.result(), route.name)
     except Refused as refused:
@@ -415,8 +426,8 @@ async def load_adapter(request: Request) -> JSONResponse:
     try:
         body = await admin_body(request, ("name", "run_id"))
         name = body["name"]
-        if not MODEL_NAME.match(name):
-            raise Refused(400, f"name must match {MODEL_NAME.pattern}, got {name!r}", "invalid_request")
+        if problem := model_name_problem(name):
+            raise Refused(400, f"name {problem}", "invalid_request")
         if name in gateway.routes:
             raise Refused(409, f"model {name!r} is already served", "model_exists")
         try:

@@ -16,13 +16,14 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from documents.adapter_registry import AdapterEntry
 from documents.run_config import ConfigError, RunConfig, load_run_config
 from documents.sections.serve import ServeConfig
 from workloads.serve.auth import AccessError, api_key_from_env, is_loopback, require_key_beyond_loopback
 from workloads.serve.engines import EnginePlan, adapter_route, choose_engine, plan_peft, plan_transformers, plan_vllm
-from workloads.serve.gateway import AdapterHost, Limits, build_gateway
+from workloads.serve.gateway import AdapterHost, Gateway, Limits, build_gateway
 from workloads.serve.registry import (
     RegistryError,
     parse_adapter_flags,
@@ -82,6 +83,24 @@ def reach_hint(host: str, port: int, node: str) -> str:
     return f"gateway on {node}:{port} ({host}); from your machine: {tunnel}  then use http://127.0.0.1:{port}/v1"
 
 
+ENDING_S = 2.0
+"""after the grace period, how long requests in flight have to send their error ending before uvicorn cancels them."""
+
+
+def gateway_server(config: Any, gateway: Gateway, grace_s: float) -> Any:
+    """A uvicorn server that, as it begins to stop, gives the requests in flight `grace_s` seconds and then ends
+    them the gateway's way (a JSON 503; a stream's error event and `data: [DONE]`), before uvicorn's own timeout
+    would cancel them (a plain-text 500, a cut stream)."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets: Any = None) -> None:
+            gateway.close_after(grace_s)
+            await super().shutdown(sockets)
+
+    return Server(config)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=os.environ.get("FT_CONFIG"), required="FT_CONFIG" not in os.environ)
@@ -134,8 +153,9 @@ def main(argv: list[str] | None = None) -> int:
             print(reach_hint(cfg.host, cfg.port, os.uname().nodename), flush=True)
             print(f"engine {engine}; models: {[r.name for r in routes]}; API key "
                   f"{'required' if api_key else 'not set (loopback only; admin routes closed)'}", flush=True)
-            server = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning",
-                                                   timeout_graceful_shutdown=cfg.shutdown_grace_s))
+            server = gateway_server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning",
+                                                  timeout_graceful_shutdown=cfg.shutdown_grace_s + ENDING_S),
+                                   app.state.gateway, cfg.shutdown_grace_s)
             with ServedReporter(app.state.gateway, run.results_dir, (cfg.base_name, base_sha, base_path), engine):
                 if not gave_up:
                     server.run()

@@ -33,7 +33,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from workloads.common.chat_template import prompt_ids
 from workloads.serve.gateway import error
+from workloads.serve.request import RequestError, parse_chat_request
 
 BASE_ROW = "__base__"
 """peft's adapter name for a row that runs the bare base."""
@@ -95,8 +97,7 @@ class AdapterModel:
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos, default=0)
 
     def prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        return list(prompt_ids(self.tokenizer, messages))
 
     def load(self, name: str, path: str) -> None:
         if name in self.adapters or name == BASE_ROW:
@@ -339,6 +340,10 @@ def build_app(worker: Worker, base_name: str, default_max_tokens: int = 256) -> 
         body = await read_json(request)
         if body is None or not isinstance(body.get("messages"), list):
             return error(400, "body must be a JSON object with messages", "invalid_request")
+        try:
+            parse_chat_request(body)
+        except RequestError as problem:
+            return error(problem.status, str(problem), problem.code)
         name = body.get("model")
         if name != base_name and name not in engine.adapters:
             return error(404, f"model {name!r} is not loaded; loaded: {[base_name, *sorted(engine.adapters)]}",

@@ -17,7 +17,7 @@ from documents.hf_files import read_adapter_config
 from documents.run_config import RunConfig
 from documents.run_manifest import RUN_MANIFEST_NAME, RunManifest, load_run_manifest, model_hash, read_run_manifest
 from documents.run_record import RunIndex, read_run_record
-from documents.sections.serve import MODEL_NAME
+from documents.sections.serve import model_name_problem
 
 RUN_INDEX_NAME = "run.json"
 STORED_MANIFEST = f"train/{RUN_MANIFEST_NAME}"
@@ -42,6 +42,7 @@ def adapter_entry(name: str, run_id: str, manifest: RunManifest, index: RunIndex
                                  perplexity_improvement_pct=index.perplexity_improvement_pct)
     return AdapterEntry(
         name=name, run_id=run_id, run_name=index.run_name if index else manifest.run, adapter_dir=manifest.adapter,
+        stack=index.stack if index else None,
         base_model_sha256=manifest.base_model.sha256, base_model_path=manifest.base_model.path,
         rank=lora.get("r", 16), dataset_sha256=manifest.dataset.sha256, evaluation=evaluation,
     )
@@ -70,8 +71,8 @@ def parse_adapter_flags(items: list[str]) -> dict[str, str]:
         name, sep, run_id = item.partition("=")
         if not sep or not run_id:
             raise RegistryError(f"--adapter {item!r}: expected NAME=RUN_ID")
-        if not MODEL_NAME.match(name):
-            raise RegistryError(f"--adapter {item!r}: the name must match {MODEL_NAME.pattern}")
+        if problem := model_name_problem(name):
+            raise RegistryError(f"--adapter NAME=RUN_ID: the name {problem}")
         if name in wanted:
             raise RegistryError(f"--adapter {name!r} is given twice")
         wanted[name] = run_id

@@ -7,9 +7,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, field_validator
 
-from documents.text_input import TextInputError, load_json
+from documents.text_input import TextInputError, is_unicode, load_json
 
 JSON_MEDIA_TYPE = "application/json"
+SEED_RANGE = (-(2**63), 2**63 - 1)
+"""a 64-bit signed integer, as vLLM's request takes it (torch.long); beyond it torch's generators overflow."""
 
 
 class ChatMessage(BaseModel):
@@ -42,7 +44,7 @@ class ChatRequest(BaseModel):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    seed: StrictInt | None = None
+    seed: StrictInt | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     stop: StrictStr | list[StrictStr] | None = None
     stream_options: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
@@ -74,24 +76,16 @@ class RequestError(ValueError):
         self.status, self.code = status, code
 
 
-def _unicode(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def invalid_text(document: Any) -> str | None:
     """Where (`messages.0.content`) the first string of a parsed JSON document is not valid Unicode (a lone
     surrogate such as `\\ud800`, which JSON's escapes allow and no tokenizer takes); None when every one is."""
     pending = deque([(document, "")])
     while pending:
         item, path = pending.popleft()
-        if isinstance(item, str) and not _unicode(item):
+        if isinstance(item, str) and not is_unicode(item):
             return path or "body"
         if isinstance(item, dict):
-            if not all(_unicode(key) for key in item):
+            if not all(is_unicode(key) for key in item):
                 return f"a key of {path or 'the body'}"
             pending.extend((value, f"{path}.{key}" if path else key) for key, value in item.items())
         elif isinstance(item, list):
