@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Mapping
+from typing import Literal, Mapping
 
 _PRESET_RE = re.compile(r"^(?:(?P<gpus>\d+)gpu-)?(?P<vcpus>\d+)vcpu-(?P<ram>\d+)gb$")
 
@@ -38,6 +38,8 @@ class Platform:
     cpu: str
     gpu_model: str | None
     gpu_memory_gib: int
+    """nominal memory per GPU as the preset states it (what readiness checks against); plans use
+    ``usable_gpu_memory_gib``."""
     presets: Mapping[str, Preset]
     drivers_preset: str | None = None
     """Default Nebius drivers preset of GPU node groups (mk8s ``gpu_settings.drivers_preset``)."""
@@ -47,6 +49,11 @@ class Platform:
     @property
     def is_gpu(self) -> bool:
         return self.gpu_model is not None
+
+    @property
+    def usable_gpu_memory_gib(self) -> float:
+        """Memory of one GPU as PyTorch reports it (``USABLE_GPU_MEMORY``); 0 for a CPU platform."""
+        return usable_gpu_memory(self.gpu_model).gib if self.gpu_model else 0.0
 
 
 def parse_preset(name: str, *, gpu_cluster_gpus: int = 0) -> Preset:
@@ -190,12 +197,41 @@ def gpu_peaks(gpu_model: str) -> GpuPeaks:
         raise CatalogError(f"no published peaks for GPU model {gpu_model!r}; known: {', '.join(GPU_PEAKS)}") from None
 
 
-def gpu_memory_gib(gpu_model: str) -> int:
-    """Memory of one GPU of this model, from the first platform that has it."""
-    for platform in PLATFORMS.values():
-        if platform.gpu_model == gpu_model:
-            return platform.gpu_memory_gib
-    raise CatalogError(f"no platform has GPU model {gpu_model!r}")
+@dataclass(frozen=True)
+class UsableMemory:
+    """Memory of one GPU as PyTorch reports it (``torch.cuda.get_device_properties(i).total_memory``): what the
+    plan, the policy, the comparison and the trainer size a run against."""
+
+    gib: float
+    kind: Literal["measured", "derived"]
+    """measured: read on such a GPU; derived: computed from the datasheet and a measured sibling, not read."""
+    source: str
+
+
+USABLE_GPU_MEMORY: Mapping[str, UsableMemory] = MappingProxyType({
+    "NVIDIA H100 SXM": UsableMemory(
+        79.19, "measured", "torch.cuda.get_device_properties(0).total_memory on an H100 80GB HBM3, 2026-11-23 "
+        "(docs/training.md, the Qwen3-14B QLoRA sizing run)"),
+    "NVIDIA L40S": UsableMemory(
+        44.99, "derived", "46,068 MiB, the framebuffer NVML lists for an L40S with ECC on (datasheet: 48 GB GDDR6 "
+        "with ECC), as issue 39 reads it; not yet measured by this project's readiness checks"),
+    "NVIDIA H200 SXM": UsableMemory(
+        140.19, "derived", "the datasheet's 141 GB less the H100's measured shortfall from its nominal 80 (0.81 GiB); "
+        "not measured"),
+})
+
+
+def usable_gpu_memory(gpu_model: str) -> UsableMemory:
+    try:
+        return USABLE_GPU_MEMORY[gpu_model]
+    except KeyError:
+        raise CatalogError(
+            f"no usable memory known for GPU model {gpu_model!r}; known: {', '.join(USABLE_GPU_MEMORY)}") from None
+
+
+def gpu_memory_gib(gpu_model: str) -> float:
+    """Usable memory of one GPU of this model (``USABLE_GPU_MEMORY``), the figure every plan sizes with."""
+    return usable_gpu_memory(gpu_model).gib
 
 
 def get_platform(name: str) -> Platform:

@@ -2,8 +2,8 @@
 method (full, LoRA, QLoRA) x each known model size: the parallelism, the GPUs needed, tokens/s per GPU and where
 that figure came from, GPU-hours, wall time and cost on demand and preemptible.
 
-- GPUs needed: the fewest GPUs of the stack's model on which ``decide_parallelism`` finds a plan that fits
-  (``infra.model_fit``); DDP needs one, FSDP as many as the shards need.
+- GPUs needed: the fewest GPUs of the stack's model (at the memory PyTorch reports, ``catalog.USABLE_GPU_MEMORY``)
+  on which ``decide_placement`` finds a placement that fits; DDP needs one, FSDP as many as the shards need.
 - Tokens/s per GPU, GPU-hours and cost: each row is priced by ``price_stack`` (the one price path) with the run
   config changed to that model and method, so its tokens/s come from where the stack's own training-run cost
   takes them (configured, measured, borrowed, estimated); the stack's configured figure and the run it measured
@@ -27,9 +27,9 @@ from documents.run_config import RunConfig, parse_run_config
 from infra import catalog
 from infra.config import StackConfig
 from infra.cost.price import CostReport, PriceInputs, price_stack
-from infra.model_fit import smallest_placement
 from infra.pipeline.chain import worker_shape
 from workloads.train.model_shapes import KNOWN, ModelShape, UnknownModel, shape_for_source
+from workloads.train.placement import Hardware, decide_placement
 
 METHODS = ("full", "lora", "qlora")
 REFERENCE_TOKENS = 100_000_000
@@ -190,13 +190,14 @@ def compare(cfg: StackConfig, run: RunConfig, inputs: PriceInputs = PriceInputs(
     nodes, gpus_per_node = worker_shape(cfg)
     stack_gpus = nodes * gpus_per_node
     has_spot = _has_preemptible_price(price(run, True))
+    one_gpu = Hardware(gpu_memory_gib=platform.usable_gpu_memory_gib)
     rows: list[CompareRow] = []
     usd_rate = spot_rate = None
     for source in compared_models(run):
         shape = shape_for_source(source)
         for method in METHODS:
             variant = with_method(run, source, method)
-            fit = smallest_placement(variant, shape, platform.gpu_memory_gib, 1)
+            fit = decide_placement(variant, shape, one_gpu)
             on_demand = price(variant, False)
             priced = on_demand.training
             if usd_rate is None and priced.gpu_hours and priced.usd is not None:
@@ -222,7 +223,7 @@ def compare(cfg: StackConfig, run: RunConfig, inputs: PriceInputs = PriceInputs(
     if not has_spot:
         notes.append(f"{worker.platform}: no preemptible price in the catalog; preemptible cost not shown")
     return Comparison(
-        stack=cfg.stack, gpu_model=platform.gpu_model or "", gpu_memory_gib=platform.gpu_memory_gib,
+        stack=cfg.stack, gpu_model=platform.gpu_model or "", gpu_memory_gib=platform.usable_gpu_memory_gib,
         gpus_per_node=gpus_per_node, stack_gpus=stack_gpus, tokens=sized.tokens, passes=sized.epochs,
         data_basis=data_basis, usd_per_gpu_hour=usd_rate, preemptible_usd_per_gpu_hour=spot_rate,
         rows=rows, notes=notes,
@@ -252,7 +253,7 @@ def render_comparison(c: Comparison) -> str:
     if c.preemptible_usd_per_gpu_hour is not None:
         price += f", preemptible ${c.preemptible_usd_per_gpu_hour:.2f}"
     gpus = f"{c.stack_gpus} GPU" + ("" if c.stack_gpus == 1 else "s")
-    head = (f"Method comparison on {c.gpu_model} ({c.gpu_memory_gib:g} GiB; stack {c.stack!r}: {gpus}, {price}) for "
+    head = (f"Method comparison on {c.gpu_model} ({c.gpu_memory_gib:g} GiB usable; stack {c.stack!r}: {gpus}, {price}) for "
             f"{c.tokens * c.passes:,.0f} training tokens ({c.data_basis}):")
     table = [("Model", "Params", "Method", "Plan", "GPUs", "GiB/GPU", "On stack", "Tokens/s/GPU", "GPU-h",
               "Wall h", "On-demand", "Preemptible", "Tokens/s from")]

@@ -57,7 +57,7 @@ from workloads.train.config import (
 from workloads.train.loss_chart import plot_loss
 from workloads.train.metrics_callback import MetricsCallback, TokenCounter
 from workloads.train.model_shapes import ModelShape, shape_from_model_folder
-from workloads.train.parallelism import decide_parallelism
+from workloads.train.placement import Hardware, decide_placement
 from workloads.train.preemption import INTERRUPTED_EXIT, STOP_FILE_ENV, PreemptionCallback, StopRequest
 from workloads.train.sizing import plan_batches
 
@@ -210,6 +210,13 @@ def gpu_memory_gib() -> float | None:
     return torch.cuda.get_device_properties(index).total_memory / 2**30
 
 
+def this_hardware() -> tuple[Hardware, int]:
+    """This job's GPUs as the placement sees them (torchrun's LOCAL_WORLD_SIZE ranks per node) and its node count."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    return Hardware(gpu_memory_gib=gpu_memory_gib(), gpus_per_node=per_node), max(1, world // per_node)
+
+
 def model_shape(model_dir: Path) -> ModelShape:
     if not (model_dir / MODEL_CONFIG).is_file():
         raise FileNotFoundError(f"{model_dir}: no config.json (run the prepare stage first)")
@@ -255,15 +262,17 @@ def train_run(run: RunConfig) -> int:
         return 0
     precision = detect_precision(train.precision)
     stop = StopRequest(os.environ.get(STOP_FILE_ENV))
-    shape, gpu = model_shape(paths.model_dir), gpu_memory_gib()
-    parallel = decide_parallelism(run, shape, gpu, int(os.environ.get("WORLD_SIZE", "1")))
+    shape = model_shape(paths.model_dir)
+    hardware, nodes = this_hardware()
+    placement = decide_placement(run, shape, hardware, nodes)
+    parallel = placement.plan
     if not parallel.fits:
         log.warning("the memory estimate says this run does not fit: %s", parallel.reason)
     fsdp = parallel.strategy == "fsdp"
-    plan = plan_batches(run, shape, gpu, shards=parallel.shards)
+    plan = placement.batches or plan_batches(run, shape, hardware.gpu_memory_gib, shards=parallel.shards)
     batching = choose_batching(run, paths.dataset_dir, plan)
     if batching.chosen != planned_batching(train.batching):
-        plan = plan_batches(run, shape, gpu, batching.chosen, parallel.shards)
+        plan = decide_placement(run, shape, hardware, nodes, batching.chosen).batches or plan
     choice = attention.choose(torch.cuda.is_available(), batching.chosen == "packed")
     args = create_training_arguments(train, paths.checkpoint_dir, precision, report_eval=bool(paths.eval_dataset_dir),
                                      gradient_accumulation_steps=plan.gradient_accumulation_steps,

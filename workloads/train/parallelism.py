@@ -70,15 +70,16 @@ def _min_fsdp_ranks(shape: ModelShape, inputs: MemoryInputs, budget: float) -> i
 
 
 def decide_parallelism(run: RunConfig, shape: ModelShape | None, gpu_memory_gib: float | None,
-                       world_size: int) -> ParallelismPlan:
+                       world_size: int, configured: str | None = None) -> ParallelismPlan:
     """The configured parallelism, or under `auto` DDP while one replica fits `memory_fraction` of
     `gpu_memory_gib` and FSDP over `world_size` ranks otherwise (see the module docstring). `shape` None (an
     unknown model) or `gpu_memory_gib` None (CPU) leave the configured choice, or DDP, unchecked. Deterministic
-    given its arguments, so every rank decides the same."""
+    given its arguments, so every rank decides the same. `configured` decides as if the run said so (the placement
+    search asks what a run forcing DDP would need sharded; the run config is never rewritten)."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     train = require_train(run)
-    configured, fraction = train.parallelism, train.memory_fraction
+    configured, fraction = configured or train.parallelism, train.memory_fraction
     common = {"configured": configured, "method": train.method, "world_size": world_size,
               "gpu_memory_gib": gpu_memory_gib, "memory_fraction": fraction}
 
