@@ -57,9 +57,9 @@ from workloads.train.config import (
 from workloads.train.loss_chart import plot_loss
 from workloads.train.metrics_callback import MetricsCallback, TokenCounter
 from workloads.train.model_shapes import ModelShape, shape_from_model_folder
-from workloads.train.placement import Hardware, decide_placement
+from workloads.train.placement import Hardware, Placement, decide_placement
 from workloads.train.preemption import INTERRUPTED_EXIT, STOP_FILE_ENV, PreemptionCallback, StopRequest
-from workloads.train.sizing import plan_batches
+from workloads.train.sizing import DoesNotFit, plan_batches
 
 log = logging.getLogger("workloads.train.finetune")
 
@@ -210,11 +210,21 @@ def gpu_memory_gib() -> float | None:
     return torch.cuda.get_device_properties(index).total_memory / 2**30
 
 
-def this_hardware() -> tuple[Hardware, int]:
-    """This job's GPUs as the placement sees them (torchrun's LOCAL_WORLD_SIZE ranks per node) and its node count."""
+def job_placement(run: RunConfig, model_dir: Path, batching: Batching | None = None) -> Placement:
+    """The placement this job trains with: `decide_placement` over the nodes torchrun started (WORLD_SIZE ranks,
+    LOCAL_WORLD_SIZE per node) on this GPU's memory as PyTorch reports it."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
-    return Hardware(gpu_memory_gib=gpu_memory_gib(), gpus_per_node=per_node), max(1, world // per_node)
+    hardware = Hardware(gpu_memory_gib=gpu_memory_gib(), gpus_per_node=per_node)
+    placement = decide_placement(run, model_shape(model_dir), hardware, max(1, world // per_node), batching)
+    assert placement is not None  # a given node count always yields a placement
+    return placement
+
+
+def _batches(placement: Placement) -> BatchPlan:
+    if placement.batches is None:
+        raise DoesNotFit(placement.why_not)
+    return placement.batches
 
 
 def model_shape(model_dir: Path) -> ModelShape:
@@ -262,17 +272,15 @@ def train_run(run: RunConfig) -> int:
         return 0
     precision = detect_precision(train.precision)
     stop = StopRequest(os.environ.get(STOP_FILE_ENV))
-    shape = model_shape(paths.model_dir)
-    hardware, nodes = this_hardware()
-    placement = decide_placement(run, shape, hardware, nodes)
+    placement = job_placement(run, paths.model_dir)
     parallel = placement.plan
     if not parallel.fits:
         log.warning("the memory estimate says this run does not fit: %s", parallel.reason)
     fsdp = parallel.strategy == "fsdp"
-    plan = placement.batches or plan_batches(run, shape, hardware.gpu_memory_gib, shards=parallel.shards)
+    plan = _batches(placement)
     batching = choose_batching(run, paths.dataset_dir, plan)
     if batching.chosen != planned_batching(train.batching):
-        plan = decide_placement(run, shape, hardware, nodes, batching.chosen).batches or plan
+        plan = _batches(job_placement(run, paths.model_dir, batching.chosen))
     choice = attention.choose(torch.cuda.is_available(), batching.chosen == "packed")
     args = create_training_arguments(train, paths.checkpoint_dir, precision, report_eval=bool(paths.eval_dataset_dir),
                                      gradient_accumulation_steps=plan.gradient_accumulation_steps,

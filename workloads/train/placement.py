@@ -44,7 +44,8 @@ class Placement(BaseModel):
     gpus_per_node: int
     plan: ParallelismPlan
     batches: BatchPlan | None
-    """None when not even one sequence per micro-batch fits."""
+    """None when not even one sequence per micro-batch fits (`why_not` says by how much)."""
+    why_not: str | None = None
     needs_sharding: bool = False
     """the run forces DDP and this placement is what FSDP (train.parallelism auto or fsdp) would need."""
 
@@ -64,11 +65,12 @@ class Placement(BaseModel):
 def _at(run: RunConfig, shape: ModelShape | None, hardware: Hardware, nodes: int, batching: Batching | None,
         configured: str | None) -> Placement:
     plan = decide_parallelism(run, shape, hardware.gpu_memory_gib, nodes * hardware.gpus_per_node, configured)
+    batches, why_not = None, None
     try:
         batches = plan_batches(run, shape, hardware.gpu_memory_gib, batching, plan.shards)
-    except DoesNotFit:
-        batches = None
-    return Placement(nodes=nodes, gpus_per_node=hardware.gpus_per_node, plan=plan, batches=batches,
+    except DoesNotFit as exc:
+        why_not = str(exc)
+    return Placement(nodes=nodes, gpus_per_node=hardware.gpus_per_node, plan=plan, batches=batches, why_not=why_not,
                      needs_sharding=configured is not None and plan.strategy == "fsdp")
 
 
