@@ -1,6 +1,6 @@
 """Where a run fits on a stack's GPUs: for each GPU worker set, the placement the run gets over all of that set's
-GPUs (``workloads.train.placement.decide_placement`` on the catalog's usable GPU memory) and, when that does not
-fit, the fewest nodes of the set's preset that do.
+GPUs (``workloads.train.placement.decide_placement`` on the catalog's usable GPU memory and the preset's RAM) and,
+when that does not fit, the fewest nodes of the set's preset that do.
 
 The preview's model-fits policy and ``ftstack plan`` call ``worker_fits``; the method comparison, the cost estimate
 and the trainer call the same ``decide_placement``, so the preview and the run agree.
@@ -46,8 +46,8 @@ class WorkerFit(BaseModel):
                  f"{self.gpu_memory_gib:g} GiB usable each)")
         head = f"{where}: {p.plan.strategy} over {_gpus(p.gpus)}, ~{p.per_gpu_gib:.1f} GiB per GPU"
         if self.fits:
-            return f"{head}: fits ({p.plan.reason})"
-        verdict = f"{head}: does not fit ({p.plan.reason})"
+            return f"{head}: fits ({p.plan.reason}; {p.host_text()})"
+        verdict = f"{head}: does not fit ({p.plan.reason}; {p.host_text()})"
         if self.smallest is None:
             return f"{verdict}; no node count of this preset fits"
         s = self.smallest
@@ -67,7 +67,8 @@ def worker_fits(cfg: StackConfig, run: RunConfig, shape: ModelShape) -> list[Wor
         platform = catalog.get_platform(w.platform)
         if not platform.is_gpu:
             continue
-        hardware = Hardware(gpu_memory_gib=platform.usable_gpu_memory_gib, gpus_per_node=w.shape.gpus)
+        hardware = Hardware(gpu_memory_gib=platform.usable_gpu_memory_gib, gpus_per_node=w.shape.gpus,
+                            host_memory_gib=w.shape.ram_gib)
         placement = decide_placement(run, shape, hardware, nodes=w.size)
         smallest = None if placement.fits else decide_placement(run, shape, hardware)
         found.append(WorkerFit(worker_set=w.name, gpu_model=platform.gpu_model or "",

@@ -114,3 +114,35 @@ def test_ftstack_plan_with_another_run_config_prints_the_placement_and_prices_it
     assert "[pass] model-fits-gpu" in proc.stdout
     outside = _ftstack("--stack", "h100", "--run-config", "stacks/Pulumi.h100.yaml")
     assert outside.returncode == 2 and "outside workloads/" in outside.stderr
+
+
+def _with_workers(cfg, **update):
+    workers = [w.model_copy(update=update) for w in cfg.nodes.workers]
+    return cfg.model_copy(update={"nodes": cfg.nodes.model_copy(update={"workers": workers})})
+
+
+def test_host_memory_counts_one_base_on_the_first_node_not_one_per_rank():
+    """bf16 70B LoRA over 2 x 8 H100s: rank 0 reads the 141.1 GB base, its 7 node-mates one tensor each at most
+    (the 128,256 x 8,192 bf16 embedding, 2.1 GB): 146 GB of the 1,600 GiB node, where a copy per rank was 1.13 TB."""
+    run = _run("h100", "lora")
+    [fit] = worker_fits(load_stack_config("h100", ROOT / "stacks"), run, shape_for_source(LLAMA70))
+    embedding = 128256 * 8192 * 2
+    assert fit.placement.host_bytes_per_node == 2 * PARAMS + 7 * embedding
+    assert fit.placement.host_fits and fit.fits
+    assert f"host memory {(2 * PARAMS + 7 * embedding) / GIB:.1f} GiB on the busiest node of the node's 1600 GiB RAM" \
+        in fit.describe()
+
+
+def test_a_node_whose_ram_cannot_hold_the_base_is_refused_with_the_figures():
+    """A 70B full fine-tune loads fp32 masters: 4 x 70.55e9 B = 262.9 GiB on rank 0's node, over the 200 GiB of a
+    1gpu-16vcpu-200gb H100 node, however many such nodes there are (GPU memory would fit on 24)."""
+    cfg = _with_workers(load_stack_config("h100", ROOT / "stacks"), preset="1gpu-16vcpu-200gb", size=24)
+    run = _run("h100", "full")
+    [message] = rules.model_fits(_ctx_of(cfg, run))
+    assert f"host memory {4 * PARAMS / GIB:.1f} GiB on the busiest node of the node's 200 GiB RAM: does not fit" \
+        in message
+    assert "no node count of this preset fits" in message
+
+
+def _ctx_of(cfg, run) -> Context:
+    return Context([], cfg, run, {})

@@ -4,6 +4,9 @@ that figure came from, GPU-hours, wall time and cost on demand and preemptible.
 
 - GPUs needed: the fewest GPUs of the stack's model (at the memory PyTorch reports, ``catalog.USABLE_GPU_MEMORY``)
   on which ``decide_placement`` finds a placement that fits; DDP needs one, FSDP as many as the shards need.
+- Host GiB: host memory of the busiest of the stack's nodes while the base loads (``host_bytes_per_node``: one
+  base on the first node under FSDP, a tensor in flight per rank otherwise); a row over the node's RAM does not
+  fit the stack.
 - Tokens/s per GPU, GPU-hours and cost: each row is priced by ``price_stack`` (the one price path) with the run
   config changed to that model and method, so its tokens/s come from where the stack's own training-run cost
   takes them (configured, measured, borrowed, estimated); the stack's configured figure and the run it measured
@@ -29,7 +32,8 @@ from infra.config import StackConfig
 from infra.cost.price import CostReport, PriceInputs, price_stack
 from infra.pipeline.chain import worker_shape
 from workloads.train.model_shapes import KNOWN, ModelShape, UnknownModel, shape_for_source
-from workloads.train.placement import Hardware, decide_placement
+from workloads.train.memory import GIB
+from workloads.train.placement import Hardware, decide_placement, host_bytes_per_node
 
 METHODS = ("full", "lora", "qlora")
 REFERENCE_TOKENS = 100_000_000
@@ -69,6 +73,8 @@ class CompareRow(BaseModel):
     strategy: str | None
     gpus_needed: int | None
     per_gpu_gib: float | None
+    host_gib_per_node: float | None = None
+    """host memory of the busiest of the stack's nodes while the base loads (``placement.host_bytes_per_node``)."""
     fits_stack: bool
     throughput: RowThroughput
     gpu_hours: float | None
@@ -85,6 +91,7 @@ class Comparison(BaseModel):
     gpu_model: str
     gpu_memory_gib: float
     gpus_per_node: int
+    node_ram_gib: float
     stack_gpus: int
     tokens: float
     passes: float
@@ -206,7 +213,9 @@ def compare(cfg: StackConfig, run: RunConfig, inputs: PriceInputs = PriceInputs(
                 spot = price(variant, True).training if has_spot else None
                 spot_rate = spot.usd / spot.gpu_hours if spot and spot.usd is not None and spot.gpu_hours else None
             needed = fit.gpus if fit else None
-            fits_stack = needed is not None and needed <= stack_gpus
+            host = host_bytes_per_node(variant, shape, fit.plan.strategy, gpus_per_node) if fit else None
+            host_fits = host is not None and host <= worker.shape.ram_gib * GIB
+            fits_stack = needed is not None and needed <= stack_gpus and host_fits
             wall_gpus = stack_gpus if fits_stack else (gpus_per_node * math.ceil(needed / gpus_per_node)
                                                        if needed else None)
             preemptible = priced.gpu_hours * spot_rate if spot_rate is not None and priced.gpu_hours else None
@@ -214,6 +223,7 @@ def compare(cfg: StackConfig, run: RunConfig, inputs: PriceInputs = PriceInputs(
                 model=source, params_b=round(shape.params / 1e9, 2), method=method,
                 strategy=fit.plan.strategy if fit else None, gpus_needed=needed,
                 per_gpu_gib=round(fit.per_gpu_gib, 1) if fit else None, fits_stack=fits_stack,
+                host_gib_per_node=round(host / GIB, 1) if host is not None else None,
                 throughput=_row_throughput(on_demand), gpu_hours=priced.gpu_hours,
                 wall_hours=priced.gpu_hours / wall_gpus if priced.gpu_hours is not None and wall_gpus else None,
                 wall_gpus=wall_gpus, usd_on_demand=priced.usd, usd_preemptible=preemptible,
@@ -224,7 +234,7 @@ def compare(cfg: StackConfig, run: RunConfig, inputs: PriceInputs = PriceInputs(
         notes.append(f"{worker.platform}: no preemptible price in the catalog; preemptible cost not shown")
     return Comparison(
         stack=cfg.stack, gpu_model=platform.gpu_model or "", gpu_memory_gib=platform.usable_gpu_memory_gib,
-        gpus_per_node=gpus_per_node, stack_gpus=stack_gpus, tokens=sized.tokens, passes=sized.epochs,
+        gpus_per_node=gpus_per_node, node_ram_gib=worker.shape.ram_gib, stack_gpus=stack_gpus, tokens=sized.tokens, passes=sized.epochs,
         data_basis=data_basis, usd_per_gpu_hour=usd_rate, preemptible_usd_per_gpu_hour=spot_rate,
         rows=rows, notes=notes,
     )
@@ -234,10 +244,14 @@ def _num(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def _on_stack(row: CompareRow, gpus_per_node: int) -> str:
+def _on_stack(row: CompareRow, c: Comparison) -> str:
     if row.gpus_needed is None:
         return "-"
-    return "yes" if row.fits_stack else f"no: {math.ceil(row.gpus_needed / gpus_per_node)} nodes"
+    if row.fits_stack:
+        return "yes"
+    if row.host_gib_per_node is not None and row.host_gib_per_node > c.node_ram_gib:
+        return f"no: host RAM {c.node_ram_gib:g} GiB"
+    return f"no: {math.ceil(row.gpus_needed / c.gpus_per_node)} nodes"
 
 
 def _source(t: RowThroughput) -> str:
@@ -255,14 +269,14 @@ def render_comparison(c: Comparison) -> str:
     gpus = f"{c.stack_gpus} GPU" + ("" if c.stack_gpus == 1 else "s")
     head = (f"Method comparison on {c.gpu_model} ({c.gpu_memory_gib:g} GiB usable; stack {c.stack!r}: {gpus}, {price}) for "
             f"{c.tokens * c.passes:,.0f} training tokens ({c.data_basis}):")
-    table = [("Model", "Params", "Method", "Plan", "GPUs", "GiB/GPU", "On stack", "Tokens/s/GPU", "GPU-h",
+    table = [("Model", "Params", "Method", "Plan", "GPUs", "GiB/GPU", "Host GiB", "On stack", "Tokens/s/GPU", "GPU-h",
               "Wall h", "On-demand", "Preemptible", "Tokens/s from")]
     for r in c.rows:
         mark = "*" if r.throughput.estimated else ""
         table.append((
             r.model.removeprefix("hub:"), f"{r.params_b:g}B", r.method, r.strategy or "none",
             _num(r.gpus_needed, "d"), _num(r.per_gpu_gib, ".1f"),
-            _on_stack(r, c.gpus_per_node),
+            _num(r.host_gib_per_node, ",.0f"), _on_stack(r, c),
             _num(r.throughput.tokens_per_second_per_gpu, ",.0f") + mark, _num(r.gpu_hours, ",.1f"),
             _num(r.wall_hours, ",.1f"), _usd(r.usd_on_demand), _usd(r.usd_preemptible), _source(r.throughput),
         ))

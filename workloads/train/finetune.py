@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PrinterCallback, Trainer, set_seed
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PrinterCallback, Trainer, set_seed
 
 from documents.atomic import atomic_dir
 from documents.hf_files import MODEL_CONFIG
@@ -42,7 +42,7 @@ from documents.run_manifest import (
 from documents.sections.train import TrainConfig
 from documents.train_plan import Batching, BatchingDecision, BatchPlan, planned_batching
 from workloads.common.job_metrics import JobMetricsFile
-from workloads.train import attention, checkpoints, fused_loss, sharding
+from workloads.train import attention, checkpoints, fused_loss, sharded_save, sharding
 from workloads.train.batch_choice import decide_batching
 from workloads.train.batching import REAL_TOKENS, PackedCollator, PackedDataset, PaddedCollator, batch_tokens
 from workloads.train.config import (
@@ -124,9 +124,10 @@ def load_model(model_dir: Path, train: TrainConfig, precision: str, local_rank: 
     in the compute dtype (or fp32 under `train.kbit_upcast`), activation checkpointing when asked, the fused loss
     when configured, and a fresh LoRA adapter; for method full every weight in fp32 (master weights; the
     Trainer's autocast, or FSDP's mixed precision policy, computes in the compute dtype) and no adapter. Under
-    `fsdp` an unquantized base is loaded into CPU memory, not onto the GPU (a replica that does not fit the GPU is
-    why FSDP was chosen): `fully_shard` moves each layer to the rank's GPU as it shards it. A 4-bit base still loads
-    onto the GPU, where bitsandbytes quantizes it and keeps its quantization state."""
+    `fsdp` an unquantized base is loaded into CPU memory by rank 0 only, not onto the GPU (a replica that does not
+    fit the GPU is why FSDP was chosen), and built on the meta device (no bytes) by every other rank:
+    `sharding.shard_from_rank0` fills the shards from rank 0. A 4-bit base still loads on every rank onto its GPU,
+    where bitsandbytes quantizes it and keeps its quantization state."""
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
     dtype = torch.float32 if train.method == "full" else DTYPES[precision]
@@ -141,10 +142,15 @@ def load_model(model_dir: Path, train: TrainConfig, precision: str, local_rank: 
     cuda = torch.cuda.is_available()
     if choice.implementation == attention.VARLEN:
         attention.register()
-    model = AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=dtype, quantization_config=quantization, attn_implementation=choice.implementation,
-        device_map={"": local_rank} if cuda and not (fsdp and quantization is None) else None,
-    )
+    if fsdp and quantization is None and int(os.environ.get("RANK", "0")) != 0:
+        config = AutoConfig.from_pretrained(model_dir)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=choice.implementation)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=dtype, quantization_config=quantization, attn_implementation=choice.implementation,
+            device_map={"": local_rank} if cuda and not (fsdp and quantization is None) else None,
+        )
     model.config.use_cache = False
     if quantization is not None and train.kbit_upcast:
         model = prepare_model_for_kbit_training(
@@ -244,19 +250,35 @@ def is_done(manifest_file: Path, output: Path, digest: str) -> bool:
     return manifest is not None and manifest.status == "completed" and manifest.config_sha256 == digest and saved
 
 
-def save_result(trainer: Trainer, tokenizer: Any, folder: Path, fsdp: bool, rank0: bool) -> None:
-    """The adapter in PEFT's layout, or a full fine-tune's model folder, written by rank 0 (atomic). Under FSDP
-    every rank first takes part in gathering the full state dict, which only rank 0 keeps."""
+def save_result(trainer: Trainer, tokenizer: Any, folder: Path, fsdp: bool, rank0: bool) -> int | None:
+    """The adapter in PEFT's layout, or a full fine-tune's model folder, written by rank 0 (atomic). Under FSDP no
+    rank gathers the model (workloads/train/sharded_save.py): an adapter gathers its trainable weights only, a full
+    fine-tune streams its weights into the folder's files; returns the most gathered bytes rank 0 held (None
+    without FSDP)."""
     model = trainer.model
-    state = None
-    if fsdp:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if rank0:
-        with atomic_dir(folder) as tmp:
-            model.save_pretrained(tmp, safe_serialization=True, state_dict=state)
-            tokenizer.save_pretrained(tmp)
+    if not fsdp:
+        if rank0:
+            with atomic_dir(folder) as tmp:
+                model.save_pretrained(tmp, safe_serialization=True)
+                tokenizer.save_pretrained(tmp)
+        return None
+    if hasattr(model, "get_base_model"):  # a PEFT adapter
+        state, held = sharded_save.gather_trainable(model)
+        if rank0:
+            with atomic_dir(folder) as tmp:
+                model.save_pretrained(tmp, safe_serialization=True, state_dict=state)
+                tokenizer.save_pretrained(tmp)
+        return held
+    shard_bytes = int(os.environ.get(sharded_save.SHARD_BYTES_ENV, sharded_save.DEFAULT_SHARD_BYTES))
+    if not rank0:
+        return sharded_save.stream_full_model(model, None, shard_bytes)
+    with atomic_dir(folder) as tmp:
+        held = sharded_save.stream_full_model(model, tmp, shard_bytes)
+        model.config.save_pretrained(tmp)
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    return held
 
 
 def train_run(run: RunConfig) -> int:
@@ -295,7 +317,9 @@ def train_run(run: RunConfig) -> int:
     set_seed(train.seed)  # every rank draws the same fresh adapter: FSDP shards each rank's own copy, DDP broadcasts rank 0's
     model = load_model(paths.model_dir, train, precision, args.local_process_index, choice, plan.gradient_checkpointing,
                        fsdp)
-    if fsdp:
+    if fsdp and train.quantization == "none":
+        sharding.shard_from_rank0(model, DTYPES[precision], torch.cuda.is_available())
+    elif fsdp:
         sharding.shard(model, DTYPES[precision], torch.cuda.is_available())
     if rank0 and train.method != "full":
         model.print_trainable_parameters()
@@ -348,11 +372,11 @@ def train_run(run: RunConfig) -> int:
             plot_loss(metrics_file, paths.run_dir / PLOT)
         log.warning("stopped at step %d with a checkpoint; rerun (or requeue) to resume", step)
         return INTERRUPTED_EXIT
-    save_result(trainer, tokenizer, output, fsdp, rank0)
+    export_peak = save_result(trainer, tokenizer, output, fsdp, rank0)
     if rank0:
         plot_loss(metrics_file, paths.run_dir / PLOT)
         kind = "model" if train.method == "full" else "adapter"
-        finish_attempt(manifest_file, manifest, "completed", step, **{kind: str(output)})
+        finish_attempt(manifest_file, manifest, "completed", step, export_peak_bytes=export_peak, **{kind: str(output)})
         log.info("%s saved to %s", kind, output)
     trainer.accelerator.wait_for_everyone()
     return 0

@@ -7,6 +7,12 @@ checkpointing over that strategy's shards (`workloads.train.sizing.plan_batches`
 is made for it (the trainer: the nodes Slurm gave it; the policy: the stack's worker set); without one it is the
 fewest whole nodes on which it fits (the comparison, the estimate, the policy's advice). A run that forces DDP is
 searched as FSDP there, and the placement says so (`needs_sharding`); its config is not rewritten.
+
+Host memory per node (`host_bytes_per_node`) is counted against the node's RAM when it is known: under FSDP an
+unquantized base is read into host memory by rank 0 only (`workloads.train.sharding.shard_from_rank0`): the first
+node holds the whole base at its load dtype (fp32 masters for a full fine-tune, the compute dtype for LoRA) while
+its other ranks hold one tensor in flight; under DDP, and for a quantized base, every rank streams the weights
+from the safetensors files to its GPU, one tensor at a time (`largest_tensor_bytes` each).
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field
 
 from documents.train_plan import Batching, BatchPlan, ParallelismPlan
-from workloads.train.memory import GIB
+from workloads.train.memory import DTYPE_BYTES, GIB, inputs_from_run
 from workloads.train.model_shapes import ModelShape
 from workloads.train.parallelism import decide_parallelism
 from workloads.train.sizing import DoesNotFit, plan_batches
@@ -33,6 +39,7 @@ class Hardware(BaseModel):
 
     gpu_memory_gib: float | None = Field(description="memory of one GPU as PyTorch reports it (infra.catalog)")
     gpus_per_node: int = Field(1, ge=1, description="ranks per node")
+    host_memory_gib: float | None = Field(None, description="RAM of one node (the preset's); None: not checked")
 
 
 class Placement(BaseModel):
@@ -48,6 +55,22 @@ class Placement(BaseModel):
     why_not: str | None = None
     needs_sharding: bool = False
     """the run forces DDP and this placement is what FSDP (train.parallelism auto or fsdp) would need."""
+    host_bytes_per_node: int | None = None
+    """host memory the busiest node needs while the base loads (None: model shape unknown)."""
+    host_memory_gib: float | None = None
+
+    @property
+    def host_fits(self) -> bool:
+        return (self.host_bytes_per_node is None or self.host_memory_gib is None
+                or self.host_bytes_per_node <= self.host_memory_gib * GIB)
+
+    def host_text(self) -> str:
+        """The host-memory figures, for a refusal or a note."""
+        if self.host_bytes_per_node is None:
+            return "host memory not estimated (model shape unknown)"
+        ram = f" of the node's {self.host_memory_gib:g} GiB RAM" if self.host_memory_gib is not None else ""
+        verdict = "" if self.host_fits else ": does not fit"
+        return f"host memory {self.host_bytes_per_node / GIB:.1f} GiB on the busiest node{ram}{verdict}"
 
     @property
     def gpus(self) -> int:
@@ -59,7 +82,22 @@ class Placement(BaseModel):
 
     @property
     def fits(self) -> bool:
-        return self.plan.fits and self.batches is not None
+        return self.plan.fits and self.batches is not None and self.host_fits
+
+
+def largest_tensor_bytes(shape: ModelShape, load_bytes: int) -> int:
+    """The largest single weight at `load_bytes` per element: an embedding (or LM head) or an MLP projection."""
+    return max(shape.vocab * shape.hidden, shape.hidden * shape.intermediate) * load_bytes
+
+
+def host_bytes_per_node(run: RunConfig, shape: ModelShape, strategy: str, gpus_per_node: int) -> int:
+    """Host memory of the busiest node while the base loads (see the module docstring)."""
+    inputs = inputs_from_run(run)
+    load_bytes = 4 if inputs.method == "full" else DTYPE_BYTES[inputs.dtype]
+    in_flight = largest_tensor_bytes(shape, load_bytes)
+    if strategy == "fsdp" and inputs.method != "qlora":
+        return shape.params * load_bytes + (gpus_per_node - 1) * in_flight
+    return gpus_per_node * in_flight
 
 
 def _at(run: RunConfig, shape: ModelShape | None, hardware: Hardware, nodes: int, batching: Batching | None,
@@ -70,8 +108,10 @@ def _at(run: RunConfig, shape: ModelShape | None, hardware: Hardware, nodes: int
         batches = plan_batches(run, shape, hardware.gpu_memory_gib, batching, plan.shards)
     except DoesNotFit as exc:
         why_not = str(exc)
+    host = host_bytes_per_node(run, shape, plan.strategy, hardware.gpus_per_node) if shape is not None else None
     return Placement(nodes=nodes, gpus_per_node=hardware.gpus_per_node, plan=plan, batches=batches, why_not=why_not,
-                     needs_sharding=configured is not None and plan.strategy == "fsdp")
+                     needs_sharding=configured is not None and plan.strategy == "fsdp", host_bytes_per_node=host,
+                     host_memory_gib=hardware.host_memory_gib)
 
 
 def decide_placement(run: RunConfig, shape: ModelShape | None, hardware: Hardware, nodes: int | None = None,
