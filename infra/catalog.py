@@ -190,6 +190,27 @@ GPU_PEAKS: Mapping[str, GpuPeaks] = MappingProxyType({
 """Read through reprints of NVIDIA's datasheet tables (the search tool reaches no nvidia.com page here)."""
 
 
+@dataclass(frozen=True)
+class HostLink:
+    """How a GPU reaches host memory and its peers: PCIe bandwidth per direction, and whether peers talk over
+    NVLink (else their all-gathers cross PCIe too)."""
+
+    pcie_gb_per_s: float
+    nvlink: bool
+    source: str
+
+
+HOST_LINKS: Mapping[str, HostLink] = MappingProxyType({
+    "NVIDIA H100 SXM": HostLink(64.0, True, "NVIDIA H100 datasheet, SXM column: PCIe Gen5 128 GB/s (both "
+                                "directions; 64 each), NVLink 900 GB/s"),
+    "NVIDIA H200 SXM": HostLink(64.0, True, "NVIDIA H200 datasheet, SXM column: PCIe Gen5 128 GB/s (both "
+                                "directions; 64 each), NVLink 900 GB/s"),
+    "NVIDIA L40S": HostLink(32.0, False, "NVIDIA L40S datasheet: PCIe Gen4 x16 64 GB/s bidirectional (32 each way), "
+                            "NVLink: no"),
+})
+"""Read through the same reprints of NVIDIA's datasheets as ``GPU_PEAKS`` (2026-11-25)."""
+
+
 def gpu_peaks(gpu_model: str) -> GpuPeaks:
     try:
         return GPU_PEAKS[gpu_model]

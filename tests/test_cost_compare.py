@@ -175,3 +175,22 @@ def test_demo_rows_need_the_gpus_the_usable_l40s_memory_gives(source, method, no
     row = _row(c, source, method)
     assert c.gpu_memory_gib == 44.99
     assert (row.strategy, row.gpus_needed) == ("fsdp", usable)
+
+
+def test_seed_002s_70b_lora_on_two_gpus_is_an_offload_row_priced_with_its_slowdown():
+    """Seed 002: "LoRA 70B 24h x 2 GPU". On demo's L40S nodes (2 GPUs, 384 GiB RAM) with CPU offload, each rank
+    copies the whole bf16 base over its PCIe link per pass, forward and backward (no NVLink: the all-gather crosses
+    PCIe too): 2 x 141.1 GB at 32 GB/s (the L40S datasheet's 64 GB/s both ways), against the micro-batch's compute
+    at the plain row's tokens/s; the cost is the plain row's GPU-hours times that slowdown."""
+    c = _compare(_stack("demo"))
+    plain = _row(c, "hub:meta-llama/Llama-3.1-70B", "lora")
+    row = next(r for r in c.rows if (r.model, r.method, r.offload) == ("hub:meta-llama/Llama-3.1-70B", "lora", "params"))
+    params = 70_553_706_496
+    assert (row.gpus_needed, row.strategy, row.fits_stack) == (2, "fsdp", True) and plain.gpus_needed == 6
+    copy_s = 2 * 2 * params / 32e9
+    compute_s = row.micro_batch_tokens / plain.throughput.tokens_per_second_per_gpu
+    assert row.slowdown == pytest.approx(max(1.0, copy_s / compute_s))
+    assert row.gpu_hours == pytest.approx(plain.gpu_hours * row.slowdown)
+    assert row.usd_on_demand == pytest.approx(plain.usd_on_demand * row.slowdown)
+    assert 2 * 2 * params / GIB <= row.host_gib_per_node <= 384
+    assert "lora    fsdp+offload  2" in render_comparison(c)

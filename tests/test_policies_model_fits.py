@@ -146,3 +146,25 @@ def test_a_node_whose_ram_cannot_hold_the_base_is_refused_with_the_figures():
 
 def _ctx_of(cfg, run) -> Context:
     return Context([], cfg, run, {})
+
+
+def test_offload_is_chosen_by_auto_only_where_nothing_else_fits():
+    """70B LoRA on one demo node (2 L40S): sharded over 2 the bf16 base alone is 65.7 GiB a GPU, over 90 % of 44.99;
+    with CPU offload a GPU holds only the gathered root and two layers (7.1 GiB) besides activations. On 3 nodes
+    (6 GPUs) it fits without offload, so auto does not offload there."""
+    from workloads.train.placement import Hardware, decide_placement
+
+    run = _run("demo", "lora")
+    node = Hardware(gpu_memory_gib=44.99, gpus_per_node=2, host_memory_gib=384)
+    shape = shape_for_source(LLAMA70)
+    assert 2 * PARAMS / 2 / GIB > 0.9 * 44.99 > GATHERED_BF16 / GIB + 1
+    two = decide_placement(run, shape, node, nodes=1)
+    assert (two.plan.strategy, two.plan.offload, two.fits) == ("fsdp", "params", True)
+    assert two.plan.per_rank_bytes["base_weights"] == 0
+    assert two.plan.per_rank_bytes["offloaded_to_host"] >= 2 * PARAMS // 2
+    # host: rank 0's bf16 base, its peer's tensor in flight, both ranks' offloaded shards
+    assert two.host_bytes_per_node >= 2 * PARAMS + 2 * (2 * PARAMS // 2)
+    six = decide_placement(run, shape, node, nodes=3)
+    assert (six.plan.offload, six.fits) == ("none", True)
+    never = run.model_copy(update={"train": run.train.model_copy(update={"offload": "none"})})
+    assert not decide_placement(never, shape, node, nodes=1).fits

@@ -101,3 +101,20 @@ def test_a_sharded_checkpoint_resumes_on_more_ranks_and_is_refused_on_one(
     assert main(["--config", str(write_config(alone, tmp_path / "one.json"))]) == 2
     error = capsys.readouterr().err
     assert "written under fsdp and this run trains under ddp" in error and "needs 2 or more ranks" in error
+
+
+@pytest.mark.parametrize("method", ["full"])
+def test_cpu_offload_trains_to_the_losses_of_no_offload(tiny_prepared: RunConfig, tmp_path: Path,
+                                                        method: str) -> None:
+    """FSDP2's CPUOffloadPolicy (train.offload: params) keeps the shards, gradients and Adam states in host memory
+    and steps the optimizer there: the same numbers as keeping them on the device (on CPU both are host memory,
+    so this checks the offloaded path's arithmetic, not its speed)."""
+    common = {"max_steps": 6, "save_steps": 100, "micro_batch_size": 1, "batching": "grouped",
+              "learning_rate": 1e-3, "parallelism": "fsdp", "method": method}
+    plain, plain_manifest = trained(with_train(tiny_prepared, tmp_path / "plain", offload="none", **common),
+                                    tmp_path, "plain")
+    offloaded, manifest = trained(with_train(tiny_prepared, tmp_path / "offload", offload="params", **common),
+                                  tmp_path, "offload")
+    assert (plain_manifest["parallelism"]["offload"], manifest["parallelism"]["offload"]) == ("none", "params")
+    assert manifest["parallelism"]["strategy"] == "fsdp" and len(offloaded) == 6
+    assert offloaded == pytest.approx(plain, rel=LOSS_REL_TOL)

@@ -32,8 +32,8 @@ from infra.config import StackConfig
 from infra.cost.price import CostReport, PriceInputs, price_stack
 from infra.pipeline.chain import worker_shape
 from workloads.train.model_shapes import KNOWN, ModelShape, UnknownModel, shape_for_source
-from workloads.train.memory import GIB
-from workloads.train.placement import Hardware, decide_placement, host_bytes_per_node
+from workloads.train.memory import GIB, inputs_from_run, weight_bytes
+from workloads.train.placement import Hardware, decide_placement, host_bytes_per_node, offloaded_placement
 
 METHODS = ("full", "lora", "qlora")
 REFERENCE_TOKENS = 100_000_000
@@ -82,6 +82,11 @@ class CompareRow(BaseModel):
     wall_gpus: int | None
     usd_on_demand: float | None
     usd_preemptible: float | None
+    offload: Literal["none", "params"] = "none"
+    slowdown: float | None = None
+    """offload rows: the throughput divisor of ``offload_slowdown`` against the same row without offload."""
+    micro_batch_tokens: int | None = None
+    """offload rows: the planned micro-batch the slowdown is computed at."""
 
 
 class Comparison(BaseModel):
@@ -219,7 +224,7 @@ def compare(cfg: StackConfig, run: RunConfig, inputs: PriceInputs = PriceInputs(
             wall_gpus = stack_gpus if fits_stack else (gpus_per_node * math.ceil(needed / gpus_per_node)
                                                        if needed else None)
             preemptible = priced.gpu_hours * spot_rate if spot_rate is not None and priced.gpu_hours else None
-            rows.append(CompareRow(
+            plain = CompareRow(
                 model=source, params_b=round(shape.params / 1e9, 2), method=method,
                 strategy=fit.plan.strategy if fit else None, gpus_needed=needed,
                 per_gpu_gib=round(fit.per_gpu_gib, 1) if fit else None, fits_stack=fits_stack,
@@ -227,9 +232,16 @@ def compare(cfg: StackConfig, run: RunConfig, inputs: PriceInputs = PriceInputs(
                 throughput=_row_throughput(on_demand), gpu_hours=priced.gpu_hours,
                 wall_hours=priced.gpu_hours / wall_gpus if priced.gpu_hours is not None and wall_gpus else None,
                 wall_gpus=wall_gpus, usd_on_demand=priced.usd, usd_preemptible=preemptible,
-            ))
+            )
+            rows.append(plain)
+            node = Hardware(gpu_memory_gib=platform.usable_gpu_memory_gib, gpus_per_node=gpus_per_node,
+                            host_memory_gib=worker.shape.ram_gib)
+            offloaded = _offload_row(plain, variant, shape, node, platform.gpu_model or "", stack_gpus, spot_rate)
+            if offloaded is not None:
+                rows.append(offloaded)
     notes = ["FSDP rows are priced at the per-GPU throughput of the same model and method under DDP "
              "(all-gathers overlapped with compute); a measured FSDP run replaces that assumption"]
+    notes.append(f"offload rows (FSDP CPU offload, train.offload: params) where they need fewer GPUs: {OFFLOAD_MODEL}")
     if not has_spot:
         notes.append(f"{worker.platform}: no preemptible price in the catalog; preemptible cost not shown")
     return Comparison(
@@ -238,6 +250,55 @@ def compare(cfg: StackConfig, run: RunConfig, inputs: PriceInputs = PriceInputs(
         data_basis=data_basis, usd_per_gpu_hour=usd_rate, preemptible_usd_per_gpu_hour=spot_rate,
         rows=rows, notes=notes,
     )
+
+
+OFFLOAD_MODEL = (
+    "throughput divided by max(1, copy time / compute time) per micro-batch: each rank copies its shard of the "
+    "weights from host memory twice (forward, backward), and without NVLink (L40S) also receives the other ranks' "
+    "shards over the same PCIe link (the all-gather), at catalog.HOST_LINKS' per-direction PCIe bandwidth; a full "
+    "fine-tune also copies its gradient shard back; copies overlap compute (FSDP prefetches a layer ahead); the "
+    "CPU optimizer step and the network between nodes are not counted")
+
+
+def offload_slowdown(run: RunConfig, shape: ModelShape, gpu_model: str, ranks: int, micro_batch_tokens: int,
+                     tokens_per_second: float) -> float:
+    """The throughput divisor of FSDP's CPU offload (``OFFLOAD_MODEL``)."""
+    inputs = inputs_from_run(run)
+    link = catalog.HOST_LINKS[gpu_model]
+    stored = weight_bytes(shape, inputs)
+    moved = 2 * stored * (1 / ranks if link.nvlink else 1)
+    if inputs.method == "full":
+        moved += 4 * shape.params / ranks
+    copy = moved / (link.pcie_gb_per_s * 1e9)
+    compute = micro_batch_tokens / tokens_per_second
+    return max(1.0, copy / compute)
+
+
+def _offload_row(plain: CompareRow, run: RunConfig, shape: ModelShape, node: Hardware, gpu_model: str,
+                 stack_gpus: int, spot_rate: float | None) -> CompareRow | None:
+    """The row with FSDP's CPU offload on the fewest nodes where it fits, when that is fewer GPUs than `plain`."""
+    tps = plain.throughput.tokens_per_second_per_gpu
+    if plain.strategy != "fsdp" or not tps or plain.gpu_hours is None or gpu_model not in catalog.HOST_LINKS:
+        return None
+    most = math.ceil((plain.gpus_needed or 0) / node.gpus_per_node) - 1 if plain.gpus_needed else 64
+    found = next((p for n in range(1, most + 1) if (p := offloaded_placement(run, shape, node, n)).fits), None)
+    if found is None or found.batches is None:
+        return None
+    slowdown = offload_slowdown(run, shape, gpu_model, found.gpus, found.batches.micro_batch_tokens, tps)
+    gpu_hours = plain.gpu_hours * slowdown
+    usd_rate = plain.usd_on_demand / plain.gpu_hours if plain.usd_on_demand is not None and plain.gpu_hours else None
+    fits_stack = found.gpus <= stack_gpus
+    wall_gpus = stack_gpus if fits_stack else found.gpus
+    throughput = plain.throughput.model_copy(update={"tokens_per_second_per_gpu": tps / slowdown})
+    return plain.model_copy(update={
+        "strategy": "fsdp", "offload": "params", "slowdown": slowdown, "gpus_needed": found.gpus,
+        "micro_batch_tokens": found.batches.micro_batch_tokens,
+        "per_gpu_gib": round(found.per_gpu_gib, 1), "fits_stack": fits_stack,
+        "host_gib_per_node": round((found.host_bytes_per_node or 0) / GIB, 1), "throughput": throughput,
+        "gpu_hours": gpu_hours, "wall_gpus": wall_gpus, "wall_hours": gpu_hours / wall_gpus,
+        "usd_on_demand": gpu_hours * usd_rate if usd_rate is not None else None,
+        "usd_preemptible": gpu_hours * spot_rate if spot_rate is not None else None,
+    })
 
 
 def _num(value: float | None, fmt: str) -> str:
@@ -274,7 +335,8 @@ def render_comparison(c: Comparison) -> str:
     for r in c.rows:
         mark = "*" if r.throughput.estimated else ""
         table.append((
-            r.model.removeprefix("hub:"), f"{r.params_b:g}B", r.method, r.strategy or "none",
+            r.model.removeprefix("hub:"), f"{r.params_b:g}B", r.method,
+            (r.strategy or "none") + ("+offload" if r.offload == "params" else ""),
             _num(r.gpus_needed, "d"), _num(r.per_gpu_gib, ".1f"),
             _num(r.host_gib_per_node, ",.0f"), _on_stack(r, c),
             _num(r.throughput.tokens_per_second_per_gpu, ",.0f") + mark, _num(r.gpu_hours, ",.1f"),

@@ -263,7 +263,7 @@ def save_result(trainer: Trainer, tokenizer: Any, folder: Path, fsdp: bool, rank
                 tokenizer.save_pretrained(tmp)
         return None
     if hasattr(model, "get_base_model"):  # a PEFT adapter
-        state, held = sharded_save.gather_trainable(model)
+        state, held = sharded_save.gather_trainable(model, rank0)
         if rank0:
             with atomic_dir(folder) as tmp:
                 model.save_pretrained(tmp, safe_serialization=True, state_dict=state)
@@ -317,10 +317,11 @@ def train_run(run: RunConfig) -> int:
     set_seed(train.seed)  # every rank draws the same fresh adapter: FSDP shards each rank's own copy, DDP broadcasts rank 0's
     model = load_model(paths.model_dir, train, precision, args.local_process_index, choice, plan.gradient_checkpointing,
                        fsdp)
+    offload = parallel.offload == "params"
     if fsdp and train.quantization == "none":
-        sharding.shard_from_rank0(model, DTYPES[precision], torch.cuda.is_available())
+        sharding.shard_from_rank0(model, DTYPES[precision], torch.cuda.is_available(), offload)
     elif fsdp:
-        sharding.shard(model, DTYPES[precision], torch.cuda.is_available())
+        sharding.shard(model, DTYPES[precision], torch.cuda.is_available(), offload)
     if rank0 and train.method != "full":
         model.print_trainable_parameters()
     metrics_file = paths.run_dir / METRICS_NAME

@@ -6,13 +6,16 @@ replica fits `memory_fraction` of the GPU, FSDP over every rank otherwise), then
 checkpointing over that strategy's shards (`workloads.train.sizing.plan_batches`). Given a node count the decision
 is made for it (the trainer: the nodes Slurm gave it; the policy: the stack's worker set); without one it is the
 fewest whole nodes on which it fits (the comparison, the estimate, the policy's advice). A run that forces DDP is
-searched as FSDP there, and the placement says so (`needs_sharding`); its config is not rewritten.
+searched as FSDP there, and the placement says so (`needs_sharding`); its config is not rewritten. FSDP's CPU
+offload is used when `train.offload: params`, and under `auto` only on a given node count where nothing else fits
+(the search never needs it: more nodes fit without it).
 
 Host memory per node (`host_bytes_per_node`) is counted against the node's RAM when it is known: under FSDP an
 unquantized base is read into host memory by rank 0 only (`workloads.train.sharding.shard_from_rank0`): the first
 node holds the whole base at its load dtype (fp32 masters for a full fine-tune, the compute dtype for LoRA) while
 its other ranks hold one tensor in flight; under DDP, and for a quantized base, every rank streams the weights
-from the safetensors files to its GPU, one tensor at a time (`largest_tensor_bytes` each).
+from the safetensors files to its GPU, one tensor at a time (`largest_tensor_bytes` each). CPU offload adds every
+rank's offloaded shards.
 """
 
 from __future__ import annotations
@@ -101,14 +104,18 @@ def host_bytes_per_node(run: RunConfig, shape: ModelShape, strategy: str, gpus_p
 
 
 def _at(run: RunConfig, shape: ModelShape | None, hardware: Hardware, nodes: int, batching: Batching | None,
-        configured: str | None) -> Placement:
-    plan = decide_parallelism(run, shape, hardware.gpu_memory_gib, nodes * hardware.gpus_per_node, configured)
+        configured: str | None, offload: bool = False) -> Placement:
+    plan = decide_parallelism(run, shape, hardware.gpu_memory_gib, nodes * hardware.gpus_per_node, configured,
+                              offload)
     batches, why_not = None, None
     try:
-        batches = plan_batches(run, shape, hardware.gpu_memory_gib, batching, plan.shards)
+        batches = plan_batches(run, shape, hardware.gpu_memory_gib, batching, plan.shards, offload)
     except DoesNotFit as exc:
         why_not = str(exc)
-    host = host_bytes_per_node(run, shape, plan.strategy, hardware.gpus_per_node) if shape is not None else None
+    host = None
+    if shape is not None:
+        host = host_bytes_per_node(run, shape, plan.strategy, hardware.gpus_per_node)
+        host += hardware.gpus_per_node * plan.per_rank_bytes.get("offloaded_to_host", 0)
     return Placement(nodes=nodes, gpus_per_node=hardware.gpus_per_node, plan=plan, batches=batches, why_not=why_not,
                      needs_sharding=configured is not None and plan.strategy == "fsdp", host_bytes_per_node=host,
                      host_memory_gib=hardware.host_memory_gib)
@@ -119,14 +126,25 @@ def decide_placement(run: RunConfig, shape: ModelShape | None, hardware: Hardwar
     """The run's placement over `nodes` nodes of `hardware`, or (`nodes` None) over the fewest whole nodes on which
     it fits: one when a replica fits, else as many as the fewest FSDP ranks need; None when no node count fits (the
     activations alone are over). `batching` is the resolved batching (default: what the config plans with)."""
+    offload = run.train is not None and run.train.offload == "params"
     if nodes is not None:
-        return _at(run, shape, hardware, nodes, batching, None)
+        placed = _at(run, shape, hardware, nodes, batching, None, offload)
+        if placed.fits or offload or run.train is None or run.train.offload == "none":
+            return placed
+        offloaded = _at(run, shape, hardware, nodes, batching, None, True)  # auto: only when nothing else fits
+        return offloaded if offloaded.fits else placed
     configured = "fsdp" if run.train is not None and run.train.parallelism == "ddp" else None
-    one = _at(run, shape, hardware, 1, batching, configured)
+    one = _at(run, shape, hardware, 1, batching, configured, offload)
     if one.fits:
         return one
     ranks = one.plan.min_fsdp_ranks
     if ranks is None:
         return None
-    found = _at(run, shape, hardware, math.ceil(ranks / hardware.gpus_per_node), batching, configured)
+    found = _at(run, shape, hardware, math.ceil(ranks / hardware.gpus_per_node), batching, configured, offload)
     return found if found.fits else None
+
+
+def offloaded_placement(run: RunConfig, shape: ModelShape, hardware: Hardware, nodes: int) -> Placement:
+    """The run over `nodes` nodes with FSDP's CPU offload, whatever `train.offload` says (the comparison's offload
+    rows: what a placement on fewer GPUs would need)."""
+    return _at(run, shape, hardware, nodes, None, None, True)

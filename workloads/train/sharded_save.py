@@ -1,7 +1,7 @@
 """Writing a sharded (FSDP2) model's result without one rank holding the model.
 
-- An adapter: only the trainable parameters are gathered (`ignore_frozen_params`, as accelerate saves adapter-only
-  state); the frozen base stays in its shards.
+- An adapter: only the trainable parameters are gathered, one at a time (adapter-only state, as accelerate saves
+  it); the frozen base stays in its shards.
 - A full fine-tune: the weights are gathered one tensor at a time (`DTensor.full_tensor`, every rank taking part)
   and rank 0 writes them into safetensors files of at most `shard_bytes` each, with the index transformers reads
   (`model.safetensors.index.json`), so rank 0 holds at most one file's worth plus one tensor.
@@ -27,12 +27,17 @@ def _bytes(tensors: dict[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
-def gather_trainable(model: nn.Module) -> tuple[dict[str, torch.Tensor], int]:
-    """The trainable parameters' full tensors on rank 0 (empty elsewhere), and their bytes."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    state = get_model_state_dict(model, options=StateDictOptions(
-        full_state_dict=True, cpu_offload=True, ignore_frozen_params=True))
+def gather_trainable(model: nn.Module, rank0: bool) -> tuple[dict[str, torch.Tensor], int]:
+    """The trainable parameters' full tensors, one at a time, kept on rank 0 (empty elsewhere), and their bytes.
+    (torch's `get_model_state_dict(ignore_frozen_params=True)` would still gather a tied LM head: it drops frozen
+    parameters by their first name only.)"""
+    state = {}
+    for name, parameter in model.named_parameters():
+        if not parameter.requires_grad:
+            continue
+        full = parameter.full_tensor() if hasattr(parameter, "full_tensor") else parameter
+        if rank0:
+            state[name] = full.detach().to("cpu")
     return state, _bytes(state)
 
 
@@ -47,7 +52,6 @@ def stream_full_model(model: nn.Module, folder: Path | None, shard_bytes: int) -
 
     files: list[dict[str, torch.Tensor]] = [{}]
     weight_map: dict[str, str] = {}
-    seen: set[int] = set()
     peak = total = 0
 
     def flush() -> None:
@@ -58,10 +62,10 @@ def stream_full_model(model: nn.Module, folder: Path | None, shard_bytes: int) -
             files[-1] = {}
             files.append({})
 
+    named = {name for name, _ in model.named_parameters()} | {name for name, _ in model.named_buffers()}
     for key, value in model.state_dict().items():
-        if id(value) in seen:  # a tied weight: saved once, as transformers does
+        if key not in named:  # a tied weight's second name: saved once, as transformers does
             continue
-        seen.add(id(value))
         full = value.full_tensor() if hasattr(value, "full_tensor") else value
         if folder is None:
             del full

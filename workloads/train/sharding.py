@@ -41,11 +41,12 @@ def adapter_modules(layer: nn.Module) -> list[nn.Module]:
     return found
 
 
-def shard(model: nn.Module, compute_dtype: torch.dtype, cuda: bool) -> nn.Module:
-    """Shard `model` in place over the default process group (see the module docstring); returns it."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+def shard(model: nn.Module, compute_dtype: torch.dtype, cuda: bool, offload: bool = False) -> nn.Module:
+    """Shard `model` in place over the default process group (see the module docstring), with FSDP's CPU offload
+    when `offload`; returns it."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-    policy: dict[str, Any] = {}
+    policy: dict[str, Any] = {"offload_policy": CPUOffloadPolicy(pin_memory=cuda)} if offload else {}
     if cuda and compute_dtype != torch.float32:
         policy["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     for layer in decoder_layers(model):
@@ -73,7 +74,7 @@ def _tie(model: nn.Module) -> None:
         base.tie_weights()
 
 
-def shard_from_rank0(model: nn.Module, compute_dtype: torch.dtype, cuda: bool) -> nn.Module:
+def shard_from_rank0(model: nn.Module, compute_dtype: torch.dtype, cuda: bool, offload: bool = False) -> nn.Module:
     """Shard `model` (loaded on rank 0, on the meta device on every other rank) and fill the shards from rank 0's
     weights (see the module docstring); returns it."""
     import torch.distributed as dist
@@ -87,8 +88,9 @@ def shard_from_rank0(model: nn.Module, compute_dtype: torch.dtype, cuda: bool) -
     if rank0:
         model.to(torch.device("meta"))
         _tie(model)
-    shard(model, compute_dtype, cuda)
-    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    shard(model, compute_dtype, cuda, offload)
+    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True,
+                                                               cpu_offload=offload))
     del full
     _tie(model)  # loading assigns each key its own tensor: a tied LM head is made the embeddings' again
     for name, parameter in model.named_parameters():
