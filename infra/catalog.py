@@ -234,8 +234,9 @@ USABLE_GPU_MEMORY: Mapping[str, UsableMemory] = MappingProxyType({
         79.19, "measured", "torch.cuda.get_device_properties(0).total_memory on an H100 80GB HBM3, 2026-11-23 "
         "(docs/training.md, the Qwen3-14B QLoRA sizing run)"),
     "NVIDIA L40S": UsableMemory(
-        44.99, "derived", "46,068 MiB, the framebuffer NVML lists for an L40S with ECC on (datasheet: 48 GB GDDR6 "
-        "with ECC), as issue 39 reads it; not yet measured by this project's readiness checks"),
+        44.99, "derived", "48,305,799,168 B (44.99 GiB), an L40S's memoryTotal as NVML reported it in a public run "
+        "record (huggingface.co/apjanco/es_qwen2_vl_pangea wandb-metadata.json, read 2026-11-25; datasheet: 48 GB "
+        "GDDR6 with ECC); not yet measured by this project's readiness checks"),
     "NVIDIA H200 SXM": UsableMemory(
         140.19, "derived", "the datasheet's 141 GB less the H100's measured shortfall from its nominal 80 (0.81 GiB); "
         "not measured"),
