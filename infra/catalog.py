@@ -198,17 +198,47 @@ class HostLink:
     pcie_gb_per_s: float
     nvlink: bool
     source: str
+    nvlink_gb_per_s: float = 0.0
+
+    @property
+    def peer_gb_per_s(self) -> float:
+        """Bandwidth to another GPU of the same node, per direction."""
+        return self.nvlink_gb_per_s if self.nvlink else self.pcie_gb_per_s
 
 
 HOST_LINKS: Mapping[str, HostLink] = MappingProxyType({
     "NVIDIA H100 SXM": HostLink(64.0, True, "NVIDIA H100 datasheet, SXM column: PCIe Gen5 128 GB/s (both "
-                                "directions; 64 each), NVLink 900 GB/s"),
+                                "directions; 64 each), NVLink 900 GB/s (450 each)", 450.0),
     "NVIDIA H200 SXM": HostLink(64.0, True, "NVIDIA H200 datasheet, SXM column: PCIe Gen5 128 GB/s (both "
-                                "directions; 64 each), NVLink 900 GB/s"),
+                                "directions; 64 each), NVLink 900 GB/s (450 each)", 450.0),
     "NVIDIA L40S": HostLink(32.0, False, "NVIDIA L40S datasheet: PCIe Gen4 x16 64 GB/s bidirectional (32 each way), "
                             "NVLink: no"),
 })
 """Read through the same reprints of NVIDIA's datasheets as ``GPU_PEAKS`` (2026-11-25)."""
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """The network between a platform's nodes, per GPU and direction (None: no sourced figure)."""
+
+    name: str
+    gb_per_s_per_gpu: float | None
+    source: str
+
+
+_IB = Fabric("InfiniBand NDR", 50.0, "one ConnectX-7 NDR 400 Gbit/s per GPU (Nebius' 8-GPU nodes: '8x ConnectX-7 IB "
+             "NDR 400Gb/s', mlcommons/inference_results_v6.0 closed/Nebius/systems/nebius_b200_n1.json; a 2 x 8 H100 "
+             "Nebius cluster measured 435 GB/s NCCL all-reduce at 1 GB, github.com/drmysore/"
+             "nebius-h100-16gpu-benchmark README)")
+FABRICS: Mapping[str, Fabric] = MappingProxyType({
+    "gpu-h100-sxm": _IB,
+    "gpu-h200-sxm": _IB,
+    "gpu-l40s-a": Fabric("Ethernet", None, "no InfiniBand on L40S platforms (gpu_cluster_compatible is false); no "
+                         "published per-VM Ethernet bandwidth found"),
+    "gpu-l40s-d": Fabric("Ethernet", None, "no InfiniBand on L40S platforms (gpu_cluster_compatible is false); no "
+                         "published per-VM Ethernet bandwidth found"),
+})
+"""Read 2026-11-25."""
 
 
 def gpu_peaks(gpu_model: str) -> GpuPeaks:
@@ -232,7 +262,8 @@ class UsableMemory:
 USABLE_GPU_MEMORY: Mapping[str, UsableMemory] = MappingProxyType({
     "NVIDIA H100 SXM": UsableMemory(
         79.19, "measured", "torch.cuda.get_device_properties(0).total_memory on an H100 80GB HBM3, 2026-11-23 "
-        "(docs/training.md, the Qwen3-14B QLoRA sizing run)"),
+        "(docs/training.md, the Qwen3-14B QLoRA sizing run); the same 79.19 per GPU in a Nebius H100 acceptance "
+        "run (github.com/drmysore/nebius-h100-16gpu-benchmark README)"),
     "NVIDIA L40S": UsableMemory(
         44.99, "derived", "48,305,799,168 B (44.99 GiB), an L40S's memoryTotal as NVML reported it in a public run "
         "record (huggingface.co/apjanco/es_qwen2_vl_pangea wandb-metadata.json, read 2026-11-25; datasheet: 48 GB "

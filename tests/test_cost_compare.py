@@ -63,10 +63,11 @@ def test_h100_row_of_the_measured_model_matches_a_hand_computation():
 
 def test_h100_table_covers_every_method_and_size_and_says_what_needs_more_nodes():
     c = _compare(_stack("h100", LLAMA70_LORA))
-    models = [r.model for r in c.rows[::3]]
+    plain = [r for r in c.rows if r.offload == "none"]  # offload rows follow the rows they save GPUs on
+    models = [r.model for r in plain[::3]]
     assert models == ["hub:meta-llama/Llama-3.1-8B", "hub:Qwen/Qwen3-8B", "hub:Qwen/Qwen3-14B", "hub:Qwen/Qwen3-32B",
                       "hub:meta-llama/Llama-3.1-70B"]
-    assert [r.method for r in c.rows] == list(METHODS) * len(models)
+    assert [r.method for r in plain] == list(METHODS) * len(models)
     # full 70B: 16 B/parameter sharded; 16 H100s hold only 16 x 70.55e9 / 16 B = 65.7 GiB of the 71.3 GiB each
     # before the 7.1 GiB of gathered bf16 layers and root, so it needs more GPUs than the stack has
     full70 = _row(c, "hub:meta-llama/Llama-3.1-70B", "full")
@@ -130,7 +131,7 @@ def test_ftstack_plan_compare_prints_the_table_and_its_json():
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)["compare"]
     assert doc["tokens"] == 100_000_000 and "reference size" in doc["data_basis"]  # h100.json sets no data.rows
-    assert len(doc["rows"]) == 15
+    assert len([r for r in doc["rows"] if r["offload"] == "none"]) == 15  # 5 models x 3 methods
 
 
 # The rows issue 39 names: the GPUs a row needs at the L40S's nominal 48 GiB and at the 44.99 GiB PyTorch reports.
@@ -184,7 +185,8 @@ def test_seed_002s_70b_lora_on_two_gpus_is_an_offload_row_priced_with_its_slowdo
     at the plain row's tokens/s; the cost is the plain row's GPU-hours times that slowdown."""
     c = _compare(_stack("demo"))
     plain = _row(c, "hub:meta-llama/Llama-3.1-70B", "lora")
-    row = next(r for r in c.rows if (r.model, r.method, r.offload) == ("hub:meta-llama/Llama-3.1-70B", "lora", "params"))
+    row = next(r for r in c.rows
+               if (r.model, r.method, r.offload) == ("hub:meta-llama/Llama-3.1-70B", "lora", "params"))
     params = 70_553_706_496
     assert (row.gpus_needed, row.strategy, row.fits_stack) == (2, "fsdp", True) and plain.gpus_needed == 6
     copy_s = 2 * 2 * params / 32e9
@@ -194,3 +196,23 @@ def test_seed_002s_70b_lora_on_two_gpus_is_an_offload_row_priced_with_its_slowdo
     assert row.usd_on_demand == pytest.approx(plain.usd_on_demand * row.slowdown)
     assert 2 * 2 * params / GIB <= row.host_gib_per_node <= 384
     assert "lora    fsdp+offload  2" in render_comparison(c)
+
+
+def test_a_70b_full_fine_tune_over_three_h100_nodes_is_network_bound_at_the_fabrics_rate():
+    """n > 8 ranks span nodes, so they talk over InfiniBand, 400 Gbit/s (50 GB/s) a GPU: per micro-batch a rank
+    receives (n-1)/n of the bf16 weights twice (all-gathers, forward and backward) and reduce-scatters (n-1)/n of
+    the fp32 gradients: 8 B a parameter. Network-bound, the row's tokens/s is what the link carries: 50e9 x
+    micro-batch tokens / those bytes."""
+    params = 70_553_706_496
+    c = _compare(_stack("h100", LLAMA70_LORA))
+    row = _row(c, "hub:meta-llama/Llama-3.1-70B", "full")
+    n = row.gpus_needed
+    moved = (n - 1) / n * (2 * 2 * params + 4 * params)
+    assert n > 8 and row.bound == "network"
+    assert row.network_bytes == pytest.approx(moved)
+    assert row.throughput.tokens_per_second_per_gpu == pytest.approx(50e9 * row.micro_batch_tokens / moved)
+    one_node = _row(c, "hub:Qwen/Qwen3-14B", "full")  # ranks on one node: NVLink, 450 GB/s each way
+    assert 1 < one_node.gpus_needed <= 8 and one_node.bound in ("compute", "memory")
+    assert one_node.network_slowdown == 1.0
+    demo = _compare(_stack("demo"))
+    assert _row(demo, "hub:meta-llama/Llama-3.1-70B", "lora").bound.endswith("network unknown")

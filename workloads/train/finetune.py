@@ -20,7 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PrinterCallback, Trainer, set_seed
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    BitsAndBytesConfig,
+    PrinterCallback,
+    Trainer,
+    set_seed,
+)
 
 from documents.atomic import atomic_dir
 from documents.hf_files import MODEL_CONFIG
