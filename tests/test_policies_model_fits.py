@@ -75,7 +75,11 @@ def test_70b_full_fine_tune_on_h100_names_the_smallest_node_count():
     90 % of 79.19 GiB (71.3 GiB) before any activation. Over 3 nodes (24): 43.8 + 7.1 GiB, leaving 20 GiB."""
     assert (16 * PARAMS / 16 + GATHERED_BF16) / GIB > 0.9 * 79.19
     assert (16 * PARAMS / 24 + GATHERED_BF16) / GIB < 0.9 * 79.19 - 20
-    run = _run("h100", "full")
+    auto = _run("h100", "full")
+    assert rules.model_fits(_ctx("h100", auto)) == []  # offload auto: nothing else fits 16 GPUs, offloaded it does
+    [fit] = worker_fits(load_stack_config("h100", ROOT / "stacks"), auto, shape_for_source(LLAMA70))
+    assert (fit.placement.plan.offload, fit.placement.gpus) == ("params", 16)
+    run = auto.model_copy(update={"train": auto.train.model_copy(update={"offload": "none"})})
     [message] = rules.model_fits(_ctx("h100", run))
     assert "fsdp over 16 GPUs" in message and "does not fit" in message
     assert "the smallest that fits is 3 node(s), 24 GPUs: fsdp" in message

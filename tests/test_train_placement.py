@@ -1,10 +1,12 @@
 """One decision, one order: `ftstack plan`, the preview's model-fits policy and the trainer place the shipped 70B
 run configs identically (strategy, nodes, ranks, shards, micro-batch, accumulation, checkpointing) on the h100
-stack's 2 x 8 H100s at the memory PyTorch reports for an H100 (79.19 GiB, measured; docs/training.md)."""
+stack's 2 x 8 H100s at the memory PyTorch reports for an H100 (79.19 GiB, measured; docs/training.md). The node's
+RAM each counts host memory against is its own: the preset's (1,600 GiB) before the run, the machine's in it."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -55,6 +57,8 @@ def test_plan_policy_and_trainer_place_the_shipped_70b_runs_alike(config, strate
     monkeypatch.setattr(finetune, "gpu_memory_gib", lambda: H100_REPORTED_GIB)  # no GPU here: what torch reports
     trainer = finetune.job_placement(run, model).model_dump(mode="json")
 
+    ram = {placement.pop("host_memory_gib") for placement in (planned["placement"], policy, trainer)}
+    assert ram == {1600, os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30}  # preset's, this machine's
     assert planned["placement"] == policy == trainer
     assert (trainer["nodes"], trainer["gpus_per_node"], trainer["plan"]["strategy"]) == (2, 8, strategy)
     assert trainer["plan"]["fits"] and trainer["batches"] is not None

@@ -226,10 +226,11 @@ def gpu_memory_gib() -> float | None:
 
 def job_placement(run: RunConfig, model_dir: Path, batching: Batching | None = None) -> Placement:
     """The placement this job trains with: `decide_placement` over the nodes torchrun started (WORLD_SIZE ranks,
-    LOCAL_WORLD_SIZE per node) on this GPU's memory as PyTorch reports it."""
+    LOCAL_WORLD_SIZE per node) on this GPU's memory as PyTorch reports it and this node's RAM."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
-    hardware = Hardware(gpu_memory_gib=gpu_memory_gib(), gpus_per_node=per_node)
+    ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+    hardware = Hardware(gpu_memory_gib=gpu_memory_gib(), gpus_per_node=per_node, host_memory_gib=ram)
     placement = decide_placement(run, model_shape(model_dir), hardware, max(1, world // per_node), batching)
     assert placement is not None  # a given node count always yields a placement
     return placement

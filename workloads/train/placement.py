@@ -8,7 +8,7 @@ is made for it (the trainer: the nodes Slurm gave it; the policy: the stack's wo
 fewest whole nodes on which it fits (the comparison, the estimate, the policy's advice). A run that forces DDP is
 searched as FSDP there, and the placement says so (`needs_sharding`); its config is not rewritten. FSDP's CPU
 offload is used when `train.offload: params`, and under `auto` only on a given node count where nothing else fits
-(the search never needs it: more nodes fit without it).
+and the run allows FSDP (the search never needs it: more nodes fit without it).
 
 Host memory per node (`host_bytes_per_node`) is counted against the node's RAM when it is known: under FSDP an
 unquantized base is read into host memory by rank 0 only (`workloads.train.sharding.shard_from_rank0`): the first
@@ -129,7 +129,8 @@ def decide_placement(run: RunConfig, shape: ModelShape | None, hardware: Hardwar
     offload = run.train is not None and run.train.offload == "params"
     if nodes is not None:
         placed = _at(run, shape, hardware, nodes, batching, None, offload)
-        if placed.fits or offload or run.train is None or run.train.offload == "none":
+        train = run.train
+        if placed.fits or offload or train is None or train.offload == "none" or train.parallelism == "ddp":
             return placed
         offloaded = _at(run, shape, hardware, nodes, batching, None, True)  # auto: only when nothing else fits
         return offloaded if offloaded.fits else placed
