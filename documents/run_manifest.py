@@ -96,6 +96,9 @@ class RunManifest(_Document):
     parameter_bytes: dict[str, int] | None = None
     """bytes of the frozen and trainable parameters rank 0 held when training started, measured from its tensors
     (under FSDP the local shards)."""
+    export_peak_bytes: int | None = None
+    """under FSDP: the most bytes of gathered weights rank 0 held at once while writing the adapter (its trainable
+    weights only) or a full fine-tune's model (one file's worth plus a tensor); None without FSDP."""
     parallelism: ParallelismPlan | None = None
     """ddp or fsdp, why, and the per-rank memory estimate by part (workloads/train/parallelism.py); absent in
     manifests written before it was recorded."""
@@ -206,13 +209,15 @@ def start_attempt(path: Path, base: dict[str, Any], resumed_from: int) -> RunMan
 
 
 def finish_attempt(path: Path, manifest: RunManifest, status: RunStatus, step: int,
-                   adapter: str | None = None, model: str | None = None) -> RunManifest:
+                   adapter: str | None = None, model: str | None = None,
+                   export_peak_bytes: int | None = None) -> RunManifest:
     now = utc_now()
     last = manifest.attempts[-1].model_copy(update={"ended": now, "status": status, "global_step": step})
     manifest = manifest.model_copy(update={
         "status": status, "global_step": step, "attempts": [*manifest.attempts[:-1], last],
         **({"adapter": adapter} if adapter is not None else {}),
         **({"model": model} if model is not None else {}),
+        **({"export_peak_bytes": export_peak_bytes} if export_peak_bytes is not None else {}),
         **({"ended": now} if status == "completed" else {}),
     })
     write_text_atomic(path, manifest.json_text())

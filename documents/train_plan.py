@@ -94,3 +94,5 @@ class ParallelismPlan(BaseModel):
     """total <= memory_fraction x GPU memory (True where no GPU memory is known: nothing to check)."""
     min_fsdp_ranks: int | None = None
     """fewest ranks over which the FSDP estimate fits (None: no GPU memory known, or even sharding cannot fit)."""
+    offload: Literal["none", "params"] = "none"
+    """params: FSDP's CPU offload (the shards of weights, gradients and optimizer states in host memory)."""

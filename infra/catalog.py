@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Mapping
+from typing import Literal, Mapping
 
 _PRESET_RE = re.compile(r"^(?:(?P<gpus>\d+)gpu-)?(?P<vcpus>\d+)vcpu-(?P<ram>\d+)gb$")
 
@@ -38,6 +38,8 @@ class Platform:
     cpu: str
     gpu_model: str | None
     gpu_memory_gib: int
+    """nominal memory per GPU as the preset states it (what readiness checks against); plans use
+    ``usable_gpu_memory_gib``."""
     presets: Mapping[str, Preset]
     drivers_preset: str | None = None
     """Default Nebius drivers preset of GPU node groups (mk8s ``gpu_settings.drivers_preset``)."""
@@ -47,6 +49,11 @@ class Platform:
     @property
     def is_gpu(self) -> bool:
         return self.gpu_model is not None
+
+    @property
+    def usable_gpu_memory_gib(self) -> float:
+        """Memory of one GPU as PyTorch reports it (``USABLE_GPU_MEMORY``); 0 for a CPU platform."""
+        return usable_gpu_memory(self.gpu_model).gib if self.gpu_model else 0.0
 
 
 def parse_preset(name: str, *, gpu_cluster_gpus: int = 0) -> Preset:
@@ -183,6 +190,57 @@ GPU_PEAKS: Mapping[str, GpuPeaks] = MappingProxyType({
 """Read through reprints of NVIDIA's datasheet tables (the search tool reaches no nvidia.com page here)."""
 
 
+@dataclass(frozen=True)
+class HostLink:
+    """How a GPU reaches host memory and its peers: PCIe bandwidth per direction, and whether peers talk over
+    NVLink (else their all-gathers cross PCIe too)."""
+
+    pcie_gb_per_s: float
+    nvlink: bool
+    source: str
+    nvlink_gb_per_s: float = 0.0
+
+    @property
+    def peer_gb_per_s(self) -> float:
+        """Bandwidth to another GPU of the same node, per direction."""
+        return self.nvlink_gb_per_s if self.nvlink else self.pcie_gb_per_s
+
+
+HOST_LINKS: Mapping[str, HostLink] = MappingProxyType({
+    "NVIDIA H100 SXM": HostLink(64.0, True, "NVIDIA H100 datasheet, SXM column: PCIe Gen5 128 GB/s (both "
+                                "directions; 64 each), NVLink 900 GB/s (450 each)", 450.0),
+    "NVIDIA H200 SXM": HostLink(64.0, True, "NVIDIA H200 datasheet, SXM column: PCIe Gen5 128 GB/s (both "
+                                "directions; 64 each), NVLink 900 GB/s (450 each)", 450.0),
+    "NVIDIA L40S": HostLink(32.0, False, "NVIDIA L40S datasheet: PCIe Gen4 x16 64 GB/s bidirectional (32 each way), "
+                            "NVLink: no"),
+})
+"""Read through the same reprints of NVIDIA's datasheets as ``GPU_PEAKS`` (2026-11-25)."""
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """The network between a platform's nodes, per GPU and direction (None: no sourced figure)."""
+
+    name: str
+    gb_per_s_per_gpu: float | None
+    source: str
+
+
+_IB = Fabric("InfiniBand NDR", 50.0, "one ConnectX-7 NDR 400 Gbit/s per GPU (Nebius' 8-GPU nodes: '8x ConnectX-7 IB "
+             "NDR 400Gb/s', mlcommons/inference_results_v6.0 closed/Nebius/systems/nebius_b200_n1.json; a 2 x 8 H100 "
+             "Nebius cluster measured 435 GB/s NCCL all-reduce at 1 GB, github.com/drmysore/"
+             "nebius-h100-16gpu-benchmark README)")
+FABRICS: Mapping[str, Fabric] = MappingProxyType({
+    "gpu-h100-sxm": _IB,
+    "gpu-h200-sxm": _IB,
+    "gpu-l40s-a": Fabric("Ethernet", None, "no InfiniBand on L40S platforms (gpu_cluster_compatible is false); no "
+                         "published per-VM Ethernet bandwidth found"),
+    "gpu-l40s-d": Fabric("Ethernet", None, "no InfiniBand on L40S platforms (gpu_cluster_compatible is false); no "
+                         "published per-VM Ethernet bandwidth found"),
+})
+"""Read 2026-11-25."""
+
+
 def gpu_peaks(gpu_model: str) -> GpuPeaks:
     try:
         return GPU_PEAKS[gpu_model]
@@ -190,12 +248,43 @@ def gpu_peaks(gpu_model: str) -> GpuPeaks:
         raise CatalogError(f"no published peaks for GPU model {gpu_model!r}; known: {', '.join(GPU_PEAKS)}") from None
 
 
-def gpu_memory_gib(gpu_model: str) -> int:
-    """Memory of one GPU of this model, from the first platform that has it."""
-    for platform in PLATFORMS.values():
-        if platform.gpu_model == gpu_model:
-            return platform.gpu_memory_gib
-    raise CatalogError(f"no platform has GPU model {gpu_model!r}")
+@dataclass(frozen=True)
+class UsableMemory:
+    """Memory of one GPU as PyTorch reports it (``torch.cuda.get_device_properties(i).total_memory``): what the
+    plan, the policy, the comparison and the trainer size a run against."""
+
+    gib: float
+    kind: Literal["measured", "derived"]
+    """measured: read on such a GPU; derived: computed from the datasheet and a measured sibling, not read."""
+    source: str
+
+
+USABLE_GPU_MEMORY: Mapping[str, UsableMemory] = MappingProxyType({
+    "NVIDIA H100 SXM": UsableMemory(
+        79.19, "measured", "torch.cuda.get_device_properties(0).total_memory on an H100 80GB HBM3, 2026-11-23 "
+        "(docs/training.md, the Qwen3-14B QLoRA sizing run); the same 79.19 per GPU in a Nebius H100 acceptance "
+        "run (github.com/drmysore/nebius-h100-16gpu-benchmark README)"),
+    "NVIDIA L40S": UsableMemory(
+        44.99, "derived", "48,305,799,168 B (44.99 GiB), an L40S's memoryTotal as NVML reported it in a public run "
+        "record (huggingface.co/apjanco/es_qwen2_vl_pangea wandb-metadata.json, read 2026-11-25; datasheet: 48 GB "
+        "GDDR6 with ECC); not yet measured by this project's readiness checks"),
+    "NVIDIA H200 SXM": UsableMemory(
+        140.19, "derived", "the datasheet's 141 GB less the H100's measured shortfall from its nominal 80 (0.81 GiB); "
+        "not measured"),
+})
+
+
+def usable_gpu_memory(gpu_model: str) -> UsableMemory:
+    try:
+        return USABLE_GPU_MEMORY[gpu_model]
+    except KeyError:
+        raise CatalogError(
+            f"no usable memory known for GPU model {gpu_model!r}; known: {', '.join(USABLE_GPU_MEMORY)}") from None
+
+
+def gpu_memory_gib(gpu_model: str) -> float:
+    """Usable memory of one GPU of this model (``USABLE_GPU_MEMORY``), the figure every plan sizes with."""
+    return usable_gpu_memory(gpu_model).gib
 
 
 def get_platform(name: str) -> Platform:

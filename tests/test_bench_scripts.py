@@ -29,8 +29,16 @@ def bench(script: str, *args: str, cwd: Path, timeout: float = 600) -> dict:
 
 
 def test_every_bench_script_has_a_test_here_or_beside() -> None:
-    tested = {"tokenize.py", "eval_generation.py", "serve.py", "train_gpu.sh", "train.py"}
+    tested = {"tokenize.py", "eval_generation.py", "serve.py", "train_gpu.sh", "train.py", "fsdp_load.py"}
     assert {p.name for p in BENCH.iterdir() if p.suffix in (".py", ".sh")} == tested
+
+
+def test_bench_fsdp_load_at_its_smallest(tmp_path: Path) -> None:
+    report = bench("fsdp_load.py", "--layers", "1", "--hidden", "256", "--intermediate", "512", "--vocab", "1024",
+                   "--modes", "rank0", cwd=tmp_path)
+    rank0 = report["modes"]["rank0"]
+    assert report["ranks"] == 2 and rank0["rank1_growth_bytes"] > 0
+    assert sum(rank0["held_bytes_per_rank"]) == report["model_bytes_fp32"]  # two halves of one model
 
 
 def test_bench_tokenize_at_its_smallest(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ catalog's published figures and the bench's measured row."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from infra.cost.price import PriceInputs
 from infra.cost.training import load_run
 
 ROOT = Path(__file__).resolve().parent.parent
+GIB = 1024**3
 LLAMA70_LORA = "workloads/configs/h100-llama-3.1-70b-lora.json"
 BENCH_H100_QWEN14_QLORA = next(f for f in bench_throughputs() if (f.gpu_model, f.model, f.method) ==
                                ("NVIDIA H100 SXM", "hub:Qwen/Qwen3-14B", "qlora"))
@@ -61,18 +63,19 @@ def test_h100_row_of_the_measured_model_matches_a_hand_computation():
 
 def test_h100_table_covers_every_method_and_size_and_says_what_needs_more_nodes():
     c = _compare(_stack("h100", LLAMA70_LORA))
-    models = [r.model for r in c.rows[::3]]
+    plain = [r for r in c.rows if r.offload == "none"]  # offload rows follow the rows they save GPUs on
+    models = [r.model for r in plain[::3]]
     assert models == ["hub:meta-llama/Llama-3.1-8B", "hub:Qwen/Qwen3-8B", "hub:Qwen/Qwen3-14B", "hub:Qwen/Qwen3-32B",
                       "hub:meta-llama/Llama-3.1-70B"]
-    assert [r.method for r in c.rows] == list(METHODS) * len(models)
-    # full 70B: 16 B/parameter sharded; 16 H100s hold only 16 x 70.55e9 / 16 B = 65.7 GiB of the 72 GiB each
+    assert [r.method for r in plain] == list(METHODS) * len(models)
+    # full 70B: 16 B/parameter sharded; 16 H100s hold only 16 x 70.55e9 / 16 B = 65.7 GiB of the 71.3 GiB each
     # before the 7.1 GiB of gathered bf16 layers and root, so it needs more GPUs than the stack has
     full70 = _row(c, "hub:meta-llama/Llama-3.1-70B", "full")
     assert full70.strategy == "fsdp" and full70.gpus_needed > 16 and not full70.fits_stack
     lora70 = _row(c, "hub:meta-llama/Llama-3.1-70B", "lora")
     assert lora70.strategy == "fsdp" and 2 <= lora70.gpus_needed <= 16 and lora70.fits_stack  # 141 GB bf16 base
     text = render_comparison(c)
-    assert text.startswith("Method comparison on NVIDIA H100 SXM (80 GiB; stack 'h100': 16 GPUs, $2.95/GPU-hour, "
+    assert text.startswith("Method comparison on NVIDIA H100 SXM (79.19 GiB usable; stack 'h100': 16 GPUs, $2.95/GPU-hour, "
                            "preemptible $1.25) for 92,160,000 training tokens")
     assert "no: 3 nodes" in text and "  borrowed\n" in text and "figure: 3,195 tokens/s per GPU measured" in text
 
@@ -94,7 +97,7 @@ def test_demo_table_renders_with_the_l40s_price_and_an_estimated_throughput():
     assert _row(c, "hub:Qwen/Qwen3-14B", "qlora").strategy == "ddp"
     assert _row(c, "hub:meta-llama/Llama-3.1-70B", "lora").strategy == "fsdp"
     text = render_comparison(c)
-    assert "NVIDIA L40S (48 GiB; stack 'demo': 10 GPUs, $2.28/GPU-hour)" in text
+    assert "NVIDIA L40S (44.99 GiB usable; stack 'demo': 10 GPUs, $2.28/GPU-hour)" in text
     assert "no preemptible price" in text and "estimated x0.366" in text
 
 
@@ -128,4 +131,88 @@ def test_ftstack_plan_compare_prints_the_table_and_its_json():
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)["compare"]
     assert doc["tokens"] == 100_000_000 and "reference size" in doc["data_basis"]  # h100.json sets no data.rows
-    assert len(doc["rows"]) == 15
+    assert len([r for r in doc["rows"] if r["offload"] == "none"]) == 15  # 5 models x 3 methods
+
+
+# The rows issue 39 names: the GPUs a row needs at the L40S's nominal 48 GiB and at the 44.99 GiB PyTorch reports.
+USABLE_ROWS = [("hub:Qwen/Qwen3-32B", "lora", 2, 3), ("hub:Qwen/Qwen3-14B", "full", 7, 8),
+               ("hub:meta-llama/Llama-3.1-70B", "lora", 5, 6)]
+
+
+def _ranks_by_hand(source: str, method: str, gpu_gib: float) -> int:
+    """Fewest FSDP ranks whose per-rank peak fits 90 % of `gpu_gib`, solved in closed form from the memory
+    formula's terms (workloads/train/memory.py's docstring): the sharded part S (weights, adapter, gradients, Adam
+    states, fragmentation on the last two) over n ranks, plus what every rank holds whole, U (root and two decoder
+    layers gathered in bf16, activations with their fragmentation, 1 GiB overhead): n = ceil(S / (budget - U)).
+    Weights, adapter and gathered bytes come from the shape by hand; the activation terms from the estimate
+    (checked against measured tensors in tests/test_memory_estimate.py)."""
+    from infra.cost.compare import with_method
+    from workloads.train.memory import estimate
+    from workloads.train.parallelism import fit_inputs
+    from workloads.train.model_shapes import shape_for_source
+
+    run = with_method(load_run(_stack("demo"), ROOT), source, method)
+    shape, inputs = shape_for_source(source), fit_inputs(run)
+    per_layer = {name: i * o for name, (i, o) in shape.linears().items()}
+    layer_linear = sum(per_layer.values())
+    if method == "full":
+        trainable, weights, lora = shape.params, 4 * shape.params, 0
+    else:
+        trainable = shape.layers * sum(inputs.lora_r * (i + o) for i, o in shape.linears().values())
+        weights, lora = 2 * shape.params, 4 * trainable
+    fragmentation = 0.10
+    sharded = weights + lora + (1 + fragmentation) * 12 * trainable        # fp32 gradient + two fp32 Adam states
+    whole = estimate(shape, inputs)
+    gathered = 2 * shape.other_params + 2 * 2 * layer_linear
+    unsharded = (gathered + (1 + fragmentation) * (whole.activations + max(whole.recompute, whole.logits))
+                 + 1.0 * GIB)
+    return math.ceil(sharded / (0.9 * gpu_gib * GIB - unsharded))
+
+
+@pytest.mark.parametrize(("source", "method", "nominal", "usable"), USABLE_ROWS)
+def test_demo_rows_need_the_gpus_the_usable_l40s_memory_gives(source, method, nominal, usable):
+    assert (_ranks_by_hand(source, method, 48), _ranks_by_hand(source, method, 44.99)) == (nominal, usable)
+    c = _compare(_stack("demo"))
+    row = _row(c, source, method)
+    assert c.gpu_memory_gib == 44.99
+    assert (row.strategy, row.gpus_needed) == ("fsdp", usable)
+
+
+def test_seed_002s_70b_lora_on_two_gpus_is_an_offload_row_priced_with_its_slowdown():
+    """Seed 002: "LoRA 70B 24h x 2 GPU". On demo's L40S nodes (2 GPUs, 384 GiB RAM) with CPU offload, each rank
+    copies the whole bf16 base over its PCIe link per pass, forward and backward (no NVLink: the all-gather crosses
+    PCIe too): 2 x 141.1 GB at 32 GB/s (the L40S datasheet's 64 GB/s both ways), against the micro-batch's compute
+    at the plain row's tokens/s; the cost is the plain row's GPU-hours times that slowdown."""
+    c = _compare(_stack("demo"))
+    plain = _row(c, "hub:meta-llama/Llama-3.1-70B", "lora")
+    row = next(r for r in c.rows
+               if (r.model, r.method, r.offload) == ("hub:meta-llama/Llama-3.1-70B", "lora", "params"))
+    params = 70_553_706_496
+    assert (row.gpus_needed, row.strategy, row.fits_stack) == (2, "fsdp", True) and plain.gpus_needed == 6
+    copy_s = 2 * 2 * params / 32e9
+    compute_s = row.micro_batch_tokens / plain.throughput.tokens_per_second_per_gpu
+    assert row.slowdown == pytest.approx(max(1.0, copy_s / compute_s))
+    assert row.gpu_hours == pytest.approx(plain.gpu_hours * row.slowdown)
+    assert row.usd_on_demand == pytest.approx(plain.usd_on_demand * row.slowdown)
+    assert 2 * 2 * params / GIB <= row.host_gib_per_node <= 384
+    assert "lora    fsdp+offload  2" in render_comparison(c)
+
+
+def test_a_70b_full_fine_tune_over_three_h100_nodes_is_network_bound_at_the_fabrics_rate():
+    """n > 8 ranks span nodes, so they talk over InfiniBand, 400 Gbit/s (50 GB/s) a GPU: per micro-batch a rank
+    receives (n-1)/n of the bf16 weights twice (all-gathers, forward and backward) and reduce-scatters (n-1)/n of
+    the fp32 gradients: 8 B a parameter. Network-bound, the row's tokens/s is what the link carries: 50e9 x
+    micro-batch tokens / those bytes."""
+    params = 70_553_706_496
+    c = _compare(_stack("h100", LLAMA70_LORA))
+    row = _row(c, "hub:meta-llama/Llama-3.1-70B", "full")
+    n = row.gpus_needed
+    moved = (n - 1) / n * (2 * 2 * params + 4 * params)
+    assert n > 8 and row.bound == "network"
+    assert row.network_bytes == pytest.approx(moved)
+    assert row.throughput.tokens_per_second_per_gpu == pytest.approx(50e9 * row.micro_batch_tokens / moved)
+    one_node = _row(c, "hub:Qwen/Qwen3-14B", "full")  # ranks on one node: NVLink, 450 GB/s each way
+    assert 1 < one_node.gpus_needed <= 8 and one_node.bound in ("compute", "memory")
+    assert one_node.network_slowdown == 1.0
+    demo = _compare(_stack("demo"))
+    assert _row(demo, "hub:meta-llama/Llama-3.1-70B", "lora").bound.endswith("network unknown")

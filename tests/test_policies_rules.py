@@ -95,8 +95,8 @@ def test_model_fits_qlora_but_not_unquantized_without_checkpointing_on_l40s(mock
     assert run.model.source == "hub:Qwen/Qwen3-14B"
     assert rules.model_fits(_ctx(mocked, run=qlora)) == []
     [message] = rules.model_fits(_ctx(mocked, run=heavy))
-    assert "lora of hub:Qwen/Qwen3-14B" in message and "48 GiB" in message
-    assert rules.model_fits(_ctx(mocked, "h100", run=heavy)), "bf16 LoRA of 14B at micro-batch 4 without checkpointing exceeds 80 GiB too"
+    assert "lora of hub:Qwen/Qwen3-14B" in message and "44.99 GiB usable" in message
+    assert rules.model_fits(_ctx(mocked, "h100", run=heavy)), "bf16 LoRA of 14B at micro-batch 4 without checkpointing exceeds 79.19 GiB too"
 
 
 def test_login_access(mocked):

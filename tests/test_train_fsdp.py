@@ -22,9 +22,25 @@ def pair(tiny_prepared: RunConfig, tmp_path: Path, **train: Any) -> tuple[RunCon
             with_train(tiny_prepared, tmp_path / "fsdp", parallelism="fsdp", **common))
 
 
+def _tensor_bytes(files: list[Path]) -> dict[str, int]:
+    from safetensors import safe_open
+
+    sizes = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            for key in handle.keys():
+                tensor = handle.get_tensor(key)
+                sizes[key] = tensor.numel() * tensor.element_size()
+    return sizes
+
+
 @pytest.mark.parametrize("method", ["lora", "full"])
 def test_fsdp_and_ddp_give_the_same_loss_curve_and_fsdp_holds_half_the_parameters(
-        tiny_prepared: RunConfig, tmp_path: Path, method: str) -> None:
+        tiny_prepared: RunConfig, tmp_path: Path, method: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 1 builds the model on the meta device and gets its shards from rank 0 (sharding.shard_from_rank0);
+    the result is written without gathering the model: an adapter's trainable weights only, a full fine-tune's
+    weights streamed into files of at most 1 MB (each over-sized tensor alone in its file)."""
+    monkeypatch.setenv("FT_SAVE_SHARD_BYTES", str(1024**2))
     ddp_run, fsdp_run = pair(tiny_prepared, tmp_path, method=method)
     ddp, ddp_manifest = trained(ddp_run, tmp_path, "ddp")
     fsdp, fsdp_manifest = trained(fsdp_run, tmp_path, "fsdp")
@@ -41,6 +57,15 @@ def test_fsdp_and_ddp_give_the_same_loss_curve_and_fsdp_holds_half_the_parameter
         assert fsdp_manifest["parallelism"]["per_rank_bytes"]["trainable_weights"] == shard
     output = fsdp_run.train_run_dir / ("model" if method == "full" else "adapter")
     assert fsdp_manifest[("model" if method == "full" else "adapter")] == str(output)
+    saved = _tensor_bytes(sorted(output.glob("*.safetensors")))
+    peak = fsdp_manifest["export_peak_bytes"]
+    if method == "lora":  # what was gathered is the adapter, every byte of it, and none of the base
+        assert peak == sum(saved.values()) == ddp_manifest["parameter_bytes"]["trainable"]
+        assert peak < ddp_manifest["parameter_bytes"]["frozen"] / 10
+    else:  # several files; rank 0 never held more than the largest tensor (files of <= 1 MB, else one tensor)
+        assert len(list(output.glob("model-*.safetensors"))) > 1 and (output / "model.safetensors.index.json").is_file()
+        assert peak == max(saved.values()) < sum(saved.values())
+        assert sum(saved.values()) == whole  # every fp32 weight, the tied LM head once
 
 
 def test_qlora_shards_its_4bit_base_on_cpu(tiny_prepared: RunConfig, tmp_path: Path) -> None:
@@ -76,3 +101,20 @@ def test_a_sharded_checkpoint_resumes_on_more_ranks_and_is_refused_on_one(
     assert main(["--config", str(write_config(alone, tmp_path / "one.json"))]) == 2
     error = capsys.readouterr().err
     assert "written under fsdp and this run trains under ddp" in error and "needs 2 or more ranks" in error
+
+
+@pytest.mark.parametrize("method", ["full"])
+def test_cpu_offload_trains_to_the_losses_of_no_offload(tiny_prepared: RunConfig, tmp_path: Path,
+                                                        method: str) -> None:
+    """FSDP2's CPUOffloadPolicy (train.offload: params) keeps the shards, gradients and Adam states in host memory
+    and steps the optimizer there: the same numbers as keeping them on the device (on CPU both are host memory,
+    so this checks the offloaded path's arithmetic, not its speed)."""
+    common = {"max_steps": 6, "save_steps": 100, "micro_batch_size": 1, "batching": "grouped",
+              "learning_rate": 1e-3, "parallelism": "fsdp", "method": method}
+    plain, plain_manifest = trained(with_train(tiny_prepared, tmp_path / "plain", offload="none", **common),
+                                    tmp_path, "plain")
+    offloaded, manifest = trained(with_train(tiny_prepared, tmp_path / "offload", offload="params", **common),
+                                  tmp_path, "offload")
+    assert (plain_manifest["parallelism"]["offload"], manifest["parallelism"]["offload"]) == ("none", "params")
+    assert manifest["parallelism"]["strategy"] == "fsdp" and len(offloaded) == 6
+    assert offloaded == pytest.approx(plain, rel=LOSS_REL_TOL)

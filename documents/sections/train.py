@@ -73,6 +73,10 @@ class TrainConfig(_Section):
     parallelism: Parallelism = Field(
         "auto", description="ddp: a whole replica per GPU; fsdp: parameters, gradients and optimizer states sharded "
         "over all ranks (full shard by decoder layer); auto: ddp while a replica fits memory_fraction of the GPU")
+    offload: Literal["auto", "none", "params"] = Field(
+        "auto", description="params: FSDP's CPU offload (the shards of weights, gradients and Adam states in host "
+        "memory, copied to the GPU layer by layer; the optimizer steps on the CPU); auto: only when nothing else "
+        "fits the GPUs the run has; none: never")
     lora: LoraSettings = LoraSettings()
     learning_rate: float = Field(2e-4, gt=0.0, lt=1.0)
     lr_scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = "cosine"

@@ -2,14 +2,24 @@
 method (full, LoRA, QLoRA) x each known model size: the parallelism, the GPUs needed, tokens/s per GPU and where
 that figure came from, GPU-hours, wall time and cost on demand and preemptible.
 
-- GPUs needed: the fewest GPUs of the stack's model on which ``decide_parallelism`` finds a plan that fits
-  (``infra.model_fit``); DDP needs one, FSDP as many as the shards need.
+- GPUs needed: the fewest GPUs of the stack's model (at the memory PyTorch reports, ``catalog.USABLE_GPU_MEMORY``)
+  on which ``decide_placement`` finds a placement that fits; DDP needs one, FSDP as many as the shards need.
+- Host GiB: host memory of the busiest of the stack's nodes while the base loads (``host_bytes_per_node``: one
+  base on the first node under FSDP, a tensor in flight per rank otherwise); a row over the node's RAM does not
+  fit the stack.
+- Offload rows: after an FSDP row, the same with FSDP's CPU offload on the fewest whole nodes of the stack's preset
+  where it fits, when that is fewer GPUs; priced at the row's throughput divided by ``offload_slowdown``
+  (``OFFLOAD_MODEL``).
+- Bound and network: each row's bytes per micro-batch and rank by strategy (``network_bytes``) over the peer link
+  or the stack's fabric (``catalog.FABRICS``), overlapped with compute; a row whose network time exceeds its
+  compute time is network-bound and priced with the ratio (``NETWORK_MODEL``); otherwise compute- or memory-bound
+  by its micro-batch's GEMM intensity against the GPU's ridge. An unknown fabric (L40S Ethernet) is said so, not
+  priced.
 - Tokens/s per GPU, GPU-hours and cost: each row is priced by ``price_stack`` (the one price path) with the run
   config changed to that model and method, so its tokens/s come from where the stack's own training-run cost
   takes them (configured, measured, borrowed, estimated); the stack's configured figure and the run it measured
   count only for their own model and method. Preemptible: the same with the workers preemptible, where the
-  catalog has a preemptible price. FSDP is priced at the same per-GPU throughput as DDP (its all-gathers overlap
-  compute), an assumption the table states.
+  catalog has a preemptible price.
 - Wall hours = GPU-hours over the GPUs the run gets: the stack's training GPUs when it fits there, else the GPUs
   needed in whole nodes.
 """
@@ -27,9 +37,11 @@ from documents.run_config import RunConfig, parse_run_config
 from infra import catalog
 from infra.config import StackConfig
 from infra.cost.price import CostReport, PriceInputs, price_stack
-from infra.model_fit import smallest_placement
 from infra.pipeline.chain import worker_shape
 from workloads.train.model_shapes import KNOWN, ModelShape, UnknownModel, shape_for_source
+from infra.cost.estimate import Plan
+from workloads.train.memory import DTYPE_BYTES, GIB, inputs_from_run, lora_params, weight_bytes
+from workloads.train.placement import Hardware, Placement, decide_placement, host_bytes_per_node, offloaded_placement
 
 METHODS = ("full", "lora", "qlora")
 REFERENCE_TOKENS = 100_000_000
@@ -69,6 +81,8 @@ class CompareRow(BaseModel):
     strategy: str | None
     gpus_needed: int | None
     per_gpu_gib: float | None
+    host_gib_per_node: float | None = None
+    """host memory of the busiest of the stack's nodes while the base loads (``placement.host_bytes_per_node``)."""
     fits_stack: bool
     throughput: RowThroughput
     gpu_hours: float | None
@@ -76,6 +90,18 @@ class CompareRow(BaseModel):
     wall_gpus: int | None
     usd_on_demand: float | None
     usd_preemptible: float | None
+    bound: str | None = None
+    """what limits the row: compute or memory (its micro-batch's GEMM intensity against the GPU's ridge), or network
+    when moving its bytes per micro-batch takes longer than computing it (``network_seconds``)."""
+    network_bytes: float | None = None
+    """bytes one rank sends or receives per micro-batch (``network_bytes``)."""
+    network_slowdown: float | None = None
+    """the throughput divisor max(1, network time / compute time) the row is priced with (None: fabric unknown)."""
+    offload: Literal["none", "params"] = "none"
+    slowdown: float | None = None
+    """offload rows: the throughput divisor of ``offload_slowdown`` against the same row without offload."""
+    micro_batch_tokens: int | None = None
+    """the planned micro-batch the network and offload times are computed at."""
 
 
 class Comparison(BaseModel):
@@ -85,6 +111,7 @@ class Comparison(BaseModel):
     gpu_model: str
     gpu_memory_gib: float
     gpus_per_node: int
+    node_ram_gib: float
     stack_gpus: int
     tokens: float
     passes: float
@@ -190,13 +217,16 @@ def compare(cfg: StackConfig, run: RunConfig, inputs: PriceInputs = PriceInputs(
     nodes, gpus_per_node = worker_shape(cfg)
     stack_gpus = nodes * gpus_per_node
     has_spot = _has_preemptible_price(price(run, True))
+    one_gpu = Hardware(gpu_memory_gib=platform.usable_gpu_memory_gib)
+    node = Hardware(gpu_memory_gib=platform.usable_gpu_memory_gib, gpus_per_node=gpus_per_node,
+                    host_memory_gib=worker.shape.ram_gib)
     rows: list[CompareRow] = []
     usd_rate = spot_rate = None
     for source in compared_models(run):
         shape = shape_for_source(source)
         for method in METHODS:
             variant = with_method(run, source, method)
-            fit = smallest_placement(variant, shape, platform.gpu_memory_gib, 1)
+            fit = decide_placement(variant, shape, one_gpu)
             on_demand = price(variant, False)
             priced = on_demand.training
             if usd_rate is None and priced.gpu_hours and priced.usd is not None:
@@ -205,38 +235,168 @@ def compare(cfg: StackConfig, run: RunConfig, inputs: PriceInputs = PriceInputs(
                 spot = price(variant, True).training if has_spot else None
                 spot_rate = spot.usd / spot.gpu_hours if spot and spot.usd is not None and spot.gpu_hours else None
             needed = fit.gpus if fit else None
-            fits_stack = needed is not None and needed <= stack_gpus
+            host = host_bytes_per_node(variant, shape, fit.plan.strategy, gpus_per_node) if fit else None
+            host_fits = host is not None and host <= worker.shape.ram_gib * GIB
+            fits_stack = needed is not None and needed <= stack_gpus and host_fits
             wall_gpus = stack_gpus if fits_stack else (gpus_per_node * math.ceil(needed / gpus_per_node)
                                                        if needed else None)
             preemptible = priced.gpu_hours * spot_rate if spot_rate is not None and priced.gpu_hours else None
-            rows.append(CompareRow(
+            plain = CompareRow(
                 model=source, params_b=round(shape.params / 1e9, 2), method=method,
                 strategy=fit.plan.strategy if fit else None, gpus_needed=needed,
                 per_gpu_gib=round(fit.per_gpu_gib, 1) if fit else None, fits_stack=fits_stack,
+                host_gib_per_node=round(host / GIB, 1) if host is not None else None,
                 throughput=_row_throughput(on_demand), gpu_hours=priced.gpu_hours,
                 wall_hours=priced.gpu_hours / wall_gpus if priced.gpu_hours is not None and wall_gpus else None,
                 wall_gpus=wall_gpus, usd_on_demand=priced.usd, usd_preemptible=preemptible,
-            ))
-    notes = ["FSDP rows are priced at the per-GPU throughput of the same model and method under DDP "
-             "(all-gathers overlapped with compute); a measured FSDP run replaces that assumption"]
+            )
+            offloaded = _offload_row(plain, variant, shape, node, platform.gpu_model or "", stack_gpus, spot_rate)
+            if fit is not None:
+                plain = _with_network(plain, variant, shape, fit, worker.platform, platform.gpu_model or "",
+                                      gpus_per_node)
+            rows += [plain] + ([offloaded] if offloaded is not None else [])
+    notes = ["FSDP rows are priced at the per-GPU throughput of the same model and method under DDP divided by their "
+             "network slowdown; a measured FSDP run replaces that assumption"]
+    notes.append(f"network: {NETWORK_MODEL}; fabric {catalog.FABRICS[worker.platform].name}: "
+                 f"{catalog.FABRICS[worker.platform].source}")
+    notes.append(f"offload rows (FSDP CPU offload, train.offload: params) where they need fewer GPUs: {OFFLOAD_MODEL}")
     if not has_spot:
         notes.append(f"{worker.platform}: no preemptible price in the catalog; preemptible cost not shown")
     return Comparison(
-        stack=cfg.stack, gpu_model=platform.gpu_model or "", gpu_memory_gib=platform.gpu_memory_gib,
-        gpus_per_node=gpus_per_node, stack_gpus=stack_gpus, tokens=sized.tokens, passes=sized.epochs,
-        data_basis=data_basis, usd_per_gpu_hour=usd_rate, preemptible_usd_per_gpu_hour=spot_rate,
+        stack=cfg.stack, gpu_model=platform.gpu_model or "", gpu_memory_gib=platform.usable_gpu_memory_gib,
+        gpus_per_node=gpus_per_node, node_ram_gib=worker.shape.ram_gib, stack_gpus=stack_gpus, tokens=sized.tokens,
+        passes=sized.epochs, data_basis=data_basis, usd_per_gpu_hour=usd_rate, preemptible_usd_per_gpu_hour=spot_rate,
         rows=rows, notes=notes,
     )
+
+
+NETWORK_MODEL = (
+    "per micro-batch and rank: FSDP all-gathers the weights twice (forward, backward) in the compute dtype (a 4-bit "
+    "base as stored) and reduce-scatters the trainable gradients in fp32, each x (n-1)/n of the bytes; DDP "
+    "all-reduces the trainable gradients (2 x fp32 x (n-1)/n) once per optimizer step; over the peer link on one "
+    "node (catalog.HOST_LINKS: NVLink or PCIe), else the fabric per GPU (catalog.FABRICS); overlapped with compute, "
+    "so throughput is divided by max(1, network time / compute time); no HSDP, latency not counted")
+
+
+def network_bytes(run: RunConfig, shape: ModelShape, strategy: str, ranks: int, accumulation: int) -> float:
+    """Bytes one rank moves per micro-batch (``NETWORK_MODEL``)."""
+    if ranks <= 1:
+        return 0.0
+    inputs = inputs_from_run(run)
+    share = (ranks - 1) / ranks
+    if inputs.method == "full":
+        trainable = shape.params
+    else:
+        trainable = lora_params(shape, inputs.lora_r, inputs.lora_target_modules)
+    if strategy == "fsdp":
+        gathered = (weight_bytes(shape, inputs) if inputs.method == "qlora"
+                    else shape.params * DTYPE_BYTES[inputs.dtype])
+        return share * (2 * gathered + 4 * trainable)
+    return share * 2 * 4 * trainable / accumulation
+
+
+def link_gb_per_s(platform: str, gpu_model: str, ranks: int, gpus_per_node: int) -> float | None:
+    """Per-GPU bandwidth a collective over `ranks` runs at: the peer link within a node, else the fabric."""
+    if ranks <= gpus_per_node:
+        return catalog.HOST_LINKS[gpu_model].peer_gb_per_s
+    return catalog.FABRICS[platform].gb_per_s_per_gpu
+
+
+def _compute_bound(shape: ModelShape, gpu_model: str, micro_batch_tokens: int) -> str:
+    plan = Plan(gpu_model=gpu_model, shape=shape, micro_batch_tokens=micro_batch_tokens, recompute=False)
+    return "compute" if plan.intensity() >= catalog.gpu_peaks(gpu_model).ridge_flop_per_byte else "memory"
+
+
+def _with_network(row: CompareRow, run: RunConfig, shape: ModelShape, fit: Placement, platform: str,
+                  gpu_model: str, gpus_per_node: int) -> CompareRow:
+    """The row priced with its network time (``NETWORK_MODEL``) and the bound it hits."""
+    tps = row.throughput.tokens_per_second_per_gpu
+    if fit.batches is None or gpu_model not in catalog.HOST_LINKS or gpu_model not in catalog.GPU_PEAKS:
+        return row
+    moved = network_bytes(run, shape, fit.plan.strategy, fit.gpus, fit.batches.gradient_accumulation_steps)
+    bound = _compute_bound(shape, gpu_model, fit.batches.micro_batch_tokens)
+    link = link_gb_per_s(platform, gpu_model, fit.gpus, gpus_per_node)
+    row = row.model_copy(update={"micro_batch_tokens": fit.batches.micro_batch_tokens, "network_bytes": moved})
+    if not tps or moved == 0:
+        return row.model_copy(update={"bound": bound})
+    if link is None:
+        return row.model_copy(update={"bound": f"{bound}, network unknown"})
+    compute = fit.batches.micro_batch_tokens / tps
+    slowdown = max(1.0, moved / (link * 1e9) / compute)
+    update: dict[str, object] = {"bound": "network" if slowdown > 1 else bound, "network_slowdown": slowdown}
+    if slowdown > 1 and row.gpu_hours is not None:
+        gpu_hours = row.gpu_hours * slowdown
+        update |= {
+            "throughput": row.throughput.model_copy(update={"tokens_per_second_per_gpu": tps / slowdown}),
+            "gpu_hours": gpu_hours, "wall_hours": gpu_hours / row.wall_gpus if row.wall_gpus else None,
+            "usd_on_demand": row.usd_on_demand * slowdown if row.usd_on_demand is not None else None,
+            "usd_preemptible": row.usd_preemptible * slowdown if row.usd_preemptible is not None else None,
+        }
+    return row.model_copy(update=update)
+
+
+OFFLOAD_MODEL = (
+    "throughput divided by max(1, copy time / compute time) per micro-batch: each rank copies its shard of the "
+    "weights from host memory twice (forward, backward), and without NVLink (L40S) also receives the other ranks' "
+    "shards over the same PCIe link (the all-gather), at catalog.HOST_LINKS' per-direction PCIe bandwidth; a full "
+    "fine-tune also copies its gradient shard back; copies overlap compute (FSDP prefetches a layer ahead); the "
+    "CPU optimizer step and the network between nodes are not counted")
+
+
+def offload_slowdown(run: RunConfig, shape: ModelShape, gpu_model: str, ranks: int, micro_batch_tokens: int,
+                     tokens_per_second: float) -> float:
+    """The throughput divisor of FSDP's CPU offload (``OFFLOAD_MODEL``)."""
+    inputs = inputs_from_run(run)
+    link = catalog.HOST_LINKS[gpu_model]
+    stored = weight_bytes(shape, inputs)
+    moved = 2 * stored * (1 / ranks if link.nvlink else 1)
+    if inputs.method == "full":
+        moved += 4 * shape.params / ranks
+    copy = moved / (link.pcie_gb_per_s * 1e9)
+    compute = micro_batch_tokens / tokens_per_second
+    return max(1.0, copy / compute)
+
+
+def _offload_row(plain: CompareRow, run: RunConfig, shape: ModelShape, node: Hardware, gpu_model: str,
+                 stack_gpus: int, spot_rate: float | None) -> CompareRow | None:
+    """The row with FSDP's CPU offload on the fewest nodes where it fits, when that is fewer GPUs than `plain`."""
+    tps = plain.throughput.tokens_per_second_per_gpu
+    if plain.strategy != "fsdp" or not tps or plain.gpu_hours is None or gpu_model not in catalog.HOST_LINKS:
+        return None
+    most = math.ceil((plain.gpus_needed or 0) / node.gpus_per_node) - 1
+    found = next((p for n in range(1, most + 1) if (p := offloaded_placement(run, shape, node, n)).fits), None)
+    if found is None or found.batches is None:
+        return None
+    slowdown = offload_slowdown(run, shape, gpu_model, found.gpus, found.batches.micro_batch_tokens, tps)
+    gpu_hours = plain.gpu_hours * slowdown
+    usd_rate = plain.usd_on_demand / plain.gpu_hours if plain.usd_on_demand is not None and plain.gpu_hours else None
+    fits_stack = found.gpus <= stack_gpus
+    wall_gpus = stack_gpus if fits_stack else found.gpus
+    throughput = plain.throughput.model_copy(update={"tokens_per_second_per_gpu": tps / slowdown})
+    bound = "host link" if slowdown > 1 else _compute_bound(shape, gpu_model, found.batches.micro_batch_tokens)
+    return plain.model_copy(update={
+        "strategy": "fsdp", "offload": "params", "slowdown": slowdown, "gpus_needed": found.gpus, "bound": bound,
+        "micro_batch_tokens": found.batches.micro_batch_tokens,
+        "per_gpu_gib": round(found.per_gpu_gib, 1), "fits_stack": fits_stack,
+        "host_gib_per_node": round((found.host_bytes_per_node or 0) / GIB, 1), "throughput": throughput,
+        "gpu_hours": gpu_hours, "wall_gpus": wall_gpus, "wall_hours": gpu_hours / wall_gpus,
+        "usd_on_demand": gpu_hours * usd_rate if usd_rate is not None else None,
+        "usd_preemptible": gpu_hours * spot_rate if spot_rate is not None else None,
+    })
 
 
 def _num(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def _on_stack(row: CompareRow, gpus_per_node: int) -> str:
+def _on_stack(row: CompareRow, c: Comparison) -> str:
     if row.gpus_needed is None:
         return "-"
-    return "yes" if row.fits_stack else f"no: {math.ceil(row.gpus_needed / gpus_per_node)} nodes"
+    if row.fits_stack:
+        return "yes"
+    if row.host_gib_per_node is not None and row.host_gib_per_node > c.node_ram_gib:
+        return f"no: host RAM {c.node_ram_gib:g} GiB"
+    return f"no: {math.ceil(row.gpus_needed / c.gpus_per_node)} nodes"
 
 
 def _source(t: RowThroughput) -> str:
@@ -252,16 +412,17 @@ def render_comparison(c: Comparison) -> str:
     if c.preemptible_usd_per_gpu_hour is not None:
         price += f", preemptible ${c.preemptible_usd_per_gpu_hour:.2f}"
     gpus = f"{c.stack_gpus} GPU" + ("" if c.stack_gpus == 1 else "s")
-    head = (f"Method comparison on {c.gpu_model} ({c.gpu_memory_gib:g} GiB; stack {c.stack!r}: {gpus}, {price}) for "
-            f"{c.tokens * c.passes:,.0f} training tokens ({c.data_basis}):")
-    table = [("Model", "Params", "Method", "Plan", "GPUs", "GiB/GPU", "On stack", "Tokens/s/GPU", "GPU-h",
+    head = (f"Method comparison on {c.gpu_model} ({c.gpu_memory_gib:g} GiB usable; stack {c.stack!r}: {gpus}, {price}) "
+            f"for {c.tokens * c.passes:,.0f} training tokens ({c.data_basis}):")
+    table = [("Model", "Params", "Method", "Plan", "GPUs", "GiB/GPU", "Host GiB", "Bound", "On stack", "Tokens/s/GPU", "GPU-h",
               "Wall h", "On-demand", "Preemptible", "Tokens/s from")]
     for r in c.rows:
         mark = "*" if r.throughput.estimated else ""
         table.append((
-            r.model.removeprefix("hub:"), f"{r.params_b:g}B", r.method, r.strategy or "none",
+            r.model.removeprefix("hub:"), f"{r.params_b:g}B", r.method,
+            (r.strategy or "none") + ("+offload" if r.offload == "params" else ""),
             _num(r.gpus_needed, "d"), _num(r.per_gpu_gib, ".1f"),
-            _on_stack(r, c.gpus_per_node),
+            _num(r.host_gib_per_node, ",.0f"), r.bound or "-", _on_stack(r, c),
             _num(r.throughput.tokens_per_second_per_gpu, ",.0f") + mark, _num(r.gpu_hours, ",.1f"),
             _num(r.wall_hours, ",.1f"), _usd(r.usd_on_demand), _usd(r.usd_preemptible), _source(r.throughput),
         ))

@@ -17,9 +17,9 @@ Pure: a run config, a GPU model and the measured figures in; a `TrainingThroughp
   * Memory-bound: ``gpu`` is the ratio of memory bandwidth, ``work`` the ratio of weight bytes read per token
     (passes x bf16 weights / micro-batch tokens).
 
-  The micro-batch and recomputation are the ones the run recorded, else `plan_batches` on that GPU's memory
-  (what `auto` sizing chooses; sharded over the fewest FSDP ranks that hold a run no single GPU does); the
-  stack's side is always `plan_batches` on its GPU's memory. A full fine-tune does one more pass per micro-batch
+  The micro-batch and recomputation are the ones the run recorded, else the batch plan of `decide_placement` on
+  that GPU's usable memory (what `auto` sizing chooses; sharded over the fewest FSDP ranks that hold a run no
+  single GPU does); the stack's side is always that plan on its GPU. A full fine-tune does one more pass per micro-batch
   (the weight gradients) than an adapter on a frozen base.
 """
 
@@ -33,11 +33,10 @@ from pydantic import BaseModel, ConfigDict
 
 from documents.run_config import RunConfig
 from documents.throughput import ThroughputMeasurement
-from documents.train_plan import BatchPlan
 from infra import catalog
 from workloads.train.model_shapes import ModelShape, UnknownModel, shape_for_source
-from workloads.train.parallelism import decide_parallelism
-from workloads.train.sizing import DoesNotFit, plan_batches
+from workloads.train.placement import Hardware, decide_placement
+from workloads.train.sizing import DoesNotFit
 
 Kind = Literal["configured", "measured", "borrowed", "estimated"]
 Bound = Literal["compute", "memory"]
@@ -103,24 +102,15 @@ class TrainingThroughput(BaseModel):
         return f"{self.kind}: {self.basis.describe()}{where}"
 
 
-def _batches(run: RunConfig, shape: ModelShape, memory_gib: float) -> BatchPlan:
-    """`plan_batches` on one GPU; a run whose replica does not fit is sized as it trains, sharded over the fewest
-    FSDP ranks that hold it (`decide_parallelism`)."""
-    try:
-        return plan_batches(run, shape, memory_gib)
-    except DoesNotFit:
-        ranks = decide_parallelism(run, shape, memory_gib, 1).min_fsdp_ranks
-        if ranks is None:
-            raise
-        return plan_batches(run, shape, memory_gib, shards=ranks)
-
-
 def _plan(run: RunConfig, shape: ModelShape, gpu_model: str, recorded: ThroughputMeasurement | None = None) -> Plan:
     full = (recorded.method if recorded is not None else run.train.method) == "full"
     if recorded is not None and recorded.micro_batch_tokens and recorded.gradient_checkpointing is not None:
         return Plan(gpu_model=gpu_model, shape=shape, micro_batch_tokens=recorded.micro_batch_tokens,
                     recompute=recorded.gradient_checkpointing, full=full)
-    batches = _batches(run, shape, catalog.gpu_memory_gib(gpu_model))
+    placement = decide_placement(run, shape, Hardware(gpu_memory_gib=catalog.gpu_memory_gib(gpu_model)))
+    if placement is None or placement.batches is None:
+        raise DoesNotFit(f"{run.model.source} {run.train.method}: no placement fits {gpu_model}")
+    batches = placement.batches
     return Plan(gpu_model=gpu_model, shape=shape, micro_batch_tokens=batches.micro_batch_tokens,
                 recompute=batches.gradient_checkpointing, full=full)
 

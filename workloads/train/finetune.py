@@ -20,7 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PrinterCallback, Trainer, set_seed
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    BitsAndBytesConfig,
+    PrinterCallback,
+    Trainer,
+    set_seed,
+)
 
 from documents.atomic import atomic_dir
 from documents.hf_files import MODEL_CONFIG
@@ -42,7 +50,7 @@ from documents.run_manifest import (
 from documents.sections.train import TrainConfig
 from documents.train_plan import Batching, BatchingDecision, BatchPlan, planned_batching
 from workloads.common.job_metrics import JobMetricsFile
-from workloads.train import attention, checkpoints, fused_loss, sharding
+from workloads.train import attention, checkpoints, fused_loss, sharded_save, sharding
 from workloads.train.batch_choice import decide_batching
 from workloads.train.batching import REAL_TOKENS, PackedCollator, PackedDataset, PaddedCollator, batch_tokens
 from workloads.train.config import (
@@ -57,9 +65,9 @@ from workloads.train.config import (
 from workloads.train.loss_chart import plot_loss
 from workloads.train.metrics_callback import MetricsCallback, TokenCounter
 from workloads.train.model_shapes import ModelShape, shape_from_model_folder
-from workloads.train.parallelism import decide_parallelism
+from workloads.train.placement import Hardware, Placement, decide_placement
 from workloads.train.preemption import INTERRUPTED_EXIT, STOP_FILE_ENV, PreemptionCallback, StopRequest
-from workloads.train.sizing import plan_batches
+from workloads.train.sizing import DoesNotFit, plan_batches
 
 log = logging.getLogger("workloads.train.finetune")
 
@@ -124,9 +132,10 @@ def load_model(model_dir: Path, train: TrainConfig, precision: str, local_rank: 
     in the compute dtype (or fp32 under `train.kbit_upcast`), activation checkpointing when asked, the fused loss
     when configured, and a fresh LoRA adapter; for method full every weight in fp32 (master weights; the
     Trainer's autocast, or FSDP's mixed precision policy, computes in the compute dtype) and no adapter. Under
-    `fsdp` an unquantized base is loaded into CPU memory, not onto the GPU (a replica that does not fit the GPU is
-    why FSDP was chosen): `fully_shard` moves each layer to the rank's GPU as it shards it. A 4-bit base still loads
-    onto the GPU, where bitsandbytes quantizes it and keeps its quantization state."""
+    `fsdp` an unquantized base is loaded into CPU memory by rank 0 only, not onto the GPU (a replica that does not
+    fit the GPU is why FSDP was chosen), and built on the meta device (no bytes) by every other rank:
+    `sharding.shard_from_rank0` fills the shards from rank 0. A 4-bit base still loads on every rank onto its GPU,
+    where bitsandbytes quantizes it and keeps its quantization state."""
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
     dtype = torch.float32 if train.method == "full" else DTYPES[precision]
@@ -141,10 +150,15 @@ def load_model(model_dir: Path, train: TrainConfig, precision: str, local_rank: 
     cuda = torch.cuda.is_available()
     if choice.implementation == attention.VARLEN:
         attention.register()
-    model = AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=dtype, quantization_config=quantization, attn_implementation=choice.implementation,
-        device_map={"": local_rank} if cuda and not (fsdp and quantization is None) else None,
-    )
+    if fsdp and quantization is None and int(os.environ.get("RANK", "0")) != 0:
+        config = AutoConfig.from_pretrained(model_dir)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=choice.implementation)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=dtype, quantization_config=quantization, attn_implementation=choice.implementation,
+            device_map={"": local_rank} if cuda and not (fsdp and quantization is None) else None,
+        )
     model.config.use_cache = False
     if quantization is not None and train.kbit_upcast:
         model = prepare_model_for_kbit_training(
@@ -210,6 +224,24 @@ def gpu_memory_gib() -> float | None:
     return torch.cuda.get_device_properties(index).total_memory / 2**30
 
 
+def job_placement(run: RunConfig, model_dir: Path, batching: Batching | None = None) -> Placement:
+    """The placement this job trains with: `decide_placement` over the nodes torchrun started (WORLD_SIZE ranks,
+    LOCAL_WORLD_SIZE per node) on this GPU's memory as PyTorch reports it and this node's RAM."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+    hardware = Hardware(gpu_memory_gib=gpu_memory_gib(), gpus_per_node=per_node, host_memory_gib=ram)
+    placement = decide_placement(run, model_shape(model_dir), hardware, max(1, world // per_node), batching)
+    assert placement is not None  # a given node count always yields a placement
+    return placement
+
+
+def _batches(placement: Placement) -> BatchPlan:
+    if placement.batches is None:
+        raise DoesNotFit(placement.why_not)
+    return placement.batches
+
+
 def model_shape(model_dir: Path) -> ModelShape:
     if not (model_dir / MODEL_CONFIG).is_file():
         raise FileNotFoundError(f"{model_dir}: no config.json (run the prepare stage first)")
@@ -227,19 +259,35 @@ def is_done(manifest_file: Path, output: Path, digest: str) -> bool:
     return manifest is not None and manifest.status == "completed" and manifest.config_sha256 == digest and saved
 
 
-def save_result(trainer: Trainer, tokenizer: Any, folder: Path, fsdp: bool, rank0: bool) -> None:
-    """The adapter in PEFT's layout, or a full fine-tune's model folder, written by rank 0 (atomic). Under FSDP
-    every rank first takes part in gathering the full state dict, which only rank 0 keeps."""
+def save_result(trainer: Trainer, tokenizer: Any, folder: Path, fsdp: bool, rank0: bool) -> int | None:
+    """The adapter in PEFT's layout, or a full fine-tune's model folder, written by rank 0 (atomic). Under FSDP no
+    rank gathers the model (workloads/train/sharded_save.py): an adapter gathers its trainable weights only, a full
+    fine-tune streams its weights into the folder's files; returns the most gathered bytes rank 0 held (None
+    without FSDP)."""
     model = trainer.model
-    state = None
-    if fsdp:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if rank0:
-        with atomic_dir(folder) as tmp:
-            model.save_pretrained(tmp, safe_serialization=True, state_dict=state)
-            tokenizer.save_pretrained(tmp)
+    if not fsdp:
+        if rank0:
+            with atomic_dir(folder) as tmp:
+                model.save_pretrained(tmp, safe_serialization=True)
+                tokenizer.save_pretrained(tmp)
+        return None
+    if hasattr(model, "get_base_model"):  # a PEFT adapter
+        state, held = sharded_save.gather_trainable(model, rank0)
+        if rank0:
+            with atomic_dir(folder) as tmp:
+                model.save_pretrained(tmp, safe_serialization=True, state_dict=state)
+                tokenizer.save_pretrained(tmp)
+        return held
+    shard_bytes = int(os.environ.get(sharded_save.SHARD_BYTES_ENV, sharded_save.DEFAULT_SHARD_BYTES))
+    if not rank0:
+        return sharded_save.stream_full_model(model, None, shard_bytes)
+    with atomic_dir(folder) as tmp:
+        held = sharded_save.stream_full_model(model, tmp, shard_bytes)
+        model.config.save_pretrained(tmp)
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    return held
 
 
 def train_run(run: RunConfig) -> int:
@@ -255,15 +303,15 @@ def train_run(run: RunConfig) -> int:
         return 0
     precision = detect_precision(train.precision)
     stop = StopRequest(os.environ.get(STOP_FILE_ENV))
-    shape, gpu = model_shape(paths.model_dir), gpu_memory_gib()
-    parallel = decide_parallelism(run, shape, gpu, int(os.environ.get("WORLD_SIZE", "1")))
+    placement = job_placement(run, paths.model_dir)
+    parallel = placement.plan
     if not parallel.fits:
         log.warning("the memory estimate says this run does not fit: %s", parallel.reason)
     fsdp = parallel.strategy == "fsdp"
-    plan = plan_batches(run, shape, gpu, shards=parallel.shards)
+    plan = _batches(placement)
     batching = choose_batching(run, paths.dataset_dir, plan)
     if batching.chosen != planned_batching(train.batching):
-        plan = plan_batches(run, shape, gpu, batching.chosen, parallel.shards)
+        plan = _batches(job_placement(run, paths.model_dir, batching.chosen))
     choice = attention.choose(torch.cuda.is_available(), batching.chosen == "packed")
     args = create_training_arguments(train, paths.checkpoint_dir, precision, report_eval=bool(paths.eval_dataset_dir),
                                      gradient_accumulation_steps=plan.gradient_accumulation_steps,
@@ -278,8 +326,11 @@ def train_run(run: RunConfig) -> int:
     set_seed(train.seed)  # every rank draws the same fresh adapter: FSDP shards each rank's own copy, DDP broadcasts rank 0's
     model = load_model(paths.model_dir, train, precision, args.local_process_index, choice, plan.gradient_checkpointing,
                        fsdp)
-    if fsdp:
-        sharding.shard(model, DTYPES[precision], torch.cuda.is_available())
+    offload = parallel.offload == "params"
+    if fsdp and train.quantization == "none":
+        sharding.shard_from_rank0(model, DTYPES[precision], torch.cuda.is_available(), offload)
+    elif fsdp:
+        sharding.shard(model, DTYPES[precision], torch.cuda.is_available(), offload)
     if rank0 and train.method != "full":
         model.print_trainable_parameters()
     metrics_file = paths.run_dir / METRICS_NAME
@@ -331,11 +382,11 @@ def train_run(run: RunConfig) -> int:
             plot_loss(metrics_file, paths.run_dir / PLOT)
         log.warning("stopped at step %d with a checkpoint; rerun (or requeue) to resume", step)
         return INTERRUPTED_EXIT
-    save_result(trainer, tokenizer, output, fsdp, rank0)
+    export_peak = save_result(trainer, tokenizer, output, fsdp, rank0)
     if rank0:
         plot_loss(metrics_file, paths.run_dir / PLOT)
         kind = "model" if train.method == "full" else "adapter"
-        finish_attempt(manifest_file, manifest, "completed", step, **{kind: str(output)})
+        finish_attempt(manifest_file, manifest, "completed", step, export_peak_bytes=export_peak, **{kind: str(output)})
         log.info("%s saved to %s", kind, output)
     trainer.accelerator.wait_for_everyone()
     return 0

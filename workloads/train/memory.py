@@ -20,7 +20,8 @@ optimizer
     ``zeros_like(param)``); 8-bit AdamW: 2 x 1 B.
 sharding (``shards`` > 1, FSDP full shard by decoder layer)
     weights, lora, gradients and optimizer states are divided by ``shards``; activations are not (each rank
-    runs its own micro-batch).
+    runs its own micro-batch). With CPU offload (``offload``) those shards live in host memory (``offloaded``)
+    and the GPU holds only what is gathered, the activations and the overhead.
 gathered
     parameters held unsharded in the compute dtype while they are used. FSDP: the root's own parameters
     (embeddings, LM head, final norm) plus two decoder layers (the one computing and the one prefetched), at
@@ -98,6 +99,8 @@ class MemoryInputs(BaseModel):
     overhead_gib: float = Field(1.0, ge=0)
     fragmentation: float = Field(0.10, ge=0)
     shards: int = Field(1, ge=1, description="FSDP ranks sharing weights, gradients and optimizer states (1: DDP)")
+    offload: bool = Field(False, description="FSDP CPU offload: the shards of weights, gradients and optimizer "
+                          "states live in host memory, only the gathered layers on the GPU")
 
 
 class MemoryEstimate(BaseModel):
@@ -115,6 +118,8 @@ class MemoryEstimate(BaseModel):
     overhead: int
     trainable_params: int
     gathered: int = 0
+    offloaded: int = 0
+    """bytes of this rank's shards held in host memory instead (CPU offload), not in ``total``."""
 
     @property
     def total(self) -> int:
@@ -234,15 +239,20 @@ def estimate(shape: ModelShape, inp: MemoryInputs) -> MemoryEstimate:
     else:
         logits = tokens * shape.vocab * (a + 4 + 4)
     n = inp.shards
-    weights = weight_bytes(shape, inp)
+    weights = weight_bytes(shape, inp) / n
+    lora = lora / n
     gradients, optimizer = trainable * grad_bytes / n, trainable * state_bytes / n
     gathered = gathered_bytes(shape, inp)
+    offloaded = 0.0
+    if inp.offload:
+        offloaded = weights + lora + gradients + optimizer
+        weights = lora = gradients = optimizer = 0
     dynamic = gradients + optimizer + activations + max(recompute, logits)
     overhead = inp.overhead_gib * GIB + inp.fragmentation * dynamic
     return MemoryEstimate(
-        weights=int(weights / n), lora=int(lora / n), gradients=int(gradients), optimizer=int(optimizer),
+        weights=int(weights), lora=int(lora), gradients=int(gradients), optimizer=int(optimizer),
         gathered=int(gathered), activations=int(activations), recompute=int(recompute), logits=int(logits),
-        overhead=int(overhead), trainable_params=trainable,
+        overhead=int(overhead), trainable_params=trainable, offloaded=int(offloaded),
     )
 
 
@@ -264,7 +274,8 @@ def _dtype(name: str) -> str:
     return {"auto": "bf16", "bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(name, name)
 
 
-def inputs_from_run(run: RunConfig, batching: Batching | None = None, shards: int = 1) -> MemoryInputs:
+def inputs_from_run(run: RunConfig, batching: Batching | None = None, shards: int = 1,
+                    offload: bool = False) -> MemoryInputs:
     """MemoryInputs from a RunConfig's ``train`` and ``data`` sections (method, quantization, LoRA); double
     quantization and AdamW as finetune uses them. `batching` is the resolved choice (default: what the configured
     one plans with before the data is read); `shards` the FSDP ranks (1: DDP, see workloads.train.parallelism)."""
@@ -287,4 +298,5 @@ def inputs_from_run(run: RunConfig, batching: Batching | None = None, shards: in
         attention="varlen" if (batching or planned_batching(train.batching)) == "packed" else "sdpa",
         fused_loss=train.fused_loss,
         shards=shards,
+        offload=offload,
     )

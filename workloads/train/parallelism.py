@@ -24,12 +24,12 @@ MAX_RANKS = 4096
 """Largest rank count `min_fsdp_ranks` searches."""
 
 
-def fit_inputs(run: RunConfig) -> MemoryInputs:
+def fit_inputs(run: RunConfig, offload: bool = False) -> MemoryInputs:
     """The memory-estimate inputs the fit is judged on: the configured micro-batch, or one `max_length` sequence
     when `micro_batch_tokens: auto` (the smallest micro-batch sizing may choose), with activation checkpointing
     when it is `auto` (sizing turns it on when needed to fit)."""
     train = require_train(run)
-    inputs = inputs_from_run(run)
+    inputs = inputs_from_run(run, offload=offload)
     update: dict[str, object] = {}
     if train.micro_batch_tokens == "auto":
         update["micro_batch"] = 1
@@ -52,6 +52,8 @@ def per_rank_parts(need: MemoryEstimate, method: str) -> dict[str, int]:
         "activations": need.activations + max(need.recompute, need.logits),
         "overhead": need.overhead,
     }
+    if need.offloaded:
+        parts["offloaded_to_host"] = need.offloaded
     return parts | {"total": need.total}
 
 
@@ -70,25 +72,30 @@ def _min_fsdp_ranks(shape: ModelShape, inputs: MemoryInputs, budget: float) -> i
 
 
 def decide_parallelism(run: RunConfig, shape: ModelShape | None, gpu_memory_gib: float | None,
-                       world_size: int) -> ParallelismPlan:
+                       world_size: int, configured: str | None = None, offload: bool = False) -> ParallelismPlan:
     """The configured parallelism, or under `auto` DDP while one replica fits `memory_fraction` of
     `gpu_memory_gib` and FSDP over `world_size` ranks otherwise (see the module docstring). `shape` None (an
     unknown model) or `gpu_memory_gib` None (CPU) leave the configured choice, or DDP, unchecked. Deterministic
-    given its arguments, so every rank decides the same."""
+    given its arguments, so every rank decides the same. `configured` decides as if the run said so (the placement
+    search asks what a run forcing DDP would need sharded; the run config is never rewritten). `offload` keeps the
+    shards in host memory (FSDP's CPU offload; it implies FSDP)."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     train = require_train(run)
-    configured, fraction = train.parallelism, train.memory_fraction
+    configured, fraction = configured or train.parallelism, train.memory_fraction
     common = {"configured": configured, "method": train.method, "world_size": world_size,
-              "gpu_memory_gib": gpu_memory_gib, "memory_fraction": fraction}
+              "gpu_memory_gib": gpu_memory_gib, "memory_fraction": fraction,
+              "offload": "params" if offload else "none"}
+    if offload:
+        configured = "fsdp"
 
     def plan(strategy: str, reason: str, parts: dict[str, int], fits: bool, **more: object) -> ParallelismPlan:
         shards = world_size if strategy == "fsdp" else 1
         return ParallelismPlan(strategy=strategy, reason=reason, shards=shards, per_rank_bytes=parts, fits=fits,
                                **common, **more)
 
-    inputs = fit_inputs(run)
-    if configured == "fsdp" and world_size == 1:
+    inputs = fit_inputs(run, offload)
+    if configured == "fsdp" and world_size == 1 and not offload:
         parts = per_rank_parts(estimate(shape, inputs), train.method) if shape is not None else {}
         budget = fraction * gpu_memory_gib * GIB if gpu_memory_gib is not None else None
         fits = budget is None or not parts or parts["total"] <= budget

@@ -5,6 +5,12 @@ frozen base, or every weight under a full fine-tune), then the root (embeddings,
 trainable adapter out of the frozen base's group gives each group one dtype and lets the base skip gradient
 reduction. On a GPU the mixed precision policy gathers parameters in the compute dtype and reduces gradients in
 fp32; a bitsandbytes 4-bit base shards because it is stored in the compute dtype (`bnb_4bit_quant_storage`).
+
+`shard_from_rank0` is the host-memory-safe path of an unquantized base: only rank 0 holds the loaded weights, every
+other rank builds the same model on the meta device (no bytes), all shard the empty structure, and rank 0's
+tensors are broadcast one at a time into the shards (torch.distributed.checkpoint's `set_model_state_dict` with
+`broadcast_from_rank0`, as accelerate's `cpu_ram_efficient_loading` does for FSDP2). A non-zero rank's host memory
+thus grows by its shards, not by the model.
 """
 
 from __future__ import annotations
@@ -35,11 +41,12 @@ def adapter_modules(layer: nn.Module) -> list[nn.Module]:
     return found
 
 
-def shard(model: nn.Module, compute_dtype: torch.dtype, cuda: bool) -> nn.Module:
-    """Shard `model` in place over the default process group (see the module docstring); returns it."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+def shard(model: nn.Module, compute_dtype: torch.dtype, cuda: bool, offload: bool = False) -> nn.Module:
+    """Shard `model` in place over the default process group (see the module docstring), with FSDP's CPU offload
+    when `offload`; returns it."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-    policy: dict[str, Any] = {}
+    policy: dict[str, Any] = {"offload_policy": CPUOffloadPolicy(pin_memory=cuda)} if offload else {}
     if cuda and compute_dtype != torch.float32:
         policy["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     for layer in decoder_layers(model):
@@ -48,6 +55,51 @@ def shard(model: nn.Module, compute_dtype: torch.dtype, cuda: bool) -> nn.Module
             fully_shard(adapters, **policy)
         fully_shard(layer, **policy)
     fully_shard(model, **policy)
+    return model
+
+
+def non_persistent_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Buffers a state dict leaves out (rotary frequencies), by qualified name: broadcast separately."""
+    found = {}
+    for prefix, module in model.named_modules():
+        for name in sorted(module._non_persistent_buffers_set):
+            if module._buffers.get(name) is not None:
+                found[f"{prefix}.{name}" if prefix else name] = module._buffers[name]
+    return found
+
+
+def _tie(model: nn.Module) -> None:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if hasattr(base, "tie_weights"):
+        base.tie_weights()
+
+
+def shard_from_rank0(model: nn.Module, compute_dtype: torch.dtype, cuda: bool, offload: bool = False) -> nn.Module:
+    """Shard `model` (loaded on rank 0, on the meta device on every other rank) and fill the shards from rank 0's
+    weights (see the module docstring); returns it."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    rank0 = dist.get_rank() == 0
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    buffers = non_persistent_buffers(model)
+    trainable = {name: p.requires_grad for name, p in model.named_parameters()}
+    full = model.state_dict() if rank0 else {}
+    if rank0:
+        model.to(torch.device("meta"))
+        _tie(model)
+    shard(model, compute_dtype, cuda, offload)
+    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True,
+                                                               cpu_offload=offload))
+    del full
+    _tie(model)  # loading assigns each key its own tensor: a tied LM head is made the embeddings' again
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad_(trainable[name])  # the assigned parameters are new: the frozen base stays frozen
+    for name, held in buffers.items():
+        tensor = held.to(device) if rank0 else torch.empty(held.shape, dtype=held.dtype, device=device)
+        dist.broadcast(tensor, src=0)
+        owner, _, attribute = name.rpartition(".")
+        model.get_submodule(owner).register_buffer(attribute, tensor, persistent=False)
     return model
 
 

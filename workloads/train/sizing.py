@@ -59,15 +59,15 @@ def _largest_split(shape: ModelShape, inputs: MemoryInputs, step_tokens: int, ma
 
 
 def plan_batches(run: RunConfig, shape: ModelShape | None, gpu_memory_gib: float | None,
-                 batching: Batching | None = None, shards: int = 1) -> BatchPlan:
+                 batching: Batching | None = None, shards: int = 1, offload: bool = False) -> BatchPlan:
     """The micro-batch size, accumulation and checkpointing a run trains with on a GPU of `gpu_memory_gib`
     (None: no GPU, the configured sizes are used and `auto` checkpointing is off). `batching` is the resolved
     choice (default: what the configured one plans with before the data is read); padded (`grouped`)
     micro-batches keep the configured micro_batch_size rows and ignore `micro_batch_tokens`. `shards` is the
-    parallelism plan's (FSDP ranks; 1 under DDP)."""
+    parallelism plan's (FSDP ranks; 1 under DDP), `offload` its CPU offload."""
     train = run.train
     packed = (batching or planned_batching(train.batching)) == "packed"
-    inputs = inputs_from_run(run, batching, shards)
+    inputs = inputs_from_run(run, batching, shards, offload)
     length = inputs.max_length
     accumulation = train.gradient_accumulation_steps
     step_tokens = int(tokens_per_step(train, length, "packed"))
@@ -84,7 +84,7 @@ def plan_batches(run: RunConfig, shape: ModelShape | None, gpu_memory_gib: float
                          gpu_memory_gib=gpu_memory_gib, memory_fraction=fraction, source="config")
         if shape is None:
             return plan
-        need = estimate(shape, plan_inputs(run, plan, batching, shards)).total_gib
+        need = estimate(shape, plan_inputs(run, plan, batching, shards, offload)).total_gib
         return plan.model_copy(update={"estimate_gib": round(need, 2)})
     budget = fraction * gpu_memory_gib * GIB
     fixed = None if auto_tokens else int(configured or inputs.micro_batch * length)
@@ -115,11 +115,12 @@ def plan_batches(run: RunConfig, shape: ModelShape | None, gpu_memory_gib: float
                      memory_fraction=fraction, source="auto")
 
 
-def plan_inputs(run: RunConfig, plan: BatchPlan, batching: Batching | None = None, shards: int = 1) -> MemoryInputs:
+def plan_inputs(run: RunConfig, plan: BatchPlan, batching: Batching | None = None, shards: int = 1,
+                offload: bool = False) -> MemoryInputs:
     """The memory-estimate inputs of a planned run (what the preview's model-fits policy checks): one packed row
     of the planned tokens, or the configured micro-batch of sequences when the sizes come from the config."""
     packed = (batching or planned_batching(run.train.batching)) == "packed"
-    inputs = inputs_from_run(run, batching, shards).model_copy(
+    inputs = inputs_from_run(run, batching, shards, offload).model_copy(
         update={"gradient_checkpointing": plan.gradient_checkpointing})
     if plan.source == "config" and (run.train.micro_batch_tokens is None or not packed):
         return inputs
