@@ -1,13 +1,15 @@
 """One base model in memory, many LoRA adapters on it, one OpenAI-compatible process (the CPU engine).
 
-    python -m workloads.serve.lora_engine --base DIR --base-name base --adapter NAME=DIR ... --port 8100
+    FT_ENGINE_KEY=... python -m workloads.serve.lora_engine --base DIR --base-name base --port 8100 \
+        --lora-modules '{"name": "desk-a", "path": "DIR"}' ...
 
 Unlike `transformers serve` (one model per process, so one merged copy per fine-tune), this engine loads the
 base once, adds each adapter with peft's `load_adapter`, and decodes the requests waiting at the start of a
 batch together, each row with its own adapter (peft's `adapter_names`, `__base__` for the base) and its own
 sampling settings. It speaks the subset of vLLM's API the gateway uses: streamed chat completions, /health,
 /v1/models, and the dynamic LoRA routes `/v1/load_lora_adapter` and `/v1/unload_lora_adapter`. It listens on
-loopback only; the gateway is the public face (API key, limits, admin route).
+loopback only and, like vLLM with `--api-key`, answers `/v1` only with the launch's engine key
+(workloads.serve.engine_key); the gateway is the public face (API key, limits, admin routes).
 
 Batching is static: a batch runs until its last row ends, and requests that arrive meanwhile wait for the
 next one. Adapter loads and unloads run between two decoding steps, without waiting for the batch; an unload
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import queue
 import threading
 import time
@@ -33,6 +36,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from workloads.serve.engine_key import ENGINE_KEY_ENV, require_engine_key
 from workloads.serve.gateway import error
 
 BASE_ROW = "__base__"
@@ -112,13 +116,16 @@ class AdapterModel:
         self.adapters.add(name)
 
     def unload(self, name: str) -> None:
+        """The last adapter's unload gives back the bare base (peft's `unload`: the LoRA layers removed, nothing
+        merged); the next load wraps it again."""
         if name not in self.adapters:
             raise ValueError(f"adapter {name!r} is not loaded")
         if len(self.adapters) == 1:
-            raise ValueError(f"adapter {name!r} is the last one loaded; this engine keeps at least one")
-        if self.model.active_adapter == name:
-            self.model.set_adapter(next(a for a in sorted(self.adapters) if a != name))
-        self.model.delete_adapter(name)
+            self.model = self.model.unload()
+        else:
+            if self.model.active_adapter == name:
+                self.model.set_adapter(next(a for a in sorted(self.adapters) if a != name))
+            self.model.delete_adapter(name)
         self.adapters.discard(name)
 
     def routing(self, names: list[str]) -> tuple[AbstractContextManager, dict[str, Any]]:
@@ -398,13 +405,17 @@ def build_app(worker: Worker, base_name: str, default_max_tokens: int = 256) -> 
     return app
 
 
-def parse_named_paths(items: list[str]) -> dict[str, Path]:
+def parse_lora_modules(items: list[str]) -> dict[str, Path]:
+    """vLLM's JSON `--lora-modules` entries ({"name", "path", "base_model_name"}) as name -> folder."""
     named: dict[str, Path] = {}
     for item in items:
-        name, sep, path = item.partition("=")
-        if not sep or not name or not path:
-            raise ValueError(f"--adapter {item!r}: expected NAME=PATH")
-        named[name] = Path(path)
+        try:
+            module = json.loads(item)
+        except ValueError:
+            raise ValueError(f"--lora-modules {item!r}: expected JSON {{\"name\": ..., \"path\": ...}}") from None
+        if not isinstance(module, dict) or not all(isinstance(module.get(k), str) for k in ("name", "path")):
+            raise ValueError(f"--lora-modules {item!r}: needs string fields name and path")
+        named[module["name"]] = Path(module["path"])
     return named
 
 
@@ -412,7 +423,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", required=True, type=Path)
     parser.add_argument("--base-name", default="base")
-    parser.add_argument("--adapter", action="append", default=[], help="NAME=PATH (repeat)")
+    parser.add_argument("--lora-modules", nargs="*", default=[], help='vLLM\'s JSON form: {"name": ..., "path": ...}')
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--dtype", default="auto")
@@ -424,11 +435,13 @@ def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
     device = "cpu" if args.device == "auto" else args.device
-    engine = AdapterModel(args.base, parse_named_paths(args.adapter), args.dtype, device, args.max_loras)
+    engine = AdapterModel(args.base, parse_lora_modules(args.lora_modules), args.dtype, device, args.max_loras)
     worker = Worker(engine, args.max_batch)
     worker.thread.start()
-    uvicorn.run(build_app(worker, args.base_name, args.max_tokens), host=args.host, port=args.port,
-                log_level="warning")
+    app = build_app(worker, args.base_name, args.max_tokens)
+    if key := os.environ.get(ENGINE_KEY_ENV):
+        require_engine_key(app, key)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":
