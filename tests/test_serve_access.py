@@ -17,6 +17,7 @@ from workloads.serve.auth import AccessError, bearer_matches, is_loopback, requi
 from workloads.serve.chat import check_exposure
 from workloads.serve.engines import plan_transformers, plan_vllm, vllm_max_rank
 from workloads.serve.gateway import rename_sse_line
+from workloads.serve.registry import current_run_adapter
 
 
 @pytest.mark.parametrize("host,loopback", [("127.0.0.1", True), ("localhost", True), ("::1", True),
@@ -97,7 +98,7 @@ def test_transformers_plan_one_process_per_model(tmp_path) -> None:
 
 def test_vllm_plan_serves_adapter_with_lora(tmp_path) -> None:
     run = _run(tmp_path)
-    (plan,) = plan_vllm(run, ServeConfig())
+    (plan,) = plan_vllm(run, ServeConfig(), [current_run_adapter(run, "finetuned")])
     argv = plan.argv
     assert "--enable-lora" in argv and "--max-lora-rank" in argv
     module = json.loads(argv[argv.index("--lora-modules") + 1])

@@ -24,7 +24,6 @@ from documents.run_config import RunConfig
 from documents.sections.serve import ServeConfig
 from workloads.serve.budget import token_budget
 from workloads.serve.gateway import Route
-from workloads.serve.registry import current_run_adapter
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "generation_config.json", "config.json")
@@ -155,9 +154,8 @@ def lora_modules(adapters: list[AdapterEntry], base_name: str) -> list[str]:
             for entry in adapters]
 
 
-def plan_peft(run: RunConfig, cfg: ServeConfig, adapters: list[AdapterEntry] | None = None) -> list[EnginePlan]:
-    """One CPU process: the base once, every adapter on it (workloads.serve.lora_engine); by default the run's own."""
-    adapters = adapters if adapters is not None else [current_run_adapter(run, cfg.finetuned_name)]
+def plan_peft(run: RunConfig, cfg: ServeConfig, adapters: list[AdapterEntry]) -> list[EnginePlan]:
+    """One CPU process: the base once, every adapter on it (workloads.serve.lora_engine)."""
     base = require_folder(run.base_model_dir, "config.json", "prepare")
     port = cfg.backend_port
     argv = [sys.executable, "-m", "workloads.serve.lora_engine", "--base", str(base), "--base-name", cfg.base_name,
@@ -195,11 +193,10 @@ def vllm_lora_slots(cfg: ServeConfig, held: int) -> tuple[int, int]:
     return min(cfg.max_loras_per_batch, held), held
 
 
-def plan_vllm(run: RunConfig, cfg: ServeConfig, adapters: list[AdapterEntry] | None = None) -> list[EnginePlan]:
-    """One vLLM process with every adapter (by default the run's own), `max_loras_per_batch` GPU slots, room for
-    `max_loras` held, and runtime load/unload enabled: it listens on loopback and answers only requests with the
-    launch's engine key (VLLM_API_KEY, set by the launcher), so only the gateway's admin routes reach it."""
-    adapters = adapters if adapters is not None else [current_run_adapter(run, cfg.finetuned_name)]
+def plan_vllm(run: RunConfig, cfg: ServeConfig, adapters: list[AdapterEntry]) -> list[EnginePlan]:
+    """One vLLM process with every adapter, `max_loras_per_batch` GPU slots, room for `max_loras` held, and
+    runtime load/unload enabled: it listens on loopback and answers only requests with the launch's engine key
+    (VLLM_API_KEY, set by the launcher), so only the gateway's admin routes reach it."""
     base = require_folder(run.base_model_dir, "config.json", "prepare")
     port = cfg.backend_port
     per_batch, held = vllm_lora_slots(cfg, len(adapters))
