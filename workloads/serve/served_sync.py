@@ -18,12 +18,10 @@ from pathlib import Path
 
 import httpx
 
-from documents.adapter_registry import AdapterEntry, ServedSet, adapter_sha256
+from documents.adapter_registry import AdapterEntry, ServedSet, adapter_sha256, read_served_set
 from documents.base import DocumentError
-from documents.adapter_registry import read_served_set
 from workloads.serve.engine_key import engine_headers
 from workloads.serve.gateway import Gateway
-from workloads.serve.registry import RegistryError
 
 log = logging.getLogger("workloads.serve")
 
@@ -74,6 +72,6 @@ def recheck(entries: list[AdapterEntry], check: Callable[[AdapterEntry], Adapter
     for entry in entries:
         try:
             kept.append(check(entry))
-        except (RegistryError, ValueError) as problem:
+        except ValueError as problem:  # RegistryError: not stored any more, another base, changed files
             log.warning("not serving %s again: %s", entry.name, problem)
     return kept
