@@ -58,10 +58,13 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
     (argmax of p / Exp(1) noise; a row with a seed draws its noise from its own generator)."""
     logits = logits.float()
     greedy = logits.argmax(-1)
+    if bool((temperature <= 0).all()):
+        return greedy
     probs = torch.softmax(logits / temperature.clamp(min=1e-5)[:, None], dim=-1)
-    ordered, order = probs.sort(dim=-1, descending=True)
-    ordered = ordered.masked_fill(ordered.cumsum(-1) - ordered >= top_p[:, None], 0.0)
-    probs = torch.zeros_like(probs).scatter(-1, order, ordered)
+    if bool((top_p < 1.0).any()):
+        ordered, order = probs.sort(dim=-1, descending=True)
+        ordered = ordered.masked_fill(ordered.cumsum(-1) - ordered >= top_p[:, None], 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, ordered)
     noise = torch.empty_like(probs).exponential_()
     for i, generator in enumerate(generators):
         if generator is not None:
