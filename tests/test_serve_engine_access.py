@@ -21,6 +21,7 @@ from adapter_fixtures import ADAPTERS, SPARE, AdapterRuns, adapter_flags
 from eval_fixtures import children, start_server, stop_server
 
 from documents.run_config import RunConfig
+from documents.run_record import read_run_record
 from workloads.serve.process import free_port
 
 pytestmark = pytest.mark.slow
@@ -127,6 +128,7 @@ def test_vllm_routes_with_the_openai_sdk_and_plain_http(server: Server) -> None:
     assert cards[SPARE].parent == "base" and cards["base"].parent is None
     (stored,) = server.store.glob(f"runs/*/run-{SPARE}/adapter")
     assert cards[SPARE].root == str(stored) and cards[SPARE].run_id == f"run-{SPARE}"
+    assert cards[SPARE].adapter_sha256 == read_run_record((stored.parent / "run.json").read_text(), "run.json").adapter_sha256
     answer = client.chat.completions.create(model=SPARE, messages=[{"role": "user", "content": "hi"}], max_tokens=3,
                                             temperature=0.0)
     assert answer.model == SPARE and answer.choices[0].message.content

@@ -247,7 +247,7 @@ def model_card(gateway: Gateway, route: Route) -> dict[str, Any]:
                             "owned_by": "soperator-finetune", "root": route.root or route.name,
                             "parent": route.parent, "kind": route.kind}
     if route.adapter is not None:
-        card.update(route.adapter.model_dump(include={"run_id", "run_name", "rank", "base_model_sha256",
+        card.update(route.adapter.model_dump(include={"run_id", "run_name", "rank", "adapter_sha256", "base_model_sha256",
                                                       "dataset_sha256", "evaluation"}))
     return card
 
