@@ -148,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     gateway: Gateway | None = None
 
     def reload_served(plan: EnginePlan) -> None:
-        if gateway is not None:
+        """Only an engine that holds adapters (peft, vLLM) has a served set to load back."""
+        if gateway is not None and host is not None and plan.url == host.url:
             for name in resync(gateway, plan.url, cfg.base_name, engine_key):
                 print(f"serve: {name}: its files changed since it was loaded; no longer served", file=sys.stderr)
 
