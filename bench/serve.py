@@ -168,7 +168,7 @@ def memory_comparison(base: Path, adapters: dict[str, Path], work: Path, timeout
     """Resident memory: base alone, base + every adapter in one peft engine, and a process per fine-tune."""
     def peft_argv(port: int, names: list[str]) -> list[str]:
         return [sys.executable, "-m", "workloads.serve.lora_engine", "--base", str(base), "--port", str(port),
-                "--dtype", "float32", *[a for n in names for a in ("--adapter", f"{n}={adapters[n]}")]]
+                "--dtype", "float32", "--lora-modules", *[json.dumps({"name": n, "path": str(adapters[n])}) for n in names]]
 
     def transformers_argv(folder: Path, port: int) -> list[str]:
         return [sys.executable, "-m", "transformers.cli.transformers", "serve", str(folder), "--host", "127.0.0.1",
@@ -213,7 +213,8 @@ def spread_load(api: str, names: list[str], clients: int, requests: int, max_tok
                           "ttft_s": summary([r["ttft_s"] for r in mine])}
     tokens = sum(r["tokens"] for _, r in results)
     return {"clients": clients, "requests": requests, "wall_s": wall, "failed": 0,
-            "throughput_tokens_per_second": tokens / wall, "per_name": per_name}
+            "throughput_tokens_per_second": tokens / wall, "per_name": per_name,
+            "ttft_s": summary([r["ttft_s"] for _, r in results])}
 
 
 def bench_adapters(args: argparse.Namespace, base: Path, tokenizer) -> dict:
@@ -260,6 +261,8 @@ def bench_adapters(args: argparse.Namespace, base: Path, tokenizer) -> dict:
         "base_only": base_only, "base_and_adapters": mixed, "merged_transformers_serve": merged,
         "mixed_over_base_only": ratio(mixed["throughput_tokens_per_second"], base_only["throughput_tokens_per_second"]),
         "mixed_over_merged": ratio(mixed["throughput_tokens_per_second"], merged["throughput_tokens_per_second"]),
+        "ttft_median_s": {"base_and_adapters": mixed["ttft_s"]["median"],
+                          "merged_transformers_serve": merged["ttft_s"]["median"]},
     }}
 
 

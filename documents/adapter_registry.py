@@ -7,11 +7,27 @@ An adapter is named after a stored run; its base is the hash of the base model's
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from documents.base import parse
 
 SERVED_SET_NAME = "served_adapters.json"
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+"""what serving needs of a PEFT adapter folder: what the run store keeps (`adapter/`) and what its hash covers"""
+
+
+def adapter_sha256(folder: Path) -> str:
+    """One hash over an adapter's config and weights (each file's name and bytes); OSError when one is missing."""
+    digest = hashlib.sha256()
+    for name in ADAPTER_FILES:
+        digest.update(name.encode() + b"\0")
+        with (folder / name).open("rb") as handle:
+            while chunk := handle.read(1 << 20):
+                digest.update(chunk)
+    return digest.hexdigest()
 
 
 class EvalSummary(BaseModel):
@@ -37,6 +53,7 @@ class AdapterEntry(BaseModel):
     base_model_sha256: str
     base_model_path: str | None = None
     rank: int | None = Field(None, ge=1, description="LoRA rank (r)")
+    adapter_sha256: str | None = Field(None, description="adapter_sha256 of the folder, checked at every load")
     dataset_sha256: str | None = None
     evaluation: EvalSummary | None = None
 

@@ -35,6 +35,8 @@ class RunIndex(Figures):
     train_loss_final: float | None = None
     cost_usd: float | None = None
     files: list[str] = []
+    adapter_sha256: str | None = None
+    """the stored adapter's hash (documents.adapter_registry.adapter_sha256), what a server checks at load"""
     throughput: ThroughputMeasurement | None = None
     """the run's one throughput figure: real tokens over logged time for the whole run, per device, with its basis
     and provenance (what the stack's training-run cost is priced with)."""

@@ -15,8 +15,9 @@ from documents.run_config import parse_run_config
 from documents.sections.serve import ServeConfig
 from workloads.serve.auth import AccessError, bearer_matches, is_loopback, require_key_beyond_loopback
 from workloads.serve.chat import check_exposure
-from workloads.serve.engines import plan_transformers, plan_vllm
+from workloads.serve.engines import plan_transformers, plan_vllm, vllm_max_rank
 from workloads.serve.gateway import rename_sse_line
+from workloads.serve.registry import current_run_adapter
 
 
 @pytest.mark.parametrize("host,loopback", [("127.0.0.1", True), ("localhost", True), ("::1", True),
@@ -97,30 +98,57 @@ def test_transformers_plan_one_process_per_model(tmp_path) -> None:
 
 def test_vllm_plan_serves_adapter_with_lora(tmp_path) -> None:
     run = _run(tmp_path)
-    (plan,) = plan_vllm(run, ServeConfig())
-    argv = " ".join(plan.argv)
-    assert "--enable-lora" in argv and f"finetuned={run.adapter_dir}" in argv and "--max-lora-rank 16" in argv
+    (plan,) = plan_vllm(run, ServeConfig(), [current_run_adapter(run, "finetuned")])
+    argv = plan.argv
+    assert "--enable-lora" in argv and "--max-lora-rank" in argv
+    module = json.loads(argv[argv.index("--lora-modules") + 1])
+    assert module == {"name": "finetuned", "path": str(run.adapter_dir), "base_model_name": "base"}
+    assert argv[argv.index("--max-lora-rank") + 1] == "16"  # adapter_config.json says r=12
     assert {r.name for r in plan.routes} == {"finetuned", "base"}
 
 
+def adapter_folder(root, rank: int, pattern: dict[str, int] | None = None):
+    folder = root / f"r{rank}" / "adapter,with=odd chars"
+    folder.mkdir(parents=True)
+    (folder / "adapter_config.json").write_text(json.dumps({"r": rank, "rank_pattern": pattern or {}}))
+    return folder
+
+
 def test_vllm_plan_serves_a_set_of_adapters(tmp_path) -> None:
-    """vLLM's multi-LoRA command line (seed 002: --enable-lora, --lora-modules NAME=PATH each, --max-loras) and
-    runtime updating switched on for the engine only."""
+    """vLLM's multi-LoRA command line: --lora-modules in vLLM's JSON form (a path with `=` and `,` survives; the
+    `name=path` form splits on them), each naming the base; --max-lora-rank from the adapters' own
+    adapter_config.json (not the registry's rank), rounded up to a value of vLLM's LoRAConfig; --max-loras the
+    adapters one batch mixes, --max-cpu-loras the adapters held (vLLM wants max-loras <= max-cpu-loras)."""
     run = _run(tmp_path)
-    entries = [AdapterEntry(name=f"desk-{r}", run_id=f"r{r}", adapter_dir=f"/runs/{r}/adapter", base_model_sha256="b",
-                            rank=r) for r in (8, 24, 64)]
-    (plan,) = plan_vllm(run, ServeConfig(max_loras=2), entries)
+    folders = {8: adapter_folder(tmp_path, 8), 24: adapter_folder(tmp_path, 24), 30: adapter_folder(tmp_path, 30, {"q": 64})}
+    entries = [AdapterEntry(name=f"desk-{r}", run_id=f"r{r}", adapter_dir=str(folder), base_model_sha256="b", rank=4)
+               for r, folder in folders.items()]
+    (plan,) = plan_vllm(run, ServeConfig(max_loras=2, max_loras_per_batch=4), entries)
     argv = plan.argv
-    modules = argv[argv.index("--lora-modules") + 1:argv.index("--max-loras")]
-    assert modules == ["desk-8=/runs/8/adapter", "desk-24=/runs/24/adapter", "desk-64=/runs/64/adapter"]
-    assert argv[argv.index("--max-loras") + 1] == "3" and argv[argv.index("--max-lora-rank") + 1] == "64"
+    modules = [json.loads(item) for item in argv[argv.index("--lora-modules") + 1:argv.index("--max-loras")]]
+    assert modules == [{"name": f"desk-{r}", "path": str(folder), "base_model_name": "base"} for r, folder in folders.items()]
+    assert all("," in item for item in argv[argv.index("--lora-modules") + 1:argv.index("--max-loras")])
+    assert argv[argv.index("--max-lora-rank") + 1] == "64"  # the rank_pattern's 64 is the largest
+    assert argv[argv.index("--max-cpu-loras") + 1] == "3" and argv[argv.index("--max-loras") + 1] == "3"
     assert argv[argv.index("--host") + 1] == "127.0.0.1"
     assert plan.env == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     assert {r.name: r.upstream for r in plan.routes} == {"desk-8": "desk-8", "desk-24": "desk-24",
-                                                         "desk-64": "desk-64", "base": "base"}
-    two = plan_vllm(run, ServeConfig(), entries[:2])[0].argv
+                                                         "desk-30": "desk-30", "base": "base"}
+    two = plan_vllm(run, ServeConfig(max_loras_per_batch=1), entries[:2])[0].argv
     assert two[two.index("--max-lora-rank") + 1] == "32"  # 24 is no rank vLLM takes; 32 is the next
-    assert two[two.index("--max-loras") + 1] == "8"
+    assert two[two.index("--max-loras") + 1] == "1" and two[two.index("--max-cpu-loras") + 1] == "8"
+
+
+@pytest.mark.parametrize("ranks,expected", [([4], 8), ([8, 9], 16), ([256], 256), ([300], 320), ([512], 512)])
+def test_vllm_rank_is_one_vllm_accepts(ranks: list[int], expected: int) -> None:
+    assert vllm_max_rank(ranks) == expected
+
+
+def test_vllm_rank_over_512_is_refused_with_the_limit(tmp_path) -> None:
+    run = _run(tmp_path)
+    entry = AdapterEntry(name="big", run_id="r", adapter_dir=str(adapter_folder(tmp_path, 1024)), base_model_sha256="b")
+    with pytest.raises(ValueError, match="1024 is over 512"):
+        plan_vllm(run, ServeConfig(), [entry])
 
 
 def test_missing_merged_model_is_named(tmp_path) -> None:

@@ -42,7 +42,9 @@ class ServeConfig(BaseModel):
         default_factory=dict, description="name -> stored run id of each adapter to serve (none: the run's own, "
                                           "as `finetuned_name`); `--adapter NAME=RUN_ID` adds to it")
     runs_store: str = Field(".local/artifacts", description="the run store folder the adapters' runs are read from")
-    max_loras: int = Field(8, ge=1, description="adapters one server holds at most (vLLM --max-loras)")
+    max_loras: int = Field(8, ge=1, description="adapters one server holds at most (vLLM --max-cpu-loras)")
+    max_loras_per_batch: int = Field(
+        4, ge=1, description="vLLM --max-loras: adapters one batch mixes (a GPU slot each); at most max_loras")
     max_batch: int = Field(16, ge=1, description="peft engine: requests decoded together")
     api_key_env: str = Field("FT_API_KEY", description="environment variable holding the API key (never the key)")
     continuous_batching: bool = Field(True, description="transformers engine: continuous batching")

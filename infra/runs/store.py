@@ -16,13 +16,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
+from documents.adapter_registry import ADAPTER_FILES, adapter_sha256
 from documents.atomic import atomic_file
 from documents.base import DocumentError
 from documents.evaluator_report import read_evaluator_report
 from documents.metrics import METRICS_NAME, read_metrics
 from documents.names import checked_name
 from documents.run_config import load_run_config
-from documents.run_manifest import RUN_MANIFEST_NAME
+from documents.run_manifest import RUN_MANIFEST_NAME, load_run_manifest
 from documents.run_record import RunIndex, read_run_record, write_run_record
 from documents.stack_outputs import StackOutputs, write_stack_outputs
 from documents.throughput import ThroughputCheck, ThroughputMeasurement
@@ -238,6 +239,7 @@ def collect_run_files(
                 files[f"train/{name}"] = train_run_dir / name
         for chart in sorted(train_run_dir.glob("*.png")) + sorted(train_run_dir.glob("*.svg")):
             files[f"train/{chart.name}"] = chart
+        files.update(adapter_files(train_run_dir))
     if results_dir is not None and results_dir.is_dir():
         pattern = f"evaluator_{eval_job_id}*" if eval_job_id else "evaluator_*"
         candidates = sorted(results_dir.glob(pattern), key=lambda p: p.stat().st_mtime)
@@ -249,6 +251,18 @@ def collect_run_files(
             if path.is_file() and path.suffix in (".json", ".png", ".svg"):
                 files[f"eval/{path.name}"] = path
     return files
+
+
+def adapter_files(train_run_dir: Path) -> dict[str, Path]:
+    """`adapter/<file>` -> the trained adapter's config and weights, when the run manifest names a folder that
+    holds both (a server loads adapters only from the store)."""
+    manifest = load_run_manifest(train_run_dir / RUN_MANIFEST_NAME)
+    if manifest is None or manifest.adapter is None:
+        return {}
+    folder = Path(manifest.adapter)
+    if not all((folder / name).is_file() for name in ADAPTER_FILES):
+        return {}
+    return {f"adapter/{name}": folder / name for name in ADAPTER_FILES}
 
 
 def build_index(
@@ -272,6 +286,7 @@ def build_index(
     except DocumentError as exc:
         raise ArtifactError(str(exc)) from None
     final_loss = next((r.loss for r in reversed(records) if r.loss is not None), None)
+    adapter = files.get(f"adapter/{ADAPTER_FILES[0]}")
     return RunIndex(
         stack=stack,
         run_id=run_id,
@@ -288,6 +303,7 @@ def build_index(
         train_loss_final=final_loss,
         cost_usd=cost_usd,
         files=sorted(files),
+        adapter_sha256=adapter_sha256(adapter.parent) if adapter else None,
     )
 
 

@@ -12,6 +12,7 @@ copy per fine-tune, kept for the run's own merged model only.
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -23,12 +24,12 @@ from documents.run_config import RunConfig
 from documents.sections.serve import ServeConfig
 from workloads.serve.budget import token_budget
 from workloads.serve.gateway import Route
-from workloads.serve.registry import current_run_adapter
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "generation_config.json", "config.json")
 
 VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+"""vLLM's LoRAConfig: the values --max-lora-rank accepts (vllm/config/lora.py, `MaxLoRARanks`)"""
 CPU_CACHE_SHARE = 0.1
 
 
@@ -140,49 +141,72 @@ def plan_transformers(run: RunConfig, cfg: ServeConfig, finetuned: str = "merged
 
 
 def adapter_route(entry: AdapterEntry, url: str, base: Path | None, cfg: ServeConfig) -> Route:
-    """An adapter's route on a multi-adapter engine (the engine knows it by its public name)."""
+    """An adapter's route on a multi-adapter engine (the engine knows it by its public name); its card names the
+    base as parent and the adapter folder as root, as vLLM's does."""
     budget = token_budget(base, cfg.model_copy(update={"continuous_batching": False})) if base else None
-    return Route(entry.name, url, entry.name, "adapter", str(base) if base and budget else None, budget, entry)
+    return Route(entry.name, url, entry.name, "adapter", str(base) if base and budget else None, budget, entry,
+                 root=entry.adapter_dir, parent=cfg.base_name)
 
 
-def plan_peft(run: RunConfig, cfg: ServeConfig, adapters: list[AdapterEntry] | None = None) -> list[EnginePlan]:
-    """One CPU process: the base once, every adapter on it (workloads.serve.lora_engine); by default the run's own."""
-    adapters = adapters if adapters is not None else [current_run_adapter(run, cfg.finetuned_name)]
+def lora_modules(adapters: list[AdapterEntry], base_name: str) -> list[str]:
+    """vLLM's JSON `--lora-modules` entries (any path, `=` and `,` included), each naming its base."""
+    return [json.dumps({"name": entry.name, "path": entry.adapter_dir, "base_model_name": base_name})
+            for entry in adapters]
+
+
+def plan_peft(run: RunConfig, cfg: ServeConfig, adapters: list[AdapterEntry]) -> list[EnginePlan]:
+    """One CPU process: the base once, every adapter on it (workloads.serve.lora_engine)."""
     base = require_folder(run.base_model_dir, "config.json", "prepare")
     port = cfg.backend_port
     argv = [sys.executable, "-m", "workloads.serve.lora_engine", "--base", str(base), "--base-name", cfg.base_name,
             "--host", "127.0.0.1", "--port", str(port), "--dtype", cfg.dtype, "--device", cfg.device,
             "--max-batch", str(cfg.max_batch), "--max-loras", str(max(cfg.max_loras, len(adapters))),
-            "--max-tokens", str(cfg.max_tokens_limit)]
-    for entry in adapters:
-        argv += ["--adapter", f"{entry.name}={entry.adapter_dir}"]
+            "--max-tokens", str(cfg.max_tokens_limit), "--lora-modules", *lora_modules(adapters, cfg.base_name)]
     url = f"http://127.0.0.1:{port}"
     routes = [adapter_route(entry, url, base, cfg) for entry in adapters]
     if cfg.serve_base:
         budget = token_budget(base, cfg.model_copy(update={"continuous_batching": False}))
-        routes.append(Route(cfg.base_name, url, cfg.base_name, "base", str(base), budget))
+        routes.append(Route(cfg.base_name, url, cfg.base_name, "base", str(base), budget, root=str(base)))
     return [EnginePlan("peft", argv, port, routes)]
 
 
-def vllm_max_rank(adapters: list[AdapterEntry]) -> int:
-    """The smallest rank vLLM accepts for --max-lora-rank that holds every adapter's rank."""
-    rank = max((entry.rank or 16 for entry in adapters), default=16)
-    return next((r for r in VLLM_LORA_RANKS if r >= rank), rank)
+def adapter_rank(entry: AdapterEntry) -> int:
+    """The rank the adapter's own adapter_config.json gives (r, and any larger rank_pattern value)."""
+    config = read_adapter_config(Path(entry.adapter_dir))
+    pattern = (config.model_extra or {}).get("rank_pattern") or {}
+    return max([config.r, *(int(r) for r in pattern.values())])
 
 
-def plan_vllm(run: RunConfig, cfg: ServeConfig, adapters: list[AdapterEntry] | None = None) -> list[EnginePlan]:
-    """One vLLM process with every adapter (by default the run's own), room for `max_loras` at once, and runtime
-    load/unload enabled (reachable only through the gateway's admin route: vLLM listens on loopback)."""
-    adapters = adapters if adapters is not None else [current_run_adapter(run, cfg.finetuned_name)]
+def vllm_max_rank(ranks: list[int]) -> int:
+    """The smallest --max-lora-rank vLLM accepts that holds every rank; a rank past vLLM's largest is refused."""
+    rank = max(ranks, default=VLLM_LORA_RANKS[0])
+    fitting = [r for r in VLLM_LORA_RANKS if r >= rank]
+    if not fitting:
+        raise ValueError(f"LoRA rank {rank} is over {VLLM_LORA_RANKS[-1]}, the largest vLLM serves "
+                         f"(--max-lora-rank accepts {', '.join(map(str, VLLM_LORA_RANKS))}): serve it with engine peft")
+    return fitting[0]
+
+
+def vllm_lora_slots(cfg: ServeConfig, held: int) -> tuple[int, int]:
+    """(--max-loras, --max-cpu-loras): adapters one batch mixes, adapters held (vLLM wants the first <= the second)."""
+    held = max(cfg.max_loras, held)
+    return min(cfg.max_loras_per_batch, held), held
+
+
+def plan_vllm(run: RunConfig, cfg: ServeConfig, adapters: list[AdapterEntry]) -> list[EnginePlan]:
+    """One vLLM process with every adapter, `max_loras_per_batch` GPU slots, room for `max_loras` held, and
+    runtime load/unload enabled: it listens on loopback and answers only requests with the launch's engine key
+    (VLLM_API_KEY, set by the launcher), so only the gateway's admin routes reach it."""
     base = require_folder(run.base_model_dir, "config.json", "prepare")
     port = cfg.backend_port
-    modules = [f"{entry.name}={entry.adapter_dir}" for entry in adapters]
+    per_batch, held = vllm_lora_slots(cfg, len(adapters))
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(base),
-            "--served-model-name", cfg.base_name, "--enable-lora", "--lora-modules", *modules,
-            "--max-loras", str(max(cfg.max_loras, len(adapters))), "--max-lora-rank", str(vllm_max_rank(adapters)),
+            "--served-model-name", cfg.base_name, "--enable-lora", "--lora-modules", *lora_modules(adapters, cfg.base_name),
+            "--max-loras", str(per_batch), "--max-cpu-loras", str(held),
+            "--max-lora-rank", str(vllm_max_rank([adapter_rank(entry) for entry in adapters])),
             "--host", "127.0.0.1", "--port", str(port), *cfg.vllm_args]
     url = f"http://127.0.0.1:{port}"
     routes = [adapter_route(entry, url, None, cfg) for entry in adapters]
     if cfg.serve_base:
-        routes.append(Route(cfg.base_name, url, cfg.base_name, "base"))
+        routes.append(Route(cfg.base_name, url, cfg.base_name, "base", root=str(base)))
     return [EnginePlan("vllm", argv, port, routes, env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"})]

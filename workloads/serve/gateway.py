@@ -30,6 +30,7 @@ from documents.sections.serve import ServeConfig, model_name_problem
 from documents.text_input import TextInputError, load_json
 from workloads.serve.auth import bearer_matches
 from workloads.serve.budget import PromptCounter, TokenBudget
+from workloads.serve.engine_key import engine_headers
 from workloads.serve.request import ChatRequest, RequestError, read_chat_request
 from workloads.serve.stream_end import SHUTDOWN_CODE, SHUTDOWN_MESSAGE, ended_like_openai, until_closing
 
@@ -45,6 +46,10 @@ class Route:
     tokenizer: str | None = None
     budget: TokenBudget | None = None
     adapter: AdapterEntry | None = None
+    root: str | None = None
+    """the folder served (vLLM's card `root`)"""
+    parent: str | None = None
+    """an adapter's base model name (vLLM's card `parent`)"""
 
 
 @dataclass(frozen=True)
@@ -144,6 +149,8 @@ class AdapterHost:
     url: str
     resolve: Callable[[str, str], AdapterEntry]
     route: Callable[[AdapterEntry], Route]
+    run_of_path: Callable[[str], str | None] = lambda path: None
+    """the stored run whose adapter folder in the store is `path` (vLLM's lora_path), else None"""
 
 
 @dataclass
@@ -186,6 +193,8 @@ class Gateway:
     meters: dict[str, SpeedMeter] = field(default_factory=dict)
     closing: asyncio.Event = field(default_factory=asyncio.Event)
     """set when the server stops and the grace period for requests in flight is over: they end with an error."""
+    on_change: Callable[[], None] = lambda: None
+    """called after every change of the served set (the launcher persists it)"""
 
     def close_after(self, grace_s: float) -> None:
         """Called as the server begins to stop: requests still running in `grace_s` seconds are ended."""
@@ -239,12 +248,14 @@ async def list_models(request: Request) -> JSONResponse:
 
 
 def model_card(gateway: Gateway, route: Route) -> dict[str, Any]:
-    """A /v1/models entry; an adapter's names its run (and the stack that ran it), base and evaluation."""
+    """A /v1/models entry with vLLM's `root` and `parent`; an adapter's names its run (and the stack that ran it),
+    base and evaluation."""
     card: dict[str, Any] = {"id": route.name, "object": "model", "created": gateway.created,
-                            "owned_by": "soperator-finetune", "kind": route.kind}
+                            "owned_by": "soperator-finetune", "root": route.root or route.name,
+                            "parent": route.parent, "kind": route.kind}
     if route.adapter is not None:
-        card.update(route.adapter.model_dump(include={"run_id", "run_name", "stack", "rank", "base_model_sha256",
-                                                      "dataset_sha256", "evaluation"}))
+        card.update(route.adapter.model_dump(include={"run_id", "run_name", "stack", "rank", "adapter_sha256",
+                                                      "base_model_sha256", "dataset_sha256", "evaluation"}))
     return card
 
 
@@ -291,10 +302,14 @@ async def chat_completions(request: Request) -> Response:
         route, parsed, body = await upstream_body(gateway, request)
     except Refused as refused:
         return error(refused.status, str(refused), refused.code)
+    if (state := gateway.engine_state(route.url)) is not None:
+        return engine_unavailable(route.name, state)
     started = time.monotonic()
     upstream = gateway.client.build_request("POST", f"{route.url}/v1/chat/completions", json=body)
     try:
         reply = await gateway.client.send(upstream, stream=True)
+    except httpx.ConnectError:
+        return engine_unavailable(route.name, "not answering")
     except httpx.HTTPError as exc:
         return error(502, f"engine for {route.name!r} is unreachable: {type(exc).__name__}", "engine_unreachable")
     if reply.status_code != 200:
@@ -306,6 +321,16 @@ async def chat_completions(request: Request) -> Response:
                                                              gateway.closing), route.name),
                              media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache"})
+
+
+RETRY_AFTER_S = 5
+
+
+def engine_unavailable(name: str, state: str) -> JSONResponse:
+    """503 with Retry-After while a listed name's engine restarts (and reloads the served set): never a 404."""
+    response = error(503, f"the engine serving {name!r} is {state}; retry shortly", "engine_unavailable")
+    response.headers["Retry-After"] = str(RETRY_AFTER_S)
+    return response
 
 
 async def engine_refusal(reply: httpx.Response) -> Response:
@@ -443,6 +468,7 @@ async def load_adapter(request: Request) -> JSONResponse:
     if route.tokenizer and route.budget:
         gateway.counters.setdefault(route.tokenizer, PromptCounter(Path(route.tokenizer)))
     gateway.routes[name] = route
+    gateway.on_change()
     return JSONResponse(model_card(gateway, route))
 
 
@@ -463,14 +489,16 @@ async def unload_adapter(request: Request) -> JSONResponse:
     except Refused as refused:
         gateway.routes[name] = route
         return error(refused.status, str(refused), refused.code)
+    gateway.on_change()
     return JSONResponse({"id": name, "unloaded": True})
 
 
 def build_gateway(routes: list[Route], api_key: str | None, limits: Limits = Limits(), timeout_s: float = 600.0,
                   engine_state: Callable[[str], str | None] = lambda url: None,
-                  adapter_host: AdapterHost | None = None) -> FastAPI:
-    """The gateway app: the routes above over one shared `Gateway` (app.state.gateway)."""
-    client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0))
+                  adapter_host: AdapterHost | None = None, engine_key: str | None = None) -> FastAPI:
+    """The gateway app: the routes above over one shared `Gateway` (app.state.gateway); every call to an engine
+    carries the launch's engine key."""
+    client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0), headers=engine_headers(engine_key))
     gateway = Gateway(
         routes={r.name: r for r in routes}, api_key=api_key, limits=limits, client=client, engine_state=engine_state,
         counters={r.tokenizer: PromptCounter(Path(r.tokenizer)) for r in routes if r.tokenizer and r.budget},
@@ -489,4 +517,7 @@ def build_gateway(routes: list[Route], api_key: str | None, limits: Limits = Lim
     app.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"])
     app.add_api_route("/admin/adapters", load_adapter, methods=["POST"])
     app.add_api_route("/admin/adapters/{name}", unload_adapter, methods=["DELETE"])
+    from workloads.serve.lora_routes import add_lora_routes  # it builds on this module's helpers
+
+    add_lora_routes(app)
     return app

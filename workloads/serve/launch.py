@@ -1,9 +1,11 @@
 """Start the engine processes (supervised) and the gateway in front of them; stops the engines when the gateway exits.
 
     FT_API_KEY=... python -m workloads.serve.launch --config workloads/configs/local.json [--host 0.0.0.0]
-        [--adapter NAME=RUN_ID ...] [--runs-store .local/artifacts]
+        [--adapter NAME=RUN_ID ...] [--runs-store .local/artifacts] [--resume]
 
-With no adapter named (flags or serve.adapters) it serves the base and the run's own fine-tune.
+With no adapter named (flags or serve.adapters) it serves the base and the run's own fine-tune. With --resume
+(the default in a requeued Slurm job) it serves the set the last launcher of this run persisted instead.
+Engines get a fresh key per launch and answer only the gateway (workloads.serve.engine_key).
 """
 
 from __future__ import annotations
@@ -18,29 +20,35 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from documents.adapter_registry import AdapterEntry
+from documents.adapter_registry import SERVED_SET_NAME, AdapterEntry
 from documents.run_config import ConfigError, RunConfig, load_run_config
 from documents.sections.serve import ServeConfig
 from workloads.serve.auth import AccessError, api_key_from_env, is_loopback, require_key_beyond_loopback
 from workloads.serve.engines import EnginePlan, adapter_route, choose_engine, plan_peft, plan_transformers, plan_vllm
+from workloads.serve.engine_key import engine_env, new_engine_key
 from workloads.serve.gateway import AdapterHost, Gateway, Limits, build_gateway
 from workloads.serve.registry import (
     RegistryError,
     parse_adapter_flags,
+    recheck_served,
     resolve_adapters,
+    run_of_path,
     served_base,
     stored_adapter,
     stored_runs,
 )
 from workloads.serve.served import ServedReporter
+from workloads.serve.served_sync import persisted_set, recheck, resync
 from workloads.serve.supervise import EngineError, Supervisor
 
 
 @contextmanager
-def supervised_engines(plans: list[EnginePlan], cfg: ServeConfig, on_give_up) -> Iterator[Supervisor]:
+def supervised_engines(plans: list[EnginePlan], cfg: ServeConfig, on_give_up, engine_key: str,
+                       on_restarted) -> Iterator[Supervisor]:
     """Start every plan under a supervisor, wait until healthy, yield it; stop every engine after."""
-    env = {**os.environ, "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")}
-    supervisor = Supervisor(plans, env, cfg.startup_timeout_s, cfg.max_engine_restarts, cfg.shutdown_grace_s, on_give_up)
+    env = {**os.environ, "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"), **engine_env(engine_key)}
+    supervisor = Supervisor(plans, env, cfg.startup_timeout_s, cfg.max_engine_restarts, cfg.shutdown_grace_s, on_give_up,
+                            on_restarted)
     try:
         supervisor.start()
         yield supervisor
@@ -71,7 +79,20 @@ def adapter_host(run: RunConfig, cfg: ServeConfig, engine: str, plans: list[Engi
     def resolve(name: str, run_id: str) -> AdapterEntry:
         return stored_adapter(stored_runs(store_dir), store_dir, name, run_id, base_sha, base_path)
 
-    return AdapterHost(url, resolve, lambda entry: adapter_route(entry, url, tokenizer, cfg))
+    return AdapterHost(url, resolve, lambda entry: adapter_route(entry, url, tokenizer, cfg),
+                       lambda path: run_of_path(stored_runs(store_dir), store_dir, path))
+
+
+def served_adapters(run: RunConfig, cfg: ServeConfig, engine: str, resume: bool) -> list[AdapterEntry]:
+    """What to serve at start: the persisted set when resuming and one exists for this base and engine, else the
+    named adapters (or the run's own)."""
+    if engine == "transformers":
+        return []
+    store_dir = Path(cfg.runs_store)
+    persisted = persisted_set(run.results_dir / SERVED_SET_NAME, served_base(run)[0], engine) if resume else None
+    if persisted is not None:
+        return recheck(persisted.adapters, lambda entry: recheck_served(run, entry, store_dir))
+    return resolve_adapters(run, cfg.adapters, store_dir, cfg.finetuned_name)
 
 
 def reach_hint(host: str, port: int, node: str) -> str:
@@ -113,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--adapter", action="append", default=[], metavar="NAME=RUN_ID",
                         help="serve a stored run's adapter under NAME (repeat; adds to serve.adapters)")
     parser.add_argument("--runs-store", help="override serve.runs_store (the run store folder)")
+    parser.add_argument("--resume", action=argparse.BooleanOptionalAction,
+                        default=int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0,
+                        help="serve the set the last launcher of this run persisted (default: in a requeued job)")
     args = parser.parse_args(argv)
     try:
         run = load_run_config(args.config)
@@ -126,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         require_key_beyond_loopback(cfg.host, api_key)
         work_dir = Path(tempfile.mkdtemp(prefix="ft-serve-"))
         engine = choose_engine(cfg)
-        adapters = resolve_adapters(run, cfg.adapters, Path(cfg.runs_store), cfg.finetuned_name) if engine != "transformers" else []
+        adapters = served_adapters(run, cfg, engine, args.resume)
         plans = make_plans(run, cfg, engine, args.finetuned, work_dir, adapters)
         host = adapter_host(run, cfg, engine, plans)
         base_sha, base_path = served_base(run)
@@ -139,6 +163,14 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     server: uvicorn.Server | None = None
     gave_up: list[str] = []
+    engine_key = new_engine_key()
+    gateway: Gateway | None = None
+
+    def reload_served(plan: EnginePlan) -> None:
+        """Only an engine that holds adapters (peft, vLLM) has a served set to load back."""
+        if gateway is not None and host is not None and plan.url == host.url:
+            for name in resync(gateway, plan.url, cfg.base_name, engine_key):
+                print(f"serve: {name}: its files changed since it was loaded; no longer served", file=sys.stderr)
 
     def give_up(reason: str) -> None:
         gave_up.append(reason)
@@ -146,17 +178,20 @@ def main(argv: list[str] | None = None) -> int:
             server.should_exit = True
 
     try:
-        with supervised_engines(plans, cfg, give_up) as supervisor:
+        with supervised_engines(plans, cfg, give_up, engine_key, reload_served) as supervisor:
             routes = [route for plan in plans for route in plan.routes]
             limits = Limits(max_tokens=cfg.max_tokens_limit, max_body_bytes=cfg.max_body_bytes)
-            app = build_gateway(routes, api_key, limits, engine_state=supervisor.state, adapter_host=host)
+            app = build_gateway(routes, api_key, limits, engine_state=supervisor.state, adapter_host=host,
+                                engine_key=engine_key)
+            gateway = app.state.gateway
             print(reach_hint(cfg.host, cfg.port, os.uname().nodename), flush=True)
             print(f"engine {engine}; models: {[r.name for r in routes]}; API key "
                   f"{'required' if api_key else 'not set (loopback only; admin routes closed)'}", flush=True)
             server = gateway_server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning",
                                                   timeout_graceful_shutdown=cfg.shutdown_grace_s + ENDING_S),
-                                   app.state.gateway, cfg.shutdown_grace_s)
-            with ServedReporter(app.state.gateway, run.results_dir, (cfg.base_name, base_sha, base_path), engine):
+                                   gateway, cfg.shutdown_grace_s)
+            with ServedReporter(gateway, run.results_dir, (cfg.base_name, base_sha, base_path), engine) as reporter:
+                gateway.on_change = reporter.report
                 if not gave_up:
                     server.run()
     except EngineError as error:

@@ -1,17 +1,18 @@
 """One base model in memory, many LoRA adapters on it, one OpenAI-compatible process (the CPU engine).
 
-    python -m workloads.serve.lora_engine --base DIR --base-name base --adapter NAME=DIR ... --port 8100
+    FT_ENGINE_KEY=... python -m workloads.serve.lora_engine --base DIR --base-name base --port 8100 \
+        --lora-modules '{"name": "desk-a", "path": "DIR"}' ...
 
 Unlike `transformers serve` (one model per process, so one merged copy per fine-tune), this engine loads the
-base once, adds each adapter with peft's `load_adapter`, and decodes the requests waiting at the start of a
-batch together, each row with its own adapter (peft's `adapter_names`, `__base__` for the base) and its own
-sampling settings. It speaks the subset of vLLM's API the gateway uses: streamed chat completions, /health,
+base once, adds each adapter with peft's `load_adapter`, and decodes every running request in one batch, each
+row with its own adapter (peft's `adapter_names`, `__base__` for the base) and its own sampling settings. It speaks the subset of vLLM's API the gateway uses: streamed chat completions, /health,
 /v1/models, and the dynamic LoRA routes `/v1/load_lora_adapter` and `/v1/unload_lora_adapter`. It listens on
-loopback only; the gateway is the public face (API key, limits, admin route).
+loopback only and, like vLLM with `--api-key`, answers `/v1` only with the launch's engine key
+(workloads.serve.engine_key); the gateway is the public face (API key, limits, admin routes).
 
-Batching is static: a batch runs until its last row ends, and requests that arrive meanwhile wait for the
-next one. Adapter loads and unloads run between two decoding steps, without waiting for the batch; an unload
-waits only while a running or waiting request still uses that adapter, so it never cuts a generation short.
+Batching is continuous (workloads.serve.continuous): requests join the running batch and leave it between two
+decode steps. Adapter loads and unloads run between two steps as well; an unload waits only while a running or
+waiting request still uses that adapter, so it never cuts a generation short.
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import queue
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +36,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from workloads.common.chat_template import prompt_ids
+from workloads.serve.continuous import RunningBatch
+from workloads.serve.engine_key import ENGINE_KEY_ENV, require_engine_key
 from workloads.serve.gateway import error
 from workloads.serve.request import RequestError, parse_chat_request
 
@@ -62,7 +66,7 @@ class Generation:
 
 @dataclass
 class Command:
-    """An adapter load or unload, run by the worker between batches."""
+    """An adapter load or unload, run by the worker between two decode steps."""
 
     action: str
     name: str
@@ -75,7 +79,7 @@ class Command:
 
 
 class AdapterModel:
-    """The base with its adapters (peft), and the batched decoding loop. Only the worker thread calls in."""
+    """The base with its adapters (peft) and one batched forward. Only the worker thread calls in."""
 
     def __init__(self, base: Path, adapters: dict[str, Path], dtype: str, device: str, max_loras: int) -> None:
         import torch
@@ -113,13 +117,16 @@ class AdapterModel:
         self.adapters.add(name)
 
     def unload(self, name: str) -> None:
+        """The last adapter's unload gives back the bare base (peft's `unload`: the LoRA layers removed, nothing
+        merged); the next load wraps it again."""
         if name not in self.adapters:
             raise ValueError(f"adapter {name!r} is not loaded")
         if len(self.adapters) == 1:
-            raise ValueError(f"adapter {name!r} is the last one loaded; this engine keeps at least one")
-        if self.model.active_adapter == name:
-            self.model.set_adapter(next(a for a in sorted(self.adapters) if a != name))
-        self.model.delete_adapter(name)
+            self.model = self.model.unload()
+        else:
+            if self.model.active_adapter == name:
+                self.model.set_adapter(next(a for a in sorted(self.adapters) if a != name))
+            self.model.delete_adapter(name)
         self.adapters.discard(name)
 
     def routing(self, names: list[str]) -> tuple[AbstractContextManager, dict[str, Any]]:
@@ -137,75 +144,18 @@ class AdapterModel:
             return nullcontext(), {}
         return nullcontext(), {"adapter_names": names}
 
-    def next_tokens(self, logits: Any, rows: list[Generation], generators: list[Any]) -> list[int]:
-        torch = self.torch
-        chosen = []
-        for i, row in enumerate(rows):
-            scores = logits[i].float()
-            if row.temperature <= 0:
-                chosen.append(int(scores.argmax()))
-                continue
-            probs = torch.softmax(scores / row.temperature, dim=-1)
-            if row.top_p < 1.0:
-                ordered, order = probs.sort(descending=True)
-                keep = ordered.cumsum(0) - ordered < row.top_p
-                probs = torch.zeros_like(probs).scatter(0, order[keep], ordered[keep])
-            chosen.append(int(torch.multinomial(probs, 1, generator=generators[i])))
-        return chosen
-
-    def decode(self, rows: list[Generation], between_steps: Callable[[set[str]], None]) -> None:
-        """Generate for every row at once (left-padded), streaming each row's text as it grows; after each step
-        `between_steps` gets the adapters of the rows still running."""
-        torch = self.torch
-        width = max(len(r.prompt_ids) for r in rows)
-        ids = torch.tensor([[self.pad] * (width - len(r.prompt_ids)) + r.prompt_ids for r in rows], device=self.device)
-        mask = torch.tensor([[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in rows], device=self.device)
-        names = [r.adapter for r in rows]
-        generators = [torch.Generator().manual_seed(r.seed if r.seed is not None else int(time.time_ns() % 2**31))
-                      for r in rows]
-        produced: list[list[int]] = [[] for _ in rows]
-        shown = [""] * len(rows)
-        finished: list[str | None] = [None] * len(rows)
-        past = None
-        step_ids = ids
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        for _ in range(max(r.max_tokens for r in rows)):
-            context, routing = self.routing(names)
-            with context:
-                out = self.model(input_ids=step_ids, attention_mask=mask, position_ids=positions,
-                                 past_key_values=past, use_cache=True, **routing)
-            past = out.past_key_values
-            tokens = self.next_tokens(out.logits[:, -1, :], rows, generators)
-            for i, (row, token) in enumerate(zip(rows, tokens)):
-                if finished[i] is not None:
-                    continue
-                if row.cancelled.is_set():
-                    finished[i] = "cancelled"
-                    continue
-                if token in self.eos:
-                    finished[i] = "stop"
-                else:
-                    produced[i].append(token)
-                    text = self.tokenizer.decode(produced[i], skip_special_tokens=True)
-                    if not text.endswith("\ufffd") and len(text) > len(shown[i]):
-                        row.emit(("delta", text[len(shown[i]):]))
-                        shown[i] = text
-                    if len(produced[i]) >= row.max_tokens:
-                        finished[i] = "length"
-                if finished[i] in ("stop", "length"):
-                    row.emit(("done", finished[i], len(row.prompt_ids), len(produced[i])))
-            if all(f is not None for f in finished):
-                return
-            names = [r.adapter if f is None else BASE_ROW for r, f in zip(rows, finished)]
-            between_steps(set(names) - {BASE_ROW})
-            step_ids = torch.tensor([[t] for t in tokens], device=self.device)
-            mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=mask.dtype, device=self.device)], dim=1)
-            positions = positions[:, -1:] + 1
+    def forward(self, ids: Any, mask: Any, positions: Any, cache: Any, names: list[str]) -> tuple[Any, Any]:
+        """One forward of the batch, each row through its adapter; the last position's logits and the cache."""
+        context, routing = self.routing(names)
+        with context:
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                             use_cache=True, logits_to_keep=1, **routing)
+        return out.logits[:, -1, :], out.past_key_values
 
 
 class Worker:
-    """The thread that owns the model: takes the requests waiting (up to `max_batch`) and decodes them together;
-    runs adapter commands between decoding steps (or while idle)."""
+    """The thread that owns the model: between two decode steps of the running batch it runs adapter commands and
+    lets waiting requests join (up to `max_batch` rows); finished rows leave at once."""
 
     def __init__(self, engine: AdapterModel, max_batch: int) -> None:
         self.engine, self.max_batch = engine, max_batch
@@ -224,29 +174,39 @@ class Worker:
             raise
 
     def serve(self) -> None:
+        engine = self.engine
+        batch = RunningBatch(engine.forward, engine.tokenizer, engine.eos, engine.pad, engine.device)
         while True:
-            self.run_commands(set())
+            self.run_commands(batch.adapters)
+            joining = self.take(self.max_batch - len(batch.rows), wait=not batch.rows)
             try:
-                batch = [self.inbox.get(timeout=IDLE_POLL_S)]
+                if joining:
+                    batch.join(joining)
+                if batch.rows:
+                    batch.step()
+            except Exception as exc:
+                message = f"{type(exc).__name__}: {exc}"
+                batch.fail(message)
+                for row in joining:
+                    row.emit(("error", message))
+                raise
+
+    def take(self, room: int, wait: bool) -> list[Generation]:
+        """Up to `room` waiting requests (waiting a moment for the first when the batch is empty); a request for
+        an adapter not loaded gets its error here."""
+        taken: list[Generation] = []
+        while len(taken) < room:
+            try:
+                row = self.inbox.get(timeout=IDLE_POLL_S) if wait and not taken else self.inbox.get_nowait()
             except queue.Empty:
+                break
+            if row.cancelled.is_set():
                 continue
-            while len(batch) < self.max_batch:
-                try:
-                    batch.append(self.inbox.get_nowait())
-                except queue.Empty:
-                    break
-            live = [row for row in batch if not row.cancelled.is_set()]
-            unknown = [row for row in live if row.adapter != BASE_ROW and row.adapter not in self.engine.adapters]
-            for row in unknown:
+            if row.adapter != BASE_ROW and row.adapter not in self.engine.adapters:
                 row.emit(("error", f"adapter {row.adapter!r} is not loaded"))
-            live = [row for row in live if row not in unknown]
-            if live:
-                try:
-                    self.engine.decode(live, self.run_commands)
-                except Exception as exc:
-                    for row in live:
-                        row.emit(("error", f"{type(exc).__name__}: {exc}"))
-                    raise
+                continue
+            taken.append(row)
+        return taken
 
     def run_commands(self, running: set[str]) -> None:
         """Loads at once; an unload once no running or waiting request uses its adapter."""
@@ -403,13 +363,17 @@ def build_app(worker: Worker, base_name: str, default_max_tokens: int = 256) -> 
     return app
 
 
-def parse_named_paths(items: list[str]) -> dict[str, Path]:
+def parse_lora_modules(items: list[str]) -> dict[str, Path]:
+    """vLLM's JSON `--lora-modules` entries ({"name", "path", "base_model_name"}) as name -> folder."""
     named: dict[str, Path] = {}
     for item in items:
-        name, sep, path = item.partition("=")
-        if not sep or not name or not path:
-            raise ValueError(f"--adapter {item!r}: expected NAME=PATH")
-        named[name] = Path(path)
+        try:
+            module = json.loads(item)
+        except ValueError:
+            raise ValueError(f"--lora-modules {item!r}: expected JSON {{\"name\": ..., \"path\": ...}}") from None
+        if not isinstance(module, dict) or not all(isinstance(module.get(k), str) for k in ("name", "path")):
+            raise ValueError(f"--lora-modules {item!r}: needs string fields name and path")
+        named[module["name"]] = Path(module["path"])
     return named
 
 
@@ -417,7 +381,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", required=True, type=Path)
     parser.add_argument("--base-name", default="base")
-    parser.add_argument("--adapter", action="append", default=[], help="NAME=PATH (repeat)")
+    parser.add_argument("--lora-modules", nargs="*", default=[], help='vLLM\'s JSON form: {"name": ..., "path": ...}')
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--dtype", default="auto")
@@ -429,11 +393,13 @@ def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
     device = "cpu" if args.device == "auto" else args.device
-    engine = AdapterModel(args.base, parse_named_paths(args.adapter), args.dtype, device, args.max_loras)
+    engine = AdapterModel(args.base, parse_lora_modules(args.lora_modules), args.dtype, device, args.max_loras)
     worker = Worker(engine, args.max_batch)
     worker.thread.start()
-    uvicorn.run(build_app(worker, args.base_name, args.max_tokens), host=args.host, port=args.port,
-                log_level="warning")
+    app = build_app(worker, args.base_name, args.max_tokens)
+    if key := os.environ.get(ENGINE_KEY_ENV):
+        require_engine_key(app, key)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from documents.adapter_registry import AdapterEntry, EvalSummary
+from documents.adapter_registry import AdapterEntry, EvalSummary, adapter_sha256
 from documents.base import DocumentError
 from documents.hf_files import read_adapter_config
 from documents.run_config import RunConfig
@@ -21,6 +21,7 @@ from documents.sections.serve import model_name_problem
 
 RUN_INDEX_NAME = "run.json"
 STORED_MANIFEST = f"train/{RUN_MANIFEST_NAME}"
+STORED_ADAPTER = "adapter"
 
 
 class RegistryError(ValueError):
@@ -117,15 +118,64 @@ def resolve_adapters(run: RunConfig, wanted: dict[str, str], store_dir: Path, de
     """The adapters to serve on the run's base: `wanted` (name -> run id) from the store, else the run's own."""
     base_sha, base_path = served_base(run)
     if not wanted:
-        return [check_base(current_run_adapter(run, default_name), base_sha, base_path)]
+        own = check_base(current_run_adapter(run, default_name), base_sha, base_path)
+        return [verified(own, [Path(own.adapter_dir)])]
     runs = stored_runs(store_dir)
     return [stored_adapter(runs, store_dir, name, run_id, base_sha, base_path) for name, run_id in wanted.items()]
 
 
 def stored_adapter(runs: dict[str, tuple[RunIndex, RunManifest]], store_dir: Path, name: str, run_id: str,
                    base_sha: str, base_path: str) -> AdapterEntry:
-    """The stored run's adapter under `name`, checked against the served base."""
+    """The stored run's adapter under `name`: the store's own copy (`runs/<stack>/<run_id>/adapter`), its hash as
+    the run index records it, checked against the served base and the files."""
     if run_id not in runs:
         raise UnknownRun(f"adapter {name!r}: no stored run {run_id!r} in {store_dir} (stored: {sorted(runs) or 'none'})")
     index, manifest = runs[run_id]
-    return check_base(adapter_entry(name, run_id, manifest, index), base_sha, base_path)
+    entry = adapter_entry(name, run_id, manifest, index)
+    if index.adapter_sha256 is None:
+        raise RegistryError(f"adapter {name!r}: stored run {run_id!r} holds no adapter files in {store_dir} "
+                            "(stored before adapters were kept with the run: upload it again)")
+    folder = store_dir / "runs" / index.stack / run_id / STORED_ADAPTER
+    entry = entry.model_copy(update={"adapter_dir": str(folder), "adapter_sha256": index.adapter_sha256})
+    return verified(check_base(entry, base_sha, base_path), [store_dir])
+
+
+def verified(entry: AdapterEntry, roots: list[Path]) -> AdapterEntry:
+    """The entry when its folder (symlinks resolved) lies under one of `roots` and its files still hash to
+    `adapter_sha256`; else RegistryError naming what differs."""
+    folder = Path(entry.adapter_dir).resolve()
+    if not any(folder.is_relative_to(root.resolve()) for root in roots):
+        raise RegistryError(f"adapter {entry.name!r}: {entry.adapter_dir} is outside the run store "
+                            f"({', '.join(str(r) for r in roots)}): refused")
+    try:
+        found = adapter_sha256(folder)
+    except OSError as error:
+        raise RegistryError(f"adapter {entry.name!r}: {error}") from None
+    if entry.adapter_sha256 is not None and found != entry.adapter_sha256:
+        raise RegistryError(f"adapter {entry.name!r} (run {entry.run_id}): the files in {entry.adapter_dir} hash to "
+                            f"{found[:16]}, the registry recorded {entry.adapter_sha256[:16]}: changed since stored, refused")
+    return entry.model_copy(update={"adapter_sha256": found})
+
+
+def run_of_path(runs: dict[str, tuple[RunIndex, RunManifest]], store_dir: Path, path: str) -> str | None:
+    """The id of the stored run whose adapter folder in the store is `path` (vLLM's lora_path), else None."""
+    wanted = Path(path).resolve()
+    for run_id, (index, _) in runs.items():
+        if (store_dir / "runs" / index.stack / run_id / STORED_ADAPTER).resolve() == wanted:
+            return run_id
+    return None
+
+
+def recheck_served(run: RunConfig, entry: AdapterEntry, store_dir: Path) -> AdapterEntry:
+    """A persisted served adapter checked again: a stored run's from the store (as a fresh load), the run's own
+    from its folder, with the hash it was served with."""
+    base_sha, base_path = served_base(run)
+    runs = stored_runs(store_dir)
+    if entry.run_id in runs:
+        return stored_adapter(runs, store_dir, entry.name, entry.run_id, base_sha, base_path)
+    own = current_run_adapter(run, entry.name)
+    if Path(own.adapter_dir).resolve() != Path(entry.adapter_dir).resolve():
+        raise RegistryError(f"adapter {entry.name!r}: {entry.adapter_dir} is neither a stored run's adapter nor "
+                            "this run's own: refused")
+    own = own.model_copy(update={"adapter_sha256": entry.adapter_sha256})
+    return verified(check_base(own, base_sha, base_path), [Path(own.adapter_dir)])

@@ -32,13 +32,16 @@ class ServedReporter:
         self.gateway, self.path, self.base, self.engine = gateway, results_dir / SERVED_SET_NAME, base, engine
         self.metrics = JobMetricsFile.from_env("serve")
         self.interval_s = interval_s
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="served-report", daemon=True)
 
     def report(self) -> None:
+        """Write the set now (also called on every load and unload: a launcher that starts again reads it)."""
         served = served_set(self.gateway, *self.base, self.engine)
         try:
-            write_text_atomic(self.path, write_served_set(served))
+            with self._lock:
+                write_text_atomic(self.path, write_served_set(served))
         except OSError as error:
             log.warning("cannot write %s: %s", self.path, error.strerror or error)
         self.metrics.update(JobFigures(), {name: speed.model_dump() for name, speed in served.speed.items()})

@@ -57,10 +57,13 @@ class Supervisor:
     """The engines of one launcher. `state(url)` is None while healthy, else "restarting" or "failed"."""
 
     def __init__(self, plans: list[EnginePlan], env: Mapping[str, str], startup_timeout_s: float, max_restarts: int,
-                 stop_grace_s: float, on_give_up: Callable[[str], None]) -> None:
+                 stop_grace_s: float, on_give_up: Callable[[str], None],
+                 on_restarted: Callable[[EnginePlan], None] = lambda plan: None) -> None:
+        """`on_restarted(plan)` runs once a restarted engine is healthy, before its state clears (the served
+        set is loaded back into it meanwhile); when it raises httpx.HTTPError the engine counts as failed again."""
         self.plans, self.env = plans, dict(env)
         self.startup_timeout_s, self.max_restarts, self.stop_grace_s = startup_timeout_s, max_restarts, stop_grace_s
-        self.on_give_up = on_give_up
+        self.on_give_up, self.on_restarted = on_give_up, on_restarted
         self.procs: list[subprocess.Popen] = []
         self.restarts = [0] * len(plans)
         self.states: dict[str, str] = {}
@@ -133,6 +136,12 @@ class Supervisor:
             self._wait_healthy([i])
         except EngineError as error:
             log(str(error))
+            return
+        try:
+            self.on_restarted(plan)
+        except httpx.HTTPError as error:
+            log(f"engine {plan.label!r}: the served set was not loaded back ({error}); restarting it again")
+            stop_processes([self.procs[i]], self.stop_grace_s)
             return
         if not self.stopping.is_set():
             self.states.pop(plan.url, None)

@@ -1,0 +1,80 @@
+"""Stored adapters as a server may load them: the run store keeps the adapter's files and their hash at upload;
+the registry serves only the store's copy, refuses a folder that leaves the store and files that changed, and
+maps vLLM's lora_path back to its run (no model: placeholder weight files)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from adapter_runs import STACK, register_run
+
+from documents.run_manifest import model_hash
+from documents.run_record import read_run_record
+from infra.runs.store import LocalStore
+from workloads.serve.registry import RegistryError, run_of_path, stored_adapter, stored_runs
+
+
+def fake_adapter(folder: Path, weights: bytes) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "adapter_config.json").write_text(json.dumps({"r": 4, "peft_type": "LORA"}))
+    (folder / "adapter_model.safetensors").write_bytes(weights)
+    return folder
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> tuple[Path, dict]:
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "model.safetensors").write_bytes(b"base weights")
+    for run_id, weights in (("run-a", b"A" * 64), ("run-b", b"B" * 64)):
+        register_run(LocalStore(tmp_path / "store"), tmp_path / "runs", run_id, base,
+                     fake_adapter(tmp_path / "trained" / run_id, weights), 4)
+    digest = model_hash(base)
+    return tmp_path / "store", {"base_sha": digest["sha256"], "base_path": digest["path"]}
+
+
+def by_hand(config: bytes, weights: bytes) -> str:
+    """The documented hash: sha256 over each file's name, a NUL and its bytes, config first."""
+    return hashlib.sha256(b"adapter_config.json\0" + config + b"adapter_model.safetensors\0" + weights).hexdigest()
+
+
+def test_upload_keeps_the_adapter_and_its_hash(store) -> None:
+    root, _ = store
+    folder = root / "runs" / STACK / "run-a" / "adapter"
+    assert (folder / "adapter_model.safetensors").read_bytes() == b"A" * 64
+    index = read_run_record((root / "runs" / STACK / "run-a" / "run.json").read_text(), "run.json")
+    assert index.adapter_sha256 == by_hand((folder / "adapter_config.json").read_bytes(), b"A" * 64)
+    assert {"adapter/adapter_config.json", "adapter/adapter_model.safetensors"} <= set(index.files)
+
+
+def test_the_store_copy_is_served_and_checked(store, tmp_path: Path) -> None:
+    root, base = store
+    runs = stored_runs(root)
+    entry = stored_adapter(runs, root, "desk-a", "run-a", **base)
+    assert Path(entry.adapter_dir) == root / "runs" / STACK / "run-a" / "adapter"
+    assert entry.adapter_sha256 == runs["run-a"][0].adapter_sha256
+
+    (root / "runs" / STACK / "run-b" / "adapter" / "adapter_model.safetensors").write_bytes(b"B" * 63 + b"C")
+    with pytest.raises(RegistryError, match="changed since stored"):
+        stored_adapter(runs, root, "desk-b", "run-b", **base)
+
+    stored = root / "runs" / STACK / "run-a" / "adapter"
+    outside = fake_adapter(tmp_path / "elsewhere", b"A" * 64)
+    for item in stored.iterdir():
+        item.unlink()
+    stored.rmdir()
+    stored.symlink_to(outside)
+    with pytest.raises(RegistryError, match="outside the run store"):
+        stored_adapter(runs, root, "desk-a", "run-a", **base)
+
+
+def test_lora_path_maps_only_a_stored_adapter_folder(store, tmp_path: Path) -> None:
+    root, _ = store
+    runs = stored_runs(root)
+    assert run_of_path(runs, root, str(root / "runs" / STACK / "run-b" / "adapter")) == "run-b"
+    assert run_of_path(runs, root, str(root / "runs" / STACK / "run-b" / "adapter" / ".." / "adapter")) == "run-b"
+    assert run_of_path(runs, root, str(tmp_path / "trained" / "run-b")) is None
+    assert run_of_path(runs, root, str(root / "runs" / STACK / "run-b")) is None

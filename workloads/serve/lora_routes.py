@@ -1,0 +1,115 @@
+"""vLLM's runtime LoRA routes at the gateway, with vLLM's bodies and status codes, so that a client written for
+vLLM's OpenAI server works unchanged:
+
+    POST /v1/load_lora_adapter   {"lora_name": NAME, "lora_path": RUN_ID or the stored adapter folder}
+    POST /v1/unload_lora_adapter {"lora_name": NAME}
+
+200 with vLLM's plain-text "Success: ..." line; errors as vLLM's ErrorResponse
+(`{"error": {"message", "type", "param", "code"}}`): 400 for a missing field, a name already loaded or an adapter
+refused (another base, changed files, a folder outside the run store), 404 for an unknown run or adapter.
+`lora_path` names a stored run, never a raw folder: a path is accepted only as a stored run's adapter folder in
+the run store. Both need the gateway's API key (as the /admin routes do).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from documents.sections.serve import MODEL_NAME
+from workloads.serve.budget import PromptCounter
+from documents.text_input import TextInputError, load_json
+from workloads.serve.gateway import Gateway, Refused, admin_denied, engine_admin, gateway_of, read_body
+
+VLLM_KINDS = ("InvalidUserInput", "BadRequestError", "NotFoundError", "InternalServerError")
+
+
+def vllm_error(refused: Refused) -> JSONResponse:
+    """vLLM's ErrorResponse body (vllm/entrypoints/serve/utils/error_response.py); a Refused whose code is not
+    one of vLLM's types gets BadRequestError (4xx) or InternalServerError."""
+    kind = refused.code if refused.code in VLLM_KINDS else (
+        "BadRequestError" if refused.status < 500 else "InternalServerError")
+    return JSONResponse({"error": {"message": str(refused), "type": kind, "param": None, "code": refused.status}},
+                        status_code=refused.status)
+
+
+async def lora_body(request: Request, fields: tuple[str, ...]) -> dict[str, str]:
+    raw = await read_body(request, 64 << 10)
+    try:
+        document = load_json(raw, "request body", standard=True)
+    except TextInputError:
+        raise Refused(400, "request body is not JSON", "InvalidUserInput") from None
+    if not isinstance(document, dict) or not all(isinstance(document.get(f), str) and document[f] for f in fields):
+        need = " and ".join(f"'{f}'" for f in fields)
+        raise Refused(400, f"{need} must be provided.", "InvalidUserInput")
+    return {f: document[f] for f in fields}
+
+
+def run_id_of(gateway: Gateway, lora_path: str) -> str:
+    """A run id as given, or the run whose stored adapter folder `lora_path` is; any other path is refused."""
+    assert gateway.adapter_host is not None
+    if "/" not in lora_path:
+        return lora_path
+    run_id = gateway.adapter_host.run_of_path(lora_path)
+    if run_id is None:
+        raise Refused(400, f"lora_path {lora_path!r} is not a stored run's adapter folder in the run store "
+                           "(give a run id, or runs/<stack>/<run_id>/adapter in the store): refused", "BadRequestError")
+    return run_id
+
+
+async def load_lora_adapter(request: Request) -> Response:
+    gateway = gateway_of(request)
+    if refusal := admin_denied(gateway, request):
+        return refusal
+    try:
+        if gateway.adapter_host is None:
+            raise Refused(400, "this engine does not load adapters at runtime", "BadRequestError")
+        body = await lora_body(request, ("lora_name", "lora_path"))
+        name = body["lora_name"]
+        if not MODEL_NAME.match(name):
+            raise Refused(400, f"lora_name must match {MODEL_NAME.pattern}, got {name!r}", "InvalidUserInput")
+        if name in gateway.routes:
+            raise Refused(400, f"The lora adapter '{name}' has already been loaded.", "InvalidUserInput")
+        try:
+            entry = gateway.adapter_host.resolve(name, run_id_of(gateway, body["lora_path"]))
+        except LookupError as missing:
+            raise Refused(404, str(missing).strip("'\""), "NotFoundError") from None
+        except ValueError as problem:
+            raise Refused(400, str(problem), "BadRequestError") from None
+        await engine_admin(gateway, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": entry.adapter_dir})
+    except Refused as refused:
+        return vllm_error(refused)
+    route = gateway.adapter_host.route(entry)
+    if route.tokenizer and route.budget:
+        gateway.counters.setdefault(route.tokenizer, PromptCounter(Path(route.tokenizer)))
+    gateway.routes[name] = route
+    gateway.on_change()
+    return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
+
+
+async def unload_lora_adapter(request: Request) -> Response:
+    gateway = gateway_of(request)
+    if refusal := admin_denied(gateway, request):
+        return refusal
+    try:
+        name = (await lora_body(request, ("lora_name",)))["lora_name"]
+    except Refused as refused:
+        return vllm_error(refused)
+    route = gateway.routes.get(name)
+    if route is None or route.adapter is None or gateway.adapter_host is None:
+        return vllm_error(Refused(404, f"The lora adapter '{name}' cannot be found.", "NotFoundError"))
+    del gateway.routes[name]
+    try:
+        await engine_admin(gateway, "/v1/unload_lora_adapter", {"lora_name": route.upstream})
+    except Refused as refused:
+        gateway.routes[name] = route
+        return vllm_error(Refused(500, str(refused), "InternalServerError"))
+    gateway.on_change()
+    return PlainTextResponse(f"Success: LoRA adapter '{name}' removed successfully.")
+
+
+def add_lora_routes(app: FastAPI) -> None:
+    app.add_api_route("/v1/load_lora_adapter", load_lora_adapter, methods=["POST"])
+    app.add_api_route("/v1/unload_lora_adapter", unload_lora_adapter, methods=["POST"])
