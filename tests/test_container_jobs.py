@@ -95,6 +95,14 @@ def _run(script: str, args: list[str], env: dict[str, str]) -> list[list[str]]:
     return [json.loads(line) for line in Path(env["SHIM_LOG"]).read_text().splitlines()]
 
 
+def _run_no_log(script: str, env: dict[str, str]) -> list[str]:
+    proc = subprocess.run(["bash", f"workloads/jobs/{script}", "workloads/configs/local.json"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    log = Path(env["SHIM_LOG"])
+    return log.read_text().splitlines() if log.exists() else []
+
+
 def _split(call: list[str]) -> tuple[list[str], list[str]]:
     """(srun's options, the command)."""
     first = next(i for i, arg in enumerate(call) if not arg.startswith("-"))
@@ -145,11 +153,3 @@ def test_without_an_image_no_step_goes_through_srun(shim: dict[str, str]) -> Non
     env = {key: value for key, value in shim.items() if not key.startswith("FT_CONTAINER")}
     env["FT_PYTHON"] = "true"
     assert _run_no_log("prepare.sbatch", env) == []
-
-
-def _run_no_log(script: str, env: dict[str, str]) -> list[str]:
-    proc = subprocess.run(["bash", f"workloads/jobs/{script}", "workloads/configs/local.json"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    log = Path(env["SHIM_LOG"])
-    return log.read_text().splitlines() if log.exists() else []
