@@ -368,6 +368,11 @@ class EnvironmentConfig(_Model):
             raise ValueError("environment.image: give it exactly when environment.source is container")
         if not PurePosixPath(self.root).is_absolute():
             raise ValueError(f"environment.root {self.root!r} must be an absolute path in the jail")
+        registry = (self.image or "").split("@")[-1].split("/")[0]
+        if self.image and "#" not in self.image and not self.image.startswith(("/", "./")) and "/" in self.image \
+                and ("." in registry or ":" in registry or registry == "localhost"):
+            raise ValueError(f"environment.image {self.image!r}: Pyxis (enroot) names a registry with '#', "
+                             f"[USER@][REGISTRY#]IMAGE[:TAG], e.g. {self.image.replace('/', '#', 1)}")
         return self
 
 

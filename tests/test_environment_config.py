@@ -28,6 +28,7 @@ def test_cloud_stacks_build_from_the_index_and_the_local_stack_keeps_its_venv() 
     ({"source": "index", "image": "nvcr.io/nvidia/pytorch:25.10-py3"}, "give it exactly when"),
     ({"source": "conda"}, "source"),
     ({"root": "shared/env"}, "must be an absolute path"),
+    ({"source": "container", "image": "nvcr.io/nvidia/pytorch:25.10-py3"}, "nvcr.io#nvidia/pytorch:25.10-py3"),
 ])
 def test_bad_environments_are_refused_naming_the_field(environment: dict, message: str) -> None:
     with pytest.raises(StackConfigError, match=message):
@@ -58,3 +59,10 @@ def test_the_chain_starts_with_the_environment_and_readiness_expects_the_stack_s
                                 "/home/shared/finetune_env"]
     assert prepare.depends_on == ["environment"] and prepare.env["FT_PYTHON"] == f"{environment.results_path}/bin/python"
     assert readiness.args[readiness.args.index("--expect-cuda") + 1] == "13.0.2"
+
+
+@pytest.mark.parametrize("image", ["nvcr.io#nvidia/pytorch:25.10-py3", "ubuntu:24.04", "nvidia/cuda:13.0.2-base",
+                                   "/home/shared/images/pytorch.sqsh"])
+def test_container_images_in_pyxis_form_are_taken(image: str) -> None:
+    stack = parse_stack_config("c", cluster({"source": "container", "image": image}), "stacks/Pulumi.c.yaml")
+    assert stack.environment.image == image

@@ -215,7 +215,14 @@ def pipeline_jobs(
     results_dir, train_dir = paths.results_dir.as_posix(), paths.train_run_dir.as_posix()
     stages: list[Stage] = [*CHAIN, *(["serve"] if serve else [])]
     env = {"FT_PYTHON": placement.python, **placement.env}
-    jobs = [environment_job(placement.environment, results_dir, run.name)] if placement.environment else []
+    if placement.environment is not None and placement.environment.image:
+        config_dir = [str(PurePosixPath(config_arg).parent)] if PurePosixPath(config_arg).is_absolute() else []
+        run_folders = [paths.model_dir, paths.data_dir, paths.train_model_dir, paths.train_dataset_dir,
+                       paths.eval_dataset_dir, paths.checkpoints_dir, paths.train_run_dir, paths.results_dir]
+        used = [placement.code_root, placement.environment.root, *(p.as_posix() for p in run_folders), *config_dir]
+        env.update(container_env(placement.environment.image, used))
+    jobs = ([environment_job(placement.environment, results_dir, run.name, placement.code_root)]
+            if placement.environment else [])
     for stage in stages:
         jobs.append(JobSpec(
             stage=stage,
@@ -233,12 +240,25 @@ def pipeline_jobs(
     return jobs
 
 
-def environment_job(plan: EnvironmentPlan, results_dir: str, run_name: str) -> JobSpec:
+def container_env(image: str, folders: list[str]) -> dict[str, str]:
+    """The job variables that run a stage's steps in `image` through Pyxis (workloads/jobs/container.sh): each jail
+    folder the steps use bound at its own path (`SRC:DST`), a folder inside another one covered by it."""
+    paths = sorted({PurePosixPath(folder) for folder in folders})
+    for path in paths:
+        if not path.is_absolute() or path == PurePosixPath("/") or any(c in str(path) for c in ",:"):
+            raise ValueError(f"container mount {str(path)!r}: give an absolute folder below / without ',' or ':' "
+                             "(Pyxis' --container-mounts=SRC:DST,...)")
+    mounts = [str(p) for p in paths if not any(p != q and p.is_relative_to(q) for q in paths)]
+    return {"FT_CONTAINER_IMAGE": image, "FT_CONTAINER_MOUNTS": ",".join(f"{m}:{m}" for m in mounts)}
+
+
+def environment_job(plan: EnvironmentPlan, results_dir: str, run_name: str, code_root: str) -> JobSpec:
     """The first stage: build the environment on one node from the shipped lock (every later job waits for it
     and runs its interpreter); its fingerprint is the environment's key and source, so a second run keeps it."""
+    container = container_env(plan.image, [code_root, plan.root]) if plan.image else {}
     return JobSpec(
         stage="environment", script=f"{PACKAGE}/jobs/environment.sbatch", args=[plan.source_dir, plan.root],
-        env={"FT_PYTHON": plan.base_python, **({"FT_CONTAINER_IMAGE": plan.image} if plan.image else {})},
+        env={"FT_PYTHON": plan.base_python, **container},
         extra_args=["--nodes=1"], depends_on=[],
         fingerprint=plan.fingerprint, output=f"{results_dir}/logs/{run_name}-environment-%j.out",
         results_path=plan.folder,
