@@ -37,7 +37,7 @@ tokens (`real_tokens`, equal across arms: `same_real_tokens`). With `--steps N` 
 the first `--warmup` are timed, whatever rows they hold (the grouped sampler puts its longest rows first). Prints JSON: per arm effective tokens/s (tokens that
 are not padding, per second), processed tokens/s, padding efficiency, peak memory (allocated and reserved on
 GPU, resident on CPU), the memory estimate, final and mean losses, and on a GPU the MFU on the 6 x parameters
-basis; per data set, then the ratios of the auto and packed arms to the others (`auto_over_naive`, ...), each
+basis; per data set, then the ratios of the auto, packed and grouped arms to the others (`auto_over_naive`, ...), each
 split into its two factors: the speed per processed token (`..._per_processed_token`: the attention, masked over
 padding or not, and the batch shape) and the padding saved (`..._padding_saved`: the ratio of padding
 efficiencies); their product is the ratio of effective tokens/s.
@@ -365,11 +365,11 @@ def run_arm(arm: str, options: argparse.Namespace) -> dict[str, Any]:
 
 
 def ratios(results: dict[str, Any]) -> dict[str, Any]:
-    """Effective tokens/s of the auto and packed arms over the others', each with its two factors: per processed
+    """Effective tokens/s of the auto, packed and grouped arms over the others', each with its two factors: per processed
     token and padding saved (effective = processed x padding efficiency); whether every arm timed the same real
     tokens."""
     out: dict[str, Any] = {}
-    for ours in ("auto", "packed"):
+    for ours in ("auto", "packed", "grouped"):
         mine = results.get(ours, {})
         for other in ("naive", "trl", "packed", "grouped", "packed_fused"):
             theirs = results.get(other, {})
