@@ -1,7 +1,7 @@
 """Training throughput and memory: this trainer against TRL's SFTTrainer and a naive padded HF Trainer, on two
 shapes of data.
 
-    python bench/train.py [--config workloads/configs/local.json] [--steps 8] [--warmup 2]
+    python bench/train.py [--config workloads/configs/local.json] [--rows 48] [--epochs 2]   # or [--steps 8 --warmup 2]
                           [--arms naive,auto,packed,grouped,trl] [--datasets dense,mixed]
                           [--model-dir DIR] [--dataset-dir DIR] [--train JSON]
                           [--random-base Qwen/Qwen3-14B --tokenizer DIR]     # GPU: random weights, known shape
@@ -30,10 +30,17 @@ figure below is read from those records the way the cost model reads a real run'
 - `trl`: TRL's SFTTrainer with packing (best-fit decreasing) and padding-free batches, max_length set to the
   packed arm's micro-batch tokens, on the same labels (its own chunked LM head).
 
-The first `--warmup` steps are excluded from the timings. Prints JSON: per arm effective tokens/s (tokens that
+What is timed: by default every arm trains `--epochs` passes (default 2) over the same fixed sample of `--rows`
+rows drawn evenly across the data set's length distribution (`length_sample`: the rows at evenly spaced ranks of
+length); the first passes warm up, the last is timed, so every arm is timed over the same rows and the same real
+tokens (`real_tokens`, equal across arms: `same_real_tokens`). With `--steps N` instead, each arm's steps after
+the first `--warmup` are timed, whatever rows they hold (the grouped sampler puts its longest rows first). Prints JSON: per arm effective tokens/s (tokens that
 are not padding, per second), processed tokens/s, padding efficiency, peak memory (allocated and reserved on
 GPU, resident on CPU), the memory estimate, final and mean losses, and on a GPU the MFU on the 6 x parameters
-basis; per data set, then the ratios of the auto and packed arms to the others (`auto_over_naive`, ...).
+basis; per data set, then the ratios of the auto, packed and grouped arms to the others (`auto_over_naive`, ...), each
+split into its two factors: the speed per processed token (`..._per_processed_token`: the attention, masked over
+padding or not, and the batch shape) and the padding saved (`..._padding_saved`: the ratio of padding
+efficiencies); their product is the ratio of effective tokens/s.
 """
 
 from __future__ import annotations
@@ -165,6 +172,24 @@ def prepare_mixed(options: argparse.Namespace) -> Path:
     return out
 
 
+def length_ranks(lengths: list[int], rows: int) -> list[int]:
+    """Indices of `rows` rows at evenly spaced ranks of length (shortest to longest, ties by index), in index
+    order: a fixed sample across the length distribution."""
+    if rows >= len(lengths):
+        return list(range(len(lengths)))
+    ranked = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    return sorted(ranked[round(k * (len(ranked) - 1) / (rows - 1))] for k in range(rows)) if rows > 1 else [ranked[0]]
+
+
+def length_sample(dataset_dir: Path, rows: int, out: Path) -> Path:
+    """The `length_ranks` sample of a tokenized folder, saved at `out` (the same rows for every arm)."""
+    from datasets import load_from_disk
+
+    data = load_from_disk(str(dataset_dir))
+    data.select(length_ranks(list(data["length"]), rows)).save_to_disk(str(out))
+    return out
+
+
 def load_run(options: argparse.Namespace) -> Any:
     from documents.run_config import load_run_config, parse_run_config
 
@@ -175,21 +200,27 @@ def load_run(options: argparse.Namespace) -> Any:
         train["model_dir"] = str(Path(options.model_dir).resolve())
     if options.dataset_dir:
         train["dataset_dir"] = str(Path(options.dataset_dir).resolve())
-    train.update({"max_steps": options.steps, "save_steps": options.steps * 10, "eval_steps": None,
-                  "logging_steps": 1})
+    if options.steps:
+        train.update({"max_steps": options.steps, "save_steps": options.steps * 10})
+    else:
+        train.update({"max_steps": None, "epochs": options.epochs, "save_steps": 10**9})
+    train.update({"eval_steps": None, "logging_steps": 1})
     return parse_run_config({**data, "train": train}, options.config)
 
 
-def timed_figures(records: list[Any], warmup: int) -> dict[str, Any]:
-    """Throughput and losses of a run's metrics.jsonl records (one per optimizer step) after `warmup` steps, with
-    the training job's own definition of tokens/s (documents.throughput.run_tokens_per_second)."""
+def timed_figures(records: list[Any], warmup: int, epochs: int | None = None) -> dict[str, Any]:
+    """Throughput and losses of a run's metrics.jsonl records (one per optimizer step): of the last of `epochs`
+    passes where given, else after `warmup` steps, with the training job's own definition of tokens/s
+    (documents.throughput.run_tokens_per_second)."""
     from documents.throughput import run_tokens_per_second
 
     steps = [r for r in records if r.loss is not None]
-    timed = [r for r in steps if r.step > warmup and r.tokens and r.tokens_per_second]
+    window = (lambda r: r.epoch > epochs - 1) if epochs else (lambda r: r.step > warmup)
+    timed = [r for r in steps if window(r) and r.tokens and r.tokens_per_second]
     effective = run_tokens_per_second(timed)
     if effective is None:
-        raise RuntimeError(f"no timed step after the first {warmup} in {len(steps)} logged steps")
+        where = f"in the last of {epochs} passes" if epochs else f"after the first {warmup}"
+        raise RuntimeError(f"no timed step {where} in {len(steps)} logged steps")
     real = sum(r.tokens for r in timed)
     processed = sum(r.tokens / r.padding_efficiency for r in timed if r.padding_efficiency)
     seconds = real / effective
@@ -307,9 +338,13 @@ def run_arm(arm: str, options: argparse.Namespace) -> dict[str, Any]:
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     with tempfile.TemporaryDirectory() as scratch:
+        if not options.steps:
+            sample = length_sample(train_paths(run).dataset_dir, options.rows, Path(scratch) / "sample")
+            run = run.model_copy(update={"train": run.train.model_copy(update={"dataset_dir": str(sample)})})
         run_dir, setup = train_ours(run, Path(scratch)) if arm in OURS else train_peer(arm, run, Path(scratch))
         records = load_metrics(run_dir / METRICS_NAME)
-    result: dict[str, Any] = {**timed_figures(records, options.warmup), **setup,
+    epochs = None if options.steps else options.epochs
+    result: dict[str, Any] = {**timed_figures(records, options.warmup, epochs), **setup,
                               "kbit_upcast": run.train.kbit_upcast, "threads": torch.get_num_threads()}
     if cuda:
         shape = shape_for_source(f"dir:{train_paths(run).model_dir}")
@@ -329,19 +364,27 @@ def run_arm(arm: str, options: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def ratios(results: dict[str, Any]) -> dict[str, float]:
-    """Effective tokens/s of the auto and packed arms over the others', and packed over naive per processed token."""
-    out: dict[str, float] = {}
-    for ours in ("auto", "packed"):
-        rate = results.get(ours, {}).get("effective_tokens_per_second")
+def ratios(results: dict[str, Any]) -> dict[str, Any]:
+    """Effective tokens/s of the auto, packed and grouped arms over the others', each with its two factors: per processed
+    token and padding saved (effective = processed x padding efficiency); whether every arm timed the same real
+    tokens."""
+    out: dict[str, Any] = {}
+    for ours in ("auto", "packed", "grouped"):
+        mine = results.get(ours, {})
         for other in ("naive", "trl", "packed", "grouped", "packed_fused"):
-            base = results.get(other, {}).get("effective_tokens_per_second")
-            if rate and base and other != ours:
-                out[f"{ours}_over_{other}"] = round(rate / base, 3)
-    packed = results.get("packed", {}).get("processed_tokens_per_second")
-    naive = results.get("naive", {}).get("processed_tokens_per_second")
-    if packed and naive:
-        out["packed_over_naive_per_processed_token"] = round(packed / naive, 3)
+            theirs = results.get(other, {})
+            if other == ours or not (mine.get("effective_tokens_per_second") and
+                                     theirs.get("effective_tokens_per_second")):
+                continue
+            out[f"{ours}_over_{other}"] = round(mine["effective_tokens_per_second"] /
+                                                theirs["effective_tokens_per_second"], 3)
+            out[f"{ours}_over_{other}_per_processed_token"] = round(mine["processed_tokens_per_second"] /
+                                                                    theirs["processed_tokens_per_second"], 3)
+            out[f"{ours}_over_{other}_padding_saved"] = round(mine["padding_efficiency"] /
+                                                              theirs["padding_efficiency"], 3)
+    real = {arm: figures["real_tokens"] for arm, figures in results.items() if "real_tokens" in figures}
+    if real:
+        out["same_real_tokens"] = len(set(real.values())) == 1
     return out
 
 
@@ -377,7 +420,8 @@ def run_arms(arms: list[str], options: argparse.Namespace, forwarded: list[str])
     with the machine's 1, 5 and 15 minute load averages before and after each arm."""
     results: dict[str, Any] = {}
     for arm in arms:
-        print(f"bench/train.py: running the {arm} arm ({options.steps} steps)", file=sys.stderr, flush=True)
+        length = f"{options.steps} steps" if options.steps else f"{options.epochs} passes over {options.rows} rows"
+        print(f"bench/train.py: running the {arm} arm ({length})", file=sys.stderr, flush=True)
         before = [round(x, 2) for x in os.getloadavg()]
         proc = subprocess.run([sys.executable, __file__, *forwarded, "--arm", arm], capture_output=True, text=True,
                               env={**os.environ, "TQDM_DISABLE": "1"})
@@ -394,8 +438,12 @@ def run_arms(arms: list[str], options: argparse.Namespace, forwarded: list[str])
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", default=str(ROOT / "workloads" / "configs" / "local.json"))
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--warmup", type=int, default=2, help="optimizer steps left out of the timings")
+    parser.add_argument("--rows", type=int, default=48,
+                        help="rows of the fixed sample across the length distribution every arm trains on")
+    parser.add_argument("--epochs", type=int, default=2, help="passes over the sample; the last is timed")
+    parser.add_argument("--steps", type=int,
+                        help="instead of the sample: train this many steps of the whole data set, time after --warmup")
+    parser.add_argument("--warmup", type=int, default=2, help="with --steps: optimizer steps left out of the timings")
     parser.add_argument("--arms", default="naive,auto,packed,grouped,trl",
                         help=f"comma-separated, from {', '.join(ARMS)}")
     parser.add_argument("--datasets", default="dense,mixed", help=f"comma-separated, from {', '.join(DATASETS)}")
@@ -412,8 +460,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--build-mixed-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--mixed-out", help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
-    if not 1 <= options.warmup < options.steps:
+    if options.steps is not None and not 1 <= options.warmup < options.steps:
         parser.error("--warmup must be at least 1 and below --steps")
+    if options.steps is None and (options.rows < 2 or options.epochs < 2):
+        parser.error("--rows and --epochs must be at least 2 (the first passes warm up, the last is timed)")
     if options.build_base_only:
         build_random_base(options.random_base, Path(options.model_dir), Path(options.tokenizer))
         return 0
@@ -443,13 +493,18 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as error:
             parser.error(f"--config/--train: {error}")
         print(json.dumps({"config": options.config, "arms": arms, "datasets": datasets, "steps": options.steps,
-                          "warmup": options.warmup, "train": train, "random_base": options.random_base}))
+                          "warmup": options.warmup, "rows": options.rows, "epochs": options.epochs, "train": train,
+                          "random_base": options.random_base}))
         return 0
     if options.random_base:
         if not (options.model_dir and options.tokenizer):
             parser.error("--random-base needs --model-dir and --tokenizer")
         prepare_random_base(options.random_base, Path(options.model_dir), Path(options.tokenizer))
-    results: dict[str, Any] = {"config": options.config, "steps": options.steps, "warmup": options.warmup,
+    window = (f"steps after {options.warmup} of {options.steps}" if options.steps else
+              f"pass {options.epochs} of {options.epochs} over {options.rows} rows across the length distribution")
+    results: dict[str, Any] = {"config": options.config, "timed": window, "steps": options.steps,
+                               "warmup": options.warmup, "rows": None if options.steps else options.rows,
+                               "epochs": None if options.steps else options.epochs,
                                "train": train, "random_base": options.random_base, "environment": environment(),
                                "datasets": {}}
     forwarded = [a for a in sys.argv[1:] if a not in ("--random-base", options.random_base)] if argv is None else argv

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from documents.sections.eval import EvalConfig
 from documents.sections.readiness import ReadinessConfig
 from documents.sections.serve import ServeConfig
+from documents.sections.time_limits import TimeLimitsConfig
 from documents.sections.train import TrainConfig
 from documents.text_input import TextInputError, load_json
 
@@ -102,6 +103,7 @@ class RunConfig(_Section):
     train: TrainConfig | None = None
     eval: EvalConfig | None = None
     serve: ServeConfig | None = None
+    time_limits: TimeLimitsConfig = TimeLimitsConfig()
 
     @property
     def root(self) -> Path:

@@ -89,13 +89,30 @@ def test_timed_figures_leave_out_the_warm_up_and_weigh_each_step_by_its_time() -
     assert (figures["final_loss"], figures["mean_loss_second_half"], figures["steps"]) == (0.0, 0.5, 4)
 
 
+def test_the_sample_is_spread_over_the_length_distribution() -> None:
+    bench = _bench_module()
+    assert bench.length_ranks([5, 1, 4, 2, 3], 3) == [0, 1, 4], "lengths 1, 3, 5: ranks 0, 2, 4"
+    assert bench.length_ranks([7, 7, 7], 5) == [0, 1, 2]
+    assert bench.length_ranks(list(range(100, 0, -1)), 4) == [0, 33, 66, 99], "ranks 0, 33, 66, 99 of 100"
+
+
+def test_the_last_pass_is_timed_when_every_arm_trains_the_same_sample() -> None:
+    from documents.metrics import MetricsRecord
+
+    bench = _bench_module()
+    records = [MetricsRecord(step=s, epoch=round(s / 3, 4), loss=1.0, tokens=100, tokens_per_second=50.0,
+                             padding_efficiency=1.0) for s in range(1, 7)]
+    figures = bench.timed_figures(records, warmup=1, epochs=2)
+    assert (figures["timed_steps"], figures["real_tokens"], figures["seconds"]) == (3, 300, 6.0)
+
+
 def test_the_bench_trains_this_trainer_through_the_training_jobs_entry_point(tiny_prepared, tmp_path: Path) -> None:
     from train_fixtures import with_train, write_config
 
     run = with_train(tiny_prepared, tmp_path / "run", max_steps=3, gradient_accumulation_steps=1, batching="auto")
     config = write_config(run, tmp_path / "bench.json")
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "train.py"), "--config", str(config), "--steps", "3",
-                           "--warmup", "1", "--arms", "auto,naive", "--datasets", "dense"],
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "train.py"), "--config", str(config), "--rows", "6",
+                           "--epochs", "2", "--arms", "auto,naive", "--datasets", "dense"],
                           capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = json.loads(proc.stdout)
@@ -110,12 +127,20 @@ def test_the_bench_trains_this_trainer_through_the_training_jobs_entry_point(tin
     auto, naive = dense["auto"], dense["naive"]
     for arm in (auto, naive):
         assert arm["threads"] >= 1 and len(arm["load_average"]["before"]) == len(arm["load_average"]["after"]) == 3
-    assert (auto["steps"], auto["timed_steps"]) == (naive["steps"], naive["timed_steps"]) == (3, 2)
-    assert naive["batching"] is None and naive["micro_batch_tokens"] == 2 * 256  # micro_batch_size rows of max_length
-    assert dense["auto_over_naive"] == round(auto["effective_tokens_per_second"] / naive["effective_tokens_per_second"], 3)
-    # the decision comes from the run manifest train_run writes: rows of the tiny train split, its token budget
+    # both arms timed over the second pass of the same 6 rows: those at ranks 0, 1, 2, 3, 4, 5 of 0..n-1 spread
+    # evenly over the lengths, every real token of them once
     from datasets import load_from_disk
 
-    rows = len(load_from_disk(str(tiny_prepared.train_tokenized_dir)))
-    assert auto["batching"]["configured"] == "auto" and auto["batching"]["rows"] == rows
+    lengths = sorted(load_from_disk(str(tiny_prepared.train_tokenized_dir))["length"])
+    sample = [lengths[round(k * (len(lengths) - 1) / 5)] for k in range(6)]
+    assert auto["real_tokens"] == naive["real_tokens"] == sum(sample) and dense["same_real_tokens"] is True
+    assert naive["steps"] == 2 * naive["timed_steps"] == 2 * 3  # micro_batch_size 2, no accumulation: 3 steps a pass
+    assert naive["batching"] is None and naive["micro_batch_tokens"] == 2 * 256  # micro_batch_size rows of max_length
+    assert naive["padding_efficiency"] == round(sum(sample) / (6 * 256), 4)
+    assert dense["auto_over_naive"] == round(auto["effective_tokens_per_second"] / naive["effective_tokens_per_second"], 3)
+    assert dense["auto_over_naive_padding_saved"] == round(auto["padding_efficiency"] / naive["padding_efficiency"], 3)
+    assert dense["auto_over_naive_per_processed_token"] == round(
+        auto["processed_tokens_per_second"] / naive["processed_tokens_per_second"], 3)
+    # the decision comes from the run manifest train_run writes: the sample's rows, its token budget
+    assert auto["batching"]["configured"] == "auto" and auto["batching"]["rows"] == 6
     assert auto["batching"]["chosen"] in ("packed", "grouped") and auto["effective_tokens_per_second"] > 0

@@ -26,6 +26,8 @@ from infra.cost.report import render_table, report_document
 from infra.cost.training import REPO_ROOT, load_run
 from infra.environment.plan import EnvironmentPlan, environment_plan, environment_section
 from infra.model_fit import worker_fits
+from infra.pipeline.chain import CHAIN
+from infra.pipeline.time_limits import slurm_duration, stage_time_limits, train_time_limit
 from infra.program.mocks import MockRun
 from infra.runs.measured import price_inputs
 from infra.storage_fit import storage_use, storage_violations
@@ -106,6 +108,19 @@ def _storage(cfg: StackConfig, run: RunConfig | None) -> tuple[list[str], list[d
     return lines, document, refused
 
 
+def _time_limits(cfg: StackConfig, run: RunConfig | None, train_hours: float | None) -> tuple[list[str], dict[str, Any]]:
+    """Each stage's Slurm time limit (sbatch --time) as the job chain sets it (text lines, JSON)."""
+    if run is None:
+        return [], {}
+    limits = stage_time_limits(run.time_limits, train_hours)
+    stages = [*(["environment"] if environment_plan(cfg) else []), *CHAIN, *(["serve"] if cfg.pipeline.serve else [])]
+    basis = train_time_limit(run.time_limits, train_hours)[1]
+    lines = ["", "Time limits (sbatch --time; run config time_limits):"]
+    lines += [f"  {stage:<12} " + (slurm_duration(limits[stage]) if limits[stage] else "none (runs until stopped)")
+              + (f"  ({basis})" if stage == "train" else "") for stage in stages]
+    return lines, {"minutes": {s: limits[s] for s in stages}, "train_basis": basis}
+
+
 def check_arguments(args: argparse.Namespace) -> None:
     """Refuse, before planning, a chart file that cannot be written: a format other than PNG or SVG, a missing
     folder."""
@@ -148,6 +163,10 @@ def plan_extras(cfg: StackConfig, result: MockRun, args: argparse.Namespace) -> 
     text += lines
     if placement:
         document["placement"] = placement
+    lines, limits = _time_limits(cfg, run, report.training.wall_hours if report.training else None)
+    text += lines
+    if limits:
+        document["time_limits"] = limits
     lines, storage, refused = _storage(cfg, run)
     text += lines
     if storage:

@@ -28,6 +28,7 @@ from infra.catalog import get_platform, get_preset
 from infra.config import StackConfig
 from infra.environment.plan import EnvironmentPlan, environment_plan
 from infra.pipeline.bundle import PACKAGE, bundle_files
+from infra.pipeline.time_limits import stage_time_limits
 from workloads.common.job_metrics import TEXTFILE_DIR_ENV
 
 Stage = Literal["environment", "prepare", "readiness", "train", "eval", "serve"]
@@ -73,6 +74,8 @@ class JobSpec(BaseModel):
     results_path: str
     metrics_path: str | None = None
     result_file: str | None = None
+    time_limit_minutes: int | None = None
+    """sbatch --time (infra.pipeline.time_limits); None: the partition's limit (the server)."""
 
 
 class Placement(BaseModel):
@@ -206,9 +209,10 @@ def _readiness_expectations(stack: StackConfig) -> list[str]:
 
 def pipeline_jobs(
     stack: StackConfig, run: RunConfig, run_config_path: str, code: str, placement: Placement, *, serve: bool = False,
-    data_sha256: str | None = None,
+    data_sha256: str | None = None, train_hours: float | None = None,
 ) -> list[JobSpec]:
-    """The chain prepare -> readiness -> train -> eval (+ serve), each stage with its inputs."""
+    """The chain prepare -> readiness -> train -> eval (+ serve), each stage with its inputs; `train_hours` is
+    the cost model's estimate of training's wall time, from which training's time limit follows."""
     check_run_config_path(run_config_path)
     config_arg = Path(run_config_path).as_posix()
     paths = run_paths_at(run, placement)
@@ -221,8 +225,9 @@ def pipeline_jobs(
                        paths.eval_dataset_dir, paths.checkpoints_dir, paths.train_run_dir, paths.results_dir]
         used = [placement.code_root, placement.environment.root, *(p.as_posix() for p in run_folders), *config_dir]
         env.update(container_env(placement.environment.image, used))
-    jobs = ([environment_job(placement.environment, results_dir, run.name, placement.code_root)]
-            if placement.environment else [])
+    limits = stage_time_limits(run.time_limits, train_hours)
+    jobs = ([environment_job(placement.environment, results_dir, run.name, placement.code_root,
+                             limits["environment"])] if placement.environment else [])
     for stage in stages:
         jobs.append(JobSpec(
             stage=stage,
@@ -236,6 +241,7 @@ def pipeline_jobs(
             results_path=train_dir if stage in ("train", "serve") else results_dir,
             metrics_path=f"{train_dir}/{METRICS_NAME}" if stage == "train" else None,
             result_file=f"{results_dir}/{report_name('{job_id}')}" if stage == "eval" else None,
+            time_limit_minutes=limits[stage],
         ))
     return jobs
 
@@ -252,7 +258,8 @@ def container_env(image: str, folders: list[str]) -> dict[str, str]:
     return {"FT_CONTAINER_IMAGE": image, "FT_CONTAINER_MOUNTS": ",".join(f"{m}:{m}" for m in mounts)}
 
 
-def environment_job(plan: EnvironmentPlan, results_dir: str, run_name: str, code_root: str) -> JobSpec:
+def environment_job(plan: EnvironmentPlan, results_dir: str, run_name: str, code_root: str,
+                    time_limit_minutes: int | None = None) -> JobSpec:
     """The first stage: build the environment on one node from the shipped lock (every later job waits for it
     and runs its interpreter); its fingerprint is the environment's key and source, so a second run keeps it."""
     container = container_env(plan.image, [code_root, plan.root]) if plan.image else {}
@@ -261,7 +268,7 @@ def environment_job(plan: EnvironmentPlan, results_dir: str, run_name: str, code
         env={"FT_PYTHON": plan.base_python, **container},
         extra_args=["--nodes=1"], depends_on=[],
         fingerprint=plan.fingerprint, output=f"{results_dir}/logs/{run_name}-environment-%j.out",
-        results_path=plan.folder,
+        results_path=plan.folder, time_limit_minutes=time_limit_minutes,
     )
 
 
@@ -278,5 +285,5 @@ def job_arguments(job: JobSpec, *, bundle_path: Any, dependencies: list[Any], tr
         "args": job.args, "env": job.env, "dependencies": dependencies, "job_name": f"ft-{job.stage}",
         "output": job.output, "extra_args": job.extra_args, "slurm_env": slurm_env, "wait": wait,
         "metrics_path": job.metrics_path, "results_path": job.results_path, "result_file": job.result_file,
-        "poll_s": 2.0,
+        "poll_s": 2.0, "time_limit_minutes": job.time_limit_minutes,
     }

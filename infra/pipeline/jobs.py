@@ -57,7 +57,7 @@ def _submit_stage(client: SlurmClient, props: dict[str, Any]) -> dict[str, Any]:
         dependencies=[str(d) for d in props.get("dependencies") or []],
         output=props.get("output"),
         workdir=bundle,
-        extra_args=list(props.get("extra_args") or []),
+        extra_args=sbatch_extra_args(props),
         env={"FT_CODE_DIR": bundle, **(props.get("env") or {})},
     )
     if props.get("wait"):
@@ -65,6 +65,12 @@ def _submit_stage(client: SlurmClient, props: dict[str, Any]) -> dict[str, Any]:
         report = read_result(client.transport, props.get("result_file"), job_id)
         return {**_result(info), **({"result": report.model_dump(mode="json")} if report is not None else {})}
     return _result(client.state(job_id))
+
+
+def sbatch_extra_args(props: dict[str, Any]) -> list[str]:
+    """The stage's own sbatch arguments: its placement and, where it has one, its time limit (--time)."""
+    minutes = props.get("time_limit_minutes")
+    return [*(props.get("extra_args") or []), *([f"--time={minutes}"] if minutes else [])]
 
 
 def read_result(transport: Transport, result_file: str | None, job_id: str) -> EvaluatorReport | None:
@@ -93,7 +99,8 @@ class SlurmJobProvider(ResourceProvider):
         if "fingerprint" not in olds and "bundle_hash" in olds:
             olds = {**olds, "fingerprint": olds["bundle_hash"]}  # the input's name in state written before 2026-11
         replaces = [k for k in REPLACING if (olds.get(k) or None) != (news.get(k) or None)]
-        others = [k for k in ("wait", "wait_timeout", "metrics_path", "results_path", "result_file", "poll_s") if olds.get(k) != news.get(k)]
+        others = [k for k in ("wait", "wait_timeout", "metrics_path", "results_path", "result_file", "poll_s",
+                              "time_limit_minutes") if olds.get(k) != news.get(k)]
         return DiffResult(changes=bool(replaces or others), replaces=replaces, delete_before_replace=True)
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
@@ -132,6 +139,7 @@ def job_inputs(
     results_path: str | None = None,
     result_file: str | None = None,
     poll_s: float | None = None,
+    time_limit_minutes: int | None = None,
 ) -> dict[str, Any]:
     """The provider's inputs, with the outputs it fills in set to None (SlurmJob and `ftstack run` share it)."""
     return {
@@ -139,7 +147,7 @@ def job_inputs(
         "args": args or [], "env": env or {}, "dependencies": dependencies or [], "job_name": job_name,
         "output": output, "extra_args": extra_args or [], "slurm_env": slurm_env or {}, "wait": wait,
         "wait_timeout": wait_timeout, "metrics_path": metrics_path, "results_path": results_path,
-        "result_file": result_file, "poll_s": poll_s, "result": None,
+        "result_file": result_file, "poll_s": poll_s, "time_limit_minutes": time_limit_minutes, "result": None,
         **{k: None for k in _RESULT_KEYS},
     }
 

@@ -42,6 +42,7 @@ from infra.pipeline.jobs import SlurmJobProvider, job_inputs, read_result
 from infra.pipeline.run_lock import stack_lock
 from infra.pipeline.slurm import JobNotFound, SlurmClient, SlurmJobFailed
 from infra.pipeline.transport import TransportError
+from infra.cost.duration import estimated_train_hours
 from workloads.checks.node_states import NodeState, once_per_node
 
 Progress = Callable[[str], None]
@@ -144,7 +145,8 @@ def submit_chain(
     progress(f"bundle {bundle['content_hash']} {'uploaded to' if bundle['uploaded'] else 'already at'} {bundle['path']}")
     state.bundle = {k: bundle[k] for k in ("content_hash", "path")}
     jobs = pipeline_jobs(stack, run, run_config_path, code_hash(repo_root), placement, serve=serve,
-                         data_sha256=state.data_source.sha256 if state.data_source else None)
+                         data_sha256=state.data_source.sha256 if state.data_source else None,
+                         train_hours=estimated_train_hours(stack, run, repo_root))
     channel.run(["mkdir", "-p", *log_dirs(jobs)], timeout=60).check()
 
     provider = SlurmJobProvider()

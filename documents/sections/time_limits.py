@@ -1,0 +1,24 @@
+"""The `time_limits` section of a run config: each stage's Slurm time limit (`sbatch --time`), in minutes.
+
+Training's requeue signal (USR1, 120 s before the limit) fires only before a limit, so every stage has one.
+Training's limit follows the cost model's estimate of the run's wall time where there is one:
+``ceil(estimate x train_margin) + train_overhead_minutes``; else `train_default_minutes` (seed 001's 6 hours).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class TimeLimitsConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    environment_minutes: int = Field(60, ge=1, description="building the environment from the lock on one node")
+    prepare_minutes: int = Field(120, ge=1, description="model download and conversion, data convert, split, tokenize")
+    readiness_minutes: int = Field(30, ge=1, description="the readiness checks on every worker")
+    train_minutes: int | None = Field(None, ge=1, description="training's limit; null: from the training estimate")
+    train_default_minutes: int = Field(360, ge=1, description="training's limit where the cost model has no estimate")
+    train_margin: float = Field(1.5, ge=1.0, le=10.0, description="factor on the estimated training wall time")
+    train_overhead_minutes: int = Field(30, ge=0, description="added to the estimate: model load, checkpoints, merge")
+    eval_minutes: int = Field(120, ge=1, description="the evaluation of base and fine-tuned model")
+    serve_minutes: int | None = Field(None, ge=1, description="the server's limit; null: none (it runs until stopped)")
