@@ -180,6 +180,10 @@ def test_replaced_or_destroyed_job_is_cancelled_over_ssh(cluster_run: dict[str, 
             time.sleep(1)
         assert client.state(created.id).state == "RUNNING"
         provider.delete(created.id, created.outs)
+        # squeue shows COMPLETING while slurmd ends the cancelled script (seconds under load)
+        deadline = time.monotonic() + 120
+        while client.state(created.id).state == "COMPLETING" and time.monotonic() < deadline:
+            time.sleep(1)
         assert client.state(created.id).state == "CANCELLED"
     finally:
         transport.close()
