@@ -65,7 +65,9 @@ def test_local_pipeline_end_to_end(slurm: str, smollm2_base_dir: Path, tmp_path:
     assert stored.job_ids == {stage: job["job_id"] for stage, job in run["jobs"].items()}
     eval_name = f"eval/evaluator_{evaluation.job_id}.json"
     assert set(stored.files) == {"config/e2e.json", "train/metrics.jsonl", "train/run_manifest.json", "train/loss.png",
-                                 eval_name, eval_name.replace(".json", ".png"), "outputs.json"}
+                                 eval_name, eval_name.replace(".json", ".png"), "outputs.json",
+                                 # PEFT's two adapter files, kept so serving loads only the store's hashed copy
+                                 "adapter/adapter_config.json", "adapter/adapter_model.safetensors"}
     assert read_evaluator_report(read_run_file(store, "e2e", stored.run_id, eval_name), eval_name) == evaluation
     manifest = read_run_manifest(read_run_file(store, "e2e", stored.run_id, "train/run_manifest.json"), "manifest")
     assert manifest.status == "completed" and manifest.global_step == 2 and manifest.world_size == 2
