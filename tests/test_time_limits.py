@@ -19,7 +19,7 @@ from infra.pipeline.chain import job_arguments
 from infra.pipeline.jobs import SlurmJobProvider, job_inputs, sbatch_extra_args, submit_stage
 from infra.pipeline.slurm import SlurmClient
 from infra.pipeline.time_limits import slurm_duration, stage_time_limits, train_time_limit
-from tests.slurm_jobs import job_field
+from slurm_jobs import job_field
 
 REPO = Path(__file__).resolve().parents[1]
 
