@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict
 from documents.evaluator_report import EvaluatorReport
 from documents.prepare_summary import PrepareSummary
 from documents.run_config import RunConfig
-from documents.stack_outputs import MEASURED, ChatCost, Cost
+from documents.stack_outputs import MEASURED, ChatCost, Cost, UtilizationCost
 from documents.throughput import ThroughputMeasurement, bench_throughputs
 from infra.config import StackConfig
 from infra.cost.estimate import TrainingThroughput, estimate_throughput
@@ -43,7 +43,7 @@ from infra.cost.training import (
     training_devices,
     training_tokens,
 )
-from infra.cost.utilization import Utilization, utilization
+from infra.cost.utilization import utilization
 from infra.program.outputs import chat_cost, cost_section
 
 
@@ -104,7 +104,7 @@ class CostReport(BaseModel):
     notes: list[str]
     adapter_chats: dict[str, ChatScenario] = {}
     """each served adapter's cost per chat at its own measured speed (the `measured` scenario's arithmetic)."""
-    utilization: Utilization | None = None
+    utilization: UtilizationCost | None = None
     """the month at the stack's schedule with elastic workers priced by the hour (None without elastic workers)."""
 
     def section(self) -> Cost:

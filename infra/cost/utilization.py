@@ -19,6 +19,7 @@ import re
 
 from pydantic import BaseModel, ConfigDict
 
+from documents.stack_outputs import UtilizationCost
 from infra.config import StackConfig, WorkerSet
 from infra.cost.model import MonthlyCost, TrainingRun
 from infra.cost.pricing import ScheduleAssumptions
@@ -40,21 +41,6 @@ class StageHours(_Frozen):
     @property
     def node_hours(self) -> float:
         return self.hours * self.nodes
-
-
-class Utilization(_Frozen):
-    """One month of the stated schedule: the elastic workers' node-hours and the total beside always-on."""
-
-    always_on_usd: float
-    usd: float
-    runs_per_month: float
-    run_node_hours: float
-    """node-hours one run holds: its stages, the suspend tail and, on preemptible workers, the requeue overhead."""
-    serving_node_hours: float
-    worker_node_hours: float
-    """the elastic workers' node-hours a month (runs plus serving)."""
-    requeue_overhead: float
-    basis: str
 
 
 def stage_hours(cfg: StackConfig, seconds: dict[str, float]) -> list[StageHours]:
@@ -83,9 +69,9 @@ def _always_on(monthly: MonthlyCost, worker: WorkerSet) -> float:
 
 def utilization(cfg: StackConfig, monthly: MonthlyCost, node_usd_per_hour: float, schedule: ScheduleAssumptions,
                 measured: dict[str, float] | None, measured_from: str | None,
-                training: TrainingRun | None) -> Utilization | None:
+                training: TrainingRun | None) -> UtilizationCost | None:
     """The month at `schedule` with the elastic worker sets priced by the hour (`node_usd_per_hour`: one node of the
-    first worker set, compute and boot disk); None without an elastic set."""
+    first worker set, compute and boot disk), unrounded; None without an elastic set."""
     elastic = [w for w in cfg.nodes.workers if w.elastic] if cfg.nodes else []
     if cfg.target != "nebius" or not elastic or cfg.soperator is None or cfg.nodes is None:
         return None
@@ -108,6 +94,6 @@ def utilization(cfg: StackConfig, monthly: MonthlyCost, node_usd_per_hour: float
              f"serving node(s) x {schedule.serving_hours_per_month:g} h; suspend tail "
              f"{cfg.soperator.suspend_time_seconds} s per node and run; requeue overhead {overhead:.0%}"
              f"{' (preemptible)' if first.preemptible else ''}")
-    return Utilization(always_on_usd=monthly.usd_high, usd=usd, runs_per_month=schedule.runs_per_month,
-                       run_node_hours=run_node_hours, serving_node_hours=serving, worker_node_hours=hours,
-                       requeue_overhead=overhead, basis=basis)
+    return UtilizationCost(always_on_usd=monthly.usd_high, usd=usd, runs_per_month=schedule.runs_per_month,
+                           run_node_hours=run_node_hours, serving_node_hours=serving, worker_node_hours=hours,
+                           requeue_overhead=overhead, basis=basis)

@@ -10,9 +10,9 @@ from typing import Any
 
 from documents.adapter_registry import ServedSet
 from documents.evaluator_report import EvaluatorReport
-from documents.stack_outputs import SIDES, ChatCost, Cost, EvalSide, Job, Pipeline, ServedAdapter, Serving
+from documents.stack_outputs import (SIDES, ChatCost, Cost, EvalSide, Job, Pipeline, ServedAdapter, Serving,
+                                     UtilizationCost)
 from infra.cost.model import ChatScenario, MonthlyCost, TrainingRun
-from infra.cost.utilization import Utilization
 
 EVAL_FIGURES: dict[str, str] = {
     "perplexity": "perplexity",
@@ -35,7 +35,7 @@ def chat_cost(scenario: ChatScenario) -> ChatCost:
 
 
 def cost_section(monthly: MonthlyCost, training: TrainingRun | None, chats: Iterable[ChatScenario],
-                 used: Utilization | None = None) -> Cost:
+                 used: UtilizationCost | None = None) -> Cost:
     """Totals, categories, every cost line (figures and the labels the dashboard shows), the training run, the
     fixed cost-per-chat scenarios and the month at measured utilization beside always-on."""
     return Cost(
@@ -53,11 +53,9 @@ def cost_section(monthly: MonthlyCost, training: TrainingRun | None, chats: Iter
             **{name: _round(value) for name in ("tokens_per_second_per_gpu", "gpu_hours", "wall_hours", "usd")
                if (value := getattr(training, name)) is not None},
         },
-        utilization=None if used is None else {
-            **{name: _round(getattr(used, name)) for name in (
-                "always_on_usd", "usd", "runs_per_month", "run_node_hours", "serving_node_hours", "worker_node_hours")},
-            "requeue_overhead": used.requeue_overhead, "basis": used.basis,
-        },
+        utilization=None if used is None else used.model_copy(update={
+            name: _round(getattr(used, name)) for name in (
+                "always_on_usd", "usd", "runs_per_month", "run_node_hours", "serving_node_hours", "worker_node_hours")}),
     )
 
 

@@ -412,17 +412,33 @@ def admin_denied(gateway: Gateway, request: Request) -> JSONResponse | None:
     return denied(gateway, request)
 
 
-async def admin_body(request: Request, fields: tuple[str, ...]) -> dict[str, str]:
+@dataclass(frozen=True)
+class BodyErrors:
+    """How an admin API names a bad body: its error codes and its message for missing fields."""
+
+    not_json: str
+    invalid: str
+    missing: Callable[[list[str]], str]
+    not_object: str | None = None  # None: a body that is no object is said as every field missing
+
+
+ADMIN_BODY_ERRORS = BodyErrors("invalid_json", "invalid_request",
+                               lambda missing: f"{', '.join(missing)}: required, a non-empty string",
+                               "request body must be a JSON object")
+
+
+async def string_fields(request: Request, fields: tuple[str, ...], errors: BodyErrors) -> dict[str, str]:
+    """The body's JSON object's `fields`, each a non-empty string; anything else is refused in `errors`' terms."""
     raw = await read_body(request, 64 << 10)
     try:
         document = load_json(raw, "request body", standard=True)
     except TextInputError:
-        raise Refused(400, "request body is not JSON", "invalid_json") from None
+        raise Refused(400, "request body is not JSON", errors.not_json) from None
     if not isinstance(document, dict):
-        raise Refused(400, "request body must be a JSON object", "invalid_request")
+        raise Refused(400, errors.not_object or errors.missing(list(fields)), errors.invalid)
     missing = [f for f in fields if not isinstance(document.get(f), str) or not document[f]]
     if missing:
-        raise Refused(400, f"{', '.join(missing)}: required, a non-empty string", "invalid_request")
+        raise Refused(400, errors.missing(missing), errors.invalid)
     return {f: document[f] for f in fields}
 
 
@@ -449,7 +465,7 @@ async def load_adapter(request: Request) -> JSONResponse:
     if gateway.adapter_host is None:
         return error(400, "this engine does not load adapters at runtime", "no_adapter_engine")
     try:
-        body = await admin_body(request, ("name", "run_id"))
+        body = await string_fields(request, ("name", "run_id"), ADMIN_BODY_ERRORS)
         name = body["name"]
         if problem := model_name_problem(name):
             raise Refused(400, f"name {problem}", "invalid_request")

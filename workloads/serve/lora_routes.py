@@ -20,9 +20,11 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from documents.sections.serve import MODEL_NAME
 from workloads.serve.budget import PromptCounter
-from documents.text_input import TextInputError, load_json
-from workloads.serve.gateway import Gateway, Refused, admin_denied, engine_admin, gateway_of, read_body
+from workloads.serve.gateway import (BodyErrors, Gateway, Refused, admin_denied, engine_admin, gateway_of,
+                                     string_fields)
 
+LOAD_FIELDS = ("lora_name", "lora_path")
+UNLOAD_FIELDS = ("lora_name",)
 VLLM_KINDS = ("InvalidUserInput", "BadRequestError", "NotFoundError", "InternalServerError")
 
 
@@ -35,16 +37,10 @@ def vllm_error(refused: Refused) -> JSONResponse:
                         status_code=refused.status)
 
 
-async def lora_body(request: Request, fields: tuple[str, ...]) -> dict[str, str]:
-    raw = await read_body(request, 64 << 10)
-    try:
-        document = load_json(raw, "request body", standard=True)
-    except TextInputError:
-        raise Refused(400, "request body is not JSON", "InvalidUserInput") from None
-    if not isinstance(document, dict) or not all(isinstance(document.get(f), str) and document[f] for f in fields):
-        need = " and ".join(f"'{f}'" for f in fields)
-        raise Refused(400, f"{need} must be provided.", "InvalidUserInput")
-    return {f: document[f] for f in fields}
+def vllm_body_errors(fields: tuple[str, ...]) -> BodyErrors:
+    """vLLM's terms for a bad body: one kind, and every required field named when one is missing."""
+    need = " and ".join(f"'{f}'" for f in fields)
+    return BodyErrors("InvalidUserInput", "InvalidUserInput", lambda _missing: f"{need} must be provided.")
 
 
 def run_id_of(gateway: Gateway, lora_path: str) -> str:
@@ -66,7 +62,7 @@ async def load_lora_adapter(request: Request) -> Response:
     try:
         if gateway.adapter_host is None:
             raise Refused(400, "this engine does not load adapters at runtime", "BadRequestError")
-        body = await lora_body(request, ("lora_name", "lora_path"))
+        body = await string_fields(request, LOAD_FIELDS, vllm_body_errors(LOAD_FIELDS))
         name = body["lora_name"]
         if not MODEL_NAME.match(name):
             raise Refused(400, f"lora_name must match {MODEL_NAME.pattern}, got {name!r}", "InvalidUserInput")
@@ -94,7 +90,7 @@ async def unload_lora_adapter(request: Request) -> Response:
     if refusal := admin_denied(gateway, request):
         return refusal
     try:
-        name = (await lora_body(request, ("lora_name",)))["lora_name"]
+        name = (await string_fields(request, UNLOAD_FIELDS, vllm_body_errors(UNLOAD_FIELDS)))["lora_name"]
     except Refused as refused:
         return vllm_error(refused)
     route = gateway.routes.get(name)
