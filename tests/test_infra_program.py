@@ -21,13 +21,21 @@ SECRET_TYPE = "kubernetes:core/v1:Secret"
 PRIVATE_KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nmock-private-key-material\n-----END OPENSSH PRIVATE KEY-----"
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def run_stack() -> Callable[..., MockRun]:
-    """Per test: set the mocks and the stack's config (plus a secret key), run the program."""
+    """Set the mocks and the stack's config (plus a secret key), run the program. A named stack with the default
+    secret runs once per module (the tests only read the run); a config object, other secrets or `fresh` run anew."""
+    runs: dict[str, MockRun] = {}
 
-    def run(stack: str | StackConfig, secrets: dict[str, str] | None = None) -> MockRun:
+    def run(stack: str | StackConfig, secrets: dict[str, str] | None = None, fresh: bool = False) -> MockRun:
+        cacheable = isinstance(stack, str) and secrets is None and not fresh
+        if cacheable and stack in runs:
+            return runs[stack]
         cfg = load_stack_config(stack) if isinstance(stack, str) else stack
-        return run_under_mocks(cfg, {"pipelineSshPrivateKey": PRIVATE_KEY} if secrets is None else secrets)
+        done = run_under_mocks(cfg, {"pipelineSshPrivateKey": PRIVATE_KEY} if secrets is None else secrets)
+        if cacheable:
+            runs[stack] = done
+        return done
 
     return run
 
@@ -273,7 +281,7 @@ def test_programs_leave_the_pickler_as_they_found_it(run_stack) -> None:
 
     before = {attr: pickle._Pickler.__dict__[attr] for attr in ("_batch_setitems", "save_dict")}
     for _ in range(3):
-        run = run_stack("demo")
+        run = run_stack("demo", fresh=True)
         assert {"pulumi-python:dynamic:Resource"} <= set(types(run))
     assert {attr: pickle._Pickler.__dict__[attr] for attr in before} == before
     assert datasets.Dataset.from_dict({"text": ["a", "b"]})._fingerprint
