@@ -49,9 +49,14 @@ def xdist_group_of(item: pytest.Item) -> str:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark each test with its xdist group before xdist reads the marks (tryfirst)."""
+    """Mark each test with its xdist group before xdist reads the marks (tryfirst). Under xdist the shared groups,
+    the longest, are handed out first (the scheduler takes groups in collection order)."""
+    shared = [group for _, group in SHARED_BY_WORKER]
+    groups = {item.nodeid: xdist_group_of(item) for item in items}
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(xdist_group_of(item)))
+        item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
+    if hasattr(config, "workerinput"):  # an xdist worker: its collection order is what the scheduler hands out
+        items.sort(key=lambda item: shared.index(g) if (g := groups[item.nodeid]) in shared else len(shared))
 
 
 def in_ci() -> bool:
