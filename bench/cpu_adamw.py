@@ -9,12 +9,18 @@ the bandwidth a copy reaches here: `adamw_over_copy` below 1 means the priced st
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import time
+import sys
+from pathlib import Path
 
-import torch
+# bench/ holds scripts named like stdlib modules (tokenize.py); keep it off the import path.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import time  # noqa: E402
+
+import torch  # noqa: E402
 
 ADAMW_BYTES_PER_PARAM = 28
 COPY_BYTES_PER_PARAM = 8

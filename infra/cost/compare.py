@@ -500,7 +500,8 @@ def render_comparison(c: Comparison) -> str:
         mark = "*" if r.throughput.estimated else ""
         table.append((
             r.model.removeprefix("hub:"), f"{r.params_b:g}B", r.method,
-            (r.strategy or "none") + ("+offload" if r.offload == "params" else "") + (" (plan)" if r.plan_only else ""),
+            (r.strategy or "none") + ("+offload" if r.offload == "params" else "")
+            + (" (plan)" if r.plan_only else ""),
             _num(r.gpus_needed, "d"), _num(r.per_gpu_gib, ".1f"),
             _num(r.host_gib_per_node, ",.0f"), r.bound or "-", _on_stack(r, c),
             _num(r.throughput.tokens_per_second_per_gpu, ",.0f") + mark, _num(r.gpu_hours, ",.1f"),
