@@ -219,26 +219,64 @@ HOST_LINKS: Mapping[str, HostLink] = MappingProxyType({
 
 @dataclass(frozen=True)
 class Fabric:
-    """The network between a platform's nodes, per GPU and direction (None: no sourced figure)."""
+    """The network between a platform's nodes, per direction (None: no sourced figure). ``per: gpu``: one link per
+    GPU (InfiniBand, a ConnectX-7 each); ``per: node``: one link the node's GPUs share (Ethernet)."""
 
     name: str
-    gb_per_s_per_gpu: float | None
+    gb_per_s: float | None
+    per: Literal["gpu", "node"]
     source: str
 
+    @property
+    def ring_gb_per_s(self) -> float | None:
+        """What one ring collective over every rank crosses nodes at: its slowest link, a GPU's own NIC or the
+        node's one NIC (a ring leaves each node once)."""
+        return self.gb_per_s
 
-_IB = Fabric("InfiniBand NDR", 50.0, "one ConnectX-7 NDR 400 Gbit/s per GPU (Nebius' 8-GPU nodes: '8x ConnectX-7 IB "
-             "NDR 400Gb/s', mlcommons/inference_results_v6.0 closed/Nebius/systems/nebius_b200_n1.json; a 2 x 8 H100 "
-             "Nebius cluster measured 435 GB/s NCCL all-reduce at 1 GB, github.com/drmysore/"
+    def node_gb_per_s(self, gpus_per_node: int) -> float | None:
+        """What one node sends at when all its GPUs talk across nodes at once (HSDP's gradient all-reduces)."""
+        if self.gb_per_s is None:
+            return None
+        return self.gb_per_s * gpus_per_node if self.per == "gpu" else self.gb_per_s
+
+
+_IB = Fabric("InfiniBand NDR", 50.0, "gpu", "one ConnectX-7 NDR 400 Gbit/s per GPU (Nebius' 8-GPU nodes: '8x "
+             "ConnectX-7 IB NDR 400Gb/s', mlcommons/inference_results_v6.0 closed/Nebius/systems/nebius_b200_n1.json; "
+             "a 2 x 8 H100 Nebius cluster measured 435 GB/s NCCL all-reduce at 1 GB, github.com/drmysore/"
              "nebius-h100-16gpu-benchmark README)")
+_L40S_ETHERNET = Fabric(
+    "Ethernet (TCP)", 1.45, "node", "measured, not published: NCCL all_reduce_perf between two Nebius L40S VMs "
+    "(gpu-l40s-a, preset 1gpu-8vcpu-32gb, one GPU each, TCP over eth0: no InfiniBand on L40S platforms) peaked at "
+    "1.45 GB/s bus bandwidth from 32 MB to 128 MB (alanlaird/alanlaird.github.io "
+    "_posts/2026-03-04-nebius-gpu-benchmarking.md; the run's Terraform: alanlaird/gpulabs nebius/nccl-docker); "
+    "Nebius publishes no per-VM Ethernet bandwidth; a larger preset or gpu-l40s-d may get more, not measured")
 FABRICS: Mapping[str, Fabric] = MappingProxyType({
     "gpu-h100-sxm": _IB,
     "gpu-h200-sxm": _IB,
-    "gpu-l40s-a": Fabric("Ethernet", None, "no InfiniBand on L40S platforms (gpu_cluster_compatible is false); no "
-                         "published per-VM Ethernet bandwidth found"),
-    "gpu-l40s-d": Fabric("Ethernet", None, "no InfiniBand on L40S platforms (gpu_cluster_compatible is false); no "
-                         "published per-VM Ethernet bandwidth found"),
+    "gpu-l40s-a": _L40S_ETHERNET,
+    "gpu-l40s-d": _L40S_ETHERNET,
 })
-"""Read 2026-11-25."""
+"""Read 2026-11-25 (L40S: 2026-11-26)."""
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    """Peak memory bandwidth of one CPU socket of a platform (channels x transfers/s x 8 B), what FSDP's CPU
+    offload runs the optimizer step against; a VM gets at most this."""
+
+    gb_per_s: float
+    source: str
+
+
+HOST_MEMORY: Mapping[str, HostMemory] = MappingProxyType({
+    "gpu-l40s-a": HostMemory(204.8, "Intel Xeon Ice Lake-SP: 8 channels DDR4-3200 per socket (8 x 3,200 MT/s x 8 B)"),
+    "gpu-l40s-d": HostMemory(460.8, "AMD EPYC 9004 (Genoa) datasheet: 12 channels DDR5-4800 per socket, 460.8 GB/s"),
+    "gpu-h100-sxm": HostMemory(307.2, "Intel Xeon Sapphire Rapids: 8 channels DDR5-4800 per socket "
+                               "(8 x 4,800 MT/s x 8 B)"),
+    "gpu-h200-sxm": HostMemory(307.2, "Intel Xeon Sapphire Rapids: 8 channels DDR5-4800 per socket "
+                               "(8 x 4,800 MT/s x 8 B)"),
+})
+"""The CPU families of ``PLATFORMS``; read 2026-11-26."""
 
 
 def gpu_peaks(gpu_model: str) -> GpuPeaks:

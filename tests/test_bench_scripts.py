@@ -29,8 +29,15 @@ def bench(script: str, *args: str, cwd: Path, timeout: float = 600) -> dict:
 
 
 def test_every_bench_script_has_a_test_here_or_beside() -> None:
-    tested = {"tokenize.py", "eval_generation.py", "serve.py", "train_gpu.sh", "train.py", "fsdp_load.py"}
+    tested = {"tokenize.py", "eval_generation.py", "serve.py", "train_gpu.sh", "train.py", "fsdp_load.py",
+              "cpu_adamw.py"}
     assert {p.name for p in BENCH.iterdir() if p.suffix in (".py", ".sh")} == tested
+
+
+def test_bench_cpu_adamw_at_its_smallest(tmp_path: Path) -> None:
+    report = bench("cpu_adamw.py", "--params", "4096", "--tensors", "2", "--repeats", "1", cwd=tmp_path)
+    assert report["params"] == 4096 and report["adamw_step_seconds"] > 0
+    assert report["adamw_gb_per_s_at_28_bytes"] == pytest.approx(4096 * 28 / report["adamw_step_seconds"] / 1e9)
 
 
 def test_bench_fsdp_load_at_its_smallest(tmp_path: Path) -> None:

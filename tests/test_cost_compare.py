@@ -4,6 +4,7 @@ catalog's published figures and the bench's measured row."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import subprocess
@@ -39,6 +40,12 @@ def _compare(cfg):
     return compare(cfg, load_run(cfg, ROOT))
 
 
+@functools.cache
+def _stack_comparison(name: str, run_config: str | None = None):
+    """One comparison per stack for the tests that only read it (a comparison prices every row)."""
+    return _compare(_stack(name, run_config))
+
+
 def _row(comparison, model: str, method: str):
     return next(r for r in comparison.rows if (r.model, r.method) == (model, method))
 
@@ -63,7 +70,7 @@ def test_h100_row_of_the_measured_model_matches_a_hand_computation():
 
 def test_h100_table_covers_every_method_and_size_and_says_what_needs_more_nodes():
     c = _compare(_stack("h100", LLAMA70_LORA))
-    plain = [r for r in c.rows if r.offload == "none"]  # offload rows follow the rows they save GPUs on
+    plain = [r for r in c.rows if r.offload == "none" and not r.plan_only]  # offload and hsdp rows follow theirs
     models = [r.model for r in plain[::3]]
     assert models == ["hub:meta-llama/Llama-3.1-8B", "hub:Qwen/Qwen3-8B", "hub:Qwen/Qwen3-14B", "hub:Qwen/Qwen3-32B",
                       "hub:meta-llama/Llama-3.1-70B"]
@@ -131,7 +138,7 @@ def test_ftstack_plan_compare_prints_the_table_and_its_json():
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)["compare"]
     assert doc["tokens"] == 100_000_000 and "reference size" in doc["data_basis"]  # h100.json sets no data.rows
-    assert len([r for r in doc["rows"] if r["offload"] == "none"]) == 15  # 5 models x 3 methods
+    assert len([r for r in doc["rows"] if r["offload"] == "none" and not r["plan_only"]]) == 15  # 5 models x 3
 
 
 # The rows issue 39 names: the GPUs a row needs at the L40S's nominal 48 GiB and at the 44.99 GiB PyTorch reports.
@@ -182,37 +189,120 @@ def test_seed_002s_70b_lora_on_two_gpus_is_an_offload_row_priced_with_its_slowdo
     """Seed 002: "LoRA 70B 24h x 2 GPU". On demo's L40S nodes (2 GPUs, 384 GiB RAM) with CPU offload, each rank
     copies the whole bf16 base over its PCIe link per pass, forward and backward (no NVLink: the all-gather crosses
     PCIe too): 2 x 141.1 GB at 32 GB/s (the L40S datasheet's 64 GB/s both ways), against the micro-batch's compute
-    at the plain row's tokens/s; the cost is the plain row's GPU-hours times that slowdown."""
-    c = _compare(_stack("demo"))
+    at the plain row's tokens/s; the CPU's AdamW step over the node's LoRA parameters (LLAMA70_LORA_PARAMS x 28 B at
+    the EPYC Genoa socket's 460.8 GB/s, once per optimizer step: at most once per micro-batch) adds to it; the cost
+    is the plain row's GPU-hours times that slowdown."""
+    c = _stack_comparison("demo")
     plain = _row(c, "hub:meta-llama/Llama-3.1-70B", "lora")
     row = next(r for r in c.rows
                if (r.model, r.method, r.offload) == ("hub:meta-llama/Llama-3.1-70B", "lora", "params"))
     params = 70_553_706_496
     assert (row.gpus_needed, row.strategy, row.fits_stack) == (2, "fsdp", True) and plain.gpus_needed == 6
     copy_s = 2 * 2 * params / 32e9
-    compute_s = row.micro_batch_tokens / plain.throughput.tokens_per_second_per_gpu
-    assert row.slowdown == pytest.approx(max(1.0, copy_s / compute_s))
-    assert row.gpu_hours == pytest.approx(plain.gpu_hours * row.slowdown)
-    assert row.usd_on_demand == pytest.approx(plain.usd_on_demand * row.slowdown)
-    assert 2 * 2 * params / GIB <= row.host_gib_per_node <= 384
+    step_s = LLAMA70_LORA_PARAMS * 28 / 460.8e9
+    base_tps = plain.throughput.tokens_per_second_per_gpu * (plain.network_slowdown or 1.0)
+    compute_s = row.micro_batch_tokens / base_tps
+    without_step = max(compute_s, copy_s) / compute_s
+    assert without_step < row.slowdown <= (max(compute_s, copy_s) + step_s) / compute_s
+    assert row.gpu_hours == pytest.approx(plain.gpu_hours / (plain.network_slowdown or 1.0) * row.slowdown)
     assert "lora    fsdp+offload  2" in render_comparison(c)
 
 
-def test_a_70b_full_fine_tune_over_three_h100_nodes_is_network_bound_at_the_fabrics_rate():
-    """n > 8 ranks span nodes, so they talk over InfiniBand, 400 Gbit/s (50 GB/s) a GPU: per micro-batch a rank
-    receives (n-1)/n of the bf16 weights twice (all-gathers, forward and backward) and reduce-scatters (n-1)/n of
-    the fp32 gradients: 8 B a parameter. Network-bound, the row's tokens/s is what the link carries: 50e9 x
-    micro-batch tokens / those bytes."""
+def test_the_cpu_optimizer_step_of_a_70b_full_fine_tune_offloaded_to_one_h100_node():
+    """Seed 002's 70B full fine-tune on 8 GPUs needs offload; the optimizer step then runs on the host over every
+    fp32 parameter of the node: 70,553,706,496 x 28 B (AdamW: parameter, gradient and two moments read, three
+    written) at the Sapphire Rapids socket's 8 x 4,800 MT/s x 8 B = 307.2 GB/s, 6.4 s, once per optimizer step."""
+    from infra.cost.compare import cpu_step_seconds, offload_slowdown, with_method
+    from documents.train_plan import BatchPlan
+    from workloads.train.model_shapes import shape_for_source
+
     params = 70_553_706_496
-    c = _compare(_stack("h100", LLAMA70_LORA))
+    shape = shape_for_source("hub:meta-llama/Llama-3.1-70B")
+    run = with_method(load_run(_stack("h100", LLAMA70_LORA), ROOT), "hub:meta-llama/Llama-3.1-70B", "full")
+    step_s = params * 28 / (8 * 4800e6 * 8)
+    assert cpu_step_seconds(run, shape, "gpu-h100-sxm", 8, 8) == pytest.approx(step_s)
+    batches = BatchPlan(micro_batch_tokens=16_384, gradient_accumulation_steps=4, gradient_checkpointing=True,
+                        step_tokens=8 * 4 * 16_384, estimate_gib=None, gpu_memory_gib=79.19, memory_fraction=0.9,
+                        source="auto")
+    # copies per micro-batch and rank (NVLink peers): 2 passes x its eighth of the fp32 masters, plus its eighth of
+    # the fp32 gradients back, at 64 GB/s; compute 16,384 tokens at 500 tokens/s
+    copy_s = (2 * 4 * params / 8 + 4 * params / 8) / 64e9
+    compute_s = 16_384 / 500.0
+    expected = (max(compute_s, copy_s) + step_s / 4) / compute_s
+    assert offload_slowdown(run, shape, "NVIDIA H100 SXM", "gpu-h100-sxm", 8, 8, batches, 500.0) == \
+        pytest.approx(expected)
+
+
+def test_a_70b_full_fine_tune_over_three_h100_nodes_is_priced_at_the_fabrics_rate():
+    """It needs more than the stack's 16 GPUs, so it trains on 3 whole nodes, 24 ranks talking over InfiniBand,
+    400 Gbit/s (50 GB/s) a GPU: per micro-batch a rank receives (n-1)/n of the bf16 weights twice (all-gathers,
+    forward and backward) and reduce-scatters (n-1)/n of the fp32 gradients: 8 B a parameter. The row is slowed by
+    the ratio of that time to the micro-batch's compute time, when over 1."""
+    params = 70_553_706_496
+    c = _stack_comparison("h100", LLAMA70_LORA)
     row = _row(c, "hub:meta-llama/Llama-3.1-70B", "full")
-    n = row.gpus_needed
+    n = row.wall_gpus
     moved = (n - 1) / n * (2 * 2 * params + 4 * params)
-    assert n > 8 and row.bound == "network"
+    assert row.gpus_needed > 16 and n == 24
     assert row.network_bytes == pytest.approx(moved)
-    assert row.throughput.tokens_per_second_per_gpu == pytest.approx(50e9 * row.micro_batch_tokens / moved)
-    one_node = _row(c, "hub:Qwen/Qwen3-14B", "full")  # ranks on one node: NVLink, 450 GB/s each way
-    assert 1 < one_node.gpus_needed <= 8 and one_node.bound in ("compute", "memory")
-    assert one_node.network_slowdown == 1.0
-    demo = _compare(_stack("demo"))
-    assert _row(demo, "hub:meta-llama/Llama-3.1-70B", "lora").bound.endswith("network unknown")
+    base_tps = row.throughput.tokens_per_second_per_gpu * row.network_slowdown
+    ratio = moved / 50e9 / (row.micro_batch_tokens / base_tps)
+    assert row.network_slowdown == pytest.approx(max(1.0, ratio))
+    assert row.bound == ("network" if ratio > 1 else "compute")
+    one_node = _row(c, "hub:Qwen/Qwen3-14B", "qlora")  # DDP on the stack's 16 GPUs: gradients once a step
+    assert one_node.gpus_needed == 1 and one_node.bound in ("compute", "memory")
+
+
+# Llama-3.1-70B's LoRA parameters at r = 16 on every linear: 80 layers x 16 x (in + out) of q, o (8,192 + 8,192),
+# k, v (8,192 + 1,024) and gate, up, down (8,192 + 28,672).
+LLAMA70_LORA_PARAMS = 80 * 16 * (2 * (8192 + 8192) + 2 * (8192 + 1024) + 3 * (8192 + 28672))
+
+
+def test_demos_l40s_nodes_talk_over_the_measured_ethernet_figure():
+    """Nebius' L40S VMs have no InfiniBand; two of them measured 1.45 GB/s NCCL bus bandwidth over TCP (the
+    catalog's source). demo trains the 70B LoRA on its 10 GPUs (5 nodes of 2), FSDP over every rank: per micro-batch
+    a rank moves 9/10 of the bf16 weights twice and of the fp32 LoRA gradients once, a ring through each node's one
+    link: network-bound at 1.45e9 x micro-batch tokens / those bytes."""
+    params = 70_553_706_496
+    c = _stack_comparison("demo")
+    row = _row(c, "hub:meta-llama/Llama-3.1-70B", "lora")
+    moved = 9 / 10 * (2 * 2 * params + 4 * LLAMA70_LORA_PARAMS)
+    assert row.wall_gpus == 10 and row.bound == "network"
+    assert row.network_bytes == pytest.approx(moved)
+    assert row.throughput.tokens_per_second_per_gpu == pytest.approx(1.45e9 * row.micro_batch_tokens / moved)
+    assert not any("network unknown" in (r.bound or "") for r in c.rows)
+
+
+def test_an_hsdp_row_follows_a_multi_node_fsdp_row_whose_shards_fit_one_node():
+    """h100's 70B LoRA needs 3 GPUs, so one node holds its shards, yet it trains on the stack's 16 GPUs (2 nodes),
+    where the trainer shards over all 16. The HSDP row (plan only) shards within each node of 8 and replicates across
+    the 2: per micro-batch a rank moves 7/8 of the bf16 weights twice and of its fp32 LoRA gradients over NVLink
+    (450 GB/s), then all-reduces its eighth of the gradients across the nodes, 2 x 1/2 x 4 B x LoRA / 8, the node's 8
+    GPUs at once over its 8 InfiniBand links (8 x 50 GB/s)."""
+    params, lora = 70_553_706_496, LLAMA70_LORA_PARAMS
+    c = _stack_comparison("h100", LLAMA70_LORA)
+    rows = [r for r in c.rows if (r.model, r.method) == ("hub:meta-llama/Llama-3.1-70B", "lora")]
+    fsdp, hsdp = rows[0], next(r for r in rows if r.strategy == "hsdp")
+    assert hsdp.plan_only and not fsdp.plan_only and fsdp.strategy == "fsdp" and hsdp.gpus_needed == 16
+    assert fsdp.network_bytes == pytest.approx(15 / 16 * (2 * 2 * params + 4 * lora))
+    within = 7 / 8 * (2 * 2 * params + 4 * lora)
+    across = 2 * (1 / 2) * 4 * lora / 8
+    assert hsdp.network_bytes == pytest.approx(within + across)
+    seconds = within / 450e9 + across * 8 / (8 * 50e9)
+    base_tps = fsdp.throughput.tokens_per_second_per_gpu * fsdp.network_slowdown
+    assert hsdp.network_slowdown == pytest.approx(max(1.0, seconds / (hsdp.micro_batch_tokens / base_tps)))
+    assert "hsdp (plan)" in render_comparison(c)
+
+
+def test_hsdp_on_demo_crosses_ethernet_with_gradients_only():
+    """demo's 70B QLoRA fits one node's 2 L40S (FSDP), so on its 5 nodes an HSDP row follows: across nodes only each
+    rank's half of the fp32 LoRA gradients, 2 x 4/5 x 4 B x LoRA / 2, the node's link carrying both ranks' at
+    1.45 GB/s; FSDP over the 10 ranks sends 9/10 of the 4-bit weights twice through the same link: more bytes
+    across nodes, never a cheaper row."""
+    c = _stack_comparison("demo")
+    rows = [r for r in c.rows if (r.model, r.method) == ("hub:meta-llama/Llama-3.1-70B", "qlora")]
+    fsdp, hsdp = rows[0], next(r for r in rows if r.strategy == "hsdp")
+    assert (fsdp.strategy, fsdp.gpus_needed, fsdp.wall_gpus, hsdp.gpus_needed) == ("fsdp", 2, 10, 10)
+    assert hsdp.plan_only and hsdp.usd_on_demand <= fsdp.usd_on_demand
+    across = 2 * (4 / 5) * 4 * LLAMA70_LORA_PARAMS / 2
+    assert hsdp.network_bytes > across  # plus the within-node all-gathers over PCIe

@@ -90,22 +90,52 @@ def test_no_figure_no_estimate():
     assert estimate_throughput(dev_run(), "NVIDIA L40S", []) is None
 
 
+# Qwen3-14B's decoder linears (hidden 5,120, 40 heads and 8 KV heads of 128, intermediate 17,408, 40 layers):
+# q, o 5,120 x 5,120; k, v 5,120 x 1,024; gate, up, down 5,120 x 17,408.
+QWEN14_LINEAR_PARAMS = 40 * (2 * 5120 * 5120 + 2 * 5120 * 1024 + 3 * 5120 * 17408)
+# The bench row's dequantization per micro-batch: 3 passes (forward, input gradients, recomputed forward) over every
+# NF4 decoder weight, 0.5 B read + a 64-value block's fp32 absmax (4/64 B) read + 2 B of bf16 written, at 3.35 TB/s.
+ROW_DEQUANT_S = 3 * QWEN14_LINEAR_PARAMS * (0.5 + 4 / 64 + 2) / (H100_TBPS * 1e12)
+# The row's tokens/s without it: 16,384 tokens in 16,384 / 3,000 s, less the dequantization.
+ROW_WITHOUT_DEQUANT = 16_384 / (16_384 / 3000.0 - ROW_DEQUANT_S)
+
+
 def test_a_full_fine_tune_does_one_more_pass_than_an_adapter():
     """Same GPU, model and recomputation: an adapter's frozen base costs forward + input gradients + recomputed
-    forward (3 x 2N FLOPs per token); a full fine-tune adds the weight gradients (4 x 2N): 3/4 of the tokens/s."""
+    forward (3 x 2N FLOPs per token); a full fine-tune adds the weight gradients (4 x 2N): 3/4 of the tokens/s, of
+    the QLoRA row's tokens/s without its dequantization (a full fine-tune has no 4-bit base)."""
+    assert QWEN14_LINEAR_PARAMS == 13_212_057_600
     estimate = estimate_throughput(dev_run(method="full", quantization="none"), "NVIDIA H100 SXM", [h100_row()])
-    assert estimate.kind == "estimated" and estimate.tokens_per_second_per_gpu == pytest.approx(3000.0 * 3 / 4)
+    assert estimate.kind == "estimated"
+    assert estimate.tokens_per_second_per_gpu == pytest.approx(ROW_WITHOUT_DEQUANT * 3 / 4)
+    assert "dequantization" in estimate.scaling
+
+
+def test_a_lora_figure_priced_for_qlora_adds_the_dequantization_time():
+    """The reverse: a LoRA figure on the same GPU, model, micro-batch and recomputation, priced for QLoRA, takes the
+    dequantization's seconds on top of each micro-batch."""
+    from infra.cost.estimate import Plan, scale
+    from workloads.train.model_shapes import shape_for_source
+
+    shape = shape_for_source("hub:Qwen/Qwen3-14B")
+    lora = Plan(gpu_model="NVIDIA H100 SXM", shape=shape, micro_batch_tokens=16_384, recompute=True)
+    qlora = lora.model_copy(update={"qlora": True})
+    figure = h100_row().model_copy(update={"method": "lora"})
+    assert scale(figure, lora, qlora).tokens_per_second_per_gpu == pytest.approx(
+        16_384 / (16_384 / 3000.0 + ROW_DEQUANT_S))
+    assert scale(figure, qlora, lora).tokens_per_second_per_gpu == pytest.approx(ROW_WITHOUT_DEQUANT)
+    assert scale(figure, qlora, qlora).tokens_per_second_per_gpu == pytest.approx(3000.0)
 
 
 def test_a_run_only_sharding_holds_is_estimated_too():
     """Llama-3.1-70B LoRA (141 GB in bf16) fits no single H100, so sizing it on one GPU fails; sized over the fewest
     FSDP ranks that hold it, it is compute-bound like the row, recomputing like it: the ratio is the FLOPs per token,
     2 x (decoder linears + LM head): Qwen3-14B 40 x 330,301,440 + 151,936 x 5,120 against Llama-3.1-70B
-    80 x 855,638,016 + 128,256 x 8,192."""
+    80 x 855,638,016 + 128,256 x 8,192; a LoRA run on a bf16 base, so of the row's tokens/s without dequantization."""
     run = dev_run(method="lora", quantization="none", micro_batch_tokens="auto")
     run = run.model_copy(update={"model": run.model.model_copy(update={"source": "hub:meta-llama/Llama-3.1-70B"})})
     estimate = estimate_throughput(run, "NVIDIA H100 SXM", [h100_row()])
     qwen14 = 40 * 330_301_440 + 151_936 * 5_120
     llama70 = 80 * 855_638_016 + 128_256 * 8_192
     assert estimate is not None and estimate.kind == "estimated"
-    assert estimate.tokens_per_second_per_gpu == pytest.approx(3000.0 * qwen14 / llama70)
+    assert estimate.tokens_per_second_per_gpu == pytest.approx(ROW_WITHOUT_DEQUANT * qwen14 / llama70)

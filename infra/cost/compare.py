@@ -9,12 +9,15 @@ that figure came from, GPU-hours, wall time and cost on demand and preemptible.
   fit the stack.
 - Offload rows: after an FSDP row, the same with FSDP's CPU offload on the fewest whole nodes of the stack's preset
   where it fits, when that is fewer GPUs; priced at the row's throughput divided by ``offload_slowdown``
-  (``OFFLOAD_MODEL``).
-- Bound and network: each row's bytes per micro-batch and rank by strategy (``network_bytes``) over the peer link
-  or the stack's fabric (``catalog.FABRICS``), overlapped with compute; a row whose network time exceeds its
+  (``OFFLOAD_MODEL``: host copies and the CPU optimizer step).
+- Bound and network: each row's bytes per micro-batch and rank by strategy (``network_seconds``) where it trains
+  (``decide_placement`` on its wall nodes, as the trainer decides there), over the peer link within a node and the
+  stack's fabric across nodes (``catalog.FABRICS``), overlapped with compute; a row whose network time exceeds its
   compute time is network-bound and priced with the ratio (``NETWORK_MODEL``); otherwise compute- or memory-bound
-  by its micro-batch's GEMM intensity against the GPU's ridge. An unknown fabric (L40S Ethernet) is said so, not
-  priced.
+  by its micro-batch's GEMM intensity against the GPU's ridge. A fabric without a figure is said so, not priced.
+- HSDP rows (plan only: the trainer shards over every rank, it does not run HSDP): after a row that trains FSDP
+  over several nodes while one node's GPUs hold its shards, the same GPUs sharding within each node and
+  replicating across nodes (``hsdp_bytes``), priced with their own network time.
 - Tokens/s per GPU, GPU-hours and cost: each row is priced by ``price_stack`` (the one price path) with the run
   config changed to that model and method, so its tokens/s come from where the stack's own training-run cost
   takes them (configured, measured, borrowed, estimated); the stack's configured figure and the run it measured
@@ -34,6 +37,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from documents.run_config import RunConfig, parse_run_config
+from documents.train_plan import BatchPlan
 from infra import catalog
 from infra.config import StackConfig
 from infra.cost.price import CostReport, PriceInputs, price_stack
@@ -98,6 +102,8 @@ class CompareRow(BaseModel):
     network_slowdown: float | None = None
     """the throughput divisor max(1, network time / compute time) the row is priced with (None: fabric unknown)."""
     offload: Literal["none", "params"] = "none"
+    plan_only: bool = False
+    """a strategy the trainer does not run (HSDP): shown for its price, not chosen by ``decide_placement``."""
     slowdown: float | None = None
     """offload rows: the throughput divisor of ``offload_slowdown`` against the same row without offload."""
     micro_batch_tokens: int | None = None
@@ -250,16 +256,22 @@ def compare(cfg: StackConfig, run: RunConfig, inputs: PriceInputs = PriceInputs(
                 wall_hours=priced.gpu_hours / wall_gpus if priced.gpu_hours is not None and wall_gpus else None,
                 wall_gpus=wall_gpus, usd_on_demand=priced.usd, usd_preemptible=preemptible,
             )
-            offloaded = _offload_row(plain, variant, shape, node, platform.gpu_model or "", stack_gpus, spot_rate)
-            if fit is not None:
-                plain = _with_network(plain, variant, shape, fit, worker.platform, platform.gpu_model or "",
-                                      gpus_per_node)
-            rows += [plain] + ([offloaded] if offloaded is not None else [])
+            gpu_model = platform.gpu_model or ""
+            offloaded = _offload_row(plain, variant, shape, node, gpu_model, worker.platform, stack_gpus, spot_rate)
+            hsdp = None
+            if fit is not None and wall_gpus:
+                placed = decide_placement(variant, shape, node, wall_gpus // gpus_per_node)
+                if placed is not None:
+                    hsdp = _hsdp_row(plain, variant, shape, placed, node, worker.platform, gpu_model)
+                    plain = _with_network(plain, variant, shape, placed, worker.platform, gpu_model)
+            rows += [plain] + [r for r in (offloaded, hsdp) if r is not None]
     notes = ["FSDP rows are priced at the per-GPU throughput of the same model and method under DDP divided by their "
              "network slowdown; a measured FSDP run replaces that assumption"]
     notes.append(f"network: {NETWORK_MODEL}; fabric {catalog.FABRICS[worker.platform].name}: "
                  f"{catalog.FABRICS[worker.platform].source}")
     notes.append(f"offload rows (FSDP CPU offload, train.offload: params) where they need fewer GPUs: {OFFLOAD_MODEL}")
+    notes.append("hsdp rows are plan only: the trainer shards over every rank (FSDP); they price sharding within a "
+                 "node and replicating across nodes on the same GPUs")
     if not has_spot:
         notes.append(f"{worker.platform}: no preemptible price in the catalog; preemptible cost not shown")
     return Comparison(
@@ -271,35 +283,66 @@ def compare(cfg: StackConfig, run: RunConfig, inputs: PriceInputs = PriceInputs(
 
 
 NETWORK_MODEL = (
-    "per micro-batch and rank: FSDP all-gathers the weights twice (forward, backward) in the compute dtype (a 4-bit "
-    "base as stored) and reduce-scatters the trainable gradients in fp32, each x (n-1)/n of the bytes; DDP "
-    "all-reduces the trainable gradients (2 x fp32 x (n-1)/n) once per optimizer step; over the peer link on one "
-    "node (catalog.HOST_LINKS: NVLink or PCIe), else the fabric per GPU (catalog.FABRICS); overlapped with compute, "
-    "so throughput is divided by max(1, network time / compute time); no HSDP, latency not counted")
+    "per micro-batch and rank, on the nodes the row trains on (the stack's, else the whole nodes it needs) with the "
+    "strategy decide_placement takes there: FSDP all-gathers the weights twice (forward, backward) in the compute "
+    "dtype (a 4-bit base as stored) and reduce-scatters the trainable gradients in fp32, each x (n-1)/n of the "
+    "bytes; DDP all-reduces the trainable gradients (2 x fp32 x (n-1)/n) once per optimizer step; HSDP does FSDP's "
+    "within each node of g GPUs and all-reduces each rank's 1/g of the fp32 gradients across the N nodes "
+    "(2 x (N-1)/N), every GPU of a node at once; within a node over the peer link (catalog.HOST_LINKS: NVLink or "
+    "PCIe), across nodes a ring at the fabric's link (catalog.FABRICS: a GPU's own InfiniBand NIC, or the node's "
+    "one Ethernet link), HSDP's two phases one after the other; overlapped with compute, so throughput is divided "
+    "by max(1, network time / compute time); latency not counted")
+
+
+def _trainable_params(run: RunConfig, shape: ModelShape) -> int:
+    inputs = inputs_from_run(run)
+    if inputs.method == "full":
+        return shape.params
+    return lora_params(shape, inputs.lora_r, inputs.lora_target_modules)
+
+
+def _gathered_bytes(run: RunConfig, shape: ModelShape) -> float:
+    """The weights as an all-gather moves them: the compute dtype, a 4-bit base as stored."""
+    inputs = inputs_from_run(run)
+    return weight_bytes(shape, inputs) if inputs.method == "qlora" else shape.params * DTYPE_BYTES[inputs.dtype]
 
 
 def network_bytes(run: RunConfig, shape: ModelShape, strategy: str, ranks: int, accumulation: int) -> float:
-    """Bytes one rank moves per micro-batch (``NETWORK_MODEL``)."""
+    """Bytes one rank moves per micro-batch under FSDP or DDP over `ranks` (``NETWORK_MODEL``)."""
     if ranks <= 1:
         return 0.0
-    inputs = inputs_from_run(run)
     share = (ranks - 1) / ranks
-    if inputs.method == "full":
-        trainable = shape.params
-    else:
-        trainable = lora_params(shape, inputs.lora_r, inputs.lora_target_modules)
+    trainable = _trainable_params(run, shape)
     if strategy == "fsdp":
-        gathered = (weight_bytes(shape, inputs) if inputs.method == "qlora"
-                    else shape.params * DTYPE_BYTES[inputs.dtype])
-        return share * (2 * gathered + 4 * trainable)
+        return share * (2 * _gathered_bytes(run, shape) + 4 * trainable)
     return share * 2 * 4 * trainable / accumulation
 
 
-def link_gb_per_s(platform: str, gpu_model: str, ranks: int, gpus_per_node: int) -> float | None:
-    """Per-GPU bandwidth a collective over `ranks` runs at: the peer link within a node, else the fabric."""
-    if ranks <= gpus_per_node:
-        return catalog.HOST_LINKS[gpu_model].peer_gb_per_s
-    return catalog.FABRICS[platform].gb_per_s_per_gpu
+def hsdp_bytes(run: RunConfig, shape: ModelShape, nodes: int, gpus_per_node: int) -> tuple[float, float]:
+    """(within its node, across nodes): bytes one rank moves per micro-batch under HSDP (``NETWORK_MODEL``)."""
+    g = gpus_per_node
+    within = (g - 1) / g * (2 * _gathered_bytes(run, shape) + 4 * _trainable_params(run, shape))
+    across = 2 * (nodes - 1) / nodes * 4 * _trainable_params(run, shape) / g
+    return within, across
+
+
+def network_seconds(run: RunConfig, shape: ModelShape, strategy: str, nodes: int, gpus_per_node: int,
+                    accumulation: int, platform: str, gpu_model: str) -> tuple[float, float | None]:
+    """(bytes one rank moves per micro-batch, the seconds they take; None where a link has no figure)."""
+    peer = catalog.HOST_LINKS[gpu_model].peer_gb_per_s * 1e9
+    fabric = catalog.FABRICS[platform]
+    if strategy == "hsdp":
+        within, across = hsdp_bytes(run, shape, nodes, gpus_per_node)
+        node_link = fabric.node_gb_per_s(gpus_per_node)
+        if across and node_link is None:
+            return within + across, None
+        crossing = across * gpus_per_node / (node_link * 1e9) if across and node_link else 0.0
+        return within + across, within / peer + crossing
+    moved = network_bytes(run, shape, strategy, nodes * gpus_per_node, accumulation)
+    if nodes == 1:
+        return moved, moved / peer
+    ring = fabric.ring_gb_per_s
+    return moved, None if ring is None else moved / (ring * 1e9)
 
 
 def _compute_bound(shape: ModelShape, gpu_model: str, micro_batch_tokens: int) -> str:
@@ -307,22 +350,16 @@ def _compute_bound(shape: ModelShape, gpu_model: str, micro_batch_tokens: int) -
     return "compute" if plan.intensity() >= catalog.gpu_peaks(gpu_model).ridge_flop_per_byte else "memory"
 
 
-def _with_network(row: CompareRow, run: RunConfig, shape: ModelShape, fit: Placement, platform: str,
-                  gpu_model: str, gpus_per_node: int) -> CompareRow:
-    """The row priced with its network time (``NETWORK_MODEL``) and the bound it hits."""
+def _priced_network(row: CompareRow, moved: float, seconds: float | None, micro_batch_tokens: int,
+                    bound: str) -> CompareRow:
+    """`row` priced with `seconds` of network per micro-batch overlapped with its compute."""
     tps = row.throughput.tokens_per_second_per_gpu
-    if fit.batches is None or gpu_model not in catalog.HOST_LINKS or gpu_model not in catalog.GPU_PEAKS:
-        return row
-    moved = network_bytes(run, shape, fit.plan.strategy, fit.gpus, fit.batches.gradient_accumulation_steps)
-    bound = _compute_bound(shape, gpu_model, fit.batches.micro_batch_tokens)
-    link = link_gb_per_s(platform, gpu_model, fit.gpus, gpus_per_node)
-    row = row.model_copy(update={"micro_batch_tokens": fit.batches.micro_batch_tokens, "network_bytes": moved})
+    row = row.model_copy(update={"micro_batch_tokens": micro_batch_tokens, "network_bytes": moved})
     if not tps or moved == 0:
         return row.model_copy(update={"bound": bound})
-    if link is None:
+    if seconds is None:
         return row.model_copy(update={"bound": f"{bound}, network unknown"})
-    compute = fit.batches.micro_batch_tokens / tps
-    slowdown = max(1.0, moved / (link * 1e9) / compute)
+    slowdown = max(1.0, seconds / (micro_batch_tokens / tps))
     update: dict[str, object] = {"bound": "network" if slowdown > 1 else bound, "network_slowdown": slowdown}
     if slowdown > 1 and row.gpu_hours is not None:
         gpu_hours = row.gpu_hours * slowdown
@@ -335,16 +372,57 @@ def _with_network(row: CompareRow, run: RunConfig, shape: ModelShape, fit: Place
     return row.model_copy(update=update)
 
 
+def _with_network(row: CompareRow, run: RunConfig, shape: ModelShape, placed: Placement, platform: str,
+                  gpu_model: str) -> CompareRow:
+    """The row priced with its network time where it trains (``NETWORK_MODEL``) and the bound it hits."""
+    if placed.batches is None or gpu_model not in catalog.HOST_LINKS or gpu_model not in catalog.GPU_PEAKS:
+        return row
+    batches = placed.batches
+    moved, seconds = network_seconds(run, shape, placed.plan.strategy, placed.nodes, placed.gpus_per_node,
+                                     batches.gradient_accumulation_steps, platform, gpu_model)
+    return _priced_network(row, moved, seconds, batches.micro_batch_tokens,
+                           _compute_bound(shape, gpu_model, batches.micro_batch_tokens))
+
+
+def _hsdp_row(plain: CompareRow, run: RunConfig, shape: ModelShape, placed: Placement, node: Hardware,
+              platform: str, gpu_model: str) -> CompareRow | None:
+    """HSDP on `placed`'s GPUs (plan only), when they train FSDP over several nodes and one node holds the shards."""
+    if (placed.plan.strategy != "fsdp" or placed.nodes < 2 or gpu_model not in catalog.HOST_LINKS
+            or gpu_model not in catalog.GPU_PEAKS):
+        return None
+    one = decide_placement(run, shape, node, 1)
+    if one is None or not one.fits or one.plan.strategy != "fsdp" or one.plan.offload != "none" or one.batches is None:
+        return None
+    mbt = one.batches.micro_batch_tokens
+    moved, seconds = network_seconds(run, shape, "hsdp", placed.nodes, placed.gpus_per_node,
+                                     one.batches.gradient_accumulation_steps, platform, gpu_model)
+    row = plain.model_copy(update={"strategy": "hsdp", "plan_only": True, "gpus_needed": placed.gpus,
+                                   "per_gpu_gib": round(one.per_gpu_gib, 1)})
+    return _priced_network(row, moved, seconds, mbt, _compute_bound(shape, gpu_model, mbt))
+
+
+ADAMW_BYTES_PER_PARAM = 28
+"""Host memory traffic of one AdamW update of an fp32 parameter: parameter, gradient and both moments read (16 B),
+parameter and moments written (12 B)."""
 OFFLOAD_MODEL = (
-    "throughput divided by max(1, copy time / compute time) per micro-batch: each rank copies its shard of the "
-    "weights from host memory twice (forward, backward), and without NVLink (L40S) also receives the other ranks' "
-    "shards over the same PCIe link (the all-gather), at catalog.HOST_LINKS' per-direction PCIe bandwidth; a full "
-    "fine-tune also copies its gradient shard back; copies overlap compute (FSDP prefetches a layer ahead); the "
-    "CPU optimizer step and the network between nodes are not counted")
+    "per micro-batch: max(compute, copies) plus the CPU optimizer step over the accumulation steps, against the "
+    "compute time; copies: each rank copies its shard of the weights from host memory twice (forward, backward), "
+    "and without NVLink (L40S) also receives the other ranks' shards over the same PCIe link (the all-gather), at "
+    "catalog.HOST_LINKS' per-direction PCIe bandwidth; a full fine-tune also copies its gradient shard back; copies "
+    "overlap compute (FSDP prefetches a layer ahead); the optimizer step runs on the CPU over the offloaded fp32 "
+    "shards while the GPUs wait: a node's trainable parameters x 28 B (AdamW reads parameter, gradient and two "
+    "moments, writes three) at one socket's peak memory bandwidth (catalog.HOST_MEMORY; a VM gets at most that, so "
+    "a lower bound); the network between nodes is not counted")
 
 
-def offload_slowdown(run: RunConfig, shape: ModelShape, gpu_model: str, ranks: int, micro_batch_tokens: int,
-                     tokens_per_second: float) -> float:
+def cpu_step_seconds(run: RunConfig, shape: ModelShape, platform: str, ranks: int, gpus_per_node: int) -> float:
+    """Seconds of one optimizer step on a node's CPU under FSDP's CPU offload (``OFFLOAD_MODEL``)."""
+    on_node = _trainable_params(run, shape) * min(gpus_per_node, ranks) / ranks
+    return on_node * ADAMW_BYTES_PER_PARAM / (catalog.HOST_MEMORY[platform].gb_per_s * 1e9)
+
+
+def offload_slowdown(run: RunConfig, shape: ModelShape, gpu_model: str, platform: str, ranks: int,
+                     gpus_per_node: int, batches: BatchPlan, tokens_per_second: float) -> float:
     """The throughput divisor of FSDP's CPU offload (``OFFLOAD_MODEL``)."""
     inputs = inputs_from_run(run)
     link = catalog.HOST_LINKS[gpu_model]
@@ -353,21 +431,23 @@ def offload_slowdown(run: RunConfig, shape: ModelShape, gpu_model: str, ranks: i
     if inputs.method == "full":
         moved += 4 * shape.params / ranks
     copy = moved / (link.pcie_gb_per_s * 1e9)
-    compute = micro_batch_tokens / tokens_per_second
-    return max(1.0, copy / compute)
+    compute = batches.micro_batch_tokens / tokens_per_second
+    step = cpu_step_seconds(run, shape, platform, ranks, gpus_per_node) / batches.gradient_accumulation_steps
+    return max(1.0, (max(compute, copy) + step) / compute)
 
 
 def _offload_row(plain: CompareRow, run: RunConfig, shape: ModelShape, node: Hardware, gpu_model: str,
-                 stack_gpus: int, spot_rate: float | None) -> CompareRow | None:
+                 platform: str, stack_gpus: int, spot_rate: float | None) -> CompareRow | None:
     """The row with FSDP's CPU offload on the fewest nodes where it fits, when that is fewer GPUs than `plain`."""
     tps = plain.throughput.tokens_per_second_per_gpu
-    if plain.strategy != "fsdp" or not tps or plain.gpu_hours is None or gpu_model not in catalog.HOST_LINKS:
+    if (plain.strategy != "fsdp" or not tps or plain.gpu_hours is None or gpu_model not in catalog.HOST_LINKS
+            or platform not in catalog.HOST_MEMORY):
         return None
     most = math.ceil((plain.gpus_needed or 0) / node.gpus_per_node) - 1
     found = next((p for n in range(1, most + 1) if (p := offloaded_placement(run, shape, node, n)).fits), None)
     if found is None or found.batches is None:
         return None
-    slowdown = offload_slowdown(run, shape, gpu_model, found.gpus, found.batches.micro_batch_tokens, tps)
+    slowdown = offload_slowdown(run, shape, gpu_model, platform, found.gpus, node.gpus_per_node, found.batches, tps)
     gpu_hours = plain.gpu_hours * slowdown
     usd_rate = plain.usd_on_demand / plain.gpu_hours if plain.usd_on_demand is not None and plain.gpu_hours else None
     fits_stack = found.gpus <= stack_gpus
@@ -420,7 +500,8 @@ def render_comparison(c: Comparison) -> str:
         mark = "*" if r.throughput.estimated else ""
         table.append((
             r.model.removeprefix("hub:"), f"{r.params_b:g}B", r.method,
-            (r.strategy or "none") + ("+offload" if r.offload == "params" else ""),
+            (r.strategy or "none") + ("+offload" if r.offload == "params" else "")
+            + (" (plan)" if r.plan_only else ""),
             _num(r.gpus_needed, "d"), _num(r.per_gpu_gib, ".1f"),
             _num(r.host_gib_per_node, ",.0f"), r.bound or "-", _on_stack(r, c),
             _num(r.throughput.tokens_per_second_per_gpu, ",.0f") + mark, _num(r.gpu_hours, ",.1f"),

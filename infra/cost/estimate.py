@@ -21,6 +21,11 @@ Pure: a run config, a GPU model and the measured figures in; a `TrainingThroughp
   that GPU's usable memory (what `auto` sizing chooses; sharded over the fewest FSDP ranks that hold a run no
   single GPU does); the stack's side is always that plan on its GPU. A full fine-tune does one more pass per micro-batch
   (the weight gradients) than an adapter on a frozen base.
+- **Dequantization** (``DEQUANT_MODEL``): a 4-bit base is dequantized before every GEMM, in every pass. Where the
+  figure and the run differ in that (a QLoRA figure for LoRA or full, or the reverse), the figure's dequantization
+  time is taken out before scaling and the run's put back: per pass, each decoder linear weight's NF4 bytes and
+  absmax read and its bf16 copy written, at the GPU's memory bandwidth. A QLoRA figure scaled to QLoRA keeps its
+  share inside the ratio (it scales with bandwidth, not FLOP/s; under 1 % at the bench's micro-batch).
 """
 
 from __future__ import annotations
@@ -40,6 +45,14 @@ from workloads.train.sizing import DoesNotFit
 
 Kind = Literal["configured", "measured", "borrowed", "estimated"]
 Bound = Literal["compute", "memory"]
+DEQUANT_BYTES_PER_PARAM = 0.5 + 4 / 64 + 2
+"""Memory traffic of dequantizing one NF4 weight: its 4 bits and its share of the fp32 absmax of its 64-value block
+read, its bf16 value written (bitsandbytes' dequantize_4bit)."""
+DEQUANT_MODEL = (
+    "a 4-bit base costs, per micro-batch, passes x decoder linear parameters x 2.5625 B (NF4 read 0.5, fp32 absmax "
+    "per 64 values 0.0625, bf16 written 2) at the GPU's datasheet memory bandwidth, not overlapped with the GEMMs; "
+    "a lower bound: Lightning-AI/litgpt pull request 275 measured NF4 LoRA 16 % slower than bf16-mixed LoRA "
+    "(6,046 s against 5,206 s for 20,000 iterations of small micro-batches), this model counts the bytes only")
 
 
 class Plan(BaseModel):
@@ -53,6 +66,8 @@ class Plan(BaseModel):
     recompute: bool
     full: bool = False
     """a full fine-tune: backward also computes every weight's gradient."""
+    qlora: bool = False
+    """a 4-bit base, dequantized in every pass (``DEQUANT_MODEL``)."""
 
     @property
     def passes(self) -> int:
@@ -65,6 +80,13 @@ class Plan(BaseModel):
 
     def weight_bytes_per_token(self) -> float:
         return 2.0 * self.shape.linear_params * self.passes / self.micro_batch_tokens
+
+    def dequant_seconds(self) -> float:
+        """Time per micro-batch spent dequantizing a 4-bit base (``DEQUANT_MODEL``); 0 without one."""
+        if not self.qlora:
+            return 0.0
+        bandwidth = catalog.gpu_peaks(self.gpu_model).memory_tb_per_s * 1e12
+        return self.passes * self.shape.linear_params * DEQUANT_BYTES_PER_PARAM / bandwidth
 
     def intensity(self) -> float:
         """FLOP per byte of the block's linear layers at this micro-batch (bf16 weights, inputs and outputs)."""
@@ -103,16 +125,17 @@ class TrainingThroughput(BaseModel):
 
 
 def _plan(run: RunConfig, shape: ModelShape, gpu_model: str, recorded: ThroughputMeasurement | None = None) -> Plan:
-    full = (recorded.method if recorded is not None else run.train.method) == "full"
+    method = recorded.method if recorded is not None else run.train.method
+    full, qlora = method == "full", method == "qlora"
     if recorded is not None and recorded.micro_batch_tokens and recorded.gradient_checkpointing is not None:
         return Plan(gpu_model=gpu_model, shape=shape, micro_batch_tokens=recorded.micro_batch_tokens,
-                    recompute=recorded.gradient_checkpointing, full=full)
+                    recompute=recorded.gradient_checkpointing, full=full, qlora=qlora)
     placement = decide_placement(run, shape, Hardware(gpu_memory_gib=catalog.gpu_memory_gib(gpu_model)))
     if placement is None or placement.batches is None:
         raise DoesNotFit(f"{run.model.source} {run.train.method}: no placement fits {gpu_model}")
     batches = placement.batches
     return Plan(gpu_model=gpu_model, shape=shape, micro_batch_tokens=batches.micro_batch_tokens,
-                recompute=batches.gradient_checkpointing, full=full)
+                recompute=batches.gradient_checkpointing, full=full, qlora=qlora)
 
 
 def _shape(source: str) -> ModelShape | None:
@@ -141,8 +164,26 @@ def scale(figure: ThroughputMeasurement, source: Plan, target: Plan) -> Training
     scaling = (f"{bound}-bound at {source.intensity():,.0f} FLOP/byte against a ridge of "
                f"{src.ridge_flop_per_byte:,.0f}: {parts}" + (f" x work per token {work:.3g}" if work != 1 else ""))
     ratio = gpu * work
+    if source.qlora != target.qlora:
+        ratio, scaling = _dequantized(figure, source, target, ratio, scaling)
     return TrainingThroughput(tokens_per_second_per_gpu=figure.tokens_per_second_per_device * ratio,
                               kind="estimated", basis=figure, ratio=ratio, bound=bound, scaling=scaling)
+
+
+def _dequantized(figure: ThroughputMeasurement, source: Plan, target: Plan, ratio: float,
+                 scaling: str) -> tuple[float, str]:
+    """The ratio with the figure's dequantization taken out before scaling and the target's put back."""
+    measured = source.micro_batch_tokens / figure.tokens_per_second_per_device
+    core = measured - source.dequant_seconds()
+    if core <= 0:
+        return ratio, (f"{scaling}; dequantization not separated: the model's {source.dequant_seconds():.3g} s exceeds "
+                       f"the measured micro-batch's {measured:.3g} s")
+    target_core = target.micro_batch_tokens / (source.micro_batch_tokens / core * ratio)
+    seconds = target_core + target.dequant_seconds()
+    tokens_per_second = target.micro_batch_tokens / seconds
+    which = (f"the figure's {source.dequant_seconds():.3g} s a micro-batch taken out" if source.qlora
+             else f"{target.dequant_seconds():.3g} s a micro-batch added")
+    return tokens_per_second / figure.tokens_per_second_per_device, f"{scaling}; dequantization: {which}"
 
 
 def estimate_throughput(run: RunConfig, gpu_model: str, figures: Sequence[ThroughputMeasurement],
