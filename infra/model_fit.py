@@ -1,6 +1,8 @@
-"""Where a run fits on a stack's GPUs: for each GPU worker set, the placement the run gets over all of that set's
-GPUs (``workloads.train.placement.decide_placement`` on the catalog's usable GPU memory and the preset's RAM) and,
-when that does not fit, the fewest nodes of the set's preset that do.
+"""Where a run fits on a stack's GPUs: for each GPU worker set, the placement the run trains with on that set's
+nodes (``infra.cost.compare.fastest_nodes``: the fewest nodes where ``decide_placement`` fits, on the catalog's
+usable GPU memory and the preset's RAM, more only where the network and offload estimate says they train faster)
+and, when no node count of the set fits, the fewest nodes of the set's preset that do. ``train_nodes`` is the node
+count the train job asks Slurm for.
 
 The preview's model-fits policy and ``ftstack plan`` call ``worker_fits``; the method comparison, the cost estimate
 and the trainer call the same ``decide_placement``, so the preview and the run agree.
@@ -14,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from infra import catalog
 from infra.config import StackConfig
-from workloads.train.model_shapes import ModelShape
+from workloads.train.model_shapes import ModelShape, UnknownModel, shape_for_source
 from workloads.train.placement import Hardware, Placement, decide_placement
 
 if TYPE_CHECKING:
@@ -32,6 +34,8 @@ class WorkerFit(BaseModel):
     gpu_memory_gib: float
     """usable memory of one GPU (catalog.USABLE_GPU_MEMORY)."""
     placement: Placement
+    set_nodes: int
+    """the nodes of the worker set (the placement trains on as many of them as ``fastest_nodes`` chooses)."""
     smallest: Placement | None
     """when the stack's set does not fit: the fewest nodes of its preset that do (FSDP where the run forces DDP);
     None when no node count does."""
@@ -42,7 +46,8 @@ class WorkerFit(BaseModel):
 
     def describe(self) -> str:
         p = self.placement
-        where = (f"worker set {self.worker_set} ({p.nodes} x {p.gpus_per_node} {self.gpu_model}, "
+        used = f"{p.nodes} of {self.set_nodes}" if p.nodes != self.set_nodes else f"{p.nodes}"
+        where = (f"worker set {self.worker_set} ({used} x {p.gpus_per_node} {self.gpu_model}, "
                  f"{self.gpu_memory_gib:g} GiB usable each)")
         head = f"{where}: {p.plan.strategy} over {_gpus(p.gpus)}, ~{p.per_gpu_gib:.1f} GiB per GPU"
         if self.fits:
@@ -61,7 +66,12 @@ def _gpus(count: int) -> str:
 
 
 def worker_fits(cfg: StackConfig, run: RunConfig, shape: ModelShape) -> list[WorkerFit]:
-    """The run on each GPU worker set of the stack, over all of that set's GPUs."""
+    """The run on each GPU worker set of the stack: on the nodes it trains fastest on, else over all of them."""
+    from infra.cost.compare import fastest_nodes
+    from infra.cost.price import PriceInputs, training_throughput
+
+    priced = training_throughput(cfg, run, PriceInputs()) if run.train is not None else None
+    tps = priced.tokens_per_second_per_gpu if priced is not None else None
     found = []
     for w in cfg.nodes.workers if cfg.nodes is not None else []:
         platform = catalog.get_platform(w.platform)
@@ -69,8 +79,24 @@ def worker_fits(cfg: StackConfig, run: RunConfig, shape: ModelShape) -> list[Wor
             continue
         hardware = Hardware(gpu_memory_gib=platform.usable_gpu_memory_gib, gpus_per_node=w.shape.gpus,
                             host_memory_gib=w.shape.ram_gib)
-        placement = decide_placement(run, shape, hardware, nodes=w.size)
+        placement = (fastest_nodes(run, shape, hardware, w.size, w.platform, platform.gpu_model or "", tps)
+                     or decide_placement(run, shape, hardware, nodes=w.size))
         smallest = None if placement.fits else decide_placement(run, shape, hardware)
         found.append(WorkerFit(worker_set=w.name, gpu_model=platform.gpu_model or "",
-                               gpu_memory_gib=hardware.gpu_memory_gib, placement=placement, smallest=smallest))
+                               gpu_memory_gib=hardware.gpu_memory_gib, placement=placement, set_nodes=w.size,
+                               smallest=smallest))
     return found
+
+
+def train_nodes(cfg: StackConfig, run: RunConfig, all_nodes: int) -> int:
+    """The nodes the train job asks for on the stack's first worker set: its ``worker_fits`` placement's when the
+    model's shape is known and the set is a GPU set, else `all_nodes` (every node of the set)."""
+    try:
+        shape = shape_for_source(run.model.source)
+    except UnknownModel:
+        return all_nodes
+    workers = cfg.nodes.workers if cfg.nodes is not None else []
+    fits = worker_fits(cfg, run, shape)
+    if not workers or not fits or fits[0].worker_set != workers[0].name:
+        return all_nodes
+    return fits[0].placement.nodes

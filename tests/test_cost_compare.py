@@ -205,7 +205,7 @@ def test_seed_002s_70b_lora_on_two_gpus_is_an_offload_row_priced_with_its_slowdo
     without_step = max(compute_s, copy_s) / compute_s
     assert without_step < row.slowdown <= (max(compute_s, copy_s) + step_s) / compute_s
     assert row.gpu_hours == pytest.approx(plain.gpu_hours / (plain.network_slowdown or 1.0) * row.slowdown)
-    assert "lora    fsdp+offload  2" in render_comparison(c)
+    assert "lora    fsdp+offload (chosen)  2" in render_comparison(c)
 
 
 def test_the_cpu_optimizer_step_of_a_70b_full_fine_tune_offloaded_to_one_h100_node():
@@ -297,12 +297,13 @@ def test_an_hsdp_row_follows_a_multi_node_fsdp_row_whose_shards_fit_one_node():
 def test_hsdp_on_demo_crosses_ethernet_with_gradients_only():
     """demo's 70B QLoRA fits one node's 2 L40S (FSDP), so on its 5 nodes an HSDP row follows: across nodes only each
     rank's half of the fp32 LoRA gradients, 2 x 4/5 x 4 B x LoRA / 2, the node's link carrying both ranks' at
-    1.45 GB/s; FSDP over the 10 ranks sends 9/10 of the 4-bit weights twice through the same link: more bytes
-    across nodes, never a cheaper row."""
+    1.45 GB/s; FSDP over the 10 ranks would send 9/10 of the 4-bit weights twice through the same link, so the FSDP
+    row trains on one node (over PCIe, not network-bound) and the HSDP row on the 5 is never dearer."""
     c = _stack_comparison("demo")
     rows = [r for r in c.rows if (r.model, r.method) == ("hub:meta-llama/Llama-3.1-70B", "qlora")]
     fsdp, hsdp = rows[0], next(r for r in rows if r.strategy == "hsdp")
-    assert (fsdp.strategy, fsdp.gpus_needed, fsdp.wall_gpus, hsdp.gpus_needed) == ("fsdp", 2, 10, 10)
+    assert (fsdp.strategy, fsdp.gpus_needed, fsdp.wall_gpus, hsdp.gpus_needed) == ("fsdp", 2, 2, 10)
+    assert fsdp.chosen and not hsdp.chosen and fsdp.bound != "network"
     assert hsdp.plan_only and hsdp.usd_on_demand <= fsdp.usd_on_demand
     across = 2 * (4 / 5) * 4 * LLAMA70_LORA_PARAMS / 2
     assert hsdp.network_bytes > across  # plus the within-node all-gathers over PCIe

@@ -10,21 +10,24 @@ that figure came from, GPU-hours, wall time and cost on demand and preemptible.
 - Offload rows: after an FSDP row, the same with FSDP's CPU offload on the fewest whole nodes of the stack's preset
   where it fits, when that is fewer GPUs; priced at the row's throughput divided by ``offload_slowdown``
   (``OFFLOAD_MODEL``: host copies and the CPU optimizer step).
+- Where a row trains: on the stack, the fastest of its node counts from the fewest that hold the row's layout
+  (``fastest_nodes``, ``NODES_MODEL``); off the stack, the whole nodes it needs. The row of the layout the trainer
+  takes on the stack (``fastest_nodes`` over every node count, offload included; what ``model_fit.train_nodes``
+  gives the train job's sbatch) is marked ``chosen``.
 - Bound and network: each row's bytes per micro-batch and rank by strategy (``network_seconds``) where it trains
-  (``decide_placement`` on its wall nodes, as the trainer decides there), over the peer link within a node and the
+  (``decide_placement`` on those nodes, as the trainer decides there), over the peer link within a node and the
   stack's fabric across nodes (``catalog.FABRICS``), overlapped with compute; a row whose network time exceeds its
   compute time is network-bound and priced with the ratio (``NETWORK_MODEL``); otherwise compute- or memory-bound
   by its micro-batch's GEMM intensity against the GPU's ridge. A fabric without a figure is said so, not priced.
-- HSDP rows (plan only: the trainer shards over every rank, it does not run HSDP): after a row that trains FSDP
-  over several nodes while one node's GPUs hold its shards, the same GPUs sharding within each node and
+- HSDP rows (plan only: the trainer shards over every rank, it does not run HSDP): after a row that would train FSDP
+  over the stack's several nodes while one node's GPUs hold its shards, the same GPUs sharding within each node and
   replicating across nodes (``hsdp_bytes``), priced with their own network time.
 - Tokens/s per GPU, GPU-hours and cost: each row is priced by ``price_stack`` (the one price path) with the run
   config changed to that model and method, so its tokens/s come from where the stack's own training-run cost
   takes them (configured, measured, borrowed, estimated); the stack's configured figure and the run it measured
   count only for their own model and method. Preemptible: the same with the workers preemptible, where the
   catalog has a preemptible price.
-- Wall hours = GPU-hours over the GPUs the run gets: the stack's training GPUs when it fits there, else the GPUs
-  needed in whole nodes.
+- Wall hours = GPU-hours over the GPUs the row trains on (above); an offload row on the fewest nodes where it fits.
 """
 
 from __future__ import annotations
@@ -45,7 +48,8 @@ from infra.pipeline.chain import worker_shape
 from workloads.train.model_shapes import KNOWN, ModelShape, UnknownModel, shape_for_source
 from infra.cost.estimate import Plan
 from workloads.train.memory import DTYPE_BYTES, GIB, inputs_from_run, lora_params, weight_bytes
-from workloads.train.placement import Hardware, Placement, decide_placement, host_bytes_per_node, offloaded_placement
+from workloads.train.placement import (Hardware, Placement, choose_nodes, decide_placement, host_bytes_per_node,
+                                      offloaded_placement)
 
 METHODS = ("full", "lora", "qlora")
 REFERENCE_TOKENS = 100_000_000
@@ -108,6 +112,8 @@ class CompareRow(BaseModel):
     """offload rows: the throughput divisor of ``offload_slowdown`` against the same row without offload."""
     micro_batch_tokens: int | None = None
     """the planned micro-batch the network and offload times are computed at."""
+    chosen: bool = False
+    """the layout the trainer, the train job's node count and the plan take on the stack (``fastest_nodes``)."""
 
 
 class Comparison(BaseModel):
@@ -257,14 +263,19 @@ def compare(cfg: StackConfig, run: RunConfig, inputs: PriceInputs = PriceInputs(
                 wall_gpus=wall_gpus, usd_on_demand=priced.usd, usd_preemptible=preemptible,
             )
             gpu_model = platform.gpu_model or ""
+            tps = plain.throughput.tokens_per_second_per_gpu
             offloaded = _offload_row(plain, variant, shape, node, gpu_model, worker.platform, stack_gpus, spot_rate)
             hsdp = None
             if fit is not None and wall_gpus:
-                placed = decide_placement(variant, shape, node, wall_gpus // gpus_per_node)
+                spread = decide_placement(variant, shape, node, wall_gpus // gpus_per_node)
+                hsdp = _hsdp_row(plain, variant, shape, spread, node, worker.platform, gpu_model)
+                placed = (fastest_nodes(variant, shape, node, nodes, worker.platform, gpu_model, tps,
+                                        math.ceil(needed / gpus_per_node)) if fits_stack else spread)
                 if placed is not None:
-                    hsdp = _hsdp_row(plain, variant, shape, placed, node, worker.platform, gpu_model)
-                    plain = _with_network(plain, variant, shape, placed, worker.platform, gpu_model)
-            rows += [plain] + [r for r in (offloaded, hsdp) if r is not None]
+                    plain = _with_network(_on_gpus(plain, placed.gpus), variant, shape, placed, worker.platform,
+                                          gpu_model)
+            chosen = fastest_nodes(variant, shape, node, nodes, worker.platform, gpu_model, tps)
+            rows += [_marked(r, chosen) for r in (plain, offloaded, hsdp) if r is not None]
     notes = ["FSDP rows are priced at the per-GPU throughput of the same model and method under DDP divided by their "
              "network slowdown; a measured FSDP run replaces that assumption"]
     notes.append(f"network: {NETWORK_MODEL}; fabric {catalog.FABRICS[worker.platform].name}: "
@@ -345,6 +356,19 @@ def network_seconds(run: RunConfig, shape: ModelShape, strategy: str, nodes: int
     return moved, None if ring is None else moved / (ring * 1e9)
 
 
+def _on_gpus(row: CompareRow, gpus: int) -> CompareRow:
+    """`row` trained on `gpus` GPUs (its wall hours)."""
+    hours = row.gpu_hours / gpus if row.gpu_hours is not None else None
+    return row.model_copy(update={"wall_gpus": gpus, "wall_hours": hours})
+
+
+def _marked(row: CompareRow, chosen: Placement | None) -> CompareRow:
+    """`row` marked when its layout is the one the trainer takes on the stack (``fastest_nodes``)."""
+    same = (chosen is not None and row.fits_stack and not row.plan_only and row.strategy == chosen.plan.strategy
+            and row.offload == chosen.plan.offload and row.wall_gpus == chosen.gpus)
+    return row.model_copy(update={"chosen": same})
+
+
 def _compute_bound(shape: ModelShape, gpu_model: str, micro_batch_tokens: int) -> str:
     plan = Plan(gpu_model=gpu_model, shape=shape, micro_batch_tokens=micro_batch_tokens, recompute=False)
     return "compute" if plan.intensity() >= catalog.gpu_peaks(gpu_model).ridge_flop_per_byte else "memory"
@@ -401,6 +425,56 @@ def _hsdp_row(plain: CompareRow, run: RunConfig, shape: ModelShape, placed: Plac
     return _priced_network(row, moved, seconds, mbt, _compute_bound(shape, gpu_model, mbt))
 
 
+NODES_MODEL = (
+    "how many of a worker set's nodes a run trains on (choose_nodes): the fewest whole nodes where decide_placement "
+    "fits (offload under auto where nothing else fits there), more only where they train faster: a micro-batch "
+    "computes at the tokens/s per GPU the stack prices the run with (a configured, measured, borrowed or estimated "
+    "figure; without one, the GPU's datasheet roofline: the larger of FLOPs per token over dense bf16 FLOP/s and "
+    "weight bytes per token over memory bandwidth, QLoRA's dequantization added, estimate.Plan), slowed by "
+    "OFFLOAD_MODEL where it offloads, overlapped with its network time (NETWORK_MODEL): seconds per token = "
+    "max(that, network) over the micro-batch's tokens x the GPUs; a tie, or a fabric without a figure, keeps the "
+    "fewer nodes")
+
+
+def roofline_tokens_per_second(run: RunConfig, shape: ModelShape, gpu_model: str, batches: BatchPlan) -> float:
+    """Tokens/s of one GPU at its datasheet peaks for `batches`' micro-batch (``NODES_MODEL``)."""
+    method = inputs_from_run(run).method
+    plan = Plan(gpu_model=gpu_model, shape=shape, micro_batch_tokens=batches.micro_batch_tokens,
+                recompute=batches.gradient_checkpointing, full=method == "full", qlora=method == "qlora")
+    peaks = catalog.gpu_peaks(gpu_model)
+    seconds = max(plan.flops_per_token() / (peaks.bf16_dense_tflops * 1e12),
+                  plan.weight_bytes_per_token() / (peaks.memory_tb_per_s * 1e12))
+    return plan.micro_batch_tokens / (seconds * plan.micro_batch_tokens + plan.dequant_seconds())
+
+
+def seconds_per_token(run: RunConfig, shape: ModelShape, placed: Placement, platform: str, gpu_model: str,
+                      tokens_per_second_per_gpu: float | None) -> float | None:
+    """Wall seconds per training token of the whole run on `placed` (``NODES_MODEL``); None when not known."""
+    if (placed.batches is None or gpu_model not in catalog.HOST_LINKS or gpu_model not in catalog.GPU_PEAKS
+            or platform not in catalog.FABRICS):
+        return None
+    batches = placed.batches
+    tps = tokens_per_second_per_gpu or roofline_tokens_per_second(run, shape, gpu_model, batches)
+    compute = batches.micro_batch_tokens / tps
+    if placed.plan.offload != "none":
+        if platform not in catalog.HOST_MEMORY:
+            return None
+        compute *= offload_slowdown(run, shape, gpu_model, platform, placed.gpus, placed.gpus_per_node, batches, tps)
+    _, network = network_seconds(run, shape, placed.plan.strategy, placed.nodes, placed.gpus_per_node,
+                                 batches.gradient_accumulation_steps, platform, gpu_model)
+    if network is None:
+        return None
+    return max(compute, network) / (batches.micro_batch_tokens * placed.gpus)
+
+
+def fastest_nodes(run: RunConfig, shape: ModelShape, hardware: Hardware, most_nodes: int, platform: str,
+                  gpu_model: str, tokens_per_second_per_gpu: float | None, fewest_nodes: int = 1) -> Placement | None:
+    """`choose_nodes` with ``seconds_per_token``: the placement a run trains with on `most_nodes` nodes of a worker
+    set (``NODES_MODEL``)."""
+    return choose_nodes(run, shape, hardware, most_nodes, lambda placed: seconds_per_token(
+        run, shape, placed, platform, gpu_model, tokens_per_second_per_gpu), fewest_nodes)
+
+
 ADAMW_BYTES_PER_PARAM = 28
 """Host memory traffic of one AdamW update of an fp32 parameter: parameter, gradient and both moments read (16 B),
 parameter and moments written (12 B)."""
@@ -451,7 +525,7 @@ def _offload_row(plain: CompareRow, run: RunConfig, shape: ModelShape, node: Har
     gpu_hours = plain.gpu_hours * slowdown
     usd_rate = plain.usd_on_demand / plain.gpu_hours if plain.usd_on_demand is not None and plain.gpu_hours else None
     fits_stack = found.gpus <= stack_gpus
-    wall_gpus = stack_gpus if fits_stack else found.gpus
+    wall_gpus = found.gpus
     throughput = plain.throughput.model_copy(update={"tokens_per_second_per_gpu": tps / slowdown})
     bound = "host link" if slowdown > 1 else _compute_bound(shape, gpu_model, found.batches.micro_batch_tokens)
     return plain.model_copy(update={
@@ -501,7 +575,7 @@ def render_comparison(c: Comparison) -> str:
         table.append((
             r.model.removeprefix("hub:"), f"{r.params_b:g}B", r.method,
             (r.strategy or "none") + ("+offload" if r.offload == "params" else "")
-            + (" (plan)" if r.plan_only else ""),
+            + (" (plan)" if r.plan_only else "") + (" (chosen)" if r.chosen else ""),
             _num(r.gpus_needed, "d"), _num(r.per_gpu_gib, ".1f"),
             _num(r.host_gib_per_node, ",.0f"), r.bound or "-", _on_stack(r, c),
             _num(r.throughput.tokens_per_second_per_gpu, ",.0f") + mark, _num(r.gpu_hours, ",.1f"),

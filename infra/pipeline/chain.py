@@ -173,11 +173,12 @@ def worker_shape(stack: StackConfig) -> tuple[int, int]:
 def _extra_args(stage: Stage, stack: StackConfig, run: RunConfig) -> list[str]:
     """sbatch arguments: placement, and --no-requeue for a train section that turns requeue off."""
     requeue_off = stage == "train" and run.train is not None and not run.train.requeue
-    return [*(["--no-requeue"] if requeue_off else []), *_placement(stage, stack)]
+    return [*(["--no-requeue"] if requeue_off else []), *_placement(stage, stack, run)]
 
 
-def _placement(stage: Stage, stack: StackConfig) -> list[str]:
-    """Readiness one task per GPU on every node, train one task per node, eval one GPU, serve a node.
+def _placement(stage: Stage, stack: StackConfig, run: RunConfig) -> list[str]:
+    """Readiness one task per GPU on every node, train one task per node on the nodes it trains fastest on
+    (``infra.model_fit.train_nodes``), eval one GPU, serve a node.
     Without GPUs (an existing CPU cluster) readiness and train take one task on each of the nodes."""
     nodes, gpus = worker_shape(stack)
     if stack.target == "local" or stage == "prepare":
@@ -189,7 +190,9 @@ def _placement(stage: Stage, stack: StackConfig) -> list[str]:
     if stage == "readiness":
         return [f"--nodes={nodes}", f"--gpus-per-node={gpus}", f"--ntasks-per-node={gpus}"]
     if stage == "train":
-        return [f"--nodes={nodes}", f"--gpus-per-node={gpus}", "--ntasks-per-node=1"]
+        from infra.model_fit import train_nodes  # imports infra.cost, which imports this module
+
+        return [f"--nodes={train_nodes(stack, run, nodes)}", f"--gpus-per-node={gpus}", "--ntasks-per-node=1"]
     return ["--nodes=1", f"--gpus-per-node={1 if stage == 'eval' else gpus}"]
 
 

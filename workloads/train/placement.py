@@ -6,7 +6,10 @@ replica fits `memory_fraction` of the GPU, FSDP over every rank otherwise), then
 checkpointing over that strategy's shards (`workloads.train.sizing.plan_batches`). Given a node count the decision
 is made for it (the trainer: the nodes Slurm gave it; the policy: the stack's worker set); without one it is the
 fewest whole nodes on which it fits (the comparison, the estimate, the policy's advice). A run that forces DDP is
-searched as FSDP there, and the placement says so (`needs_sharding`); its config is not rewritten. FSDP's CPU
+searched as FSDP there, and the placement says so (`needs_sharding`); its config is not rewritten. How many of a
+worker set's nodes a run is given is `choose_nodes`: the fewest whole nodes on which it fits (with offload when that
+is what fits there), more only where a caller's time model (the network and offload estimate of
+`infra.cost.compare`) says they train faster. FSDP's CPU
 offload is used when `train.offload: params`, and under `auto` only on a given node count where nothing else fits
 and the run allows FSDP (the search never needs it: more nodes fit without it).
 
@@ -21,6 +24,7 @@ rank's offloaded shards.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -149,3 +153,24 @@ def offloaded_placement(run: RunConfig, shape: ModelShape, hardware: Hardware, n
     """The run over `nodes` nodes with FSDP's CPU offload, whatever `train.offload` says (the comparison's offload
     rows: what a placement on fewer GPUs would need)."""
     return _at(run, shape, hardware, nodes, None, None, True)
+
+
+SecondsPerToken = Callable[[Placement], "float | None"]
+"""Wall seconds per training token of a whole run on a placement (None: not known, e.g. a fabric without a figure)."""
+
+
+def choose_nodes(run: RunConfig, shape: ModelShape | None, hardware: Hardware, most_nodes: int,
+                 seconds_per_token: SecondsPerToken, fewest_nodes: int = 1) -> Placement | None:
+    """The placement over as many of `most_nodes` nodes as train fastest: from `fewest_nodes` up, each node count's
+    `decide_placement` (offload under `auto` where nothing else fits there); a node count that fits replaces the one
+    chosen so far only when `seconds_per_token` says it is faster (a tie or an unknown time keeps fewer nodes).
+    None when no node count up to `most_nodes` fits."""
+    chosen, chosen_time = None, None
+    for nodes in range(max(1, fewest_nodes), most_nodes + 1):
+        placed = decide_placement(run, shape, hardware, nodes)
+        if not placed.fits:
+            continue
+        time = seconds_per_token(placed)
+        if chosen is None or (time is not None and chosen_time is not None and time < chosen_time):
+            chosen, chosen_time = placed, time
+    return chosen
