@@ -8,8 +8,9 @@ that figure came from, GPU-hours, wall time and cost on demand and preemptible.
   base on the first node under FSDP, a tensor in flight per rank otherwise); a row over the node's RAM does not
   fit the stack.
 - Offload rows: after an FSDP row, the same with FSDP's CPU offload on the fewest whole nodes of the stack's preset
-  where it fits, when that is fewer GPUs; priced at the row's throughput divided by ``offload_slowdown``
-  (``OFFLOAD_MODEL``: host copies and the CPU optimizer step).
+  where it fits, when that is fewer GPUs (on the nodes the trainer takes when it offloads on more, with their
+  network time); priced at the row's throughput divided by ``offload_slowdown`` (``OFFLOAD_MODEL``: host copies and
+  the CPU optimizer step).
 - Where a row trains: on the stack, the fastest of its node counts from the fewest that hold the row's layout
   (``fastest_nodes``, ``NODES_MODEL``); off the stack, the whole nodes it needs. The row of the layout the trainer
   takes on the stack (``fastest_nodes`` over every node count, offload included; what ``model_fit.train_nodes``
@@ -264,8 +265,7 @@ def compare(cfg: StackConfig, run: RunConfig, inputs: PriceInputs = PriceInputs(
             )
             gpu_model = platform.gpu_model or ""
             tps = plain.throughput.tokens_per_second_per_gpu
-            offloaded = _offload_row(plain, variant, shape, node, gpu_model, worker.platform, stack_gpus, spot_rate)
-            hsdp = None
+            hsdp, bare = None, plain
             if fit is not None and wall_gpus:
                 spread = decide_placement(variant, shape, node, wall_gpus // gpus_per_node)
                 hsdp = _hsdp_row(plain, variant, shape, spread, node, worker.platform, gpu_model)
@@ -275,6 +275,8 @@ def compare(cfg: StackConfig, run: RunConfig, inputs: PriceInputs = PriceInputs(
                     plain = _with_network(_on_gpus(plain, placed.gpus), variant, shape, placed, worker.platform,
                                           gpu_model)
             chosen = fastest_nodes(variant, shape, node, nodes, worker.platform, gpu_model, tps)
+            offloaded = _offload_row(bare, variant, shape, node, gpu_model, worker.platform, stack_gpus, spot_rate,
+                                     chosen)
             rows += [_marked(r, chosen) for r in (plain, offloaded, hsdp) if r is not None]
     notes = ["FSDP rows are priced at the per-GPU throughput of the same model and method under DDP divided by their "
              "network slowdown; a measured FSDP run replaces that assumption"]
@@ -486,7 +488,7 @@ OFFLOAD_MODEL = (
     "overlap compute (FSDP prefetches a layer ahead); the optimizer step runs on the CPU over the offloaded fp32 "
     "shards while the GPUs wait: a node's trainable parameters x 28 B (AdamW reads parameter, gradient and two "
     "moments, writes three) at one socket's peak memory bandwidth (catalog.HOST_MEMORY; a VM gets at most that, so "
-    "a lower bound); the network between nodes is not counted")
+    "a lower bound); an offload row over several nodes also overlaps its network time (NETWORK_MODEL)")
 
 
 def cpu_step_seconds(run: RunConfig, shape: ModelShape, platform: str, ranks: int, gpus_per_node: int) -> float:
@@ -511,14 +513,18 @@ def offload_slowdown(run: RunConfig, shape: ModelShape, gpu_model: str, platform
 
 
 def _offload_row(plain: CompareRow, run: RunConfig, shape: ModelShape, node: Hardware, gpu_model: str,
-                 platform: str, stack_gpus: int, spot_rate: float | None) -> CompareRow | None:
-    """The row with FSDP's CPU offload on the fewest nodes where it fits, when that is fewer GPUs than `plain`."""
+                 platform: str, stack_gpus: int, spot_rate: float | None,
+                 chosen: Placement | None = None) -> CompareRow | None:
+    """The row with FSDP's CPU offload on the fewest nodes where it fits, when that is fewer GPUs than `plain`; on
+    `chosen`'s nodes, with their network time, when the trainer takes offload there (``fastest_nodes``)."""
     tps = plain.throughput.tokens_per_second_per_gpu
     if (plain.strategy != "fsdp" or not tps or plain.gpu_hours is None or gpu_model not in catalog.HOST_LINKS
             or platform not in catalog.HOST_MEMORY):
         return None
     most = math.ceil((plain.gpus_needed or 0) / node.gpus_per_node) - 1
     found = next((p for n in range(1, most + 1) if (p := offloaded_placement(run, shape, node, n)).fits), None)
+    if chosen is not None and chosen.plan.offload != "none" and found is not None and chosen.gpus <= stack_gpus:
+        found = chosen
     if found is None or found.batches is None:
         return None
     slowdown = offload_slowdown(run, shape, gpu_model, platform, found.gpus, node.gpus_per_node, found.batches, tps)
@@ -528,7 +534,7 @@ def _offload_row(plain: CompareRow, run: RunConfig, shape: ModelShape, node: Har
     wall_gpus = found.gpus
     throughput = plain.throughput.model_copy(update={"tokens_per_second_per_gpu": tps / slowdown})
     bound = "host link" if slowdown > 1 else _compute_bound(shape, gpu_model, found.batches.micro_batch_tokens)
-    return plain.model_copy(update={
+    row = plain.model_copy(update={
         "strategy": "fsdp", "offload": "params", "slowdown": slowdown, "gpus_needed": found.gpus, "bound": bound,
         "micro_batch_tokens": found.batches.micro_batch_tokens,
         "per_gpu_gib": round(found.per_gpu_gib, 1), "fits_stack": fits_stack,
@@ -537,6 +543,10 @@ def _offload_row(plain: CompareRow, run: RunConfig, shape: ModelShape, node: Har
         "usd_on_demand": gpu_hours * usd_rate if usd_rate is not None else None,
         "usd_preemptible": gpu_hours * spot_rate if spot_rate is not None else None,
     })
+    if found.nodes < 2:
+        return row
+    networked = _with_network(row, run, shape, found, platform, gpu_model)
+    return networked if networked.bound == "network" else networked.model_copy(update={"bound": bound})
 
 
 def _num(value: float | None, fmt: str) -> str:
