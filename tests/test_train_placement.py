@@ -160,6 +160,25 @@ def test_demo_trains_70b_lora_on_one_node_with_offload_not_over_its_ethernet():
     assert "--nodes=1" in jobs["train"].extra_args and "--nodes=5" in jobs["readiness"].extra_args
 
 
+def test_a_run_on_fewer_nodes_is_timed_and_priced_on_those_nodes():
+    """demo's 70B LoRA trains on one of the five nodes (2 of 10 L40S): its wall time is its GPU-hours over 2 GPUs,
+    not 10, so the train job's time limit (estimate x 1.5 + 30 min) covers it; it pays for the one node it holds.
+    The price per GPU-hour the comparison derives (usd / gpu_hours) is the set's own, as before."""
+    from infra.cost.model import node_price
+    from infra.cost.price import PriceInputs, price_stack
+    from infra.cost.pricing import PriceBook
+
+    cfg, run = _variant("demo", "lora")
+    training = price_stack(cfg, PriceInputs(), ROOT, run=run).training
+    assert training is not None and training.gpus == 2
+    assert training.wall_hours == pytest.approx(training.gpu_hours / 2)
+    [worker] = cfg.nodes.workers
+    one_node_hour = node_price(worker.platform, worker.preset, PriceBook(cfg.pricing.overrides),
+                               preemptible=worker.preemptible).usd_per_hour
+    assert training.usd == pytest.approx(training.wall_hours * one_node_hour)
+    assert training.usd / training.gpu_hours == pytest.approx(one_node_hour / 2)
+
+
 def test_demo_plan_comparison_and_trainer_agree_on_the_70b_lora_placement(tmp_path, monkeypatch):
     """The trainer, started on the one node the job asks for (2 ranks, L40S memory as PyTorch reports it, the
     preset's 384 GiB RAM), places the run as the policy and the plan do; the comparison marks that row chosen."""

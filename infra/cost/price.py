@@ -139,7 +139,7 @@ def training_estimate(cfg: StackConfig, run: RunConfig | None, book: PriceBook, 
     if size is None:
         return None, None
     tokens, rows = size
-    gpus = training_devices(cfg, inputs.training)
+    gpus, shape_gpus = training_devices(cfg, run, inputs.training)
     epochs = passes(run.train, tokens, rows, gpus, run.max_length, notes)
     throughput = training_throughput(cfg, run, inputs)
     if throughput is None:
@@ -149,7 +149,8 @@ def training_estimate(cfg: StackConfig, run: RunConfig | None, book: PriceBook, 
                      f"with the {throughput.kind} figure above")
     hourly = None
     if cfg.target == "nebius":
-        hourly = workers_hourly_usd(cfg, book)
+        # the workers' hour, the share of it the run holds (the whole set when it trains on every node)
+        hourly = workers_hourly_usd(cfg, book) * (gpus / shape_gpus if shape_gpus else 1.0)
     else:
         notes.append("training run: an existing cluster has no price here; hours only")
     priced = training_run(tokens, epochs, throughput.tokens_per_second_per_gpu if throughput else None,

@@ -75,11 +75,17 @@ def stack_gpu_model(cfg: StackConfig) -> str | None:
     return next((g for g in (catalog.get_platform(w.platform).gpu_model for w in cfg.nodes.workers) if g), None)
 
 
-def training_devices(cfg: StackConfig, measured: ThroughputMeasurement | None) -> int:
-    """GPUs the train job spreads over (`worker_shape`, what its sbatch asks for); on workers without GPUs
-    (an existing CPU cluster), the ranks the measured run had."""
+def training_devices(cfg: StackConfig, run: RunConfig, measured: ThroughputMeasurement | None) -> tuple[int, int]:
+    """(GPUs the train job spreads over, GPUs of the whole worker shape): the job asks for the placement's nodes
+    (`infra.model_fit.train_nodes`, fewer than `worker_shape` where fewer train faster); on workers without GPUs
+    (an existing CPU cluster), the ranks the measured run had, both."""
+    from infra.model_fit import train_nodes  # model_fit prices placements with this package
+
     nodes, gpus_per_node = worker_shape(cfg)
-    return nodes * gpus_per_node or (measured.devices if measured is not None else 0)
+    if not gpus_per_node:
+        ranks = measured.devices if measured is not None else 0
+        return ranks, ranks
+    return train_nodes(cfg, run, nodes) * gpus_per_node, nodes * gpus_per_node
 
 
 def prepared_tokens(prepared: PrepareSummary | None) -> tuple[int, int] | None:
