@@ -86,6 +86,9 @@ class UtilizationCost(_Section):
     runs_per_month: float
     run_node_hours: float
     serving_node_hours: float
+    serving_usd: float
+    """the serving nodes' month apart from training: reserved serving workers' own lines (always on), else the
+    schedule's serving node-hours at the first worker set's hourly price."""
     worker_node_hours: float
     requeue_overhead: float
     basis: str

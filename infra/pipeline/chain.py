@@ -31,7 +31,7 @@ from infra.pipeline.bundle import PACKAGE, bundle_files
 from infra.pipeline.time_limits import stage_time_limits
 from workloads.common.job_metrics import TEXTFILE_DIR_ENV
 
-Stage = Literal["environment", "prepare", "readiness", "train", "eval", "serve"]
+Stage = Literal["environment", "prepare", "readiness", "train", "eval", "serve", "publish"]
 
 CHAIN: tuple[Stage, ...] = ("prepare", "readiness", "train", "eval")
 DEPENDS_ON: dict[Stage, tuple[Stage, ...]] = {
@@ -41,6 +41,7 @@ DEPENDS_ON: dict[Stage, tuple[Stage, ...]] = {
     "train": ("readiness",),
     "eval": ("train",),
     "serve": ("train",),
+    "publish": ("eval",),
 }
 SECTIONS: dict[Stage, tuple[str, ...]] = {
     "environment": (),
@@ -49,6 +50,7 @@ SECTIONS: dict[Stage, tuple[str, ...]] = {
     "train": ("name", "paths", "model", "data", "train"),
     "eval": ("name", "paths", "model", "data", "train", "eval"),
     "serve": ("name", "paths", "model", "train", "serve"),
+    "publish": ("name", "paths", "model", "train", "eval", "serve"),
 }
 CONFIGS_DIR = f"{PACKAGE}/configs"
 LOCAL_CODE_ROOT = ".local/jail/home/shared/finetune_code"
@@ -161,19 +163,35 @@ def check_run_config_path(run_config_path: str) -> None:
 
 
 def worker_shape(stack: StackConfig) -> tuple[int, int]:
-    """(nodes, GPUs per node) the training stages use: every node of the first worker set (or the cluster's)."""
+    """(nodes, GPUs per node) the training stages use: every node of the first worker set (or the cluster's) but
+    those reserved for serving (`serving.nodes`)."""
     if stack.cluster is not None:
-        return stack.cluster.nodes, stack.cluster.gpus_per_node
+        return stack.cluster.nodes - stack.serving.nodes, stack.cluster.gpus_per_node
     if stack.nodes is None or not stack.nodes.workers:
         return 1, 0
     first = stack.nodes.workers[0]
-    return first.size, get_preset(first.platform, first.preset).gpus
+    return first.size - stack.serving.nodes, get_preset(first.platform, first.preset).gpus
+
+
+def depends_on(stage: Stage, stack: StackConfig) -> tuple[Stage, ...]:
+    """A stage's predecessors; with workers reserved for serving, serve needs only the base model (prepare) and
+    starts while training runs on the other nodes."""
+    if stage == "serve" and stack.serving_on:
+        return ("prepare",)
+    return DEPENDS_ON[stage]
+
+
+def _partition(stage: Stage, stack: StackConfig) -> list[str]:
+    """With workers reserved for serving: serve in their partition, every other stage in the training one."""
+    if not stack.serving_on or stage == "environment":
+        return []
+    return [f"--partition={stack.serving.partition if stage == 'serve' else stack.serving.training_partition}"]
 
 
 def _extra_args(stage: Stage, stack: StackConfig, run: RunConfig) -> list[str]:
     """sbatch arguments: placement, and --no-requeue for a train section that turns requeue off."""
     requeue_off = stage == "train" and run.train is not None and not run.train.requeue
-    return [*(["--no-requeue"] if requeue_off else []), *_placement(stage, stack)]
+    return [*(["--no-requeue"] if requeue_off else []), *_partition(stage, stack), *_placement(stage, stack)]
 
 
 def _placement(stage: Stage, stack: StackConfig) -> list[str]:
@@ -191,6 +209,27 @@ def _placement(stage: Stage, stack: StackConfig) -> list[str]:
     if stage == "train":
         return [f"--nodes={nodes}", f"--gpus-per-node={gpus}", "--ntasks-per-node=1"]
     return ["--nodes=1", f"--gpus-per-node={1 if stage == 'eval' else gpus}"]
+
+
+def serving_stages(stack: StackConfig, run: RunConfig) -> list[Stage]:
+    """serve; with workers reserved for serving also publish, which loads the run's fine-tune into the running
+    server once its eval passes the gate. That needs an engine that loads adapters at runtime."""
+    if not stack.serving_on:
+        return ["serve"]
+    if run.serve is not None and run.serve.engine == "transformers":
+        raise ValueError(f"run config {run.name!r}: serve.engine transformers serves a merged copy and cannot load a "
+                         "new fine-tune into the running server; with serving.nodes use engine auto, peft or vllm")
+    return ["serve", "publish"]
+
+
+def _serving_args(stage: Stage, stack: StackConfig) -> list[str]:
+    """serve on its own node starts before the run's fine-tune exists: the base alone (or the set a requeued job
+    persisted); publish names the stack its stored run belongs to."""
+    if stage == "serve":
+        return ["--start-empty", "--resume"]
+    if stage == "publish":
+        return ["--stack", stack.stack]
+    return []
 
 
 def _readiness_expectations(stack: StackConfig) -> list[str]:
@@ -217,7 +256,7 @@ def pipeline_jobs(
     config_arg = Path(run_config_path).as_posix()
     paths = run_paths_at(run, placement)
     results_dir, train_dir = paths.results_dir.as_posix(), paths.train_run_dir.as_posix()
-    stages: list[Stage] = [*CHAIN, *(["serve"] if serve else [])]
+    stages: list[Stage] = [*CHAIN, *(serving_stages(stack, run) if serve else [])]
     env = {"FT_PYTHON": placement.python, **placement.env}
     if placement.environment is not None and placement.environment.image:
         config_dir = [str(PurePosixPath(config_arg).parent)] if PurePosixPath(config_arg).is_absolute() else []
@@ -232,10 +271,11 @@ def pipeline_jobs(
         jobs.append(JobSpec(
             stage=stage,
             script=f"{PACKAGE}/jobs/{stage}.sbatch",
-            args=[config_arg, *(_readiness_expectations(stack) if stage == "readiness" else [])],
+            args=[config_arg, *(_readiness_expectations(stack) if stage == "readiness" else []),
+                  *(_serving_args(stage, stack) if stack.serving_on else [])],
             env=env,
             extra_args=_extra_args(stage, stack, run),
-            depends_on=list(DEPENDS_ON[stage]) or (["environment"] if placement.environment else []),
+            depends_on=list(depends_on(stage, stack)) or (["environment"] if placement.environment else []),
             fingerprint=stage_fingerprint(stage, code, run, data_sha256),
             output=f"{results_dir}/logs/{run.name}-{stage}-%j.out",
             results_path=train_dir if stage in ("train", "serve") else results_dir,
