@@ -222,13 +222,21 @@ def serving_stages(stack: StackConfig, run: RunConfig) -> list[Stage]:
     return ["serve", "publish"]
 
 
-def _serving_args(stage: Stage, stack: StackConfig) -> list[str]:
+SERVING_DIR = "serving"
+"""under the run root: the serving run store (`store/`) and the gateway's key (`api.key`, mode 0600), which the
+serve and publish jobs share."""
+
+
+def _serving_args(stage: Stage, stack: StackConfig, paths: RunPaths) -> list[str]:
     """serve on its own node starts before the run's fine-tune exists: the base alone (or the set a requeued job
-    persisted); publish names the stack its stored run belongs to."""
+    persisted), listening beyond loopback with a key from the shared key file so that publish, on a training node,
+    can load the fine-tune into it; both read the same run store."""
+    folder = paths.root / SERVING_DIR
+    shared = ["--runs-store", (folder / "store").as_posix(), "--api-key-file", (folder / "api.key").as_posix()]
     if stage == "serve":
-        return ["--start-empty", "--resume"]
+        return ["--start-empty", "--resume", "--host", "0.0.0.0", *shared]
     if stage == "publish":
-        return ["--stack", stack.stack]
+        return ["--stack", stack.stack, *shared]
     return []
 
 
@@ -272,7 +280,7 @@ def pipeline_jobs(
             stage=stage,
             script=f"{PACKAGE}/jobs/{stage}.sbatch",
             args=[config_arg, *(_readiness_expectations(stack) if stage == "readiness" else []),
-                  *(_serving_args(stage, stack) if stack.serving_on else [])],
+                  *(_serving_args(stage, stack, paths) if stack.serving_on else [])],
             env=env,
             extra_args=_extra_args(stage, stack, run),
             depends_on=list(depends_on(stage, stack)) or (["environment"] if placement.environment else []),

@@ -25,7 +25,8 @@ from typing import Any
 from documents.adapter_registry import SERVED_SET_NAME, AdapterEntry
 from documents.run_config import ConfigError, RunConfig, load_run_config
 from documents.sections.serve import ServeConfig
-from workloads.serve.auth import AccessError, api_key_from_env, is_loopback, require_key_beyond_loopback
+from workloads.serve.auth import (AccessError, api_key_from_env, api_key_from_file, is_loopback,
+                                  require_key_beyond_loopback)
 from workloads.serve.engines import EnginePlan, adapter_route, choose_engine, plan_peft, plan_transformers, plan_vllm
 from workloads.serve.engine_key import engine_env, new_engine_key
 from workloads.serve.gateway import AdapterHost, Gateway, Limits, build_gateway
@@ -142,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action=argparse.BooleanOptionalAction,
                         default=int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0,
                         help="serve the set the last launcher of this run persisted (default: in a requeued job)")
+    parser.add_argument("--api-key-file", type=Path,
+                        help="the API key from this file, made (mode 0600) with a fresh key when absent; instead "
+                             "of serve.api_key_env (the publish job reads the same file)")
     parser.add_argument("--start-empty", action="store_true",
                         help="with no adapter named, serve the base alone (not the run's own fine-tune)")
     args = parser.parse_args(argv)
@@ -153,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
             overrides["serve_base"] = False
         cfg = (run.serve or ServeConfig()).model_copy(update=overrides)
         cfg = cfg.model_copy(update={"adapters": {**cfg.adapters, **parse_adapter_flags(args.adapter)}})
-        api_key = api_key_from_env(cfg.api_key_env)
+        api_key = (api_key_from_file(args.api_key_file, create=True) if args.api_key_file
+                   else api_key_from_env(cfg.api_key_env))
         require_key_beyond_loopback(cfg.host, api_key)
         work_dir = Path(tempfile.mkdtemp(prefix="ft-serve-"))
         engine = choose_engine(cfg)
@@ -197,7 +202,9 @@ def main(argv: list[str] | None = None) -> int:
             server = gateway_server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning",
                                                   timeout_graceful_shutdown=cfg.shutdown_grace_s + ENDING_S),
                                    gateway, cfg.shutdown_grace_s)
-            with ServedReporter(gateway, run.results_dir, (cfg.base_name, base_sha, base_path), engine) as reporter:
+            url = None if is_loopback(cfg.host) else f"http://{os.uname().nodename}:{cfg.port}"
+            with ServedReporter(gateway, run.results_dir, (cfg.base_name, base_sha, base_path), engine,
+                                url=url) as reporter:
                 gateway.on_change = reporter.report
                 if not gave_up:
                     server.run()
