@@ -370,10 +370,7 @@ start() {
   fi
   echo "$nodes" >"$RUN/nodes"
   [ -z "$suspend" ] || echo "$suspend" >"$RUN/suspend_time"
-  if [ -n "$serving" ]; then
-    [ "$serving" -lt "$nodes" ] || die "--serving-nodes $serving reserves every one of the $nodes node(s): none would be left for training"
-    echo "$serving" >"$RUN/serving_nodes"
-  fi
+  [ -z "$serving" ] || echo "$serving" >"$RUN/serving_nodes"
   # the jail holds no Python packages of ours: the pipeline's environment stage builds them (docs/environment.md)
   if [ -L "$JAIL/opt/venv" ]; then rm -f "$JAIL/opt/venv"; fi
   write_config "$nodes"
@@ -467,6 +464,7 @@ while [ $# -gt 0 ]; do
 done
 [[ "$nodes" =~ ^[1-9][0-9]?$ ]] || die "--nodes must be a number from 1 to 99, got '$nodes'"
 [ -z "$serving" ] || [[ "$serving" =~ ^[0-9]{1,2}$ ]] || die "--serving-nodes must be a whole number of nodes (0 reserves none), got '$serving'"
+[ -z "$serving" ] || [ "$serving" -lt "$nodes" ] || die "--serving-nodes $serving reserves every one of the $nodes node(s): none would be left for training"
 [ -z "$suspend" ] || [[ "$suspend" =~ ^[0-9]{1,6}$ ]] || die "--suspend-time must be whole seconds (0 turns power saving off), got '$suspend'"
 case "$command" in
   start) start "$nodes" ;;
