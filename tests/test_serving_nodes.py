@@ -129,6 +129,22 @@ def test_serve_goes_to_its_partition_after_prepare_and_training_to_the_rest(tmp_
     assert worker_shape(stack) == (1, 0)
 
 
+def test_a_new_fine_tune_leaves_the_server_on_its_own_node_running(tmp_path: Path) -> None:
+    """A changed train section replaces train and what follows it; the server on its own node reads no train
+    section, so its job is kept (it takes the new fine-tune through publish); a shared-node server is replaced."""
+    def fingerprints(stack: Any, lr: float) -> dict[str, str]:
+        document = json.loads((REPO / "workloads/configs/cluster.json").read_text())
+        document["serve"]["engine"] = "peft"
+        document["train"]["learning_rate"] = lr
+        run = parse_run_config(json.dumps(document), "cluster.json")
+        return {j.stage: j.fingerprint for j in pipeline_jobs(stack, run, "workloads/configs/cluster.json", "c0de",
+                                                                PLACEMENT, serve=True)}
+    own, shared = cluster_serving(tmp_path, {"nodes": 1}), load_stack_config("cluster")
+    before, after = fingerprints(own, 2e-4), fingerprints(own, 1e-4)
+    assert {s for s in before if before[s] != after[s]} == {"train", "eval", "publish"}
+    assert fingerprints(shared, 2e-4)["serve"] != fingerprints(shared, 1e-4)["serve"]
+
+
 def test_without_reserved_workers_serve_waits_for_training_on_the_shared_nodes() -> None:
     stack = load_stack_config("cluster")
     jobs = {j.stage: j for j in pipeline_jobs(stack, run_config("transformers"), "workloads/configs/cluster.json",

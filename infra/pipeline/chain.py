@@ -105,10 +105,16 @@ def code_hash(source_dir: str | Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def stage_fingerprint(stage: Stage, code: str, run: RunConfig, data_sha256: str | None = None) -> str:
-    """What a stage's result depends on: the code, the run config sections it reads and the data content."""
+SERVING_NODE_SECTIONS: tuple[str, ...] = ("name", "paths", "model", "serve")
+"""what serve reads on workers of its own: not the train section, so a new fine-tune leaves the server running."""
+
+
+def stage_fingerprint(stage: Stage, code: str, run: RunConfig, data_sha256: str | None = None,
+                      sections: tuple[str, ...] | None = None) -> str:
+    """What a stage's result depends on: the code, the run config sections it reads (`sections`, default the
+    stage's) and the data content."""
     document = run.model_dump(mode="json")
-    sliced = {key: document.get(key) for key in SECTIONS[stage]}
+    sliced = {key: document.get(key) for key in (sections or SECTIONS[stage])}
     content = {"data_sha256": data_sha256} if data_sha256 and "data" in SECTIONS[stage] else {}
     payload = json.dumps({"stage": stage, "code": code, "config": sliced, **content}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
@@ -284,7 +290,8 @@ def pipeline_jobs(
             env=env,
             extra_args=_extra_args(stage, stack, run),
             depends_on=list(depends_on(stage, stack)) or (["environment"] if placement.environment else []),
-            fingerprint=stage_fingerprint(stage, code, run, data_sha256),
+            fingerprint=stage_fingerprint(stage, code, run, data_sha256,
+                                          SERVING_NODE_SECTIONS if stage == "serve" and stack.serving_on else None),
             output=f"{results_dir}/logs/{run.name}-{stage}-%j.out",
             results_path=train_dir if stage in ("train", "serve") else results_dir,
             metrics_path=f"{train_dir}/{METRICS_NAME}" if stage == "train" else None,
