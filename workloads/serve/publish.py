@@ -33,7 +33,7 @@ from documents.run_config import ConfigError, RunConfig, load_run_config
 from documents.run_manifest import RUN_MANIFEST_NAME
 from documents.run_record import RunIndex, write_run_record
 from documents.sections.serve import ServeConfig
-from workloads.serve.auth import api_key_from_file
+from workloads.serve.auth import AccessError, api_key_from_file
 
 AFTER_JOBS_ENV = "FT_AFTER_JOBS"
 
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         stored = store_run(run, report, args.runs_store, args.stack, run_id, job)
         url = gateway_url(run, args.wait_s)
         outcome = load(url, api_key_from_file(args.api_key_file, create=False), run_id)
-    except (ConfigError, DocumentError, OSError, PublishError, httpx.HTTPError) as error:
+    except (ConfigError, DocumentError, OSError, PublishError, AccessError, httpx.HTTPError) as error:
         print(f"publish: {error}", file=sys.stderr)
         return 1
     print(json.dumps({"published": True, "model": run_id, "eval_job": job, "stored": str(stored), "server": url,
