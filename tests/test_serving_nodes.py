@@ -193,3 +193,27 @@ def test_the_gate_and_the_eval_job_the_publish_stage_reads(monkeypatch: pytest.M
     monkeypatch.setenv(publish.AFTER_JOBS_ENV, "40,41")
     with pytest.raises(publish.PublishError, match="names 2 jobs"):
         publish.eval_job_id(None)
+
+
+def test_a_published_run_is_what_the_servers_registry_loads(adapter_runs: Any, tmp_path: Path) -> None:
+    """publish stores the run as every server's registry reads a stored run: resolved by id from the store, the
+    store's own copy, its recorded hash equal to the files', on the base the server serves."""
+    from documents.adapter_registry import ADAPTER_FILES, adapter_sha256
+    from workloads.serve.registry import served_base, stored_adapter, stored_runs
+
+    trained = adapter_runs.run.locate(tmp_path).root / "runs" / "run-desk-credit"
+    source = json.loads((trained / "run_manifest.json").read_text())
+    run = parse_run_config({"name": "pub", "paths": {"root": str(tmp_path)}, "model": {"source": "dir:x"},
+                            "data": {"source": "sample", "rows": 4}}, "publish")
+    (run.adapter_dir).mkdir(parents=True)
+    for name in ADAPTER_FILES:
+        (run.adapter_dir / name).write_bytes((Path(source["adapter"]) / name).read_bytes())
+    (run.train_run_dir / "run_manifest.json").write_text(json.dumps(source))
+    report = evaluator_report(job_id="41", base=side(8.0, 30.0), finetuned=side(6.0, 28.0), run="pub")
+    store = tmp_path / "serving" / "store"
+    folder = publish.store_run(run, report, store, "cluster", "pub-41", "41")
+    assert folder == store / "runs" / "cluster" / "pub-41"
+    entry = stored_adapter(stored_runs(store), store, "pub-41", "pub-41", *served_base(adapter_runs.run))
+    assert entry.adapter_dir == str(folder / "adapter") and entry.rank == 8
+    assert entry.adapter_sha256 == adapter_sha256(Path(source["adapter"]))
+    assert entry.evaluation is not None and entry.evaluation.perplexity_improvement_pct == 25.0
