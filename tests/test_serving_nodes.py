@@ -201,7 +201,7 @@ def test_a_published_run_is_what_the_servers_registry_loads(adapter_runs: Any, t
     from documents.adapter_registry import ADAPTER_FILES, adapter_sha256
     from workloads.serve.registry import served_base, stored_adapter, stored_runs
 
-    trained = adapter_runs.run.locate(tmp_path).root / "runs" / "run-desk-credit"
+    trained = adapter_runs.store_dir.parent / "runs" / "run-desk-credit"
     source = json.loads((trained / "run_manifest.json").read_text())
     run = parse_run_config({"name": "pub", "paths": {"root": str(tmp_path)}, "model": {"source": "dir:x"},
                             "data": {"source": "sample", "rows": 4}}, "publish")
