@@ -275,7 +275,8 @@ def pipeline_jobs(
     if placement.environment is not None and placement.environment.image:
         config_dir = [str(PurePosixPath(config_arg).parent)] if PurePosixPath(config_arg).is_absolute() else []
         run_folders = [paths.model_dir, paths.data_dir, paths.train_model_dir, paths.train_dataset_dir,
-                       paths.eval_dataset_dir, paths.checkpoints_dir, paths.train_run_dir, paths.results_dir]
+                       paths.eval_dataset_dir, paths.checkpoints_dir, paths.train_run_dir, paths.results_dir,
+                       *([paths.root / SERVING_DIR] if serve and stack.serving_on else [])]
         used = [placement.code_root, placement.environment.root, *(p.as_posix() for p in run_folders), *config_dir]
         env.update(container_env(placement.environment.image, used))
     limits = stage_time_limits(run.time_limits, train_hours)
