@@ -104,7 +104,7 @@ def test_without_reserved_workers_the_chart_keeps_its_default_partitions() -> No
 def run_config(engine: str = "peft") -> Any:
     document = json.loads((REPO / "workloads/configs/cluster.json").read_text())
     document["serve"]["engine"] = engine
-    return parse_run_config(json.dumps(document), "cluster.json")
+    return parse_run_config(document, "cluster.json")
 
 
 PLACEMENT = Placement(code_root="/jail/code", python="/env/bin/python", env={"FT_ROOT": "/jail/mnt/data/cluster"},
@@ -136,7 +136,7 @@ def test_a_new_fine_tune_leaves_the_server_on_its_own_node_running(tmp_path: Pat
         document = json.loads((REPO / "workloads/configs/cluster.json").read_text())
         document["serve"]["engine"] = "peft"
         document["train"]["learning_rate"] = lr
-        run = parse_run_config(json.dumps(document), "cluster.json")
+        run = parse_run_config(document, "cluster.json")
         return {j.stage: j.fingerprint for j in pipeline_jobs(stack, run, "workloads/configs/cluster.json", "c0de",
                                                                 PLACEMENT, serve=True)}
     own, shared = cluster_serving(tmp_path, {"nodes": 1}), load_stack_config("cluster")
