@@ -50,7 +50,8 @@ def tiny_cluster_config(model_dir: Path, root: str) -> dict[str, Any]:
 def ftstack(*args: str, cluster: Cluster, config_dir: Path, timeout: float = 1500) -> subprocess.CompletedProcess[str]:
     return subprocess.run([FTSTACK, *args, "--stack", STACK, "--config-dir", str(config_dir),
                            "--ssh-key", str(cluster.private_key)],
-                          cwd=REPO, capture_output=True, text=True, timeout=timeout)
+                          cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
 def drop_ssh_links_once_training(cluster: Cluster, metrics: Path, done: threading.Event, dropped: dict[str, Any]) -> None:
