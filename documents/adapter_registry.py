@@ -80,6 +80,8 @@ class ServedSet(BaseModel):
     engine: str
     adapters: list[AdapterEntry] = []
     speed: dict[str, AdapterSpeed] = Field(default_factory=dict, description="by served name, base included")
+    url: str | None = Field(None, description="where the gateway answers (http://<node>:<port>) when it listens "
+                                              "beyond loopback: the publish job loads fine-tunes there")
 
 
 def read_served_set(text: str | bytes, origin: str) -> ServedSet:

@@ -86,6 +86,9 @@ class UtilizationCost(_Section):
     runs_per_month: float
     run_node_hours: float
     serving_node_hours: float
+    serving_usd: float | None = None
+    """the serving nodes' month apart from training: reserved serving workers' own lines (always on), else the
+    schedule's serving node-hours at the first worker set's hourly price (None: outputs written before it)."""
     worker_node_hours: float
     requeue_overhead: float
     basis: str
@@ -140,7 +143,8 @@ class Cost(_Section):
             "chats": {name: {field: flat[f"cost_per_chat_{name}_{field}"] for field in ChatCost.model_fields}
                       for name in flat["cost_per_chat_scenarios"]},
             "training": training or None,
-            "utilization": {field: flat[f"cost_utilization_{field}"] for field in UtilizationCost.model_fields}
+            "utilization": {field: flat[key] for field in UtilizationCost.model_fields
+                            if (key := f"cost_utilization_{field}") in flat}
             if "cost_utilization_usd" in flat else None,
         }
 

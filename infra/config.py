@@ -442,6 +442,58 @@ class ExistingCluster(_Model):
             raise StackConfigError(f"cluster.hostKeyFile {path}: cannot read the pinned host key ({error.strerror})") from None
 
 
+SLURM_PARTITION = r"^[a-z][a-z0-9_-]{0,30}$"
+SERVING_HIDDEN = "hidden"
+
+
+class ServingNodes(_Model):
+    """Workers kept for serving (seed 000's dedicated worker): a Slurm partition of their own, where `serve` starts
+    without waiting for training while readiness, train and eval run on the rest (`trainingPartition`)."""
+
+    nodes: int = Field(0, ge=0, description="Workers reserved for serving: taken from the first worker set (nebius) "
+                       "or the cluster's nodes (cluster); 0: serve shares the training nodes and waits for training.")
+    partition: str = Field("serve", pattern=SLURM_PARTITION, description="Slurm partition of the serving workers.")
+    training_partition: str = Field("main", pattern=SLURM_PARTITION, description="Slurm partition of the other "
+                                    "workers (Soperator's default partition is named main).")
+
+    @model_validator(mode="after")
+    def _two_partitions(self) -> ServingNodes:
+        if self.partition == self.training_partition:
+            raise ValueError(f"partition and trainingPartition are both {self.partition!r}: serving needs its own")
+        if SERVING_HIDDEN in (self.partition, self.training_partition):
+            raise ValueError(f"{SERVING_HIDDEN!r} is Soperator's hidden partition over every node; pick another name")
+        return self
+
+
+
+def serving_fits(serving: ServingNodes, target: str, workers: list[WorkerSet], cluster_nodes: int | None) -> None:
+    """Reserved serving workers leave at least one worker for training; raises naming the set and its size."""
+    if serving.nodes == 0:
+        return
+    if target == "local":
+        raise ValueError(f"serving.nodes {serving.nodes}: the local stack is one Slurm node; reserving it for "
+                         "serving leaves none for training (set serving.nodes on a nebius or cluster stack)")
+    if cluster_nodes is not None and serving.nodes >= cluster_nodes:
+        raise ValueError(f"serving.nodes {serving.nodes} reserves every node of the cluster (cluster.nodes "
+                         f"{cluster_nodes}): none would be left for training; give at most {cluster_nodes - 1}")
+    if not workers:
+        return
+    first = workers[0]
+    if serving.nodes >= first.size:
+        raise ValueError(f"serving.nodes {serving.nodes} reserves every node of worker set {first.name!r} (size "
+                         f"{first.size}): none would be left for training; give at most {first.size - 1}")
+    if first.min_size is not None and first.min_size < serving.nodes:
+        raise ValueError(f"serving.nodes {serving.nodes}: worker set {first.name!r} has minSize {first.min_size}, "
+                         "but the serving NodeSet keeps its nodes up; raise minSize to at least serving.nodes")
+    if (name := serving_nodeset_name(first.name)) in {w.name for w in workers}:
+        raise ValueError(f"serving.nodes: the serving NodeSet would be named {name!r}, a worker set of that name exists")
+
+
+def serving_nodeset_name(worker_set: str) -> str:
+    """The NodeSet of the serving workers carved out of a worker set (its Slurm nodes are `<name>-<i>`)."""
+    return f"{worker_set}-serve"
+
+
 class StackConfig(_Model):
     stack: StackName
     target: Literal["nebius", "local", "cluster"]
@@ -458,6 +510,7 @@ class StackConfig(_Model):
     monitoring: MonitoringConfig = Field(
         MonitoringConfig(), description="Exporters, metrics store and dashboards; nebius stacks only, on by default."
     )
+    serving: ServingNodes = Field(ServingNodes(), description="Workers reserved for serving (none by default).")
 
     @field_validator("ssh_public_keys")
     @classmethod
@@ -493,6 +546,8 @@ class StackConfig(_Model):
             raise ValueError("filesystems.accounting: set but nodes.accounting is not")
         if self.nodes and self.filesystems and self.nodes.accounting and not self.filesystems.accounting:
             raise ValueError("filesystems.accounting: required with nodes.accounting (MariaDB keeps its data there)")
+        serving_fits(self.serving, self.target, self.nodes.workers if self.nodes else [],
+                     self.cluster.nodes if self.cluster else None)
         if self.target == "nebius" and self.nebius and self.nodes and self.soperator:
             gpu_image_preconditions(self.nebius.k8s_version, self.nodes.workers, self.soperator.version)
         if self.target == "nebius" and self.buckets and self.buckets.backups.enabled and not (
@@ -519,6 +574,11 @@ class StackConfig(_Model):
     def monitoring_on(self) -> bool:
         """Whether the monitoring releases and their cost lines are part of this stack."""
         return self.target == "nebius" and self.monitoring.enabled
+
+    @property
+    def serving_on(self) -> bool:
+        """Whether workers are reserved for serving (serve then runs in its own partition)."""
+        return self.serving.nodes > 0
 
     @property
     def slurm_namespace(self) -> str:

@@ -66,24 +66,26 @@ def _gpus(count: int) -> str:
 
 
 def worker_fits(cfg: StackConfig, run: RunConfig, shape: ModelShape) -> list[WorkerFit]:
-    """The run on each GPU worker set of the stack: on the nodes it trains fastest on, else over all of them."""
+    """The run on each GPU worker set of the stack: on the nodes it trains fastest on, else over all of them (the
+    first set's nodes reserved for serving, `serving.nodes`, never train)."""
     from infra.cost.compare import fastest_nodes
     from infra.cost.price import PriceInputs, training_throughput
 
     priced = training_throughput(cfg, run, PriceInputs()) if run.train is not None else None
     tps = priced.tokens_per_second_per_gpu if priced is not None else None
     found = []
-    for w in cfg.nodes.workers if cfg.nodes is not None else []:
+    for index, w in enumerate(cfg.nodes.workers if cfg.nodes is not None else []):
+        size = w.size - (cfg.serving.nodes if index == 0 else 0)
         platform = catalog.get_platform(w.platform)
         if not platform.is_gpu:
             continue
         hardware = Hardware(gpu_memory_gib=platform.usable_gpu_memory_gib, gpus_per_node=w.shape.gpus,
                             host_memory_gib=w.shape.ram_gib)
-        placement = (fastest_nodes(run, shape, hardware, w.size, w.platform, platform.gpu_model or "", tps)
-                     or decide_placement(run, shape, hardware, nodes=w.size))
+        placement = (fastest_nodes(run, shape, hardware, size, w.platform, platform.gpu_model or "", tps)
+                     or decide_placement(run, shape, hardware, nodes=size))
         smallest = None if placement.fits else decide_placement(run, shape, hardware)
         found.append(WorkerFit(worker_set=w.name, gpu_model=platform.gpu_model or "",
-                               gpu_memory_gib=hardware.gpu_memory_gib, placement=placement, set_nodes=w.size,
+                               gpu_memory_gib=hardware.gpu_memory_gib, placement=placement, set_nodes=size,
                                smallest=smallest))
     return found
 

@@ -4,6 +4,10 @@
 #   scripts/local-cluster.sh stop                end what this script started (its pid files and namespaces)
 #   scripts/local-cluster.sh status              daemons, namespaces, sinfo
 #   scripts/local-cluster.sh lose-node NAME      kill a worker node: its slurmd and every process in it
+#   start --serving-nodes K                      reserve the last K nodes for serving (kept across starts; 0 undoes):
+#                                                partition `main` over the others and `serve` over them, beside
+#                                                the default partition `cluster` over every node (the stack's
+#                                                serving.nodes, as Soperator's structured partitions make them)
 #   start --suspend-time S                       Slurm power saving (S > 0; 0 turns it off; kept across starts):
 #                                                idle nodes power down after S seconds, a job powers them up
 #   scripts/local-cluster.sh power-down|power-up HOSTLIST   what Slurm's SuspendProgram/ResumeProgram run: stop or
@@ -152,11 +156,28 @@ EOF
     addrs="$addrs${addrs:+,}$(worker "$i")"
   done
   echo "PartitionName=cluster Nodes=$addrs Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO" >>"$CONF.tmp"
+  serving_partitions "$nodes" >>"$CONF.tmp"
   power_save_settings >>"$CONF.tmp"
   mv "$CONF.tmp" "$CONF"
 }
 
 suspend_time() { cat "$RUN/suspend_time" 2>/dev/null || echo 0; }
+serving_nodes() { cat "$RUN/serving_nodes" 2>/dev/null || echo 0; }
+
+# Workers reserved for serving: the last K nodes in `serve`, the others in `main` (names the cluster stack's
+# serving.partition and serving.trainingPartition default to).
+serving_partitions() {
+  local nodes="$1" reserved i training="" serving=""
+  reserved="$(serving_nodes)"
+  [ "$reserved" -gt 0 ] || return 0
+  [ "$reserved" -lt "$nodes" ] || die "--serving-nodes $reserved reserves every one of the $nodes node(s): none would be left for training"
+  for i in $(seq "$nodes"); do
+    if [ "$i" -le $((nodes - reserved)) ]; then training="$training${training:+,}$(worker "$i")"
+    else serving="$serving${serving:+,}$(worker "$i")"; fi
+  done
+  echo "PartitionName=main Nodes=$training Default=NO MaxTime=INFINITE State=UP OverSubscribe=NO"
+  echo "PartitionName=serve Nodes=$serving Default=NO MaxTime=INFINITE State=UP OverSubscribe=NO"
+}
 
 # Slurm power saving as Soperator 4.1.7 sets it for ephemeral nodes (internal/render/common/configmap.go:
 # SuspendProgram/ResumeProgram, idle_on_node_suspend), with timeouts small enough for tests. The programs call
@@ -349,6 +370,7 @@ start() {
   fi
   echo "$nodes" >"$RUN/nodes"
   [ -z "$suspend" ] || echo "$suspend" >"$RUN/suspend_time"
+  [ -z "$serving" ] || echo "$serving" >"$RUN/serving_nodes"
   # the jail holds no Python packages of ours: the pipeline's environment stage builds them (docs/environment.md)
   if [ -L "$JAIL/opt/venv" ]; then rm -f "$JAIL/opt/venv"; fi
   write_config "$nodes"
@@ -359,7 +381,7 @@ start() {
   start_munge
   start_login
   start_daemons "$nodes"
-  [ -z "$suspend" ] || scontrol reconfigure || die "scontrol reconfigure failed; see $LOG/slurmctld.log"
+  [ -z "$suspend$serving" ] || scontrol reconfigure || die "scontrol reconfigure failed; see $LOG/slurmctld.log"
   start_power_agent
   start_monitoring "$nodes"
   wait_idle "$nodes"
@@ -422,22 +444,27 @@ status() {
   return $rc
 }
 
-USAGE="usage: $0 start|stop|status [--nodes N] [--suspend-time S] | lose-node NAME | power-down|power-up HOSTLIST"
+USAGE="usage: $0 start|stop|status [--nodes N] [--suspend-time S] [--serving-nodes K] | lose-node NAME | power-down|power-up HOSTLIST"
 command="${1:-}"
 shift || true
 nodes=2
 suspend=""
+serving=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --nodes) nodes="${2:-}"; shift 2 ;;
     --nodes=*) nodes="${1#--nodes=}"; shift ;;
     --suspend-time) suspend="${2:-}"; shift 2 ;;
     --suspend-time=*) suspend="${1#--suspend-time=}"; shift ;;
+    --serving-nodes) serving="${2:-}"; shift 2 ;;
+    --serving-nodes=*) serving="${1#--serving-nodes=}"; shift ;;
     *) case "$command" in lose-node | power-down | power-up | request-power-*) [ -z "${target:-}" ] && { target="$1"; shift; continue; } ;; esac
        echo "$USAGE" >&2; exit 2 ;;
   esac
 done
 [[ "$nodes" =~ ^[1-9][0-9]?$ ]] || die "--nodes must be a number from 1 to 99, got '$nodes'"
+[ -z "$serving" ] || [[ "$serving" =~ ^[0-9]{1,2}$ ]] || die "--serving-nodes must be a whole number of nodes (0 reserves none), got '$serving'"
+[ -z "$serving" ] || [ "$serving" -lt "$nodes" ] || die "--serving-nodes $serving reserves every one of the $nodes node(s): none would be left for training"
 [ -z "$suspend" ] || [[ "$suspend" =~ ^[0-9]{1,6}$ ]] || die "--suspend-time must be whole seconds (0 turns power saving off), got '$suspend'"
 case "$command" in
   start) start "$nodes" ;;

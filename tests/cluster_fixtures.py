@@ -40,6 +40,11 @@ class Cluster:
     def workers(self) -> list[str]:
         return [f"{self.prefix}-n1", f"{self.prefix}-n2"]
 
+    @property
+    def serving_node(self) -> str:
+        """The node the cluster reserves for serving (`start --serving-nodes 1`: the last one, partition serve)."""
+        return self.workers[-1]
+
     def on_host(self, node_path: str) -> Path:
         """This machine's path of a path inside the jail as the nodes see it."""
         return self.jail / Path(node_path).relative_to(self.jail_root)
@@ -53,10 +58,13 @@ class Cluster:
                "LOCAL_CLUSTER_SUBNET": self.subnet}
         return subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout, env=env)
 
-    def stack_file(self, config_dir: Path, name: str, run_config: Path) -> Path:
-        """stacks/Pulumi.cluster.yaml pointed at this cluster and the given run config, as stack `name`."""
+    def stack_file(self, config_dir: Path, name: str, run_config: Path, serving_nodes: int = 0) -> Path:
+        """stacks/Pulumi.cluster.yaml pointed at this cluster and the given run config, as stack `name`; with
+        `serving_nodes`, that many workers reserved for serving (the partitions the cluster starts with)."""
         document = yaml.safe_load((ROOT / "stacks" / "Pulumi.cluster.yaml").read_text())
         config = document["config"]
+        if serving_nodes:
+            config["soperator-finetune:serving"] = {"nodes": serving_nodes}
         config["soperator-finetune:cluster"].update(
             loginHost=self.login_host, hostKeyFile=str(self.host_key_file), jailRoot=self.jail_root)
         config["soperator-finetune:pipeline"].update(runConfig=str(run_config))
@@ -99,7 +107,8 @@ def free_identity(base: Path, candidates: list[tuple[str, str]] = DEFAULT_IDENTI
 
 @pytest.fixture(scope="session")
 def local_cluster() -> Iterator[Cluster]:
-    """A running 2-node cluster with its login node; fails in CI, skips elsewhere when it cannot start."""
+    """A running 2-node cluster with its login node, its last node also in partition `serve` (the others in `main`,
+    both in the default `cluster`); fails in CI, skips elsewhere when it cannot start."""
     base = Path(os.environ.get("LOCAL_CLUSTER_DIR", ROOT / ".local" / "cluster"))
     prefix, subnet = free_identity(base)
     cluster = Cluster(
@@ -109,7 +118,7 @@ def local_cluster() -> Iterator[Cluster]:
     )
     was_running = cluster.script("status").returncode == 0
     try:
-        started = cluster.script("start", "--nodes", "2", timeout=900)
+        started = cluster.script("start", "--nodes", "2", "--serving-nodes", "1", timeout=900)
     except (OSError, subprocess.TimeoutExpired) as error:
         _fail_or_skip(f"the rehearsal cluster did not start (scripts/local-cluster.sh start): {error}")
     if started.returncode != 0:

@@ -1,6 +1,6 @@
-"""scripts/local-cluster.sh refusals, without starting a cluster: a public subnet, and a namespace of the same
-name that this cluster did not make (it is never reused or removed); the tests' cluster moves past a bridge
-another one left."""
+"""scripts/local-cluster.sh refusals, without starting a cluster: a public subnet, every node reserved for serving,
+and a namespace of the same name that this cluster did not make (it is never reused or removed); the tests' cluster
+moves past a bridge another one left."""
 
 from __future__ import annotations
 
@@ -23,6 +23,13 @@ def test_a_subnet_outside_the_private_ranges_is_refused(tmp_path: Path) -> None:
     result = script(tmp_path, "start", LOCAL_CLUSTER_SUBNET="8.8.8", LOCAL_CLUSTER_PREFIX="ftcq")
     assert result.returncode == 1
     assert "LOCAL_CLUSTER_SUBNET=8.8.8 is not the first three octets of a private /24" in result.stderr
+
+
+def test_reserving_every_node_for_serving_is_refused_before_anything_is_made(tmp_path: Path) -> None:
+    result = script(tmp_path, "start", "--nodes", "2", "--serving-nodes", "2", LOCAL_CLUSTER_PREFIX="ftcq")
+    assert result.returncode == 1
+    assert "--serving-nodes 2 reserves every one of the 2 node(s): none would be left for training" in result.stderr
+    assert not (tmp_path / "cluster").exists()
 
 
 def test_status_of_a_cluster_never_started_says_stopped(tmp_path: Path) -> None:

@@ -35,7 +35,8 @@ def test_training_limit_is_the_estimate_with_its_margin_else_seed_001s_six_hours
 
 def test_every_stage_but_the_server_has_a_limit() -> None:
     limits = stage_time_limits(TimeLimitsConfig(prepare_minutes=7), None)
-    assert limits == {"environment": 60, "prepare": 7, "readiness": 30, "train": 360, "eval": 120, "serve": None}
+    assert limits == {"environment": 60, "prepare": 7, "readiness": 30, "train": 360, "eval": 120, "serve": None,
+                      "publish": 15}
 
 
 @pytest.mark.parametrize("minutes, slurm", [(30, "00:30:00"), (210, "03:30:00"), (1440, "1-00:00:00"),

@@ -42,6 +42,9 @@ class ServeConfig(BaseModel):
         default_factory=dict, description="name -> stored run id of each adapter to serve (none: the run's own, "
                                           "as `finetuned_name`); `--adapter NAME=RUN_ID` adds to it")
     runs_store: str = Field(".local/artifacts", description="the run store folder the adapters' runs are read from")
+    publish_min_perplexity_improvement_pct: float = Field(
+        0.0, description="the publish job's gate: a fine-tune is loaded into the running server when its eval "
+                         "measured at least this perplexity improvement over the base (%, the report's comparison)")
     max_loras: int = Field(8, ge=1, description="adapters one server holds at most (vLLM --max-cpu-loras)")
     max_loras_per_batch: int = Field(
         4, ge=1, description="vLLM --max-loras: adapters one batch mixes (a GPU slot each); at most max_loras")

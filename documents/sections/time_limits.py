@@ -21,4 +21,5 @@ class TimeLimitsConfig(BaseModel):
     train_margin: float = Field(1.5, ge=1.0, le=10.0, description="factor on the estimated training wall time")
     train_overhead_minutes: int = Field(30, ge=0, description="added to the estimate: model load, checkpoints, merge")
     eval_minutes: int = Field(120, ge=1, description="the evaluation of base and fine-tuned model")
+    publish_minutes: int = Field(15, ge=1, description="loading a passed fine-tune into the running server")
     serve_minutes: int | None = Field(None, ge=1, description="the server's limit; null: none (it runs until stopped)")

@@ -26,7 +26,7 @@ from infra.cost.report import render_table, report_document
 from infra.cost.training import REPO_ROOT, load_run
 from infra.environment.plan import EnvironmentPlan, environment_plan, environment_section
 from infra.model_fit import worker_fits
-from infra.pipeline.chain import CHAIN
+from infra.pipeline.chain import CHAIN, serving_stages
 from infra.pipeline.time_limits import slurm_duration, stage_time_limits, train_time_limit
 from infra.program.mocks import MockRun
 from infra.runs.measured import price_inputs
@@ -113,7 +113,7 @@ def _time_limits(cfg: StackConfig, run: RunConfig | None, train_hours: float | N
     if run is None:
         return [], {}
     limits = stage_time_limits(run.time_limits, train_hours)
-    stages = [*(["environment"] if environment_plan(cfg) else []), *CHAIN, *(["serve"] if cfg.pipeline.serve else [])]
+    stages = [*(["environment"] if environment_plan(cfg) else []), *CHAIN, *(serving_stages(cfg, run) if cfg.pipeline.serve else [])]
     basis = train_time_limit(run.time_limits, train_hours)[1]
     lines = ["", "Time limits (sbatch --time; run config time_limits):"]
     lines += [f"  {stage:<12} " + (slurm_duration(limits[stage]) if limits[stage] else "none (runs until stopped)")

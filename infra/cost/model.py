@@ -4,6 +4,8 @@ and cost per chat. No cloud calls; every figure is reproducible from the stack f
 - A node costs its hourly price x 730 h; an autoscaled group is priced at min_size (low) and
   max_size (high). Separately billed platforms: GPUs x GPU-hour + vCPUs x vCPU-hour + GiB x GiB-hour;
   bundled platforms (H100/H200): GPUs x bundled GPU-hour.
+- Workers reserved for serving (``serving.nodes``, taken from the first worker set) are lines of their own
+  (``compute_serving_<set>``, ``boot_disk_serving_<set>``); the worker lines then count the training nodes.
 - Boot disks, filesystems and buckets cost GiB x GiB-month. Backups hold ``retention_days`` daily
   copies of ``copy_size_gib`` (default: the jail size).
 - Cost per chat: tokens/s x 86,400 = tokens/day; / output tokens per chat = conversations/day;
@@ -23,7 +25,8 @@ from infra import catalog
 from infra.config import BootDisk, StackConfig, WorkerSet
 from infra.cost.pricing import HOURS_PER_MONTH, ChatAssumptions, PriceBook, PricingConfig
 from infra.monitoring import releases as mon
-from infra.nebius.layout import ACCOUNTING, CONTROLLER_SPOOL, JAIL, SUBMOUNT_PREFIX, FilesystemSpec, Layout, layout
+from infra.nebius.layout import (ACCOUNTING, CONTROLLER_SPOOL, JAIL, SUBMOUNT_PREFIX, FilesystemSpec, Layout,
+                                 NodeGroupSpec, layout)
 from infra.soperator import active_checks
 
 SECONDS_PER_DAY = 86_400
@@ -175,22 +178,31 @@ def _counts(group) -> tuple[int, int]:
     return group.min_size, group.max_size
 
 
-def compute_lines(plan: Layout, book: PriceBook) -> list[CostLine]:
-    lines = []
+def _priced_groups(plan: Layout, serving_nodes: int) -> list[tuple[str, str, int, int, NodeGroupSpec]]:
+    """(key, label, low, high, group) per line: with `serving_nodes` reserved, the first worker group's serving nodes
+    are a line of their own (`serving_<name>`) and its worker line counts the training nodes only."""
+    first = next((g for g in plan.node_groups if g.role == "worker"), None)
+    priced = []
     for group in _groups(plan):
         key, label = _line_key_label(group)
         low, high = _counts(group)
-        lines.append(_node_line(key, label, group.platform, group.preset, low, high, book, preemptible=group.preemptible))
-    return lines
+        if serving_nodes and group is first:
+            priced.append((key, f"Worker nodes {group.name} (training)", max(low - serving_nodes, 0),
+                           high - serving_nodes, group))
+            priced.append((f"serving_{group.name}", f"Serving nodes {group.name}", serving_nodes, serving_nodes, group))
+            continue
+        priced.append((key, label, low, high, group))
+    return priced
 
 
-def boot_disk_lines(plan: Layout, book: PriceBook) -> list[CostLine]:
-    lines = []
-    for group in _groups(plan):
-        key, label = _line_key_label(group)
-        low, high = _counts(group)
-        lines.append(_disk_line(key, label, group.boot_disk, low, high, book))
-    return lines
+def compute_lines(plan: Layout, book: PriceBook, serving_nodes: int = 0) -> list[CostLine]:
+    return [_node_line(key, label, g.platform, g.preset, low, high, book, preemptible=g.preemptible)
+            for key, label, low, high, g in _priced_groups(plan, serving_nodes)]
+
+
+def boot_disk_lines(plan: Layout, book: PriceBook, serving_nodes: int = 0) -> list[CostLine]:
+    return [_disk_line(key, label, g.boot_disk, low, high, book)
+            for key, label, low, high, g in _priced_groups(plan, serving_nodes)]
 
 
 def filesystem_lines(plan: Layout, book: PriceBook) -> list[CostLine]:
@@ -305,7 +317,8 @@ def monthly_cost(cfg: StackConfig, pricing: PricingConfig | None = None, book: P
     pricing = pricing or PricingConfig()
     book = book or PriceBook(pricing.overrides)
     plan = plan or layout(cfg)
-    lines = (compute_lines(plan, book) + boot_disk_lines(plan, book) + filesystem_lines(plan, book)
+    serving = cfg.serving.nodes
+    lines = (compute_lines(plan, book, serving) + boot_disk_lines(plan, book, serving) + filesystem_lines(plan, book)
              + bucket_lines(cfg, pricing, book) + network_lines(cfg, book) + monitoring_lines(cfg, plan, book)
              + active_checks_lines(cfg, book))
     monthly = [line for line in lines if line.category != ONE_OFF]
@@ -349,10 +362,11 @@ def worker_node_hourly_usd(worker: WorkerSet, book: PriceBook) -> float:
 
 
 def workers_hourly_usd(cfg: StackConfig, book: PriceBook) -> float:
+    """An hour of the workers a training run holds: every worker set's nodes but those reserved for serving."""
     if cfg.nodes is None:
         return 0.0
-    return sum(node_price(w.platform, w.preset, book, preemptible=w.preemptible).usd_per_hour * w.size
-               for w in cfg.nodes.workers)
+    return sum(node_price(w.platform, w.preset, book, preemptible=w.preemptible).usd_per_hour
+               * (w.size - (cfg.serving.nodes if i == 0 else 0)) for i, w in enumerate(cfg.nodes.workers))
 
 
 def training_run(tokens: float, epochs: float, tokens_per_second_per_gpu: float | None, throughput_source: str,

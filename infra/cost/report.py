@@ -58,7 +58,9 @@ def render_utilization(report: CostReport) -> str:
         "Monthly cost at measured utilization (elastic workers priced by the node-hour):",
         f"  always on                ${u.always_on_usd:,.0f}",
         f"  at the schedule          ${u.usd:,.0f}  ({u.worker_node_hours:,.1f} worker node-hours: "
-        f"{u.runs_per_month:g} runs x {u.run_node_hours:,.2f} + serving {u.serving_node_hours:,.0f})",
+        f"{u.runs_per_month:g} runs x {u.run_node_hours:,.2f} + serving "
+        f"{u.worker_node_hours - u.runs_per_month * u.run_node_hours:,.0f})",
+        f"  of which serving         ${u.serving_usd:,.0f}  ({u.serving_node_hours:,.0f} node-hours)",
         f"  basis: {u.basis}",
     ])
 

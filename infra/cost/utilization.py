@@ -8,7 +8,9 @@ beside the always-on month (`MonthlyCost.usd_high`).
   down (one tail per node and run). Boot time is not measured and not priced.
 - Preemptible workers: run hours x (1 + `pricing.schedule.requeueOverhead`), the expected work redone after
   preemptions (requeue, restart from the last checkpoint), at the preemptible rate `node_price` already uses.
-- Serving: `servingNodes` nodes of the first worker set for `servingHoursPerMonth`.
+- Serving: `servingNodes` nodes of the first worker set for `servingHoursPerMonth`; with workers reserved for
+  serving (`serving.nodes`) those nodes instead, always on (their NodeSet is not ephemeral) and priced in their own
+  monthly lines, apart from the training nodes.
 - Every other line (system, controller, login, storage, non-elastic workers) stays as in the always-on month;
   active checks stay the one-off line they are there.
 """
@@ -22,7 +24,7 @@ from pydantic import BaseModel, ConfigDict
 from documents.stack_outputs import UtilizationCost
 from infra.config import StackConfig, WorkerSet
 from infra.cost.model import MonthlyCost, TrainingRun
-from infra.cost.pricing import ScheduleAssumptions
+from infra.cost.pricing import HOURS_PER_MONTH, ScheduleAssumptions
 from infra.pipeline.chain import worker_shape
 
 RUN_STAGES = ("prepare", "readiness", "train", "eval")
@@ -60,9 +62,10 @@ def run_seconds(measured: dict[str, float] | None, training: TrainingRun | None)
     return {}, "no run measured and no training estimate: serving hours only"
 
 
-def _always_on(monthly: MonthlyCost, worker: WorkerSet) -> float:
-    """The worker set's compute and boot-disk lines in the always-on month (keys as infra/cost/model.py names them)."""
-    slug = re.sub(r"[^a-z0-9]+", "_", f"worker_{worker.name}".lower()).strip("_")
+def _always_on(monthly: MonthlyCost, worker: WorkerSet, role: str = "worker") -> float:
+    """The worker set's compute and boot-disk lines in the always-on month (keys as infra/cost/model.py names them);
+    role `serving`: the lines of its nodes reserved for serving."""
+    slug = re.sub(r"[^a-z0-9]+", "_", f"{role}_{worker.name}".lower()).strip("_")
     keys = {f"compute_{slug}", f"boot_disk_{slug}"}
     return sum(line.usd_high for line in monthly.lines if line.key in keys)
 
@@ -82,18 +85,27 @@ def utilization(cfg: StackConfig, monthly: MonthlyCost, node_usd_per_hour: float
     overhead = schedule.requeue_overhead if first.preemptible else 0.0
     tail = nodes_used * cfg.soperator.suspend_time_seconds / 3600
     run_node_hours = sum(s.node_hours for s in stages) * (1 + overhead) + tail
-    serving = schedule.serving_nodes * schedule.serving_hours_per_month
-    hours = run_node_hours * schedule.runs_per_month + serving
+    reserved = cfg.serving.nodes
+    if reserved:
+        serving = reserved * HOURS_PER_MONTH
+        serving_usd = _always_on(monthly, first, "serving")
+        hours = run_node_hours * schedule.runs_per_month
+        serving_text = f"{reserved} reserved serving node(s) always on (serving.nodes), priced in their own lines"
+    else:
+        serving = schedule.serving_nodes * schedule.serving_hours_per_month
+        serving_usd = serving * node_usd_per_hour
+        hours = run_node_hours * schedule.runs_per_month + serving
+        serving_text = f"{schedule.serving_nodes} serving node(s) x {schedule.serving_hours_per_month:g} h"
     usd = monthly.usd_high - sum(_always_on(monthly, w) for w in elastic)
     usd += (hours * node_usd_per_hour) if first.elastic else 0.0
     if not first.elastic:
         basis += "; the first worker set (where runs and serving go) is always on"
     where = f" of {measured_from}" if measured and measured_from else ""
     stage_text = f" ({', '.join(f'{s.stage} {s.hours:.2f} h x {s.nodes}' for s in stages)})" if stages else ""
-    basis = (f"{basis}{where}{stage_text}; {schedule.runs_per_month:g} runs/month, {schedule.serving_nodes} "
-             f"serving node(s) x {schedule.serving_hours_per_month:g} h; suspend tail "
+    basis = (f"{basis}{where}{stage_text}; {schedule.runs_per_month:g} runs/month, {serving_text}; suspend tail "
              f"{cfg.soperator.suspend_time_seconds} s per node and run; requeue overhead {overhead:.0%}"
              f"{' (preemptible)' if first.preemptible else ''}")
     return UtilizationCost(always_on_usd=monthly.usd_high, usd=usd, runs_per_month=schedule.runs_per_month,
-                           run_node_hours=run_node_hours, serving_node_hours=serving, worker_node_hours=hours,
+                           run_node_hours=run_node_hours, serving_node_hours=serving, serving_usd=serving_usd,
+                           worker_node_hours=hours,
                            requeue_overhead=overhead, basis=basis)

@@ -31,7 +31,7 @@ from infra.pipeline.bundle import PACKAGE, bundle_files
 from infra.pipeline.time_limits import stage_time_limits
 from workloads.common.job_metrics import TEXTFILE_DIR_ENV
 
-Stage = Literal["environment", "prepare", "readiness", "train", "eval", "serve"]
+Stage = Literal["environment", "prepare", "readiness", "train", "eval", "serve", "publish"]
 
 CHAIN: tuple[Stage, ...] = ("prepare", "readiness", "train", "eval")
 DEPENDS_ON: dict[Stage, tuple[Stage, ...]] = {
@@ -41,6 +41,7 @@ DEPENDS_ON: dict[Stage, tuple[Stage, ...]] = {
     "train": ("readiness",),
     "eval": ("train",),
     "serve": ("train",),
+    "publish": ("eval",),
 }
 SECTIONS: dict[Stage, tuple[str, ...]] = {
     "environment": (),
@@ -49,6 +50,7 @@ SECTIONS: dict[Stage, tuple[str, ...]] = {
     "train": ("name", "paths", "model", "data", "train"),
     "eval": ("name", "paths", "model", "data", "train", "eval"),
     "serve": ("name", "paths", "model", "train", "serve"),
+    "publish": ("name", "paths", "model", "train", "eval", "serve"),
 }
 CONFIGS_DIR = f"{PACKAGE}/configs"
 LOCAL_CODE_ROOT = ".local/jail/home/shared/finetune_code"
@@ -103,10 +105,16 @@ def code_hash(source_dir: str | Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def stage_fingerprint(stage: Stage, code: str, run: RunConfig, data_sha256: str | None = None) -> str:
-    """What a stage's result depends on: the code, the run config sections it reads and the data content."""
+SERVING_NODE_SECTIONS: tuple[str, ...] = ("name", "paths", "model", "serve")
+"""what serve reads on workers of its own: not the train section, so a new fine-tune leaves the server running."""
+
+
+def stage_fingerprint(stage: Stage, code: str, run: RunConfig, data_sha256: str | None = None,
+                      sections: tuple[str, ...] | None = None) -> str:
+    """What a stage's result depends on: the code, the run config sections it reads (`sections`, default the
+    stage's) and the data content."""
     document = run.model_dump(mode="json")
-    sliced = {key: document.get(key) for key in SECTIONS[stage]}
+    sliced = {key: document.get(key) for key in (sections or SECTIONS[stage])}
     content = {"data_sha256": data_sha256} if data_sha256 and "data" in SECTIONS[stage] else {}
     payload = json.dumps({"stage": stage, "code": code, "config": sliced, **content}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
@@ -161,19 +169,35 @@ def check_run_config_path(run_config_path: str) -> None:
 
 
 def worker_shape(stack: StackConfig) -> tuple[int, int]:
-    """(nodes, GPUs per node) the training stages use: every node of the first worker set (or the cluster's)."""
+    """(nodes, GPUs per node) the training stages use: every node of the first worker set (or the cluster's) but
+    those reserved for serving (`serving.nodes`)."""
     if stack.cluster is not None:
-        return stack.cluster.nodes, stack.cluster.gpus_per_node
+        return stack.cluster.nodes - stack.serving.nodes, stack.cluster.gpus_per_node
     if stack.nodes is None or not stack.nodes.workers:
         return 1, 0
     first = stack.nodes.workers[0]
-    return first.size, get_preset(first.platform, first.preset).gpus
+    return first.size - stack.serving.nodes, get_preset(first.platform, first.preset).gpus
+
+
+def depends_on(stage: Stage, stack: StackConfig) -> tuple[Stage, ...]:
+    """A stage's predecessors; with workers reserved for serving, serve needs only the base model (prepare) and
+    starts while training runs on the other nodes."""
+    if stage == "serve" and stack.serving_on:
+        return ("prepare",)
+    return DEPENDS_ON[stage]
+
+
+def _partition(stage: Stage, stack: StackConfig) -> list[str]:
+    """With workers reserved for serving: serve in their partition, every other stage in the training one."""
+    if not stack.serving_on or stage == "environment":
+        return []
+    return [f"--partition={stack.serving.partition if stage == 'serve' else stack.serving.training_partition}"]
 
 
 def _extra_args(stage: Stage, stack: StackConfig, run: RunConfig) -> list[str]:
     """sbatch arguments: placement, and --no-requeue for a train section that turns requeue off."""
     requeue_off = stage == "train" and run.train is not None and not run.train.requeue
-    return [*(["--no-requeue"] if requeue_off else []), *_placement(stage, stack, run)]
+    return [*(["--no-requeue"] if requeue_off else []), *_partition(stage, stack), *_placement(stage, stack, run)]
 
 
 def _placement(stage: Stage, stack: StackConfig, run: RunConfig) -> list[str]:
@@ -194,6 +218,35 @@ def _placement(stage: Stage, stack: StackConfig, run: RunConfig) -> list[str]:
 
         return [f"--nodes={train_nodes(stack, run, nodes)}", f"--gpus-per-node={gpus}", "--ntasks-per-node=1"]
     return ["--nodes=1", f"--gpus-per-node={1 if stage == 'eval' else gpus}"]
+
+
+def serving_stages(stack: StackConfig, run: RunConfig) -> list[Stage]:
+    """serve; with workers reserved for serving also publish, which loads the run's fine-tune into the running
+    server once its eval passes the gate. That needs an engine that loads adapters at runtime."""
+    if not stack.serving_on:
+        return ["serve"]
+    if run.serve is not None and run.serve.engine == "transformers":
+        raise ValueError(f"run config {run.name!r}: serve.engine transformers serves a merged copy and cannot load a "
+                         "new fine-tune into the running server; with serving.nodes use engine auto, peft or vllm")
+    return ["serve", "publish"]
+
+
+SERVING_DIR = "serving"
+"""under the run root: the serving run store (`store/`) and the gateway's key (`api.key`, mode 0600), which the
+serve and publish jobs share."""
+
+
+def _serving_args(stage: Stage, stack: StackConfig, paths: RunPaths) -> list[str]:
+    """serve on its own node starts before the run's fine-tune exists: the base alone (or the set a requeued job
+    persisted), listening beyond loopback with a key from the shared key file so that publish, on a training node,
+    can load the fine-tune into it; both read the same run store."""
+    folder = paths.root / SERVING_DIR
+    shared = ["--runs-store", (folder / "store").as_posix(), "--api-key-file", (folder / "api.key").as_posix()]
+    if stage == "serve":
+        return ["--start-empty", "--resume", "--host", "0.0.0.0", *shared]
+    if stage == "publish":
+        return ["--stack", stack.stack, *shared]
+    return []
 
 
 def _readiness_expectations(stack: StackConfig) -> list[str]:
@@ -220,12 +273,13 @@ def pipeline_jobs(
     config_arg = Path(run_config_path).as_posix()
     paths = run_paths_at(run, placement)
     results_dir, train_dir = paths.results_dir.as_posix(), paths.train_run_dir.as_posix()
-    stages: list[Stage] = [*CHAIN, *(["serve"] if serve else [])]
+    stages: list[Stage] = [*CHAIN, *(serving_stages(stack, run) if serve else [])]
     env = {"FT_PYTHON": placement.python, **placement.env}
     if placement.environment is not None and placement.environment.image:
         config_dir = [str(PurePosixPath(config_arg).parent)] if PurePosixPath(config_arg).is_absolute() else []
         run_folders = [paths.model_dir, paths.data_dir, paths.train_model_dir, paths.train_dataset_dir,
-                       paths.eval_dataset_dir, paths.checkpoints_dir, paths.train_run_dir, paths.results_dir]
+                       paths.eval_dataset_dir, paths.checkpoints_dir, paths.train_run_dir, paths.results_dir,
+                       *([paths.root / SERVING_DIR] if serve and stack.serving_on else [])]
         used = [placement.code_root, placement.environment.root, *(p.as_posix() for p in run_folders), *config_dir]
         env.update(container_env(placement.environment.image, used))
     limits = stage_time_limits(run.time_limits, train_hours)
@@ -235,11 +289,13 @@ def pipeline_jobs(
         jobs.append(JobSpec(
             stage=stage,
             script=f"{PACKAGE}/jobs/{stage}.sbatch",
-            args=[config_arg, *(_readiness_expectations(stack) if stage == "readiness" else [])],
+            args=[config_arg, *(_readiness_expectations(stack) if stage == "readiness" else []),
+                  *(_serving_args(stage, stack, paths) if stack.serving_on else [])],
             env=env,
             extra_args=_extra_args(stage, stack, run),
-            depends_on=list(DEPENDS_ON[stage]) or (["environment"] if placement.environment else []),
-            fingerprint=stage_fingerprint(stage, code, run, data_sha256),
+            depends_on=list(depends_on(stage, stack)) or (["environment"] if placement.environment else []),
+            fingerprint=stage_fingerprint(stage, code, run, data_sha256,
+                                          SERVING_NODE_SECTIONS if stage == "serve" and stack.serving_on else None),
             output=f"{results_dir}/logs/{run.name}-{stage}-%j.out",
             results_path=train_dir if stage in ("train", "serve") else results_dir,
             metrics_path=f"{train_dir}/{METRICS_NAME}" if stage == "train" else None,

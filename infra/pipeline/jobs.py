@@ -58,7 +58,8 @@ def _submit_stage(client: SlurmClient, props: dict[str, Any]) -> dict[str, Any]:
         output=props.get("output"),
         workdir=bundle,
         extra_args=sbatch_extra_args(props),
-        env={"FT_CODE_DIR": bundle, **(props.get("env") or {})},
+        env={"FT_CODE_DIR": bundle, "FT_AFTER_JOBS": ",".join(str(d) for d in props.get("dependencies") or []),
+             **(props.get("env") or {})},
     )
     if props.get("wait"):
         info = client.wait(job_id, timeout=props.get("wait_timeout"), metrics_path=props.get("metrics_path"))

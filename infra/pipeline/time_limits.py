@@ -28,6 +28,7 @@ def stage_time_limits(limits: TimeLimitsConfig, train_wall_hours: float | None) 
         "train": train_time_limit(limits, train_wall_hours)[0],
         "eval": limits.eval_minutes,
         "serve": limits.serve_minutes,
+        "publish": limits.publish_minutes,
     }
 
 

@@ -55,7 +55,8 @@ def cost_section(monthly: MonthlyCost, training: TrainingRun | None, chats: Iter
         },
         utilization=None if used is None else used.model_copy(update={
             name: _round(getattr(used, name)) for name in (
-                "always_on_usd", "usd", "runs_per_month", "run_node_hours", "serving_node_hours", "worker_node_hours")}),
+                "always_on_usd", "usd", "runs_per_month", "run_node_hours", "serving_node_hours", "serving_usd",
+                "worker_node_hours")}),
     )
 
 

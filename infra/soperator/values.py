@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra.config import StackConfig
+from infra.config import SERVING_HIDDEN, StackConfig, serving_nodeset_name
 from infra.monitoring import releases as mon
 from infra.nebius.layout import (
     ACCOUNTING,
@@ -294,6 +294,7 @@ def slurm_cluster_values(cfg: StackConfig, specs: list[NodeGroupSpec], allocatio
         "clusterName": cfg.slurm_cluster_name,
         **cuda,
         **slurm_config_values(cfg),
+        **partition_values(cfg),
         "k8sNodeFilters": [node_filter(s) for s in specs],
         "volumeSources": [
             _pvc_source(CONTROLLER_SPOOL, f"{CONTROLLER_SPOOL}-pvc"),
@@ -401,11 +402,48 @@ def slurm_config_values(cfg: StackConfig) -> dict[str, Any]:
     return {"slurmConfig": {"suspendTime": cfg.soperator.suspend_time_seconds}}
 
 
+MAIN_PARTITION_CONFIG = "Default=YES PriorityTier=10 MaxTime=INFINITE State=UP OverSubscribe=YES"
+HIDDEN_PARTITION_CONFIG = "Default=NO PriorityTier=10 PreemptMode=OFF Hidden=YES MaxTime=INFINITE State=UP OverSubscribe=YES"
+SERVING_PARTITION_CONFIG = "Default=NO PriorityTier=10 MaxTime=INFINITE State=UP OverSubscribe=NO"
+"""main and hidden as Soperator 4.1.7 writes its default partitions (internal/render/common/configmap.go:384-385),
+the training one over the training NodeSets; the serving one never shared by two jobs."""
+
+
+def partition_values(cfg: StackConfig) -> dict[str, Any]:
+    """SlurmCluster partitionConfiguration with workers reserved for serving: structured partitions, the training
+    partition over every training NodeSet, Soperator's hidden one over all nodes, the serving one over the serving
+    NodeSet; nothing (the chart's default partitions) without."""
+    if not cfg.serving_on or cfg.nodes is None:
+        return {}
+    training = [w.name for w in cfg.nodes.workers]
+    serving = serving_nodeset_name(cfg.nodes.workers[0].name)
+    return {"partitionConfiguration": {"configType": "structured", "partitions": [
+        {"name": cfg.serving.training_partition, "nodeSetRefs": training, "config": MAIN_PARTITION_CONFIG},
+        {"name": SERVING_HIDDEN, "isAll": True, "config": HIDDEN_PARTITION_CONFIG},
+        {"name": cfg.serving.partition, "nodeSetRefs": [serving], "config": SERVING_PARTITION_CONFIG},
+    ]}}
+
+
+def worker_nodesets(cfg: StackConfig, spec: NodeGroupSpec) -> list[dict[str, Any]]:
+    """A worker set's NodeSets: one, or with `serving.nodes` on the first set, its training NodeSet of the other
+    nodes and a serving NodeSet (not ephemeral: the server runs until stopped) on the same node group."""
+    nodeset = nodeset_values(cfg, spec)
+    if not cfg.serving_on or cfg.nodes is None or spec.name != cfg.nodes.workers[0].name:
+        return [nodeset]
+    reserved = cfg.serving.nodes
+    training = {**nodeset, "replicas": nodeset["replicas"] - reserved}
+    if "initialNumberEphemeralNodes" in training:
+        training["initialNumberEphemeralNodes"] = min(training["initialNumberEphemeralNodes"], training["replicas"])
+    ephemeral = ("ephemeralNodes", "initialNumberEphemeralNodes", "ephemeralTopologyWaitTimeout")
+    serving = {key: value for key, value in nodeset.items() if key not in ephemeral}
+    return [training, {**serving, "name": serving_nodeset_name(spec.name), "replicas": reserved}]
+
+
 def nodesets_values(cfg: StackConfig, specs: list[NodeGroupSpec]) -> dict[str, Any]:
     """The NodeSets of every worker set; ``clusterName`` where the pinned chart needs it (5.0)."""
     sop = cfg.soperator
     assert sop is not None
-    values: dict[str, Any] = {"nodesets": [nodeset_values(cfg, s) for s in specs if s.role == "worker"]}
+    values: dict[str, Any] = {"nodesets": [n for s in specs if s.role == "worker" for n in worker_nodesets(cfg, s)]}
     if chart_contract.admits("soperator", sop.version, "nodesets", "clusterName"):
         values["clusterName"] = cfg.slurm_cluster_name
     return values

@@ -5,6 +5,10 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import os
+import secrets
+from pathlib import Path
+
+from documents.atomic import write_text_atomic
 
 
 class AccessError(ValueError):
@@ -31,6 +35,17 @@ def require_key_beyond_loopback(host: str, api_key: str | None, what: str = "ser
 def api_key_from_env(variable: str) -> str | None:
     value = os.environ.get(variable, "").strip()
     return value or None
+
+
+def api_key_from_file(path: Path, create: bool) -> str:
+    """The API key kept in `path` (one line); with `create`, a fresh key written there (mode 0600) when absent."""
+    if create and not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(path, secrets.token_urlsafe(32) + "\n", mode=0o600)
+    key = path.read_text().strip()
+    if not key:
+        raise AccessError(f"{path}: the API key file is empty")
+    return key
 
 
 def bearer_matches(header: str | None, api_key: str) -> bool:

@@ -1,10 +1,12 @@
 """Start the engine processes (supervised) and the gateway in front of them; stops the engines when the gateway exits.
 
     FT_API_KEY=... python -m workloads.serve.launch --config workloads/configs/local.json [--host 0.0.0.0]
-        [--adapter NAME=RUN_ID ...] [--runs-store .local/artifacts] [--resume]
+        [--adapter NAME=RUN_ID ...] [--runs-store .local/artifacts] [--resume] [--start-empty]
 
-With no adapter named (flags or serve.adapters) it serves the base and the run's own fine-tune. With --resume
-(the default in a requeued Slurm job) it serves the set the last launcher of this run persisted instead.
+With no adapter named (flags or serve.adapters) it serves the base and the run's own fine-tune; with --start-empty
+(a server on reserved serving workers, started before training) the base alone, fine-tunes arriving later through
+/v1/load_lora_adapter. With --resume (the default in a requeued Slurm job) it serves the set the last launcher of
+this run persisted instead.
 Engines get a fresh key per launch and answer only the gateway (workloads.serve.engine_key).
 """
 
@@ -23,7 +25,8 @@ from typing import Any
 from documents.adapter_registry import SERVED_SET_NAME, AdapterEntry
 from documents.run_config import ConfigError, RunConfig, load_run_config
 from documents.sections.serve import ServeConfig
-from workloads.serve.auth import AccessError, api_key_from_env, is_loopback, require_key_beyond_loopback
+from workloads.serve.auth import (AccessError, api_key_from_env, api_key_from_file, is_loopback,
+                                  require_key_beyond_loopback)
 from workloads.serve.engines import EnginePlan, adapter_route, choose_engine, plan_peft, plan_transformers, plan_vllm
 from workloads.serve.engine_key import engine_env, new_engine_key
 from workloads.serve.gateway import AdapterHost, Gateway, Limits, build_gateway
@@ -83,15 +86,18 @@ def adapter_host(run: RunConfig, cfg: ServeConfig, engine: str, plans: list[Engi
                        lambda path: run_of_path(stored_runs(store_dir), store_dir, path))
 
 
-def served_adapters(run: RunConfig, cfg: ServeConfig, engine: str, resume: bool) -> list[AdapterEntry]:
+def served_adapters(run: RunConfig, cfg: ServeConfig, engine: str, resume: bool,
+                    start_empty: bool = False) -> list[AdapterEntry]:
     """What to serve at start: the persisted set when resuming and one exists for this base and engine, else the
-    named adapters (or the run's own)."""
+    named adapters (or the run's own, unless `start_empty`)."""
     if engine == "transformers":
         return []
     store_dir = Path(cfg.runs_store)
     persisted = persisted_set(run.results_dir / SERVED_SET_NAME, served_base(run)[0], engine) if resume else None
     if persisted is not None:
         return recheck(persisted.adapters, lambda entry: recheck_served(run, entry, store_dir))
+    if start_empty and not cfg.adapters:
+        return []
     return resolve_adapters(run, cfg.adapters, store_dir, cfg.finetuned_name)
 
 
@@ -137,6 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action=argparse.BooleanOptionalAction,
                         default=int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0,
                         help="serve the set the last launcher of this run persisted (default: in a requeued job)")
+    parser.add_argument("--api-key-file", type=Path,
+                        help="the API key from this file, made (mode 0600) with a fresh key when absent; instead "
+                             "of serve.api_key_env (the publish job reads the same file)")
+    parser.add_argument("--start-empty", action="store_true",
+                        help="with no adapter named, serve the base alone (not the run's own fine-tune)")
     args = parser.parse_args(argv)
     try:
         run = load_run_config(args.config)
@@ -146,11 +157,12 @@ def main(argv: list[str] | None = None) -> int:
             overrides["serve_base"] = False
         cfg = (run.serve or ServeConfig()).model_copy(update=overrides)
         cfg = cfg.model_copy(update={"adapters": {**cfg.adapters, **parse_adapter_flags(args.adapter)}})
-        api_key = api_key_from_env(cfg.api_key_env)
+        api_key = (api_key_from_file(args.api_key_file, create=True) if args.api_key_file
+                   else api_key_from_env(cfg.api_key_env))
         require_key_beyond_loopback(cfg.host, api_key)
         work_dir = Path(tempfile.mkdtemp(prefix="ft-serve-"))
         engine = choose_engine(cfg)
-        adapters = served_adapters(run, cfg, engine, args.resume)
+        adapters = served_adapters(run, cfg, engine, args.resume, args.start_empty)
         plans = make_plans(run, cfg, engine, args.finetuned, work_dir, adapters)
         host = adapter_host(run, cfg, engine, plans)
         base_sha, base_path = served_base(run)
@@ -190,7 +202,9 @@ def main(argv: list[str] | None = None) -> int:
             server = gateway_server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning",
                                                   timeout_graceful_shutdown=cfg.shutdown_grace_s + ENDING_S),
                                    gateway, cfg.shutdown_grace_s)
-            with ServedReporter(gateway, run.results_dir, (cfg.base_name, base_sha, base_path), engine) as reporter:
+            url = None if is_loopback(cfg.host) else f"http://{os.uname().nodename}:{cfg.port}"
+            with ServedReporter(gateway, run.results_dir, (cfg.base_name, base_sha, base_path), engine,
+                                url=url) as reporter:
                 gateway.on_change = reporter.report
                 if not gave_up:
                     server.run()

@@ -16,11 +16,12 @@ from workloads.serve.gateway import Gateway
 log = logging.getLogger("workloads.serve")
 
 
-def served_set(gateway: Gateway, base_name: str, base_sha: str, base_path: str, engine: str) -> ServedSet:
+def served_set(gateway: Gateway, base_name: str, base_sha: str, base_path: str, engine: str,
+               url: str | None = None) -> ServedSet:
     """The set as it is now (admin loads and unloads included) with every name's figures so far."""
     adapters = [route.adapter for route in list(gateway.routes.values()) if route.adapter is not None]
     return ServedSet(base_name=base_name, base_model_sha256=base_sha, base_model_path=base_path, engine=engine,
-                     adapters=adapters, speed=gateway.speeds())
+                     adapters=adapters, speed=gateway.speeds(), url=url)
 
 
 class ServedReporter:
@@ -28,8 +29,9 @@ class ServedReporter:
     more at stop."""
 
     def __init__(self, gateway: Gateway, results_dir: Path, base: tuple[str, str, str], engine: str,
-                 interval_s: float = 5.0) -> None:
+                 interval_s: float = 5.0, url: str | None = None) -> None:
         self.gateway, self.path, self.base, self.engine = gateway, results_dir / SERVED_SET_NAME, base, engine
+        self.url = url
         self.metrics = JobMetricsFile.from_env("serve")
         self.interval_s = interval_s
         self._lock = threading.Lock()
@@ -38,7 +40,7 @@ class ServedReporter:
 
     def report(self) -> None:
         """Write the set now (also called on every load and unload: a launcher that starts again reads it)."""
-        served = served_set(self.gateway, *self.base, self.engine)
+        served = served_set(self.gateway, *self.base, self.engine, self.url)
         try:
             with self._lock:
                 write_text_atomic(self.path, write_served_set(served))

@@ -1,0 +1,150 @@
+"""The publish stage: once a run's eval passes the gate, store the run's adapter in the serving run store and load it
+into the server running on the reserved serving workers, without restarting it.
+
+    python -m workloads.serve.publish --config CONFIG.json --stack NAME --runs-store DIR --api-key-file FILE
+        [--eval-job ID] [--wait-s 600]
+
+The eval job is the stage's one dependency (FT_AFTER_JOBS, set at submission) unless --eval-job names it. The gate:
+the report's perplexity improvement over the base is at least serve.publish_min_perplexity_improvement_pct; below
+it nothing is loaded and the job ends 0 saying so. The run is stored as `runs/<stack>/<run>-<eval job>/` (the
+adapter files, the run manifest, `run.json` written last with the adapter's hash), the layout every server's
+registry reads, and loaded under that id through the gateway's vLLM route (`/v1/load_lora_adapter`, the gateway's
+key from the file the serve job made). The gateway's address comes from the served set the server reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import httpx
+
+from documents.adapter_registry import ADAPTER_FILES, SERVED_SET_NAME, adapter_sha256, read_served_set
+from documents.atomic import write_text_atomic
+from documents.base import DocumentError
+from documents.evaluator_report import EvaluatorReport, read_evaluator_report, report_name
+from documents.run_config import ConfigError, RunConfig, load_run_config
+from documents.run_manifest import RUN_MANIFEST_NAME
+from documents.run_record import RunIndex, write_run_record
+from documents.sections.serve import ServeConfig
+from workloads.serve.auth import AccessError, api_key_from_file
+
+AFTER_JOBS_ENV = "FT_AFTER_JOBS"
+
+
+class PublishError(RuntimeError):
+    """The fine-tune could not be stored or loaded; the message says which step and why."""
+
+
+def eval_job_id(given: str | None) -> str:
+    """The eval job: as given, else the stage's one dependency."""
+    if given:
+        return given
+    after = [job for job in os.environ.get(AFTER_JOBS_ENV, "").split(",") if job]
+    if len(after) != 1:
+        raise PublishError(f"give --eval-job: {AFTER_JOBS_ENV} names {len(after)} jobs ({after}), not the one eval job")
+    return after[0]
+
+
+def gate(report: EvaluatorReport, cfg: ServeConfig) -> str | None:
+    """Why the fine-tune is not published (None: it passes)."""
+    improvement, floor = report.comparison.perplexity, cfg.publish_min_perplexity_improvement_pct
+    if improvement is None:
+        return "the eval report has no perplexity comparison"
+    if improvement < floor:
+        return (f"perplexity improvement {improvement:.2f}% is below serve.publish_min_perplexity_improvement_pct "
+                f"{floor:g}%")
+    return None
+
+
+def store_run(run: RunConfig, report: EvaluatorReport, store: Path, stack: str, run_id: str, eval_job: str) -> Path:
+    """The run's adapter, manifest and index under `runs/<stack>/<run_id>/` of the store, the index written last."""
+    folder = store / "runs" / stack / run_id
+    (folder / "adapter").mkdir(parents=True, exist_ok=True)
+    (folder / "train").mkdir(parents=True, exist_ok=True)
+    for name in ADAPTER_FILES:
+        shutil.copyfile(run.adapter_dir / name, folder / "adapter" / name)
+    shutil.copyfile(run.train_run_dir / RUN_MANIFEST_NAME, folder / "train" / RUN_MANIFEST_NAME)
+    base, tuned = report.base_model.perplexity, report.finetuned_model.perplexity
+    index = RunIndex(
+        stack=stack, run_id=run_id, run_name=run.name, uploaded_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        job_ids={"eval": eval_job}, perplexity_base=base, perplexity_finetuned=tuned,
+        perplexity_improvement_pct=report.comparison.perplexity,
+        files=sorted([*(f"adapter/{n}" for n in ADAPTER_FILES), f"train/{RUN_MANIFEST_NAME}"]),
+        adapter_sha256=adapter_sha256(folder / "adapter"),
+    )
+    write_text_atomic(folder / "run.json", write_run_record(index))
+    return folder
+
+
+def gateway_url(run: RunConfig, wait_s: float) -> str:
+    """The running server's address from its served set, waiting up to `wait_s` for it to report one."""
+    path = run.results_dir / SERVED_SET_NAME
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            served = read_served_set(path.read_bytes(), str(path))
+            if served.url:
+                return served.url
+        except (OSError, DocumentError):
+            pass
+        if time.monotonic() > deadline:
+            raise PublishError(f"no server reported an address in {path} within {wait_s:g} s (is the serve job running "
+                               "on the serving partition, listening beyond loopback?)")
+        time.sleep(2.0)
+
+
+def load(url: str, key: str, run_id: str) -> str:
+    """Load the stored run under its id; a second publish of the same run finds it loaded already."""
+    headers = {"Authorization": f"Bearer {key}"}
+    reply = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": run_id, "lora_path": run_id},
+                       headers=headers, timeout=300)
+    if reply.status_code == 200:
+        return "loaded"
+    try:
+        message = reply.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = reply.text[:300]
+    if reply.status_code == 400 and "already been loaded" in message:
+        return "already loaded"
+    raise PublishError(f"{url}/v1/load_lora_adapter: HTTP {reply.status_code}: {message}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--stack", required=True, help="the stack the stored run belongs to")
+    parser.add_argument("--runs-store", required=True, type=Path, help="the run store the server reads")
+    parser.add_argument("--api-key-file", required=True, type=Path, help="the gateway's key, as the serve job made it")
+    parser.add_argument("--eval-job", help=f"the eval job's id (default: {AFTER_JOBS_ENV})")
+    parser.add_argument("--wait-s", type=float, default=600.0, help="how long to wait for the server's address")
+    args = parser.parse_args(argv)
+    try:
+        run = load_run_config(args.config)
+        cfg = run.serve or ServeConfig()
+        job = eval_job_id(args.eval_job)
+        path = run.results_dir / report_name(job)
+        report = read_evaluator_report(path.read_bytes(), str(path))
+        if (refused := gate(report, cfg)) is not None:
+            print(json.dumps({"published": False, "eval_job": job, "reason": refused}))
+            return 0
+        run_id = f"{run.name}-{job}"
+        stored = store_run(run, report, args.runs_store, args.stack, run_id, job)
+        url = gateway_url(run, args.wait_s)
+        outcome = load(url, api_key_from_file(args.api_key_file, create=False), run_id)
+    except (ConfigError, DocumentError, OSError, PublishError, AccessError, httpx.HTTPError) as error:
+        print(f"publish: {error}", file=sys.stderr)
+        return 1
+    print(json.dumps({"published": True, "model": run_id, "eval_job": job, "stored": str(stored), "server": url,
+                      "outcome": outcome}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
