@@ -232,7 +232,8 @@ def pipeline_jobs(
         jobs.append(JobSpec(
             stage=stage,
             script=f"{PACKAGE}/jobs/{stage}.sbatch",
-            args=[config_arg, *(_readiness_expectations(stack) if stage == "readiness" else [])],
+            args=[config_arg, *(_readiness_expectations(stack) if stage == "readiness" else []),
+                  *(["--stack", stack.stack] if stage == "serve" else [])],
             env=env,
             extra_args=_extra_args(stage, stack, run),
             depends_on=list(DEPENDS_ON[stage]) or (["environment"] if placement.environment else []),
