@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         run = load_run_config(args.config)
         overrides = {k: v for k, v in {"host": args.host, "port": args.port, "backend_port": args.backend_port,
                                        "runs_store": args.runs_store,
-                                       "stack": args.stack and checked_name(args.stack, "--stack")}.items()
+                                       "stack": None if args.stack is None else checked_name(args.stack, "--stack")}.items()
                      if v is not None}
         if args.no_base:
             overrides["serve_base"] = False
