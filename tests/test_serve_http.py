@@ -58,15 +58,15 @@ def test_ignore_eos_generates_max_tokens_whatever_the_model_says(served) -> None
     from workloads.serve.client import stream_chat
 
     url, headers = f"{served.api}/chat/completions", {"Authorization": f"Bearer {served.api_key}"}
-    body = {"model": "finetuned", "messages": [{"role": "user", "content": "What is a bond?"}], "max_tokens": 96,
-            "temperature": 0.0}
+    body = {"model": "base", "messages": [{"role": "user", "content": "Reply with one word: is the sky blue?"}],
+            "max_tokens": 96, "temperature": 0.0}  # SmolLM2 answers this in about 9 tokens
     natural = httpx.post(url, json=body, headers=headers, timeout=300).json()
     assert natural["choices"][0]["finish_reason"] == "stop" and natural["usage"]["completion_tokens"] < 96, natural
     forced = httpx.post(url, json={**body, "ignore_eos": True}, headers=headers, timeout=300)
     assert forced.status_code == 200, forced.text
     assert forced.json()["choices"][0]["finish_reason"] == "length"
     assert forced.json()["usage"]["completion_tokens"] == 96, forced.json()["usage"]
-    *_, streamed = stream_chat(served.api, "base", body["messages"], served.api_key, max_tokens=40, ignore_eos=True)
+    *_, streamed = stream_chat(served.api, "finetuned", body["messages"], served.api_key, max_tokens=40, ignore_eos=True)
     assert streamed.completion_tokens == 40, streamed
     bad = httpx.post(url, json={**body, "ignore_eos": "yes"}, headers=headers, timeout=30)
     assert bad.status_code == 400 and bad.json()["error"]["message"].startswith("ignore_eos:"), bad.text
