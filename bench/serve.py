@@ -10,6 +10,11 @@ Starts the server itself (python -m workloads.serve.launch) for each path:
 For every model and concurrency it streams the same test prompts and prints one JSON document:
 time to first token, time per output token and output tokens/s per request (median, p90), aggregate output
 tokens/s, the fine-tuned/base throughput ratio per concurrency (target >= 0.95) and batched/single ratios.
+Every request asks for `ignore_eos` (vLLM's serving benchmark does the same), so every side generates
+--max-tokens tokens per request (the endpoint's own count, checked: `equal_output_tokens`) and a short answer
+does not make fixed costs weigh more on one side; --no-ignore-eos measures natural lengths instead. The
+machine's load average at the start and the end is part of the document: figures taken under load are not
+comparable.
 
     .venv/bin/python bench/serve.py --config workloads/configs/local.json [--max-tokens 32] [--paths merged adapter-4bit adapters]
     .venv/bin/python bench/serve.py --paths adapters --base DIR --clients 4 --requests 4 --max-tokens 8   # smallest
@@ -38,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 sys.path.insert(0, str(ROOT / "tests"))  # adapter_runs: adapters registered as stored runs, shared with the tests
 
-from adapter_runs import register_run, save_adapter  # noqa: E402
+from adapter_runs import STACK, register_run, save_adapter  # noqa: E402
 
 from documents.run_config import load_run_config, parse_run_config  # noqa: E402
 from infra.runs.store import LocalStore  # noqa: E402
@@ -62,12 +67,23 @@ def start(config: Path, finetuned: str, with_base: bool, log: Path, timeout_s: f
     return proc, f"{url}/v1"
 
 
+IGNORE_EOS = True
+"""set from --ignore-eos: every request generates max_tokens tokens"""
+ISSUE_40_GOAL = 0.9
+"""base + adapters in one peft engine over the merged model in transformers serve, at --clients, TTFT no worse"""
+
+
+def load_average() -> list[float]:
+    return [float(v) for v in Path("/proc/loadavg").read_text().split()[:3]]
+
+
 def one_request(api: str, model: str, messages: list[dict], max_tokens: int, tokenizer) -> dict[str, float]:
     final = None
-    for final in stream_chat(api, model, messages, max_tokens=max_tokens):
+    for final in stream_chat(api, model, messages, max_tokens=max_tokens, ignore_eos=IGNORE_EOS):
         pass
     assert final is not None and final.total_s is not None
-    tokens = max(len(tokenizer(final.text, add_special_tokens=False)["input_ids"]), final.chunks)
+    counted = max(len(tokenizer(final.text, add_special_tokens=False)["input_ids"]), final.chunks)
+    tokens = final.completion_tokens if final.completion_tokens is not None else counted
     ttft = final.ttft_s if final.ttft_s is not None else final.total_s
     decode = final.total_s - ttft
     return {
@@ -76,6 +92,11 @@ def one_request(api: str, model: str, messages: list[dict], max_tokens: int, tok
         "tokens_per_second": tokens / final.total_s if final.total_s > 0 else 0.0,
         "tokens": tokens,
     }
+
+
+def equal_tokens(results: list[dict], max_tokens: int) -> bool:
+    """Whether every request generated exactly `max_tokens` tokens (what --ignore-eos asks for)."""
+    return all(r["tokens"] == max_tokens for r in results)
 
 
 def summary(values: list[float]) -> dict[str, float]:
@@ -94,6 +115,7 @@ def measure(api: str, model: str, prompts: list[list[dict]], concurrency: int, r
     return {
         "requests": requests,
         "output_tokens": tokens,
+        "equal_output_tokens": equal_tokens(results, max_tokens),
         "wall_s": wall,
         "throughput_tokens_per_second": tokens / wall,
         "ttft_s": summary([r["ttft_s"] for r in results]),
@@ -210,11 +232,12 @@ def spread_load(api: str, names: list[str], clients: int, requests: int, max_tok
         mine = [r for n, r in results if n == name]
         per_name[name] = {"requests": len(mine), "output_tokens": sum(r["tokens"] for r in mine),
                           "tokens_per_second": sum(r["tokens"] for r in mine) / wall,
-                          "ttft_s": summary([r["ttft_s"] for r in mine])}
+                          "ttft_s": summary([r["ttft_s"] for r in mine]), "tpot_s": summary([r["tpot_s"] for r in mine])}
     tokens = sum(r["tokens"] for _, r in results)
     return {"clients": clients, "requests": requests, "wall_s": wall, "failed": 0,
+            "output_tokens": tokens, "equal_output_tokens": equal_tokens([r for _, r in results], max_tokens),
             "throughput_tokens_per_second": tokens / wall, "per_name": per_name,
-            "ttft_s": summary([r["ttft_s"] for _, r in results])}
+            "ttft_s": summary([r["ttft_s"] for _, r in results]), "tpot_s": summary([r["tpot_s"] for _, r in results])}
 
 
 def bench_adapters(args: argparse.Namespace, base: Path, tokenizer) -> dict:
@@ -229,7 +252,7 @@ def bench_adapters(args: argparse.Namespace, base: Path, tokenizer) -> dict:
         "name": "bench-adapters", "paths": {"root": str(work), "model_dir": str(work / "model")},
         "model": {"source": f"dir:{base}"}, "data": {"source": "sample", "rows": 4},
         "serve": {"engine": "peft", "device": "cpu", "dtype": "float32", "runs_store": str(work / "store"),
-                  "max_batch": args.clients},
+                  "stack": STACK, "max_batch": args.clients},
     }, "bench/serve.py")
     config = work / "run.json"
     config.write_text(run.model_dump_json())
@@ -257,12 +280,19 @@ def bench_adapters(args: argparse.Namespace, base: Path, tokenizer) -> dict:
         merged = spread_load(f"{url}/v1", ["finetuned"], args.clients, args.requests, args.max_tokens, tokenizer)
     finally:
         stop_launcher(proc)
+    over_merged = ratio(mixed["throughput_tokens_per_second"], merged["throughput_tokens_per_second"])
+    ttft_no_worse = mixed["ttft_s"]["median"] <= merged["ttft_s"]["median"]
+    sides = {"base_only": base_only, "base_and_adapters": mixed, "merged_transformers_serve": merged}
     return {"memory": memory, "load": {
-        "base_only": base_only, "base_and_adapters": mixed, "merged_transformers_serve": merged,
+        **sides,
         "mixed_over_base_only": ratio(mixed["throughput_tokens_per_second"], base_only["throughput_tokens_per_second"]),
-        "mixed_over_merged": ratio(mixed["throughput_tokens_per_second"], merged["throughput_tokens_per_second"]),
-        "ttft_median_s": {"base_and_adapters": mixed["ttft_s"]["median"],
-                          "merged_transformers_serve": merged["ttft_s"]["median"]},
+        "mixed_over_merged": over_merged,
+        "ttft_median_s": {name: side["ttft_s"]["median"] for name, side in sides.items()},
+        "tpot_median_s": {name: side["tpot_s"]["median"] for name, side in sides.items()},
+        "equal_output_tokens": all(side["equal_output_tokens"] for side in sides.values()),
+        "issue_40_goal": {"clients": args.clients, "mixed_over_merged_at_least": ISSUE_40_GOAL,
+                          "ttft_no_worse": ttft_no_worse,
+                          "met": over_merged is not None and over_merged >= ISSUE_40_GOAL and ttft_no_worse},
     }}
 
 
@@ -279,18 +309,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--adapters", type=int, default=3, help="adapters path: how many adapters")
     parser.add_argument("--clients", type=int, default=16, help="adapters path: concurrent clients")
     parser.add_argument("--base", type=Path, help="adapters path: a prepared base model folder (default: the config's)")
+    parser.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
+                        help="every request generates --max-tokens tokens (default; vLLM's benchmark does the same)")
     args = parser.parse_args(argv)
+    global IGNORE_EOS
+    IGNORE_EOS = args.ignore_eos
+    started_load = load_average()
 
     from transformers import AutoTokenizer
 
     run = load_run_config(args.config)
     base = args.base or run.base_model_dir
     tokenizer = AutoTokenizer.from_pretrained(base)
-    report: dict = {}
+    report: dict = {"max_tokens": args.max_tokens, "ignore_eos": args.ignore_eos}
     if "adapters" in args.paths:
         report["adapters"] = bench_adapters(args, base, tokenizer)
     paths = [p for p in args.paths if p != "adapters"]
     if not paths:
+        report["load_average"] = {"start": started_load, "end": load_average()}
         print(json.dumps(report, indent=2))
         return 0
     prompts = [[{"role": "user", "content": p.input}] for p in
@@ -329,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
             r = ratio(results[key][c]["throughput_tokens_per_second"], results["base"][c]["throughput_tokens_per_second"])
             entry[f"finetuned_over_base_c{c}"] = r
             entry[f"meets_target_c{c}"] = r is not None and r >= TARGET_RATIO
+            for figure in ("ttft_s", "tpot_s"):
+                entry[f"{figure.removesuffix('_s')}_finetuned_over_base_c{c}"] = ratio(
+                    results[key][c][figure]["median"], results["base"][c][figure]["median"])
         if len(levels) > 1:
             entry["batched_over_single_finetuned"] = ratio(results[key][levels[-1]]["throughput_tokens_per_second"],
                                                            results[key][levels[0]]["throughput_tokens_per_second"])
@@ -336,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(levels) > 1:
         report["ratios"]["batched_over_single_base"] = ratio(results["base"][levels[-1]]["throughput_tokens_per_second"],
                                                              results["base"][levels[0]]["throughput_tokens_per_second"])
+    report["load_average"] = {"start": started_load, "end": load_average()}
     print(json.dumps(report, indent=2))
     return 0
 

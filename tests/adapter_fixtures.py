@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from adapter_runs import register_run, save_adapter
+from adapter_runs import STACK, register_run, save_adapter
 from eval_fixtures import start_server, stop_server
 
 from documents.run_config import RunConfig, parse_run_config
@@ -60,7 +60,7 @@ def adapter_runs(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
         "name": "adapters", "paths": {"root": str(root), "model_dir": str(tiny_model_dir.parent)},
         "model": {"source": f"dir:{tiny_model_dir}"}, "data": {"source": "sample", "rows": 4},
         "serve": {"engine": "peft", "device": "cpu", "dtype": "float32", "runs_store": str(root / "store"),
-                  "max_tokens_limit": 256},
+                  "stack": STACK, "max_tokens_limit": 256},
     }, "adapter_fixtures")
     return AdapterRuns(run, root / "store", "run-foreign")
 

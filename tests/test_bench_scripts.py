@@ -86,8 +86,10 @@ def test_bench_serve_at_its_smallest(tiny_served_run: Path, tmp_path: Path) -> N
                    cwd=tmp_path)
     assert set(report["results"]) == {"base", "finetuned_merged"}
     for side in report["results"].values():
-        assert side["1"]["requests"] == 1 and side["1"]["output_tokens"] >= 1
-    assert report["ratios"]["finetuned_merged"]["finetuned_over_base_c1"] > 0
+        assert side["1"]["requests"] == 1 and side["1"]["output_tokens"] == 2 and side["1"]["equal_output_tokens"]
+    ratios = report["ratios"]["finetuned_merged"]
+    assert ratios["finetuned_over_base_c1"] > 0 and ratios["ttft_finetuned_over_base_c1"] > 0
+    assert len(report["load_average"]["start"]) == 3
 
 
 @pytest.mark.parametrize("mode", ["smoke", "14b", "14b-naive", "14b-upcast", "14b-dropout0", "14b-recompute"])
@@ -124,5 +126,7 @@ def test_bench_serve_adapters_path_at_its_smallest(tiny_model_dir: Path, tmp_pat
     assert memory["process_per_fine_tune"] > memory["base_and_adapters_one_process"] > 0
     load = adapters["load"]
     assert set(load["base_and_adapters"]["per_name"]) == {"base", "desk-1"}
-    assert all(side["throughput_tokens_per_second"] > 0
-               for side in (load["base_only"], load["base_and_adapters"], load["merged_transformers_serve"]))
+    sides = (load["base_only"], load["base_and_adapters"], load["merged_transformers_serve"])
+    assert all(side["throughput_tokens_per_second"] > 0 and side["output_tokens"] == 2 * 2 for side in sides)
+    assert load["equal_output_tokens"] and set(load["tpot_median_s"]) == set(load["ttft_median_s"])
+    assert load["issue_40_goal"]["clients"] == 2 and isinstance(load["issue_40_goal"]["met"], bool)

@@ -58,3 +58,102 @@ def test_a_template_without_the_switch_renders_as_before(smollm2_base_dir: Path)
     assert template_options(tokenizer) == {}
     expected = tokenizer.apply_chat_template(CHAT[:-1], add_generation_prompt=True, tokenize=False)
     assert prompt_ids(tokenizer, CHAT[:-1]) == tokenizer(expected, add_special_tokens=False)["input_ids"]
+
+
+def model_folder(tokenizer_dir: Path, weights_dir: Path, out: Path) -> Path:
+    """A model folder: `weights_dir`'s config and weights with `tokenizer_dir`'s tokenizer and chat template."""
+    import shutil
+
+    out.mkdir(parents=True)
+    for item in weights_dir.iterdir():
+        if item.name in ("config.json", "generation_config.json") or item.suffix == ".safetensors":
+            shutil.copy2(item, out / item.name)
+    for item in tokenizer_dir.iterdir():
+        shutil.copy2(item, out / item.name)
+    return out
+
+
+def transformers_serve_params(argv: list[str]) -> dict:
+    """`transformers serve`'s own command line parser (click, through typer) applied to a plan's argv."""
+    from transformers.cli.transformers import app
+
+    serve = app.commands["serve"]
+    return serve.make_context("serve", argv[argv.index("serve") + 1:]).params
+
+
+def vllm_template_kwargs(argv: list[str]) -> dict | None:
+    """What `vllm serve` reads from --default-chat-template-kwargs: vLLM registers it with `type=json.loads`
+    (vllm/entrypoints/openai/cli_args.py, BaseFrontendArgs._customize_cli_kwargs); vLLM is not installable here."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--default-chat-template-kwargs", type=json.loads)
+    return parser.parse_known_args(argv)[0].default_chat_template_kwargs
+
+
+def test_engines_that_render_prompts_themselves_are_told_to_turn_thinking_off(
+        qwen3_template_dir: Path, tiny_model_dir: Path, smollm2_base_dir: Path, tmp_path: Path) -> None:
+    """Issue 42, item 8: vLLM and `transformers serve` render prompts with the template's defaults (Qwen3:
+    thinking on). They are started with the switch off (vLLM's --default-chat-template-kwargs, transformers serve's
+    --chat-template-kwargs); a template without the switch gets no flag."""
+    import json
+
+    from documents.run_config import parse_run_config
+    from documents.sections.serve import ServeConfig
+    from workloads.serve.engines import plan_transformers, plan_vllm
+
+    for template, expected in ((qwen3_template_dir, {"enable_thinking": False}), (smollm2_base_dir, None)):
+        root = tmp_path / template.name
+        run = parse_run_config({"name": "t", "paths": {"root": str(root), "model_dir": str(root / "model")},
+                                "model": {"source": "dir:/m"}, "data": {"source": "sample", "rows": 4}})
+        model_folder(template, tiny_model_dir, run.base_model_dir)
+        model_folder(template, tiny_model_dir, run.merged_dir)
+        (plan,) = plan_vllm(run, ServeConfig(), [])
+        assert vllm_template_kwargs(plan.argv) == expected, plan.argv
+        for engine in plan_transformers(run, ServeConfig(device="cpu")):
+            given = transformers_serve_params(engine.argv)["chat_template_kwargs"]
+            assert (json.loads(given) if given else None) == expected, engine.argv
+
+
+@pytest.mark.slow
+def test_transformers_serve_renders_the_prompt_training_rendered(qwen3_template_dir: Path, tiny_model_dir: Path,
+                                                                 tmp_path: Path) -> None:
+    """The engine as the launcher starts it, on the tiny model with Qwen3's template: the prompt it counts is
+    training's (the empty think block included), not the thinking prompt the template renders by default."""
+    import subprocess
+    import time
+
+    import httpx
+    from transformers import AutoTokenizer
+
+    from documents.sections.serve import ServeConfig
+    from workloads.serve.engines import transformers_argv
+    from workloads.serve.process import free_port, stop_launcher
+
+    folder = model_folder(qwen3_template_dir, tiny_model_dir, tmp_path / "qwen3-tiny")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    expected = len(prompt_ids(tokenizer, CHAT[:-1]))
+    thinking = len(tokenizer.apply_chat_template(CHAT[:-1], add_generation_prompt=True, tokenize=True,
+                                                 return_dict=True)["input_ids"])
+    assert expected > thinking
+    port = free_port()
+    log = tmp_path / "engine.log"
+    argv = transformers_argv(folder, port, ServeConfig(device="cpu", dtype="float32", cb_num_blocks=8))
+    engine = subprocess.Popen(argv, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        body = {"model": str(folder), "messages": CHAT[:-1], "max_tokens": 4, "temperature": 0.0}
+        reply = None
+        for _ in range(240):
+            assert engine.poll() is None, log.read_text()[-3000:]
+            try:
+                reply = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=120)
+                break
+            except httpx.TransportError:
+                time.sleep(0.5)
+        assert reply is not None and reply.status_code == 200, log.read_text()[-3000:]
+        answer = reply.json()
+        assert answer["usage"]["prompt_tokens"] == expected, (answer["usage"], expected, thinking)
+        assert "<think>" not in answer["choices"][0]["message"]["content"]
+    finally:
+        stop_launcher(engine, grace_s=10)

@@ -71,6 +71,16 @@ def test_cloud_jobs_spread_over_the_workers_and_check_the_preset() -> None:
     assert jobs["eval"].result_file.endswith("/evaluator_{job_id}.json")
 
 
+@pytest.mark.parametrize("stack", ["local", "cluster", "demo"])
+def test_the_serve_job_tells_the_launcher_its_stack(stack: str) -> None:
+    """Issue 42, item 5: the launcher reads stored runs of the stack it serves only, so the serve job names it."""
+    config = load_stack_config(stack, REPO / "stacks")
+    run = load_run_config(REPO / config.pipeline.run_config)
+    jobs = pipeline_jobs(config, run, config.pipeline.run_config, "c", placement_for(config, run, REPO), serve=True)
+    serve = next(j for j in jobs if j.stage == "serve")
+    assert serve.args[1:] == ["--stack", stack]
+
+
 @pytest.mark.parametrize("stack", ["local", "dev", "demo", "h100"])
 def test_mock_run_wires_the_chain_in_order(stack: str) -> None:
     run = run_under_mocks(load_stack_config(stack, REPO / "stacks"), secrets=KEY)

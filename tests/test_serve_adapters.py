@@ -224,12 +224,15 @@ def test_a_seed_out_of_range_fails_alone(multi) -> None:
     assert health.status_code == 200 and set(health.json()["models"].values()) == {"ok"}, health.text
 
 
-def test_adapter_names_are_bounded_and_a_run_says_its_stack(adapter_runs, multi, tmp_path) -> None:
+def test_adapter_names_are_bounded_and_runs_come_from_the_served_stack(adapter_runs, multi, tmp_path) -> None:
     """Issue 42, item 5: a 10,000-character name was accepted; model ids stop at 64 characters (OpenAI's
     fine-tune suffix), and the refusal does not echo the whole name. A run of another stack in the store (the
-    rehearsal cluster's) is served only with that stack named on its card."""
+    rehearsal cluster's) was loaded by the local server, and of two stacks with the same run id the one whose
+    stack sorts last was served without a word: the server serves its own stack's runs and refuses others, on
+    both load routes, naming the run's stack."""
     from adapter_runs import register_run, save_adapter
 
+    from documents.run_record import read_run_record
     from infra.runs.store import LocalStore
 
     admin = f"{multi.url}/admin/adapters"
@@ -238,21 +241,32 @@ def test_adapter_names_are_bounded_and_a_run_says_its_stack(adapter_runs, multi,
         message = reply.json()["error"]["message"]
         assert reply.status_code == 400 and f"is {len(name)} characters long" in message and "at most 64" in message
         assert len(message) < 300, message
-    longest = "d" * 64
-    loaded = httpx.post(admin, json={"name": longest, "run_id": f"run-{SPARE}"}, headers=multi.headers, timeout=300)
-    assert loaded.status_code == 200 and loaded.json()["stack"] == "local", loaded.text
-    assert httpx.delete(f"{admin}/{longest}", headers=multi.headers, timeout=300).status_code == 200
 
     base = Path(adapter_runs.run.model.source.removeprefix("dir:"))
-    save_adapter(base, tmp_path / "rehearsal-adapter", 4, seed=5)
-    register_run(LocalStore(adapter_runs.store_dir), tmp_path / "runs", "run-rehearsal", base,
-                 tmp_path / "rehearsal-adapter", 4, stack="cluster")
-    loaded = httpx.post(admin, json={"name": "desk-rehearsal", "run_id": "run-rehearsal"}, headers=multi.headers,
-                        timeout=300)
-    assert loaded.status_code == 200 and loaded.json()["stack"] == "cluster", loaded.text
+    save_adapter(base, tmp_path / "other-stack-adapter", 4, seed=5)
+    store = LocalStore(adapter_runs.store_dir)
+    register_run(store, tmp_path / "cluster", "run-rehearsal", base, tmp_path / "other-stack-adapter", 4, stack="cluster")
+    register_run(store, tmp_path / "prod", f"run-{SPARE}", base, tmp_path / "other-stack-adapter", 4, stack="prod")
+    rehearsal = adapter_runs.store_dir / "runs" / "cluster" / "run-rehearsal" / "adapter"
+    for route, body in [(admin, {"name": "desk-rehearsal", "run_id": "run-rehearsal"}),
+                        (f"{multi.url}/v1/load_lora_adapter", {"lora_name": "desk-rehearsal", "lora_path": "run-rehearsal"}),
+                        (f"{multi.url}/v1/load_lora_adapter", {"lora_name": "desk-rehearsal", "lora_path": str(rehearsal)})]:
+        reply = httpx.post(route, json=body, headers=multi.headers, timeout=300)
+        message = reply.json()["error"]["message"]
+        assert reply.status_code == 400, (route, reply.text)
+        assert "run 'run-rehearsal' is a run of stack 'cluster'" in message and "serves stack 'local'" in message
+
+    longest = "d" * 64
+    loaded = httpx.post(admin, json={"name": longest, "run_id": f"run-{SPARE}"}, headers=multi.headers, timeout=300)
+    assert loaded.status_code == 200, loaded.text
+    stored = {stack: read_run_record((adapter_runs.store_dir / "runs" / stack / f"run-{SPARE}" / "run.json").read_text(),
+                                     "run.json") for stack in ("local", "prod")}
+    assert stored["local"].adapter_sha256 != stored["prod"].adapter_sha256
+    card = loaded.json()
+    assert (card["stack"], card["adapter_sha256"]) == ("local", stored["local"].adapter_sha256), card
     cards = {m["id"]: m for m in httpx.get(f"{multi.url}/v1/models", headers=multi.headers, timeout=10).json()["data"]}
-    assert cards["desk-rehearsal"]["stack"] == "cluster" and cards[NAMES[0]]["stack"] == "local"
-    assert httpx.delete(f"{admin}/desk-rehearsal", headers=multi.headers, timeout=300).status_code == 200
+    assert "desk-rehearsal" not in cards and cards[NAMES[0]]["stack"] == "local"
+    assert httpx.delete(f"{admin}/{longest}", headers=multi.headers, timeout=300).status_code == 200
 
 
 def test_long_adapter_names_are_refused_in_the_run_config_and_flags() -> None:
@@ -305,3 +319,17 @@ def test_sigterm_ends_requests_in_flight_like_openai(adapter_runs, tmp_path) -> 
     assert json.loads(lines[-2][5:])["error"]["code"] == "server_shutting_down", lines[-3:]
     assert whole[0].status_code == 503 and whole[0].json()["error"]["code"] == "server_shutting_down", whole[0].text
     assert "Traceback" not in log and "CancelledError" not in log, log[-3000:]
+
+
+def test_ignore_eos_reaches_the_peft_engine(multi) -> None:
+    """Issue 42, item 12: the gateway forwards vLLM's `ignore_eos` to the engines that take it; the reply has
+    max_tokens tokens by the engine's own count, streamed or not."""
+    from workloads.serve.client import stream_chat
+
+    body = {"model": NAMES[0], "messages": [{"role": "user", "content": PROMPTS[0]}], "max_tokens": 9,
+            "temperature": 0.0, "ignore_eos": True}
+    reply = httpx.post(f"{multi.url}/v1/chat/completions", json=body, headers=multi.headers, timeout=120)
+    assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 9, reply.text
+    assert reply.json()["choices"][0]["finish_reason"] == "length"
+    *_, streamed = stream_chat(f"{multi.url}/v1", "base", body["messages"], multi.key, max_tokens=9, ignore_eos=True)
+    assert streamed.completion_tokens == 9

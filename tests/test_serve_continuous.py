@@ -64,6 +64,7 @@ class Ask:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
+    ignore_eos: bool = False
     cancelled: threading.Event = field(default_factory=threading.Event)
     events: list = field(default_factory=list)
 
@@ -137,3 +138,19 @@ def test_a_cancelled_row_leaves_and_the_cache_shrinks(engine: AdapterModel) -> N
         assert [row.request for row in batch.rows] == [short]
         assert batch.mask.shape[1] == len(short.prompt_ids) + 2, "the long prompt's columns are cut"
         assert batch.cache.layers[0].keys.shape[2] == batch.mask.shape[1]
+
+
+def test_a_row_that_ignores_eos_runs_to_max_tokens(engine: AdapterModel) -> None:
+    """Issue 42, item 12: vLLM's `ignore_eos`, so that a benchmark compares equal output lengths. With every
+    token an end-of-sequence token, a row stops at once unless it ignores them; then it runs to max_tokens, in
+    the same batch as one that stops."""
+    prompt = engine.prompt_ids([{"role": "user", "content": "What is a bond?"}])
+    stops, runs = Ask(prompt, NAMES[0], 7), Ask(prompt, BASE_ROW, 7, ignore_eos=True)
+    vocabulary = set(range(engine.model.config.vocab_size))
+    batch = RunningBatch(engine.forward, engine.tokenizer, vocabulary, engine.pad, "cpu")
+    with torch.inference_mode():
+        batch.join([stops, runs])
+        while batch.rows:
+            batch.step()
+    assert stops.finish == ("done", "stop", len(prompt), 0)
+    assert runs.finish == ("done", "length", len(prompt), 7)

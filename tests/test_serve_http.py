@@ -49,3 +49,24 @@ def test_non_streaming_chat_on_base_and_unknown_model(served) -> None:
     assert missing.status_code == 404 and "finetuned" in missing.json()["error"]["message"]
     assert httpx.post(f"{served.api}/chat/completions", json=body, timeout=30).status_code == 401
     assert "Bearer" not in served.log.read_text() and served.api_key not in served.log.read_text()
+
+
+def test_ignore_eos_generates_max_tokens_whatever_the_model_says(served) -> None:
+    """Issue 42, item 12: a benchmark compares equal output lengths (vLLM's `ignore_eos`). transformers serve
+    refuses a field it does not know (422), so the gateway gives it a generation config without an
+    end-of-sequence token; a value that is no boolean is refused by name."""
+    from workloads.serve.client import stream_chat
+
+    url, headers = f"{served.api}/chat/completions", {"Authorization": f"Bearer {served.api_key}"}
+    body = {"model": "base", "messages": [{"role": "user", "content": "Reply with one word: is the sky blue?"}],
+            "max_tokens": 96, "temperature": 0.0}  # SmolLM2 answers this in about 9 tokens
+    natural = httpx.post(url, json=body, headers=headers, timeout=300).json()
+    assert natural["choices"][0]["finish_reason"] == "stop" and natural["usage"]["completion_tokens"] < 96, natural
+    forced = httpx.post(url, json={**body, "ignore_eos": True}, headers=headers, timeout=300)
+    assert forced.status_code == 200, forced.text
+    assert forced.json()["choices"][0]["finish_reason"] == "length"
+    assert forced.json()["usage"]["completion_tokens"] == 96, forced.json()["usage"]
+    *_, streamed = stream_chat(served.api, "finetuned", body["messages"], served.api_key, max_tokens=40, ignore_eos=True)
+    assert streamed.completion_tokens == 40, streamed
+    bad = httpx.post(url, json={**body, "ignore_eos": "yes"}, headers=headers, timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["message"].startswith("ignore_eos:"), bad.text

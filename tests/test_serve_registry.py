@@ -14,7 +14,7 @@ from adapter_runs import STACK, register_run
 from documents.run_manifest import model_hash
 from documents.run_record import read_run_record
 from infra.runs.store import LocalStore
-from workloads.serve.registry import RegistryError, run_of_path, stored_adapter, stored_runs
+from workloads.serve.registry import OtherStackRun, RegistryError, UnknownRun, run_of_path, stored_adapter, stored_runs
 
 
 def fake_adapter(folder: Path, weights: bytes) -> Path:
@@ -52,14 +52,14 @@ def test_upload_keeps_the_adapter_and_its_hash(store) -> None:
 
 def test_the_store_copy_is_served_and_checked(store, tmp_path: Path) -> None:
     root, base = store
-    runs = stored_runs(root)
-    entry = stored_adapter(runs, root, "desk-a", "run-a", **base)
+    runs = stored_runs(root, STACK)
+    entry = stored_adapter(runs, root, STACK, "desk-a", "run-a", **base)
     assert Path(entry.adapter_dir) == root / "runs" / STACK / "run-a" / "adapter"
     assert entry.adapter_sha256 == runs["run-a"][0].adapter_sha256
 
     (root / "runs" / STACK / "run-b" / "adapter" / "adapter_model.safetensors").write_bytes(b"B" * 63 + b"C")
     with pytest.raises(RegistryError, match="changed since stored"):
-        stored_adapter(runs, root, "desk-b", "run-b", **base)
+        stored_adapter(runs, root, STACK, "desk-b", "run-b", **base)
 
     stored = root / "runs" / STACK / "run-a" / "adapter"
     outside = fake_adapter(tmp_path / "elsewhere", b"A" * 64)
@@ -68,13 +68,52 @@ def test_the_store_copy_is_served_and_checked(store, tmp_path: Path) -> None:
     stored.rmdir()
     stored.symlink_to(outside)
     with pytest.raises(RegistryError, match="outside the run store"):
-        stored_adapter(runs, root, "desk-a", "run-a", **base)
+        stored_adapter(runs, root, STACK, "desk-a", "run-a", **base)
 
 
 def test_lora_path_maps_only_a_stored_adapter_folder(store, tmp_path: Path) -> None:
     root, _ = store
-    runs = stored_runs(root)
-    assert run_of_path(runs, root, str(root / "runs" / STACK / "run-b" / "adapter")) == "run-b"
-    assert run_of_path(runs, root, str(root / "runs" / STACK / "run-b" / "adapter" / ".." / "adapter")) == "run-b"
-    assert run_of_path(runs, root, str(tmp_path / "trained" / "run-b")) is None
-    assert run_of_path(runs, root, str(root / "runs" / STACK / "run-b")) is None
+    runs = stored_runs(root, STACK)
+    assert run_of_path(runs, root, STACK, str(root / "runs" / STACK / "run-b" / "adapter")) == "run-b"
+    assert run_of_path(runs, root, STACK, str(root / "runs" / STACK / "run-b" / "adapter" / ".." / "adapter")) == "run-b"
+    assert run_of_path(runs, root, STACK, str(tmp_path / "trained" / "run-b")) is None
+    assert run_of_path(runs, root, STACK, str(root / "runs" / STACK / "run-b")) is None
+
+
+def test_a_server_reads_the_runs_of_its_own_stack_only(store, tmp_path: Path) -> None:
+    """Issue 42, item 5: every stack's runs were one dict keyed by run id, so a run of the rehearsal cluster was
+    served by the local server, and of two stacks with the same run id one silently replaced the other."""
+    root, base = store
+    base_dir = tmp_path / "base"
+    register_run(LocalStore(root), tmp_path / "cluster-runs", "run-a", base_dir,
+                 fake_adapter(tmp_path / "cluster-trained" / "run-a", b"X" * 64), 4, stack="cluster")
+    register_run(LocalStore(root), tmp_path / "cluster-runs", "run-c", base_dir,
+                 fake_adapter(tmp_path / "cluster-trained" / "run-c", b"C" * 64), 4, stack="cluster")
+
+    local = stored_runs(root, STACK)
+    assert set(local) == {"run-a", "run-b"} and set(stored_runs(root, "cluster")) == {"run-a", "run-c"}
+    entry = stored_adapter(local, root, STACK, "desk-a", "run-a", **base)
+    assert (entry.stack, Path(entry.adapter_dir)) == (STACK, root / "runs" / STACK / "run-a" / "adapter")
+    assert (Path(entry.adapter_dir) / "adapter_model.safetensors").read_bytes() == b"A" * 64
+    rehearsal = stored_adapter(stored_runs(root, "cluster"), root, "cluster", "desk-a", "run-a", **base)
+    assert (Path(rehearsal.adapter_dir) / "adapter_model.safetensors").read_bytes() == b"X" * 64
+
+    with pytest.raises(OtherStackRun, match=r"run 'run-c' is a run of stack 'cluster' .*serves stack 'local': refused"):
+        stored_adapter(local, root, STACK, "desk-c", "run-c", **base)
+    with pytest.raises(OtherStackRun, match="stack 'cluster'"):
+        run_of_path(local, root, STACK, str(root / "runs" / "cluster" / "run-c" / "adapter"))
+    with pytest.raises(UnknownRun, match="no run 'run-z' of stack 'local'"):
+        stored_adapter(local, root, STACK, "desk-z", "run-z", **base)
+    with pytest.raises(UnknownRun):
+        stored_adapter(local, root, STACK, "desk-z", "../cluster/run-c", **base)
+    with pytest.raises(RegistryError, match="does not know which stack it serves"):
+        stored_runs(root, None)
+
+
+def test_a_run_index_in_another_stacks_folder_is_refused(store) -> None:
+    root, _ = store
+    moved = root / "runs" / "cluster" / "run-a"
+    moved.parent.mkdir(parents=True)
+    (root / "runs" / STACK / "run-a").rename(moved)
+    with pytest.raises(RegistryError, match=r"names stack 'local' and run 'run-a', but lies in runs/cluster/run-a/"):
+        stored_runs(root, "cluster")

@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from documents.names import StackName
+
 MODEL_NAME_MAX = 64
 """characters in a served model id: OpenAI's fine-tuned model suffixes stop at 64."""
 MODEL_NAME = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9._-]{{0,{MODEL_NAME_MAX - 1}}}$")
@@ -45,6 +47,9 @@ class ServeConfig(BaseModel):
     publish_min_perplexity_improvement_pct: float = Field(
         0.0, description="the publish job's gate: a fine-tune is loaded into the running server when its eval "
                          "measured at least this perplexity improvement over the base (%, the report's comparison)")
+    stack: StackName | None = Field(
+        None, description="the stack this server serves: stored runs are read from runs/<stack>/ of the store only "
+                          "(the pipeline's serve job passes --stack; without one, stored runs are refused)")
     max_loras: int = Field(8, ge=1, description="adapters one server holds at most (vLLM --max-cpu-loras)")
     max_loras_per_batch: int = Field(
         4, ge=1, description="vLLM --max-loras: adapters one batch mixes (a GPU slot each); at most max_loras")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 SWITCHES = {"enable_thinking": False, "thinking": False}
@@ -19,6 +20,17 @@ def template_options(tokenizer: Any) -> dict[str, bool]:
     template = tokenizer.chat_template
     text = template if isinstance(template, str) else json.dumps(template)
     return {name: value for name, value in SWITCHES.items() if re.search(rf"\b{name}\b", text)}
+
+
+def folder_options(folder: Path) -> dict[str, bool]:
+    """template_options of the tokenizer saved in a model folder: what an engine that renders prompts itself
+    (vLLM, `transformers serve`) must be told to render as training did. A folder without a tokenizer has no
+    template to switch (an engine cannot serve it and says so itself)."""
+    from transformers import AutoTokenizer
+
+    if not (folder / "tokenizer_config.json").is_file():
+        return {}
+    return template_options(AutoTokenizer.from_pretrained(folder))
 
 
 def render(tokenizer: Any, messages: list[dict[str, Any]], generation_prompt: bool = False) -> str:

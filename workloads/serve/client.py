@@ -23,6 +23,8 @@ class StreamState:
     ttft_s: float | None = None
     total_s: float | None = None
     chunk_times: list[float] = field(default_factory=list)
+    completion_tokens: int | None = None
+    """the output tokens the endpoint counted (its usage), once the stream has ended"""
 
 
 def _headers(api_key: str | None) -> dict[str, str]:
@@ -53,9 +55,12 @@ def stream_chat(
     max_tokens: int = 256,
     timeout: float = 600.0,
     client: httpx.Client | None = None,
+    ignore_eos: bool = False,
 ) -> Iterator[StreamState]:
-    """POST /chat/completions with stream=true; yields the state after every content delta, then once at the end."""
-    body = {"model": model, "messages": messages, "stream": True, "max_tokens": max_tokens, "temperature": 0.0}
+    """POST /chat/completions with stream=true; yields the state after every content delta, then once at the end.
+    With `ignore_eos` (vLLM's field) the endpoint generates `max_tokens` tokens whatever the model says."""
+    body = {"model": model, "messages": messages, "stream": True, "max_tokens": max_tokens, "temperature": 0.0,
+            "stream_options": {"include_usage": True}, **({"ignore_eos": True} if ignore_eos else {})}
     state = StreamState()
     owned = client is None
     client = client or httpx.Client(timeout=timeout)
@@ -72,6 +77,7 @@ def stream_chat(
                 chunk = json.loads(payload)
                 if "error" in chunk:
                     raise EndpointError(f"stream error: {chunk['error']}")
+                state.completion_tokens = (chunk.get("usage") or {}).get("completion_tokens", state.completion_tokens)
                 delta = (chunk.get("choices") or [{}])[0].get("delta", {}).get("content")
                 if delta:
                     now = time.perf_counter() - start

@@ -29,6 +29,7 @@ class Request(Protocol):
     temperature: float
     top_p: float
     seed: int | None
+    ignore_eos: bool
     cancelled: threading.Event
 
     def emit(self, event: tuple) -> None: ...
@@ -166,7 +167,7 @@ class RunningBatch:
                 ended.append(i)
                 continue
             finish = None
-            if token in self.eos:
+            if token in self.eos and not request.ignore_eos:
                 finish = "stop"
             else:
                 row.produced.append(token)

@@ -7,6 +7,9 @@ gateway's admin route asks. The peft engine (workloads.serve.lora_engine) does t
 transformers serve runs one continuous-batching model per process (switching models inside one process stops
 and restarts its batching worker), so base and the merged fine-tune each get their own process: a full model
 copy per fine-tune, kept for the run's own merged model only.
+Both render prompts themselves: each is started with the chat template's thinking switch off where the template
+has one (workloads.common.chat_template), as training rendered them; the gateway forwards no
+`chat_template_kwargs` of a request, so no client turns it back on.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from documents.adapter_registry import AdapterEntry
 from documents.hf_files import read_adapter_config, write_adapter_config
 from documents.run_config import RunConfig
 from documents.sections.serve import ServeConfig
+from workloads.common.chat_template import folder_options
 from workloads.serve.budget import token_budget
 from workloads.serve.gateway import Route
 
@@ -74,10 +78,17 @@ def cb_flags(cfg: ServeConfig) -> list[str]:
     return flags
 
 
+def template_flag(flag: str, folder: Path) -> list[str]:
+    """`flag` with the folder's thinking switches off as JSON (vLLM's --default-chat-template-kwargs and
+    transformers serve's --chat-template-kwargs both json.loads it); nothing for a template without one."""
+    options = folder_options(folder)
+    return [flag, json.dumps(options)] if options else []
+
+
 def transformers_argv(folder: Path, port: int, cfg: ServeConfig, quantization: str | None = None) -> list[str]:
     argv = [sys.executable, "-m", "transformers.cli.transformers", "serve", str(folder),
             "--host", "127.0.0.1", "--port", str(port), "--device", cfg.device, "--dtype", cfg.dtype,
-            "--log-level", "warning"]
+            "--log-level", "warning", *template_flag("--chat-template-kwargs", folder)]
     if cfg.continuous_batching:
         argv += ["--continuous-batching", *cb_flags(cfg)]
     if quantization:
@@ -110,9 +121,23 @@ def adapter_view(run: RunConfig, target: Path) -> Path:
     return target
 
 
+def ignore_eos_body(folder: Path) -> dict[str, str]:
+    """transformers serve knows no `ignore_eos`: a request's `generation_config` (JSON) replaces the model's, so
+    it is the folder's own with no end-of-sequence token (-1: none, in continuous batching's requests)."""
+    from transformers import GenerationConfig
+
+    try:
+        config = GenerationConfig.from_pretrained(folder)
+    except OSError:
+        config = GenerationConfig()
+    config.eos_token_id = -1
+    return {"generation_config": json.dumps(config.to_diff_dict())}
+
+
 def route(name: str, port: int, folder: Path, kind: str, cfg: ServeConfig) -> Route:
     """A transformers engine's route: the gateway counts prompts with the folder's tokenizer against its budget."""
-    return Route(name, f"http://127.0.0.1:{port}", str(folder), kind, str(folder), token_budget(folder, cfg))
+    return Route(name, f"http://127.0.0.1:{port}", str(folder), kind, str(folder), token_budget(folder, cfg),
+                 ignore_eos_body=ignore_eos_body(folder))
 
 
 def plan_transformers(run: RunConfig, cfg: ServeConfig, finetuned: str = "merged", work_dir: Path | None = None) -> list[EnginePlan]:
@@ -204,6 +229,7 @@ def plan_vllm(run: RunConfig, cfg: ServeConfig, adapters: list[AdapterEntry]) ->
             "--served-model-name", cfg.base_name, "--enable-lora", "--lora-modules", *lora_modules(adapters, cfg.base_name),
             "--max-loras", str(per_batch), "--max-cpu-loras", str(held),
             "--max-lora-rank", str(vllm_max_rank([adapter_rank(entry) for entry in adapters])),
+            *template_flag("--default-chat-template-kwargs", base),
             "--host", "127.0.0.1", "--port", str(port), *cfg.vllm_args]
     url = f"http://127.0.0.1:{port}"
     routes = [adapter_route(entry, url, None, cfg) for entry in adapters]

@@ -50,6 +50,9 @@ class Route:
     """the folder served (vLLM's card `root`)"""
     parent: str | None = None
     """an adapter's base model name (vLLM's card `parent`)"""
+    ignore_eos_body: dict[str, Any] = field(default_factory=lambda: {"ignore_eos": True})
+    """the body fields that make the route's engine ignore the end-of-sequence token (vLLM's and the peft
+    engine's `ignore_eos`; transformers serve takes a whole `generation_config` instead)"""
 
 
 @dataclass(frozen=True)
@@ -286,8 +289,8 @@ async def upstream_body(gateway: Gateway, request: Request) -> tuple[Route, Chat
             raise Refused(400, f"prompt ({prompt} tokens) plus max_tokens ({asked}) is over {budget.reason} of "
                                f"{budget.tokens} tokens; ask for at most {room}", "context_length_exceeded")
         granted = min(granted, room)
-    body = chat.model_dump(exclude_none=True, exclude={"max_completion_tokens", "n"})
-    body.update(model=route.upstream, max_tokens=granted, stream=True)
+    body = chat.model_dump(exclude_none=True, exclude={"max_completion_tokens", "n", "ignore_eos"})
+    body.update(model=route.upstream, max_tokens=granted, stream=True, **(route.ignore_eos_body if chat.ignore_eos else {}))
     if not chat.stream:
         body["stream_options"] = {"include_usage": True}
     return route, chat, body

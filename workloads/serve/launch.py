@@ -1,12 +1,13 @@
 """Start the engine processes (supervised) and the gateway in front of them; stops the engines when the gateway exits.
 
     FT_API_KEY=... python -m workloads.serve.launch --config workloads/configs/local.json [--host 0.0.0.0]
-        [--adapter NAME=RUN_ID ...] [--runs-store .local/artifacts] [--resume] [--start-empty]
+        [--adapter NAME=RUN_ID ...] [--runs-store .local/artifacts] [--stack local] [--resume] [--start-empty]
 
 With no adapter named (flags or serve.adapters) it serves the base and the run's own fine-tune; with --start-empty
 (a server on reserved serving workers, started before training) the base alone, fine-tunes arriving later through
 /v1/load_lora_adapter. With --resume (the default in a requeued Slurm job) it serves the set the last launcher of
-this run persisted instead.
+this run persisted instead. Stored runs are read from the store's runs of the served stack only (--stack, or
+serve.stack).
 Engines get a fresh key per launch and answer only the gateway (workloads.serve.engine_key).
 """
 
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from documents.adapter_registry import SERVED_SET_NAME, AdapterEntry
+from documents.names import checked_name
 from documents.run_config import ConfigError, RunConfig, load_run_config
 from documents.sections.serve import ServeConfig
 from workloads.serve.auth import (AccessError, api_key_from_env, api_key_from_file, is_loopback,
@@ -80,10 +82,11 @@ def adapter_host(run: RunConfig, cfg: ServeConfig, engine: str, plans: list[Engi
     url = plans[0].url
 
     def resolve(name: str, run_id: str) -> AdapterEntry:
-        return stored_adapter(stored_runs(store_dir), store_dir, name, run_id, base_sha, base_path)
+        return stored_adapter(stored_runs(store_dir, cfg.stack), store_dir, cfg.stack, name, run_id, base_sha,
+                              base_path)
 
     return AdapterHost(url, resolve, lambda entry: adapter_route(entry, url, tokenizer, cfg),
-                       lambda path: run_of_path(stored_runs(store_dir), store_dir, path))
+                       lambda path: run_of_path(stored_runs(store_dir, cfg.stack), store_dir, cfg.stack, path))
 
 
 def served_adapters(run: RunConfig, cfg: ServeConfig, engine: str, resume: bool,
@@ -95,10 +98,10 @@ def served_adapters(run: RunConfig, cfg: ServeConfig, engine: str, resume: bool,
     store_dir = Path(cfg.runs_store)
     persisted = persisted_set(run.results_dir / SERVED_SET_NAME, served_base(run)[0], engine) if resume else None
     if persisted is not None:
-        return recheck(persisted.adapters, lambda entry: recheck_served(run, entry, store_dir))
+        return recheck(persisted.adapters, lambda entry: recheck_served(run, entry, store_dir, cfg.stack))
     if start_empty and not cfg.adapters:
         return []
-    return resolve_adapters(run, cfg.adapters, store_dir, cfg.finetuned_name)
+    return resolve_adapters(run, cfg.adapters, store_dir, cfg.stack, cfg.finetuned_name)
 
 
 def reach_hint(host: str, port: int, node: str) -> str:
@@ -140,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--adapter", action="append", default=[], metavar="NAME=RUN_ID",
                         help="serve a stored run's adapter under NAME (repeat; adds to serve.adapters)")
     parser.add_argument("--runs-store", help="override serve.runs_store (the run store folder)")
+    parser.add_argument("--stack", help="override serve.stack: the stack served (stored runs of other stacks are refused)")
     parser.add_argument("--resume", action=argparse.BooleanOptionalAction,
                         default=int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0,
                         help="serve the set the last launcher of this run persisted (default: in a requeued job)")
@@ -152,7 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run = load_run_config(args.config)
         overrides = {k: v for k, v in {"host": args.host, "port": args.port, "backend_port": args.backend_port,
-                                       "runs_store": args.runs_store}.items() if v is not None}
+                                       "runs_store": args.runs_store,
+                                       "stack": None if args.stack is None else checked_name(args.stack, "--stack")}.items()
+                     if v is not None}
         if args.no_base:
             overrides["serve_base"] = False
         cfg = (run.serve or ServeConfig()).model_copy(update=overrides)

@@ -58,6 +58,7 @@ class Generation:
     seed: int | None
     events: asyncio.Queue
     loop: asyncio.AbstractEventLoop
+    ignore_eos: bool = False
     cancelled: threading.Event = field(default_factory=threading.Event)
 
     def emit(self, event: tuple) -> None:
@@ -318,6 +319,7 @@ def build_app(worker: Worker, base_name: str, default_max_tokens: int = 256) -> 
             max_tokens=int(body.get("max_tokens") or default_max_tokens),
             temperature=1.0 if temperature is None else float(temperature),
             top_p=float(body.get("top_p") or 1.0), seed=body.get("seed"), events=asyncio.Queue(), loop=loop,
+            ignore_eos=bool(body.get("ignore_eos")),
         )
         worker.inbox.put(generation)
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))

@@ -3,7 +3,8 @@ serves (refusing an adapter of another base).
 
 The run store's layout (`runs/<stack>/<run_id>/run.json`, the run manifest under `train/`) is read from a
 folder here (the local store, or the cluster's shared filesystem); `ftstack adapters` lists the same entries
-from any store through `adapter_entry`.
+from any store through `adapter_entry`. A server reads the runs of its own stack only: a run id names a run
+within one stack, and the same id may be another stack's run too.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 from documents.adapter_registry import AdapterEntry, EvalSummary, adapter_sha256
 from documents.base import DocumentError
 from documents.hf_files import read_adapter_config
+from documents.names import checked_name
 from documents.run_config import RunConfig
 from documents.run_manifest import RUN_MANIFEST_NAME, RunManifest, load_run_manifest, model_hash, read_run_manifest
 from documents.run_record import RunIndex, read_run_record
@@ -49,10 +51,19 @@ def adapter_entry(name: str, run_id: str, manifest: RunManifest, index: RunIndex
     )
 
 
-def stored_runs(store_dir: Path) -> dict[str, tuple[RunIndex, RunManifest]]:
-    """Run id -> (index, manifest) for every stored run with a run manifest, in a store folder."""
+class OtherStackRun(RegistryError):
+    """The run id is stored for another stack only."""
+
+
+def stored_runs(store_dir: Path, stack: str | None) -> dict[str, tuple[RunIndex, RunManifest]]:
+    """Run id -> (index, manifest) for every run of `stack` with a run manifest in a store folder
+    (`runs/<stack>/<run_id>/`); each index must name the stack and run id its folder does."""
+    if stack is None:
+        raise RegistryError("this server does not know which stack it serves, and the run store keeps runs per "
+                            "stack (runs/<stack>/<run_id>): start it with --stack NAME (the pipeline's serve job "
+                            "does) or set serve.stack")
     found: dict[str, tuple[RunIndex, RunManifest]] = {}
-    for index_file in sorted(store_dir.glob(f"runs/*/*/{RUN_INDEX_NAME}")):
+    for index_file in sorted((store_dir / "runs" / stack).glob(f"*/{RUN_INDEX_NAME}")):
         manifest_file = index_file.parent / STORED_MANIFEST
         if not manifest_file.is_file():
             continue
@@ -61,8 +72,27 @@ def stored_runs(store_dir: Path) -> dict[str, tuple[RunIndex, RunManifest]]:
             manifest = read_run_manifest(manifest_file.read_bytes(), str(manifest_file))
         except (DocumentError, OSError) as exc:
             raise RegistryError(str(exc)) from None
+        if (index.stack, index.run_id) != (stack, index_file.parent.name):
+            raise RegistryError(f"{index_file}: names stack {index.stack!r} and run {index.run_id!r}, but lies in "
+                                f"runs/{stack}/{index_file.parent.name}/: refused")
         found[index.run_id] = (index, manifest)
     return found
+
+
+def stacks_holding(store_dir: Path, run_id: str) -> list[str]:
+    """The stacks whose folder in the store holds a run `run_id` (none for a name that is no run id)."""
+    try:
+        checked_name(run_id, "run id")
+    except ValueError:
+        return []
+    return sorted(index.parent.parent.name for index in (store_dir / "runs").glob(f"*/{run_id}/{RUN_INDEX_NAME}"))
+
+
+def other_stack(name: str | None, run_id: str, stacks: list[str], store_dir: Path, stack: str | None) -> OtherStackRun:
+    adapter = f"adapter {name!r}: " if name else ""
+    return OtherStackRun(f"{adapter}run {run_id!r} is a run of stack {', '.join(map(repr, stacks))} "
+                         f"(runs/{stacks[0]}/{run_id} in {store_dir}), and this server serves stack {stack!r}: "
+                         "refused (serve it from a server of that stack)")
 
 
 def parse_adapter_flags(items: list[str]) -> dict[str, str]:
@@ -114,22 +144,28 @@ def current_run_adapter(run: RunConfig, name: str) -> AdapterEntry:
                         base_model_sha256=sha, base_model_path=path, rank=read_adapter_config(run.adapter_dir).r)
 
 
-def resolve_adapters(run: RunConfig, wanted: dict[str, str], store_dir: Path, default_name: str) -> list[AdapterEntry]:
-    """The adapters to serve on the run's base: `wanted` (name -> run id) from the store, else the run's own."""
+def resolve_adapters(run: RunConfig, wanted: dict[str, str], store_dir: Path, stack: str | None,
+                     default_name: str) -> list[AdapterEntry]:
+    """The adapters to serve on the run's base: `wanted` (name -> run id) from the store's runs of `stack`, else
+    the run's own."""
     base_sha, base_path = served_base(run)
     if not wanted:
         own = check_base(current_run_adapter(run, default_name), base_sha, base_path)
         return [verified(own, [Path(own.adapter_dir)])]
-    runs = stored_runs(store_dir)
-    return [stored_adapter(runs, store_dir, name, run_id, base_sha, base_path) for name, run_id in wanted.items()]
+    runs = stored_runs(store_dir, stack)
+    return [stored_adapter(runs, store_dir, stack, name, run_id, base_sha, base_path) for name, run_id in wanted.items()]
 
 
-def stored_adapter(runs: dict[str, tuple[RunIndex, RunManifest]], store_dir: Path, name: str, run_id: str,
-                   base_sha: str, base_path: str) -> AdapterEntry:
+def stored_adapter(runs: dict[str, tuple[RunIndex, RunManifest]], store_dir: Path, stack: str | None, name: str,
+                   run_id: str, base_sha: str, base_path: str) -> AdapterEntry:
     """The stored run's adapter under `name`: the store's own copy (`runs/<stack>/<run_id>/adapter`), its hash as
-    the run index records it, checked against the served base and the files."""
+    the run index records it, checked against the served base and the files; a run of another stack is
+    refused, naming that stack."""
     if run_id not in runs:
-        raise UnknownRun(f"adapter {name!r}: no stored run {run_id!r} in {store_dir} (stored: {sorted(runs) or 'none'})")
+        if others := stacks_holding(store_dir, run_id):
+            raise other_stack(name, run_id, others, store_dir, stack)
+        raise UnknownRun(f"adapter {name!r}: no run {run_id!r} of stack {stack!r} in {store_dir} "
+                         f"(stored: {sorted(runs) or 'none'})")
     index, manifest = runs[run_id]
     entry = adapter_entry(name, run_id, manifest, index)
     if index.adapter_sha256 is None:
@@ -157,22 +193,29 @@ def verified(entry: AdapterEntry, roots: list[Path]) -> AdapterEntry:
     return entry.model_copy(update={"adapter_sha256": found})
 
 
-def run_of_path(runs: dict[str, tuple[RunIndex, RunManifest]], store_dir: Path, path: str) -> str | None:
-    """The id of the stored run whose adapter folder in the store is `path` (vLLM's lora_path), else None."""
+def run_of_path(runs: dict[str, tuple[RunIndex, RunManifest]], store_dir: Path, stack: str | None,
+                path: str) -> str | None:
+    """The id of the stored run of `stack` whose adapter folder in the store is `path` (vLLM's lora_path), else
+    None; another stack's adapter folder is refused, naming that stack."""
     wanted = Path(path).resolve()
     for run_id, (index, _) in runs.items():
         if (store_dir / "runs" / index.stack / run_id / STORED_ADAPTER).resolve() == wanted:
             return run_id
+    stored = (store_dir / "runs").resolve()
+    if wanted.name == STORED_ADAPTER and wanted.parent.parent.parent == stored and (wanted.parent / RUN_INDEX_NAME).is_file():
+        raise other_stack(None, wanted.parent.name, [wanted.parent.parent.name], store_dir, stack)
     return None
 
 
-def recheck_served(run: RunConfig, entry: AdapterEntry, store_dir: Path) -> AdapterEntry:
+def recheck_served(run: RunConfig, entry: AdapterEntry, store_dir: Path, stack: str | None) -> AdapterEntry:
     """A persisted served adapter checked again: a stored run's from the store (as a fresh load), the run's own
     from its folder, with the hash it was served with."""
     base_sha, base_path = served_base(run)
-    runs = stored_runs(store_dir)
-    if entry.run_id in runs:
-        return stored_adapter(runs, store_dir, entry.name, entry.run_id, base_sha, base_path)
+    if entry.stack is not None:
+        if entry.stack != stack:
+            raise other_stack(entry.name, entry.run_id, [entry.stack], store_dir, stack)
+        return stored_adapter(stored_runs(store_dir, stack), store_dir, stack, entry.name, entry.run_id, base_sha,
+                              base_path)
     own = current_run_adapter(run, entry.name)
     if Path(own.adapter_dir).resolve() != Path(entry.adapter_dir).resolve():
         raise RegistryError(f"adapter {entry.name!r}: {entry.adapter_dir} is neither a stored run's adapter nor "

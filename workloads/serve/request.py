@@ -53,6 +53,8 @@ class ChatRequest(BaseModel):
     logprobs: StrictBool | None = None
     top_logprobs: StrictInt | None = Field(None, ge=0, le=20)
     user: StrictStr | None = None
+    ignore_eos: StrictBool | None = None
+    """vLLM's extension: generate max_tokens tokens whatever the model says (benchmarks: equal lengths)."""
     n: StrictInt | None = None
     """choices per request: only 1 is served (as one stream per request)."""
 
