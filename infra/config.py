@@ -26,7 +26,7 @@ from pydantic.alias_generators import to_camel
 from documents.names import StackName, checked_name
 from documents.text_input import TextInputError, load_json, read_utf8
 from infra import catalog
-from infra.cost.pricing import PricingConfig
+from infra.cost.price_list import PricingConfig
 
 PROJECT = "soperator-finetune"
 # Config namespaces a stack file may use: this project's and those of the providers the program creates.

@@ -1,5 +1,5 @@
 """Where a run fits on a stack's GPUs: for each GPU worker set, the placement the run trains with on that set's
-nodes (``infra.cost.compare.fastest_nodes``: the fewest nodes where ``decide_placement`` fits, on the catalog's
+nodes (``infra.cost.method_comparison.fastest_nodes``: the fewest nodes where ``decide_placement`` fits, on the catalog's
 usable GPU memory and the preset's RAM, more only where the network and offload estimate says they train faster)
 and, when no node count of the set fits, the fewest nodes of the set's preset that do. ``train_nodes`` is the node
 count the train job asks Slurm for.
@@ -68,7 +68,7 @@ def _gpus(count: int) -> str:
 def worker_fits(cfg: StackConfig, run: RunConfig, shape: ModelShape) -> list[WorkerFit]:
     """The run on each GPU worker set of the stack: on the nodes it trains fastest on, else over all of them (the
     first set's nodes reserved for serving, `serving.nodes`, never train)."""
-    from infra.cost.compare import fastest_nodes
+    from infra.cost.method_comparison import fastest_nodes
     from infra.cost.price import PriceInputs, training_throughput
 
     priced = training_throughput(cfg, run, PriceInputs()) if run.train is not None else None

@@ -37,7 +37,7 @@ PRICED: dict = {}
 
 def _validator(spec: rules.PolicySpec):
     def validate(args: StackValidationArgs, report_violation: ReportViolation) -> None:
-        from infra.cost.training import load_run
+        from infra.cost.run_size import load_run
 
         cfg = _stack_config()
         resources = [rules.Res.from_policy(r) for r in args.resources]

@@ -15,8 +15,8 @@ from pydantic import BaseModel, ConfigDict
 from infra import catalog
 from infra.config import StackConfig
 from infra.cost.price import CostReport, price_stack
-from infra.cost.report import training_cost_text
-from infra.cost.training import REPO_ROOT
+from infra.cost.render import training_cost_text
+from infra.cost.run_size import REPO_ROOT
 from infra.nebius.layout import layout
 
 FILESYSTEM = "nebius:index/computeV1Filesystem:ComputeV1Filesystem"

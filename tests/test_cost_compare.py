@@ -15,9 +15,9 @@ import pytest
 
 from documents.throughput import bench_throughputs
 from infra.config import load_stack_config
-from infra.cost.compare import METHODS, compare, plot_comparison, render_comparison
+from infra.cost.method_comparison import METHODS, compare, plot_comparison, render_comparison
 from infra.cost.price import PriceInputs
-from infra.cost.training import load_run
+from infra.cost.run_size import load_run
 
 ROOT = Path(__file__).resolve().parent.parent
 GIB = 1024**3
@@ -53,7 +53,7 @@ def _row(comparison, model: str, method: str):
 def test_h100_row_of_the_measured_model_matches_a_hand_computation():
     """50,000 rows x 0.9 train x 2,048 tokens = 92,160,000 tokens, one pass; Qwen3-14B QLoRA on an H100 was
     measured at the bench's figure, so 92,160,000 / tps / 3,600 GPU-hours at $2.95 an H100-hour on demand and
-    $1.25 preemptible (infra/cost/pricing.py's H100 source), over the stack's 16 GPUs."""
+    $1.25 preemptible (infra/cost/price_list.py's H100 source), over the stack's 16 GPUs."""
     c = _compare(_stack("h100", LLAMA70_LORA))
     tps = BENCH_H100_QWEN14_QLORA.tokens_per_second_per_device
     gpu_hours = 92_160_000 / tps / 3600
@@ -153,7 +153,7 @@ def _ranks_by_hand(source: str, method: str, gpu_gib: float) -> int:
     layers gathered in bf16, activations with their fragmentation, 1 GiB overhead): n = ceil(S / (budget - U)).
     Weights, adapter and gathered bytes come from the shape by hand; the activation terms from the estimate
     (checked against measured tensors in tests/test_memory_estimate.py)."""
-    from infra.cost.compare import with_method
+    from infra.cost.method_comparison import with_method
     from workloads.train.memory import estimate
     from workloads.train.parallelism import fit_inputs
     from workloads.train.model_shapes import shape_for_source
@@ -212,7 +212,7 @@ def test_the_cpu_optimizer_step_of_a_70b_full_fine_tune_offloaded_to_one_h100_no
     """Seed 002's 70B full fine-tune on 8 GPUs needs offload; the optimizer step then runs on the host over every
     fp32 parameter of the node: 70,553,706,496 x 28 B (AdamW: parameter, gradient and two moments read, three
     written) at the Sapphire Rapids socket's 8 x 4,800 MT/s x 8 B = 307.2 GB/s, 6.4 s, once per optimizer step."""
-    from infra.cost.compare import cpu_step_seconds, offload_slowdown, with_method
+    from infra.cost.method_comparison import cpu_step_seconds, offload_slowdown, with_method
     from documents.train_plan import BatchPlan
     from workloads.train.model_shapes import shape_for_source
 

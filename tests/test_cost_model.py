@@ -8,11 +8,11 @@ import pytest
 
 from documents.metrics import MetricsRecord
 from infra.config import MonitoringConfig, StackConfig, load_stack_config
-from infra.cost.model import chat_scenario, chat_scenarios, monthly_cost, node_price, training_run
+from infra.cost.tco import chat_scenario, chat_scenarios, monthly_cost, node_price, training_run
 from infra.cost.price import PriceInputs, price_stack, training_estimate
-from infra.cost.pricing import CATALOG, PriceBook, PriceOverride, PricingConfig
-from infra.cost.report import render_table
-from infra.cost.training import load_run, tokenized_tokens
+from infra.cost.price_list import CATALOG, PriceBook, PriceOverride, PricingConfig
+from infra.cost.render import render_table
+from infra.cost.run_size import load_run, tokenized_tokens
 from infra.program.mocks import run_under_mocks
 
 # seed 000, "Total Cost of Ownership": line key -> (low, high) in whole dollars as printed, except the

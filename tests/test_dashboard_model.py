@@ -20,7 +20,7 @@ from documents.stack_outputs import (
     parse_stack_outputs,
 )
 from infra.config import load_stack_config
-from infra.cost import model as cost
+from infra.cost import tco as cost
 from infra.dashboard.model import StoredRun, build, chat_label, comparison, loss_curves
 from infra.dashboard.render import render_html
 

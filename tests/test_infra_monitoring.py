@@ -14,7 +14,7 @@ import pytest
 
 from infra.commands.cli import main
 from infra.config import MonitoringConfig, StackConfig, StackConfigError, load_stack_config, parse_stack_config
-from infra.cost.model import monthly_cost
+from infra.cost.tco import monthly_cost
 from infra.monitoring.access import monitoring_access
 from infra.nebius.layout import layout
 from infra.program.mocks import SECRET, run_under_mocks

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from infra.config import load_stack_config
-from infra.cost.compare import with_method
-from infra.cost.training import load_run
+from infra.cost.method_comparison import with_method
+from infra.cost.run_size import load_run
 from infra.model_fit import worker_fits
 from policies import rules
 from policies.rules import Context

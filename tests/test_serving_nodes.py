@@ -124,7 +124,8 @@ def test_serve_goes_to_its_partition_after_prepare_and_training_to_the_rest(tmp_
     serve_args, publish_args = jobs["serve"].args, jobs["publish"].args
     assert serve_args[1:5] == ["--start-empty", "--resume", "--host", "0.0.0.0"]
     store, key = "/jail/mnt/data/cluster/serving/store", "/jail/mnt/data/cluster/serving/api.key"
-    assert serve_args[5:] == publish_args[3:] == ["--runs-store", store, "--api-key-file", key]
+    assert serve_args[5:9] == publish_args[3:] == ["--runs-store", store, "--api-key-file", key]
+    assert serve_args[9:] == publish_args[1:3] == ["--stack", "cluster"]
     assert publish_args[1:3] == ["--stack", "cluster"]
     assert worker_shape(stack) == (1, 0)
 
@@ -150,7 +151,8 @@ def test_without_reserved_workers_serve_waits_for_training_on_the_shared_nodes()
     jobs = {j.stage: j for j in pipeline_jobs(stack, run_config("transformers"), "workloads/configs/cluster.json",
                                               "c0de", PLACEMENT, serve=True)}
     assert list(jobs) == ["prepare", "readiness", "train", "eval", "serve"]
-    assert jobs["serve"].depends_on == ["train"] and jobs["serve"].args == ["workloads/configs/cluster.json"]
+    assert jobs["serve"].depends_on == ["train"] and jobs["serve"].args == ["workloads/configs/cluster.json",
+                                                                                "--stack", "cluster"]
     assert not any(a.startswith("--partition") for j in jobs.values() for a in j.extra_args)
     assert worker_shape(stack) == (2, 0)
 
@@ -213,7 +215,7 @@ def test_a_published_run_is_what_the_servers_registry_loads(adapter_runs: Any, t
     store = tmp_path / "serving" / "store"
     folder = publish.store_run(run, report, store, "cluster", "pub-41", "41")
     assert folder == store / "runs" / "cluster" / "pub-41"
-    entry = stored_adapter(stored_runs(store), store, "pub-41", "pub-41", *served_base(adapter_runs.run))
+    entry = stored_adapter(stored_runs(store, "cluster"), store, "cluster", "pub-41", "pub-41", *served_base(adapter_runs.run))
     assert entry.adapter_dir == str(folder / "adapter") and entry.rank == 8
     assert entry.adapter_sha256 == adapter_sha256(Path(source["adapter"]))
     assert entry.evaluation is not None and entry.evaluation.perplexity_improvement_pct == 25.0

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from infra.config import load_stack_config
-from infra.cost.training import load_run
+from infra.cost.run_size import load_run
 from infra.model_fit import worker_fits
 from policies import rules
 from policies.rules import Context
@@ -74,7 +74,7 @@ L40S_REPORTED_GIB = 44.99
 
 def _variant(stack: str, method: str):
     """The stack with its own run config and Llama-3.1-70B by `method`, as `ftstack plan --compare` prices it."""
-    from infra.cost.compare import with_method
+    from infra.cost.method_comparison import with_method
 
     cfg = load_stack_config(stack, ROOT / "stacks")
     return cfg, with_method(load_run(cfg, ROOT), "hub:meta-llama/Llama-3.1-70B-Instruct", method)
@@ -100,7 +100,7 @@ def _hardware(cfg):
 def _speeds(cfg, run) -> dict[int, float | None]:
     """Tokens/s of the whole run on each node count of the stack's worker set (None: does not fit)."""
     from infra import catalog
-    from infra.cost.compare import seconds_per_token
+    from infra.cost.method_comparison import seconds_per_token
     from infra.cost.price import PriceInputs, training_throughput
     from workloads.train.placement import decide_placement
 
@@ -164,9 +164,9 @@ def test_a_run_on_fewer_nodes_is_timed_and_priced_on_those_nodes():
     """demo's 70B LoRA trains on one of the five nodes (2 of 10 L40S): its wall time is its GPU-hours over 2 GPUs,
     not 10, so the train job's time limit (estimate x 1.5 + 30 min) covers it; it pays for the one node it holds.
     The price per GPU-hour the comparison derives (usd / gpu_hours) is the set's own, as before."""
-    from infra.cost.model import node_price
+    from infra.cost.tco import node_price
     from infra.cost.price import PriceInputs, price_stack
-    from infra.cost.pricing import PriceBook
+    from infra.cost.price_list import PriceBook
 
     cfg, run = _variant("demo", "lora")
     training = price_stack(cfg, PriceInputs(), ROOT, run=run).training
@@ -182,7 +182,7 @@ def test_a_run_on_fewer_nodes_is_timed_and_priced_on_those_nodes():
 def test_demo_plan_comparison_and_trainer_agree_on_the_70b_lora_placement(tmp_path, monkeypatch):
     """The trainer, started on the one node the job asks for (2 ranks, L40S memory as PyTorch reports it, the
     preset's 384 GiB RAM), places the run as the policy and the plan do; the comparison marks that row chosen."""
-    from infra.cost.compare import compare
+    from infra.cost.method_comparison import compare
     from workloads.train import finetune
 
     cfg, run = _variant("demo", "lora")

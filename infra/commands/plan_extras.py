@@ -4,7 +4,7 @@ adds after the resource tree.
 `--policies` runs policies/rules.py against the run under mocks; a mandatory violation makes the plan
 exit 1. `--policy-config FILE.json` takes the format of `pulumi preview --policy-pack-config`:
 ``{"<policy>": {"enforcementLevel": "advisory", "<property>": value}}``.
-`--compare` adds the method comparison (infra/cost/compare.py); `--compare-chart FILE.png|.svg` draws it too.
+`--compare` adds the method comparison (infra/cost/method_comparison.py); `--compare-chart FILE.png|.svg` draws it too.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from documents.run_config import RunConfig
 from documents.stack_outputs import Environment
 from documents.text_input import TextInputError, load_json
 from infra.config import StackConfig
-from infra.cost.compare import Comparison, compare, plot_comparison, render_comparison
+from infra.cost.method_comparison import MethodComparison, compare, plot_comparison, render_comparison
 from infra.cost.price import PriceInputs, price_stack
-from infra.cost.report import render_table, report_document
-from infra.cost.training import REPO_ROOT, load_run
+from infra.cost.render import render_table, report_document
+from infra.cost.run_size import REPO_ROOT, load_run
 from infra.environment.plan import EnvironmentPlan, environment_plan, environment_section
 from infra.model_fit import worker_fits
 from infra.pipeline.chain import CHAIN, serving_stages
@@ -134,7 +134,7 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise SystemExit(f"ftstack plan --compare-chart {path}: folder {path.parent} does not exist")
 
 
-def _comparison(cfg: StackConfig, run: RunConfig | None, inputs: PriceInputs) -> Comparison:
+def _comparison(cfg: StackConfig, run: RunConfig | None, inputs: PriceInputs) -> MethodComparison:
     if run is None or run.train is None:
         raise SystemExit(f"ftstack plan --compare: stack {cfg.stack!r}: run config {cfg.pipeline.run_config} has no "
                          "train section here")

@@ -32,8 +32,8 @@ from documents.stack_outputs import StackOutputs, write_stack_outputs
 from documents.throughput import ThroughputCheck, ThroughputMeasurement, measure_run
 from infra.config import StackConfig, StackConfigError, load_stack_config, stack_file
 from infra.cost.price import CostReport, PriceInputs, price_stack
-from infra.cost.report import render_chat_table
-from infra.cost.training import stack_gpu_model
+from infra.cost.render import render_chat_table
+from infra.cost.run_size import stack_gpu_model
 from infra.environment.plan import environment_plan, environment_section
 from infra.pipeline.connect import open_transport
 from infra.pipeline.fetch import fetch_run

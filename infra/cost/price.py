@@ -1,13 +1,13 @@
 """The one price path: `price_stack` prices a stack from its config and what its runs measured (training
 throughput, the fine-tuned model's generation speed, the data size). The Pulumi program, `ftstack run`,
 `ftstack plan`, `ftstack report` and the policy pack all call it, and nothing else calls the pieces of the cost
-model (`infra.cost.model`), the throughput estimator (`infra.cost.estimate`) or the month at measured utilization
+model (`infra.cost.tco`), the throughput estimator (`infra.cost.throughput`) or the month at measured utilization
 (`infra.cost.utilization`).
 
 The training throughput, in this order: the stack's pricing.training.tokensPerSecondPerGpu; the newest run
 measured on this stack (`PriceInputs.training`, read from the local store or the stack's artifacts bucket by
 `infra.runs.measured.price_inputs`); a figure for the same GPU model, model and method measured elsewhere
-(borrowed); else the estimate from the nearest measured figure (`infra.cost.estimate`).
+(borrowed); else the estimate from the nearest measured figure (`infra.cost.throughput`).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from documents.run_config import RunConfig
 from documents.stack_outputs import MEASURED, ChatCost, Cost, UtilizationCost
 from documents.throughput import ThroughputMeasurement, bench_throughputs
 from infra.config import StackConfig
-from infra.cost.estimate import TrainingThroughput, estimate_throughput
-from infra.cost.model import (
+from infra.cost.throughput import TrainingThroughput, estimate_throughput
+from infra.cost.tco import (
     ChatScenario,
     MonthlyCost,
     TrainingRun,
@@ -33,8 +33,8 @@ from infra.cost.model import (
     worker_node_hourly_usd,
     workers_hourly_usd,
 )
-from infra.cost.pricing import PriceBook
-from infra.cost.training import (
+from infra.cost.price_list import PriceBook
+from infra.cost.run_size import (
     REPO_ROOT,
     chat_output_tokens,
     load_run,
@@ -163,7 +163,7 @@ def price_stack(cfg: StackConfig, inputs: PriceInputs = PriceInputs(), root: Pat
                 run: RunConfig | None = None) -> CostReport:
     """Monthly TCO, the training run's cost and the cost-per-chat scenarios of a stack, from its config and what
     its runs measured (`inputs`); `run` in place of the stack's pipeline.runConfig (the method comparison's
-    variants of it, infra/cost/compare.py)."""
+    variants of it, infra/cost/method_comparison.py)."""
     book = PriceBook(cfg.pricing.overrides)
     monthly = monthly_cost(cfg, cfg.pricing, book)
     notes = [f"{line.label}: {line.note}" for line in monthly.lines if line.note]

@@ -23,8 +23,8 @@ from pydantic import BaseModel, ConfigDict
 
 from documents.stack_outputs import UtilizationCost
 from infra.config import StackConfig, WorkerSet
-from infra.cost.model import MonthlyCost, TrainingRun
-from infra.cost.pricing import HOURS_PER_MONTH, ScheduleAssumptions
+from infra.cost.tco import MonthlyCost, TrainingRun
+from infra.cost.price_list import HOURS_PER_MONTH, ScheduleAssumptions
 from infra.pipeline.chain import worker_shape
 
 RUN_STAGES = ("prepare", "readiness", "train", "eval")
@@ -63,7 +63,7 @@ def run_seconds(measured: dict[str, float] | None, training: TrainingRun | None)
 
 
 def _always_on(monthly: MonthlyCost, worker: WorkerSet, role: str = "worker") -> float:
-    """The worker set's compute and boot-disk lines in the always-on month (keys as infra/cost/model.py names them);
+    """The worker set's compute and boot-disk lines in the always-on month (keys as infra/cost/tco.py names them);
     role `serving`: the lines of its nodes reserved for serving."""
     slug = re.sub(r"[^a-z0-9]+", "_", f"{role}_{worker.name}".lower()).strip("_")
     keys = {f"compute_{slug}", f"boot_disk_{slug}"}

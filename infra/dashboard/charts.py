@@ -12,7 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from documents.stack_outputs import MEASURED
-from infra.dashboard.model import ChatRow, Comparison, CostRow  # noqa: E402
+from infra.dashboard.model import ChatRow, EvalTable, CostRow  # noqa: E402
 from infra.monitoring.view import JobMetricsView  # noqa: E402
 
 BLUE, ORANGE, GREY = "#2f6db3", "#e07b39", "#9aa5b1"
@@ -96,7 +96,7 @@ def loss_curve(train: Sequence[tuple[float, float]], evaluation: Sequence[tuple[
         return _svg(fig, salt)
 
 
-def comparison_bars(result: Comparison, salt: str) -> str:
+def comparison_bars(result: EvalTable, salt: str) -> str:
     """One small panel per metric (four to a row), base in grey and fine-tuned in blue."""
     rows = [(m, b, t) for m, b, t, _ in result.metrics if b is not None and t is not None]
     ncols = min(len(rows), 4) or 1

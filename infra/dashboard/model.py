@@ -95,7 +95,7 @@ class FilesystemRow:
 
 
 @dataclass(frozen=True)
-class Comparison:
+class EvalTable:
     metrics: list[tuple[str, float | None, float | None, float | None]]
     """(metric, base, fine-tuned, change % = (fine-tuned - base) / base)."""
     samples: list[dict[str, str]]
@@ -134,7 +134,7 @@ class DashboardData:
     run_id: str | None = None
     loss_curve: list[tuple[float, float]] = field(default_factory=list)
     eval_loss_curve: list[tuple[float, float]] = field(default_factory=list)
-    comparison: Comparison | None = None
+    comparison: EvalTable | None = None
     job_metrics: JobMetricsView | None = None
     other_outputs: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
@@ -275,24 +275,24 @@ def _comparison_rows(figures: Mapping[str, tuple[float | None, float | None]],
     return rows
 
 
-def comparison(report: EvaluatorReport | None) -> Comparison | None:
+def comparison(report: EvaluatorReport | None) -> EvalTable | None:
     """Base vs fine-tuned figures and the fine-tuned side's first sample generations, from the report."""
     if report is None:
         return None
     figures = {f: (getattr(report.base_model, f), getattr(report.finetuned_model, f)) for f, _ in _COMPARED}
     counts = {f: getattr(report.finetuned_model, n) for f, n in _COUNTED.items()}
     samples = [s.model_dump() for s in report.finetuned_model.sample_generations[:3]]
-    return Comparison(_comparison_rows(figures, counts), samples, data_rows(report))
+    return EvalTable(_comparison_rows(figures, counts), samples, data_rows(report))
 
 
-def comparison_from_outputs(pipeline: Pipeline | None) -> Comparison | None:
+def comparison_from_outputs(pipeline: Pipeline | None) -> EvalTable | None:
     """The comparison from the outputs' evaluation figures (None when none has a value)."""
     if pipeline is None or pipeline.evaluation is None:
         return None
     base, tuned = (pipeline.evaluation.get(side) or EvalSide() for side in SIDES)
     figures = {field: (getattr(base, figure), getattr(tuned, figure)) for figure, field in EVAL_FIGURES.items()}
     rows = _comparison_rows(figures)
-    return Comparison(rows, []) if rows else None
+    return EvalTable(rows, []) if rows else None
 
 
 def other_outputs(outputs: StackOutputs) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from documents.stack_outputs import ChatCost, Cost, Filesystem, NodeGroup, Stack
 from documents.stack_outputs import Platform as PlatformOutputs
 from infra.config import PROJECT, SECRET_KEYS, StackConfig
 from infra.cost.price import price_stack
-from infra.cost.training import REPO_ROOT
+from infra.cost.run_size import REPO_ROOT
 from infra.monitoring.access import monitoring_access
 from infra.nebius.backups import BackupAccess, BackupAccessArgs
 from infra.nebius.buckets import Buckets, BucketsArgs

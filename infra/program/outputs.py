@@ -12,7 +12,7 @@ from documents.adapter_registry import ServedSet
 from documents.evaluator_report import EvaluatorReport
 from documents.stack_outputs import (SIDES, ChatCost, Cost, EvalSide, Job, Pipeline, ServedAdapter, Serving,
                                      UtilizationCost)
-from infra.cost.model import ChatScenario, MonthlyCost, TrainingRun
+from infra.cost.tco import ChatScenario, MonthlyCost, TrainingRun
 
 EVAL_FIGURES: dict[str, str] = {
     "perplexity": "perplexity",

@@ -9,7 +9,7 @@ fewest whole nodes on which it fits (the comparison, the estimate, the policy's 
 searched as FSDP there, and the placement says so (`needs_sharding`); its config is not rewritten. How many of a
 worker set's nodes a run is given is `choose_nodes`: the fewest whole nodes on which it fits (with offload when that
 is what fits there), more only where a caller's time model (the network and offload estimate of
-`infra.cost.compare`) says they train faster. FSDP's CPU
+`infra.cost.method_comparison`) says they train faster. FSDP's CPU
 offload is used when `train.offload: params`, and under `auto` only on a given node count where nothing else fits
 and the run allows FSDP (the search never needs it: more nodes fit without it).
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from infra.cost.model import ChatScenario
+from infra.cost.tco import ChatScenario
 from infra.cost.price import CostReport
 
 
@@ -23,7 +23,7 @@ def render_table(report: CostReport) -> str:
     rows.append(("Total monthly cost", "", f"{m.hours_per_month} h/month", _usd(m.usd_low, m.usd_high)))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     fmt = lambda r: "  " + "  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-    out = [f"Monthly cost (prices as of {m.pricing_date}; see infra/cost/pricing.py for sources):", fmt(rows[0])]
+    out = [f"Monthly cost (prices as of {m.pricing_date}; see infra/cost/price_list.py for sources):", fmt(rows[0])]
     out += [fmt(r) for r in rows[1:]]
     cats = ", ".join(f"{c} {_usd(lo, hi)}" for c, (lo, hi) in m.categories.items() if hi > 0)
     out.append(f"  by category: {cats}")

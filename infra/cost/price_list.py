@@ -88,7 +88,7 @@ class PriceOverride(BaseModel):
 
 class ChatAssumptions(BaseModel):
     """Cost-per-chat scenarios (seed 000): throughputs and days per month. The output tokens of a chat are the
-    run config's serve.max_tokens_limit, what the server allows (infra.cost.training.chat_output_tokens)."""
+    run config's serve.max_tokens_limit, what the server allows (infra.cost.run_size.chat_output_tokens)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True)
 

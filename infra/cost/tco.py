@@ -1,5 +1,5 @@
 """The cost model: pure functions from a StackConfig and a PriceBook to monthly TCO, training-run cost
-and cost per chat. No cloud calls; every figure is reproducible from the stack file and infra/cost/pricing.py.
+and cost per chat. No cloud calls; every figure is reproducible from the stack file and infra/cost/price_list.py.
 
 - A node costs its hourly price x 730 h; an autoscaled group is priced at min_size (low) and
   max_size (high). Separately billed platforms: GPUs x GPU-hour + vCPUs x vCPU-hour + GiB x GiB-hour;
@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict
 
 from infra import catalog
 from infra.config import BootDisk, StackConfig, WorkerSet
-from infra.cost.pricing import HOURS_PER_MONTH, ChatAssumptions, PriceBook, PricingConfig
+from infra.cost.price_list import HOURS_PER_MONTH, ChatAssumptions, PriceBook, PricingConfig
 from infra.monitoring import releases as mon
 from infra.nebius.layout import (ACCOUNTING, CONTROLLER_SPOOL, JAIL, SUBMOUNT_PREFIX, FilesystemSpec, Layout,
                                  NodeGroupSpec, layout)
@@ -83,7 +83,7 @@ class TrainingRun(_Frozen):
     tokens_per_second_per_gpu: float | None
     throughput_source: str
     throughput_kind: str = "unknown"
-    """configured, measured, borrowed, estimated or unknown (infra.cost.estimate.TrainingThroughput.kind)."""
+    """configured, measured, borrowed, estimated or unknown (infra.cost.throughput.TrainingThroughput.kind)."""
     gpus: int
     gpu_hours: float | None
     wall_hours: float | None

@@ -47,7 +47,7 @@ from infra.config import StackConfig
 from infra.cost.price import CostReport, PriceInputs, price_stack
 from infra.pipeline.chain import worker_shape
 from workloads.train.model_shapes import KNOWN, ModelShape, UnknownModel, shape_for_source
-from infra.cost.estimate import Plan
+from infra.cost.throughput import Plan
 from workloads.train.memory import DTYPE_BYTES, GIB, inputs_from_run, lora_params, weight_bytes
 from workloads.train.placement import (Hardware, Placement, choose_nodes, decide_placement, host_bytes_per_node,
                                       offloaded_placement)
@@ -117,7 +117,7 @@ class CompareRow(BaseModel):
     """the layout the trainer, the train job's node count and the plan take on the stack (``fastest_nodes``)."""
 
 
-class Comparison(BaseModel):
+class MethodComparison(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     stack: str
@@ -211,7 +211,7 @@ def reference_sized(cfg: StackConfig, run: RunConfig) -> tuple[StackConfig, RunC
     return cfg, run.model_copy(update={"data": data, "train": train})
 
 
-def compare(cfg: StackConfig, run: RunConfig, inputs: PriceInputs = PriceInputs()) -> Comparison:
+def compare(cfg: StackConfig, run: RunConfig, inputs: PriceInputs = PriceInputs()) -> MethodComparison:
     """The comparison table for a Nebius stack with a GPU worker set (see the module docstring); `inputs`: what the
     stack's runs measured, as `price_stack` takes them."""
     worker = next((w for w in (cfg.nodes.workers if cfg.nodes else []) if w.shape.gpus), None)
@@ -287,7 +287,7 @@ def compare(cfg: StackConfig, run: RunConfig, inputs: PriceInputs = PriceInputs(
                  "node and replicating across nodes on the same GPUs")
     if not has_spot:
         notes.append(f"{worker.platform}: no preemptible price in the catalog; preemptible cost not shown")
-    return Comparison(
+    return MethodComparison(
         stack=cfg.stack, gpu_model=platform.gpu_model or "", gpu_memory_gib=platform.usable_gpu_memory_gib,
         gpus_per_node=gpus_per_node, node_ram_gib=worker.shape.ram_gib, stack_gpus=stack_gpus, tokens=sized.tokens,
         passes=sized.epochs, data_basis=data_basis, usd_per_gpu_hour=usd_rate, preemptible_usd_per_gpu_hour=spot_rate,
@@ -553,7 +553,7 @@ def _num(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def _on_stack(row: CompareRow, c: Comparison) -> str:
+def _on_stack(row: CompareRow, c: MethodComparison) -> str:
     if row.gpus_needed is None:
         return "-"
     if row.fits_stack:
@@ -571,7 +571,7 @@ def _usd(value: float | None) -> str:
     return "-" if value is None else f"${value:,.0f}"
 
 
-def render_comparison(c: Comparison) -> str:
+def render_comparison(c: MethodComparison) -> str:
     price = f"${c.usd_per_gpu_hour:.2f}/GPU-hour" if c.usd_per_gpu_hour is not None else "no price"
     if c.preemptible_usd_per_gpu_hour is not None:
         price += f", preemptible ${c.preemptible_usd_per_gpu_hour:.2f}"
@@ -596,12 +596,12 @@ def render_comparison(c: Comparison) -> str:
     figures = sorted({r.throughput.figure for r in c.rows if r.throughput.figure})
     lines += [f"  figure: {figure}" for figure in figures]
     lines.append("  * estimated: not measured on this GPU model, model and method; the figure scaled by the GPUs' "
-                 "peaks and the work per token (infra/cost/estimate.py; each row's scaling in --json)")
+                 "peaks and the work per token (infra/cost/throughput.py; each row's scaling in --json)")
     lines += [f"note: {n}" for n in c.notes]
     return "\n".join(lines)
 
 
-def plot_comparison(c: Comparison, path: Path) -> None:
+def plot_comparison(c: MethodComparison, path: Path) -> None:
     """Cost on demand per model and method (PNG or SVG by the suffix); estimated figures hatched, runs that need
     more GPUs than the stack has drawn pale."""
     import matplotlib
