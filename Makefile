@@ -57,8 +57,8 @@ cluster-stop:
 demo: venv slurm-start monitoring-start
 	scripts/demo.sh
 
-# Tests run on TEST_WORKERS pytest-xdist workers; tests/conftest.py groups those that share a Slurm, the rehearsal
-# cluster or an expensive fixture onto one worker. TEST_WORKERS=0 runs them in this process, one after another.
+# Tests run on TEST_WORKERS pytest-xdist workers; tests/xdist_groups.py sends those that share a Slurm, the
+# rehearsal cluster or an expensive fixture to one worker. TEST_WORKERS=0 runs them in this process, one after another.
 TEST_WORKERS ?= 3
 test: venv slurm-start monitoring-start
-	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup
+	$(VENV)/bin/pytest -n $(TEST_WORKERS)

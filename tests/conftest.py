@@ -18,45 +18,11 @@ import pytest
 from documents.run_config import RunConfig, parse_run_config
 
 pytest_plugins = ["sshd_fixtures", "pipeline_fixtures", "eval_fixtures", "cluster_fixtures", "monitoring_fixtures",
-                  "adapter_fixtures"]
+                  "adapter_fixtures", "xdist_groups"]
 
 ROOT = Path(__file__).resolve().parents[1]
 SLURM_CONF = ROOT / ".local" / "slurm" / "etc" / "slurm.conf"
 CACHE = Path(os.environ.get("FT_TEST_CACHE", ROOT / ".local" / "test-cache"))
-
-
-SHARED_BY_WORKER = (
-    ("local_cluster", "cluster"),
-    ("slurm", "slurm"),
-    ("served", "trained-run"),
-    ("trained_run", "trained-run"),
-    ("adapter_runs", "adapter-runs"),
-)
-"""Under pytest-xdist (`make test` runs `--dist loadgroup`): a test that uses one of these fixtures runs on the
-worker of its group, the first that matches: one rehearsal cluster, one client of the local Slurm's single node at a
-time, and each expensive session fixture built once. Any other test is grouped with its module, so that its
-module-scoped fixtures are built once."""
-
-
-def xdist_group_of(item: pytest.Item) -> str:
-    names = getattr(item, "fixturenames", ())
-    markers = {mark.name for mark in item.iter_markers()}
-    for fixture, group in SHARED_BY_WORKER:
-        if fixture in names or fixture.removeprefix("local_") in markers:
-            return group
-    return item.nodeid.split("::", 1)[0]
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark each test with its xdist group before xdist reads the marks (tryfirst). Under xdist the shared groups,
-    the longest, are handed out first (the scheduler takes groups in collection order)."""
-    shared = [group for _, group in SHARED_BY_WORKER]
-    groups = {item.nodeid: xdist_group_of(item) for item in items}
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
-    if hasattr(config, "workerinput"):  # an xdist worker: its collection order is what the scheduler hands out
-        items.sort(key=lambda item: shared.index(g) if (g := groups[item.nodeid]) in shared else len(shared))
 
 
 def in_ci() -> bool:

@@ -1,0 +1,81 @@
+"""Test groups under pytest-xdist (`make test` runs TEST_WORKERS workers; pytest plugin).
+
+A test that uses one of SHARED_BY_WORKER's fixtures runs on the worker of its group, the first that matches: one
+rehearsal cluster, one client of the local Slurm's single node at a time, each expensive session fixture built
+once. Any other test is grouped with its module, so that its module-scoped fixtures are built once.
+
+xdist's own `--dist loadgroup` cannot carry this on pytest 9: it renames `item._nodeid`, which pytest 9 no longer
+reads, so every test became its own group and two workers started the rehearsal cluster at once. Here each worker
+writes its tests' groups to a file the controller names (xdist's `workerinput`), and the controller's scheduler
+(`GroupScheduling`, xdist's scope scheduler keyed by that file) hands out whole groups, the shared ones first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SHARED_BY_WORKER = (
+    ("local_cluster", "cluster"),
+    ("slurm", "slurm"),
+    ("served", "trained-run"),
+    ("trained_run", "trained-run"),
+    ("adapter_runs", "adapter-runs"),
+)
+GROUPS_KEY = "ft_test_groups_file"
+groups_file_key = pytest.StashKey[Path]()
+
+
+def group_of(item: pytest.Item) -> str:
+    names = getattr(item, "fixturenames", ())
+    markers = {mark.name for mark in item.iter_markers()}
+    for fixture, group in SHARED_BY_WORKER:
+        if fixture in names or fixture.removeprefix("local_") in markers:
+            return group
+    return item.nodeid.split("::", 1)[0]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On an xdist worker: the shared groups first (the scheduler takes groups in collection order), and every
+    test's group written for the controller (the same content from every worker, renamed into place)."""
+    workerinput: dict[str, Any] | None = getattr(config, "workerinput", None)
+    if workerinput is None or GROUPS_KEY not in workerinput:
+        return
+    shared = [group for _, group in SHARED_BY_WORKER]
+    groups = {item.nodeid: group_of(item) for item in items}
+    items.sort(key=lambda item: shared.index(g) if (g := groups[item.nodeid]) in shared else len(shared))
+    target = Path(workerinput[GROUPS_KEY])
+    partial = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+    partial.write_text(json.dumps(groups))
+    os.replace(partial, target)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """Controller: tell each worker where to write the groups."""
+    config = node.config
+    if groups_file_key not in config.stash:
+        config.stash[groups_file_key] = Path(tempfile.mkdtemp(prefix="ft-test-groups-")) / "groups.json"
+    node.workerinput[GROUPS_KEY] = str(config.stash[groups_file_key])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        """xdist's scope scheduler with the workers' groups as scopes."""
+
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:
+                self.groups = json.loads(config.stash[groups_file_key].read_text())
+            return self.groups.get(nodeid, nodeid)
+
+    return GroupScheduling(config, log)
