@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 from adapter_fixtures import ADAPTERS, SPARE, AdapterRuns, adapter_flags
+from adapter_runs import STACK
 from eval_fixtures import children, start_server, stop_server
 
 from documents.run_config import RunConfig
@@ -76,7 +77,7 @@ def server(adapter_runs: AdapterRuns, tmp_path_factory: pytest.TempPathFactory) 
     root = tmp_path_factory.mktemp("engine-access")
     store = root / "store"
     shutil.copytree(adapter_runs.store_dir, store)
-    (weights,) = store.glob(f"runs/*/run-{TAMPERED}/adapter/adapter_model.safetensors")
+    (weights,) = store.glob(f"runs/{STACK}/run-{TAMPERED}/adapter/adapter_model.safetensors")
     data = bytearray(weights.read_bytes())
     data[-1] ^= 0xFF
     weights.write_bytes(bytes(data))
@@ -126,7 +127,7 @@ def test_vllm_routes_with_the_openai_sdk_and_plain_http(server: Server) -> None:
     assert loaded.status_code == 200 and loaded.text == f"Success: LoRA adapter '{SPARE}' added successfully."
     cards = {model.id: model for model in client.models.list()}
     assert cards[SPARE].parent == "base" and cards["base"].parent is None
-    (stored,) = server.store.glob(f"runs/*/run-{SPARE}/adapter")
+    (stored,) = server.store.glob(f"runs/{STACK}/run-{SPARE}/adapter")
     assert cards[SPARE].root == str(stored) and cards[SPARE].run_id == f"run-{SPARE}"
     assert cards[SPARE].adapter_sha256 == read_run_record((stored.parent / "run.json").read_text(), "run.json").adapter_sha256
     answer = client.chat.completions.create(model=SPARE, messages=[{"role": "user", "content": "hi"}], max_tokens=3,
