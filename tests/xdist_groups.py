@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -79,3 +80,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return self.groups.get(nodeid, nodeid)
 
     return GroupScheduling(config, log)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Controller: the groups' folder goes with the session."""
+    if groups_file_key in config.stash:
+        shutil.rmtree(config.stash[groups_file_key].parent, ignore_errors=True)
