@@ -71,3 +71,23 @@ def test_cost_stack_comes_from_the_config_dir_or_else_the_repository_stacks(tmp_
     assert cost_stack_config("demo", ROOT, own).stack == "demo"
     (own / "Pulumi.demo.yaml").write_text((ROOT / "stacks" / "Pulumi.local.yaml").read_text())
     assert cost_stack_config("demo", ROOT, own).target == "local"
+
+
+@pytest.mark.parametrize("command", ["run", "status"])
+def test_a_named_subcommand_loads_neither_the_pulumi_program_nor_matplotlib(command: str) -> None:
+    """`ftstack run` is called by every pipeline step and test; the program's providers and the charts' library
+    cost it two of its three seconds here and it needs neither to parse its arguments."""
+    probe = ("import sys; from infra.commands.cli import build_parser, named_command; "
+             f"build_parser(named_command(['{command}'])).parse_args(['{command}', '--stack', 'local']); "
+             "print(sorted(m for m in ('pulumi_nebius', 'matplotlib', 'infra.program.build') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_help_without_a_subcommand_lists_every_subcommand() -> None:
+    done = subprocess.run([sys.executable, "-m", "infra.commands.cli", "--help"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    for name in ("plan", "bootstrap-backend", "runs", "report", "run", "status"):
+        assert f"    {name}" in done.stdout

@@ -28,6 +28,7 @@ from infra.pipeline.transport import LocalTransport
 from infra.cost.duration import estimated_train_hours
 from infra.program.backends import nebius_s3_endpoint
 from infra.program.kubeconfig import kubeconfig
+from infra.program.outputs import stack_identity
 from infra.runs.measured import price_inputs
 from infra.soperator.component import Soperator, SoperatorArgs
 from infra.soperator.values import BackupTarget, release_plan
@@ -125,17 +126,6 @@ def build_platform(cfg: StackConfig, plan: Layout) -> Platform | None:
     config = cluster_kubeconfig(cfg, cluster)
     soperator = build_soperator(cfg, plan, network, filesystems, cluster, buckets, backup_access, config)
     return Platform(network, filesystems, cluster, buckets, backup_access, soperator, config)
-
-
-def stack_identity(cfg: StackConfig) -> dict[str, str]:
-    """What every stack reports about itself, local included."""
-    return {
-        "stack": cfg.stack,
-        "target": cfg.target,
-        "cluster_name": cfg.cluster_name,
-        "slurm_target": {"local": "local", "cluster": "existing"}.get(cfg.target, "soperator"),
-        "run_config": cfg.pipeline.run_config,
-    }
 
 
 def platform_section(cfg: StackConfig, plan: Layout, platform: Platform) -> PlatformOutputs:

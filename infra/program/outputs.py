@@ -12,6 +12,7 @@ from documents.adapter_registry import ServedSet
 from documents.evaluator_report import EvaluatorReport
 from documents.stack_outputs import (SIDES, ChatCost, Cost, EvalSide, Job, Pipeline, ServedAdapter, Serving,
                                      UtilizationCost)
+from infra.config import StackConfig
 from infra.cost.tco import ChatScenario, MonthlyCost, TrainingRun
 
 EVAL_FIGURES: dict[str, str] = {
@@ -102,3 +103,14 @@ def pipeline_section(bundle_hash: str | None, jobs: Mapping[str, Mapping[str, An
         jobs={stage: Job(**{field: job.get(field) for field in Job.model_fields}) for stage, job in jobs.items()},
         evaluation=eval_sides(evaluation) if "eval" in jobs else None,
     )
+
+
+def stack_identity(cfg: StackConfig) -> dict[str, str]:
+    """What every stack reports about itself, local included."""
+    return {
+        "stack": cfg.stack,
+        "target": cfg.target,
+        "cluster_name": cfg.cluster_name,
+        "slurm_target": {"local": "local", "cluster": "existing"}.get(cfg.target, "soperator"),
+        "run_config": cfg.pipeline.run_config,
+    }
