@@ -1,5 +1,5 @@
 """One base, many adapters, one process: three stored runs' adapters of the tiny model served by the peft engine
-behind the real gateway, over real HTTP. Answers against servers that serve one adapter alone; runtime load and
+behind the real gateway, over real HTTP. Answers against a server that holds one adapter at a time; runtime load and
 unload under streaming load; refusals (another base, bad admin requests); per-adapter figures."""
 
 from __future__ import annotations
@@ -47,8 +47,18 @@ def test_each_adapter_answers_as_when_served_alone(adapter_runs, multi, tmp_path
     with ThreadPoolExecutor(len(jobs)) as pool:  # at once: rows of different adapters decoded in one batch
         mixed = dict(zip(jobs, pool.map(lambda job: greedy(multi, *job), jobs)))
     assert {job: mixed[job] for job in together} == together
-    for name in NAMES:
-        with adapter_server(adapter_runs, tmp_path / name, [name]) as alone:
+    # one server holds one adapter at a time: the first from its command line, each next one loaded at runtime
+    # after the one before is unloaded (one server start instead of one per adapter)
+    with adapter_server(adapter_runs, tmp_path / "alone", NAMES[:1]) as alone:
+        for before, name in zip([None, *NAMES], NAMES):
+            if before is not None:
+                admin = f"{alone.url}/admin/adapters"
+                assert httpx.delete(f"{admin}/{before}", headers=alone.headers, timeout=300).status_code == 200
+                loaded = httpx.post(admin, headers=alone.headers, timeout=300,
+                                    json={"name": name, "run_id": f"run-{name}"})
+                assert loaded.status_code == 200, loaded.text
+            cards = httpx.get(f"{alone.url}/v1/models", headers=alone.headers, timeout=10).json()["data"]
+            assert {card["id"] for card in cards} == {"base", name}
             for prompt in PROMPTS:
                 assert greedy(alone, name, prompt) == together[(name, prompt)], (name, prompt)
     base = {p: greedy(multi, "base", p) for p in PROMPTS}
