@@ -145,3 +145,12 @@ def test_hsdp_over_2_replicas_of_2_shards_trains_as_ddp_holds_half_and_resumes(
     assert resumed == pytest.approx(ddp, rel=LOSS_REL_TOL)
     saved = _tensor_bytes(sorted(run.adapter_dir.glob("*.safetensors")))
     assert manifest["export_peak_bytes"] == sum(saved.values()) == ddp_manifest["parameter_bytes"]["trainable"]
+
+
+def test_an_hsdp_shard_size_that_does_not_divide_the_ranks_is_refused_naming_both(
+        tiny_prepared: RunConfig, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from workloads.train.finetune import main
+
+    run = with_train(tiny_prepared, tmp_path, parallelism="hsdp", hsdp_shard_size=3)
+    assert main(["--config", str(write_config(run, tmp_path / "hsdp.json"))]) == 2
+    assert "train.hsdp_shard_size 3 does not divide the world size of 1 ranks" in capsys.readouterr().err

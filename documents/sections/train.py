@@ -146,8 +146,8 @@ class TrainConfig(_Section):
         if self.eval_steps is not None and self.eval_steps % self.save_steps and self.save_steps % self.eval_steps:
             raise ValueError("eval_steps and save_steps must divide one another")
         if self.hsdp_shard_size is not None and self.parallelism != "hsdp":
-            raise ValueError(f"train.hsdp_shard_size applies to parallelism hsdp, but parallelism is {self.parallelism}: "
-                             "drop hsdp_shard_size or set parallelism hsdp")
+            raise ValueError(f"train.hsdp_shard_size applies to parallelism hsdp, but parallelism is "
+                             f"{self.parallelism}: drop hsdp_shard_size or set parallelism hsdp")
         if self.micro_batch_tokens is not None and self.batching == "grouped":
             raise ValueError("train.micro_batch_tokens sizes packed micro-batches: it needs batching packed or auto "
                              "(under auto it applies when packing is chosen), not grouped")

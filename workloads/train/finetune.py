@@ -1,7 +1,7 @@
 """QLoRA, LoRA or full fine-tuning of the prepared base on the tokenized train split (assistant-only labels).
 
     python -m workloads.train.finetune --config RUN.json                      # one process
-    torchrun --nproc_per_node N -m workloads.train.finetune --config RUN.json  # DDP, FSDP or HSDP (gloo on CPU, NCCL on GPU)
+    torchrun --nproc_per_node N -m workloads.train.finetune --config RUN.json  # DDP, FSDP or HSDP (gloo/CPU, NCCL/GPU)
 
 DDP, FSDP or HSDP comes from workloads.train.parallelism. Resumes from the newest intact checkpoint; SIGTERM, SIGUSR1
 or the file named by FT_STOP_FILE make every rank checkpoint at the same step and exit with code 75. Writes the
@@ -65,6 +65,7 @@ from workloads.train.config import (
 from workloads.train.loss_chart import plot_loss
 from workloads.train.metrics_callback import MetricsCallback, TokenCounter
 from workloads.train.model_shapes import ModelShape, shape_from_model_folder
+from workloads.train.parallelism import BadShardSize
 from workloads.train.placement import Hardware, Placement, decide_placement
 from workloads.train.preemption import INTERRUPTED_EXIT, STOP_FILE_ENV, PreemptionCallback, StopRequest
 from workloads.train.sizing import DoesNotFit, plan_batches
@@ -408,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return train_run(run)
-    except checkpoints.CannotResume as error:
+    except (checkpoints.CannotResume, BadShardSize) as error:
         print(f"finetune: {error}", file=sys.stderr)
         return 2
 

@@ -73,12 +73,16 @@ def _min_fsdp_ranks(shape: ModelShape, inputs: MemoryInputs, budget: float) -> i
     return low
 
 
+class BadShardSize(ValueError):
+    """`train.hsdp_shard_size` (or the ranks per node) does not divide the world size."""
+
+
 def hsdp_shard_size(configured: int | None, world_size: int, ranks_per_node: int | None) -> int:
     """Ranks per HSDP shard group: `train.hsdp_shard_size`, else the ranks of one node (else every rank); it must
     divide `world_size`."""
     shard = configured or ranks_per_node or world_size
     if world_size % shard:
-        raise ValueError(f"train.hsdp_shard_size {shard}{'' if configured else ' (the ranks per node)'} does not "
+        raise BadShardSize(f"train.hsdp_shard_size {shard}{'' if configured else ' (the ranks per node)'} does not "
                          f"divide the world size of {world_size} ranks: HSDP needs whole replicas of {shard} shards")
     return shard
 
