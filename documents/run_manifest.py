@@ -100,8 +100,8 @@ class RunManifest(_Document):
     """under FSDP: the most bytes of gathered weights rank 0 held at once while writing the adapter (its trainable
     weights only) or a full fine-tune's model (one file's worth plus a tensor); None without FSDP."""
     parallelism: ParallelismPlan | None = None
-    """ddp or fsdp, why, and the per-rank memory estimate by part (workloads/train/parallelism.py); absent in
-    manifests written before it was recorded."""
+    """ddp, fsdp or hsdp (shards per replica, replicas), why, and the per-rank memory estimate by part
+    (workloads/train/parallelism.py); absent in manifests written before it was recorded."""
 
     def json_text(self) -> str:
         return self.model_dump_json(indent=2, by_alias=True) + "\n"

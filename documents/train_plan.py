@@ -1,5 +1,5 @@
 """What a training run decided before its first step, as the run manifest records it: the batching (packed or
-length-grouped) and the figures behind it, the attention kernel, the per-GPU batch plan, and DDP or FSDP with the
+length-grouped) and the figures behind it, the attention kernel, the per-GPU batch plan, and DDP, FSDP or HSDP with the
 per-rank memory behind it. The decisions themselves are made in workloads/train (batch_choice, attention, sizing,
 parallelism)."""
 
@@ -75,13 +75,15 @@ class ParallelismPlan(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    configured: Literal["auto", "ddp", "fsdp"]
-    strategy: Literal["ddp", "fsdp"]
+    configured: Literal["auto", "ddp", "fsdp", "hsdp"]
+    strategy: Literal["ddp", "fsdp", "hsdp"]
     reason: str
     method: Literal["qlora", "lora", "full"]
     world_size: int
     shards: int
-    """ranks each sharded tensor is split over: world_size under fsdp, 1 under ddp."""
+    """ranks each sharded tensor is split over: world_size under fsdp, 1 under ddp, the shard group under hsdp."""
+    replicas: int = 1
+    """copies of the (sharded) model: world_size under ddp, 1 under fsdp, world_size / shards under hsdp."""
     per_rank_bytes: dict[str, int]
     """estimated peak of one rank by part: base_weights (frozen), trainable_weights (adapter, or the fp32 masters of
     a full fine-tune), gradients, optimizer_states, gathered_weights (unsharded in use), activations, overhead, total;

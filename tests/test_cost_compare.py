@@ -70,7 +70,7 @@ def test_h100_row_of_the_measured_model_matches_a_hand_computation():
 
 def test_h100_table_covers_every_method_and_size_and_says_what_needs_more_nodes():
     c = _compare(_stack("h100", LLAMA70_LORA))
-    plain = [r for r in c.rows if r.offload == "none" and not r.plan_only]  # offload and hsdp rows follow theirs
+    plain = [r for r in c.rows if r.offload == "none" and r.opt_in is None]  # offload and hsdp rows follow theirs
     models = [r.model for r in plain[::3]]
     assert models == ["hub:meta-llama/Llama-3.1-8B", "hub:Qwen/Qwen3-8B", "hub:Qwen/Qwen3-14B", "hub:Qwen/Qwen3-32B",
                       "hub:meta-llama/Llama-3.1-70B"]
@@ -138,7 +138,7 @@ def test_ftstack_plan_compare_prints_the_table_and_its_json():
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)["compare"]
     assert doc["tokens"] == 100_000_000 and "reference size" in doc["data_basis"]  # h100.json sets no data.rows
-    assert len([r for r in doc["rows"] if r["offload"] == "none" and not r["plan_only"]]) == 15  # 5 models x 3
+    assert len([r for r in doc["rows"] if r["offload"] == "none" and r["opt_in"] is None]) == 15  # 5 models x 3
 
 
 # The rows issue 39 names: the GPUs a row needs at the L40S's nominal 48 GiB and at the 44.99 GiB PyTorch reports.
@@ -275,15 +275,16 @@ def test_demos_l40s_nodes_talk_over_the_measured_ethernet_figure():
 
 def test_an_hsdp_row_follows_a_multi_node_fsdp_row_whose_shards_fit_one_node():
     """h100's 70B LoRA needs 3 GPUs, so one node holds its shards, yet it trains on the stack's 16 GPUs (2 nodes),
-    where the trainer shards over all 16. The HSDP row (plan only) shards within each node of 8 and replicates across
-    the 2: per micro-batch a rank moves 7/8 of the bf16 weights twice and of its fp32 LoRA gradients over NVLink
+    where auto shards over all 16. The HSDP row (opt in: train.parallelism: hsdp) shards within each node of 8 and
+    replicates across the 2: per micro-batch a rank moves 7/8 of the bf16 weights twice and of its fp32 LoRA gradients over NVLink
     (450 GB/s), then all-reduces its eighth of the gradients across the nodes, 2 x 1/2 x 4 B x LoRA / 8, the node's 8
     GPUs at once over its 8 InfiniBand links (8 x 50 GB/s)."""
     params, lora = 70_553_706_496, LLAMA70_LORA_PARAMS
     c = _stack_comparison("h100", LLAMA70_LORA)
     rows = [r for r in c.rows if (r.model, r.method) == ("hub:meta-llama/Llama-3.1-70B", "lora")]
     fsdp, hsdp = rows[0], next(r for r in rows if r.strategy == "hsdp")
-    assert hsdp.plan_only and not fsdp.plan_only and fsdp.strategy == "fsdp" and hsdp.gpus_needed == 16
+    assert hsdp.opt_in == "train.parallelism: hsdp" and fsdp.opt_in is None
+    assert fsdp.strategy == "fsdp" and hsdp.gpus_needed == 16
     assert fsdp.network_bytes == pytest.approx(15 / 16 * (2 * 2 * params + 4 * lora))
     within = 7 / 8 * (2 * 2 * params + 4 * lora)
     across = 2 * (1 / 2) * 4 * lora / 8
@@ -291,7 +292,8 @@ def test_an_hsdp_row_follows_a_multi_node_fsdp_row_whose_shards_fit_one_node():
     seconds = within / 450e9 + across * 8 / (8 * 50e9)
     base_tps = fsdp.throughput.tokens_per_second_per_gpu * fsdp.network_slowdown
     assert hsdp.network_slowdown == pytest.approx(max(1.0, seconds / (hsdp.micro_batch_tokens / base_tps)))
-    assert "hsdp (plan)" in render_comparison(c)
+    text = render_comparison(c)
+    assert "hsdp (opt-in)" in text and "(plan)" not in text and "set train.parallelism: hsdp" in text
 
 
 def test_hsdp_on_demo_crosses_ethernet_with_gradients_only():
@@ -304,6 +306,6 @@ def test_hsdp_on_demo_crosses_ethernet_with_gradients_only():
     fsdp, hsdp = rows[0], next(r for r in rows if r.strategy == "hsdp")
     assert (fsdp.strategy, fsdp.gpus_needed, fsdp.wall_gpus, hsdp.gpus_needed) == ("fsdp", 2, 2, 10)
     assert fsdp.chosen and not hsdp.chosen and fsdp.bound != "network"
-    assert hsdp.plan_only and hsdp.usd_on_demand <= fsdp.usd_on_demand
+    assert hsdp.opt_in and hsdp.usd_on_demand <= fsdp.usd_on_demand
     across = 2 * (4 / 5) * 4 * LLAMA70_LORA_PARAMS / 2
     assert hsdp.network_bytes > across  # plus the within-node all-gathers over PCIe

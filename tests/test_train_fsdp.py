@@ -118,3 +118,39 @@ def test_cpu_offload_trains_to_the_losses_of_no_offload(tiny_prepared: RunConfig
     assert (plain_manifest["parallelism"]["offload"], manifest["parallelism"]["offload"]) == ("none", "params")
     assert manifest["parallelism"]["strategy"] == "fsdp" and len(offloaded) == 6
     assert offloaded == pytest.approx(plain, rel=LOSS_REL_TOL)
+
+
+def test_hsdp_over_2_replicas_of_2_shards_trains_as_ddp_holds_half_and_resumes(
+        tiny_prepared: RunConfig, tmp_path: Path) -> None:
+    """4 ranks as HSDP (train.hsdp_shard_size 2: a 2 x 2 DeviceMesh) against 4 ranks of DDP on the same rows and
+    seed: the same losses; each rank holds half the frozen base (its shard group's 2 shards; FSDP over the 4 would
+    hold a quarter); the adapter gathered alone; and a checkpoint written under HSDP resumes under HSDP to the
+    losses DDP reached without stopping (constant learning rate, so the shorter first run's schedule is the same)."""
+    common = {"save_steps": 2, "micro_batch_size": 1, "batching": "grouped", "learning_rate": 1e-3,
+              "lr_scheduler": "constant"}
+    hsdp = {"parallelism": "hsdp", "hsdp_shard_size": 2, **common}
+    ddp, ddp_manifest = trained(with_train(tiny_prepared, tmp_path / "ddp", parallelism="ddp", max_steps=6,
+                                           **common), tmp_path, "ddp", nproc=4)
+    first, first_manifest = trained(with_train(tiny_prepared, tmp_path / "hsdp", max_steps=4, **hsdp), tmp_path,
+                                    "hsdp4", nproc=4)
+    assert first == pytest.approx(ddp[:4], rel=LOSS_REL_TOL)
+    layout = first_manifest["parallelism"]
+    assert (layout["strategy"], layout["shards"], layout["replicas"], first_manifest["world_size"]) == ("hsdp", 2, 2, 4)
+    whole, held = ddp_manifest["parameter_bytes"]["frozen"], first_manifest["parameter_bytes"]["frozen"]
+    assert held == pytest.approx(whole / 2, rel=0.01), (held, whole)
+    run = with_train(tiny_prepared, tmp_path / "hsdp", max_steps=6, **hsdp)
+    resumed, manifest = trained(run, tmp_path, "hsdp6", nproc=4)
+    assert [a["resumed_from_step"] for a in manifest["attempts"]] == [4] and manifest["status"] == "completed"
+    assert len(resumed) == len(ddp) == 6
+    assert resumed == pytest.approx(ddp, rel=LOSS_REL_TOL)
+    saved = _tensor_bytes(sorted(run.adapter_dir.glob("*.safetensors")))
+    assert manifest["export_peak_bytes"] == sum(saved.values()) == ddp_manifest["parameter_bytes"]["trainable"]
+
+
+def test_an_hsdp_shard_size_that_does_not_divide_the_ranks_is_refused_naming_both(
+        tiny_prepared: RunConfig, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from workloads.train.finetune import main
+
+    run = with_train(tiny_prepared, tmp_path, parallelism="hsdp", hsdp_shard_size=3)
+    assert main(["--config", str(write_config(run, tmp_path / "hsdp.json"))]) == 2
+    assert "train.hsdp_shard_size 3 does not divide the world size of 1 ranks" in capsys.readouterr().err

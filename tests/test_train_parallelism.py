@@ -147,8 +147,59 @@ def test_quantization_follows_from_the_method_and_older_configs_keep_their_meani
     ({"method": "lora", "quantization": "8bit"}, "method lora trains an unquantized base"),
     ({"method": "qlora", "quantization": "none"}, "method qlora trains on a 4-bit or 8-bit base"),
     ({"parallelism": "zero3"}, "train.parallelism"),
+    ({"parallelism": "hsdp", "hsdp_shard_size": 0}, "train.hsdp_shard_size"),
+    ({"parallelism": "fsdp", "hsdp_shard_size": 2}, "train.hsdp_shard_size applies to parallelism hsdp"),
 ])
 def test_contradictions_are_refused_naming_the_fields(train, words):
     with pytest.raises(ConfigError) as error:
         _run(**train)
     assert "p.json" in str(error.value) and words in str(error.value)
+
+
+LLAMA70_LORA = 80 * 16 * (2 * (8192 + 8192) + 2 * (8192 + 1024) + 2 * (8192 + 28672) + (28672 + 8192))  # r=16
+
+
+def test_hsdp_holds_a_shard_group_s_share_per_rank_and_replicates_across_groups():
+    """16 ranks (2 H100 nodes of 8) as HSDP: each rank holds 1/8 of the bf16 base and of the fp32 adapter, its
+    gradients and Adam states (FSDP over its node's 8), twice FSDP-over-16's share; 2 replicas."""
+    run = _run(method="lora", parallelism="hsdp")
+    plan = decide_parallelism(run, LLAMA70, H100, 16, ranks_per_node=8)
+    assert (plan.configured, plan.strategy, plan.shards, plan.replicas) == ("hsdp", "hsdp", 8, 2)
+    parts = plan.per_rank_bytes
+    assert parts["base_weights"] == LLAMA70_PARAMS * 2 // 8
+    assert parts["trainable_weights"] == parts["gradients"] == LLAMA70_LORA * 4 // 8
+    assert parts["optimizer_states"] == LLAMA70_LORA * 8 // 8
+    fsdp = decide_parallelism(_run(method="lora", parallelism="fsdp"), LLAMA70, H100, 16)
+    assert (fsdp.shards, fsdp.replicas) == (16, 1)
+    assert fsdp.per_rank_bytes["base_weights"] == LLAMA70_PARAMS * 2 // 16
+    # 141.1 GB / 8 = 17.6 GB of base per rank plus what is gathered and the activations: under 90% of 80 GiB
+    assert plan.fits and parts["total"] <= 0.9 * H100 * GIB and "2 replica(s) of 8 shard(s)" in plan.reason
+
+
+def test_hsdp_shard_size_is_configurable_and_must_divide_the_world():
+    plan = decide_parallelism(_run(method="lora", parallelism="hsdp", hsdp_shard_size=4), LLAMA70, None, 16,
+                              ranks_per_node=8)
+    assert (plan.strategy, plan.shards, plan.replicas) == ("hsdp", 4, 4)
+    assert plan.per_rank_bytes["base_weights"] == LLAMA70_PARAMS * 2 // 4
+    with pytest.raises(ValueError, match="train.hsdp_shard_size 3 does not divide the world size of 16 ranks"):
+        decide_parallelism(_run(method="lora", parallelism="hsdp", hsdp_shard_size=3), LLAMA70, None, 16)
+    # one node's ranks as the group: one replica is FSDP, groups of one rank are DDP
+    one = decide_parallelism(_run(method="lora", parallelism="hsdp"), LLAMA70, None, 8, ranks_per_node=8)
+    alone = decide_parallelism(_run(method="lora", parallelism="hsdp"), LLAMA70, None, 4, ranks_per_node=1)
+    assert (one.strategy, one.shards, one.replicas, alone.strategy, alone.shards, alone.replicas) == (
+        "fsdp", 8, 1, "ddp", 1, 4)
+
+
+def test_hsdp_placement_counts_host_memory_as_fsdp_and_takes_whole_shard_groups():
+    from workloads.train.placement import Hardware, decide_placement
+
+    node = Hardware(gpu_memory_gib=H100, gpus_per_node=8, host_memory_gib=1600)
+    hsdp = decide_placement(_run(method="lora", parallelism="hsdp", hsdp_shard_size=16), LLAMA70, node)
+    fsdp = decide_placement(_run(method="lora", parallelism="fsdp"), LLAMA70, node, 2)
+    assert hsdp is not None and (hsdp.nodes, hsdp.plan.strategy, hsdp.plan.shards) == (2, "fsdp", 16)
+    # rank 0's node reads the whole bf16 base, its 7 other ranks one largest tensor (the 128256 x 8192 embeddings)
+    in_flight = 128256 * 8192 * 2
+    assert hsdp.host_bytes_per_node == fsdp.host_bytes_per_node == LLAMA70_PARAMS * 2 + 7 * in_flight
+    four = decide_placement(_run(method="lora", parallelism="hsdp"), LLAMA70, node, 4)
+    assert (four.plan.strategy, four.plan.shards, four.plan.replicas) == ("hsdp", 8, 4)
+    assert four.host_bytes_per_node == hsdp.host_bytes_per_node

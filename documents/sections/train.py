@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 Precision = Literal["auto", "bf16", "fp16", "fp32"]
 Method = Literal["qlora", "lora", "full"]
-Parallelism = Literal["auto", "ddp", "fsdp"]
+Parallelism = Literal["auto", "ddp", "fsdp", "hsdp"]
 DEFAULT_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -72,7 +72,12 @@ class TrainConfig(_Section):
         "4bit", description="base weights; follows from method (qlora: 4bit unless 8bit is set; lora, full: none)")
     parallelism: Parallelism = Field(
         "auto", description="ddp: a whole replica per GPU; fsdp: parameters, gradients and optimizer states sharded "
-        "over all ranks (full shard by decoder layer); auto: ddp while a replica fits memory_fraction of the GPU")
+        "over all ranks (full shard by decoder layer); hsdp: fsdp within groups of hsdp_shard_size ranks, each group a "
+        "replica of the others (gradients all-reduced across the groups); auto: ddp while a replica fits "
+        "memory_fraction of the GPU, else fsdp (auto never picks hsdp)")
+    hsdp_shard_size: int | None = Field(
+        None, ge=1, description="hsdp: ranks each replica is sharded over; must divide the world size (default the "
+        "ranks per node, torchrun's LOCAL_WORLD_SIZE: shard within a node, replicate across nodes)")
     offload: Literal["auto", "none", "params"] = Field(
         "auto", description="params: FSDP's CPU offload (the shards of weights, gradients and Adam states in host "
         "memory, copied to the GPU layer by layer; the optimizer steps on the CPU); auto: only when nothing else "
@@ -140,6 +145,9 @@ class TrainConfig(_Section):
     def _consistent(self) -> TrainConfig:
         if self.eval_steps is not None and self.eval_steps % self.save_steps and self.save_steps % self.eval_steps:
             raise ValueError("eval_steps and save_steps must divide one another")
+        if self.hsdp_shard_size is not None and self.parallelism != "hsdp":
+            raise ValueError(f"train.hsdp_shard_size applies to parallelism hsdp, but parallelism is "
+                             f"{self.parallelism}: drop hsdp_shard_size or set parallelism hsdp")
         if self.micro_batch_tokens is not None and self.batching == "grouped":
             raise ValueError("train.micro_batch_tokens sizes packed micro-batches: it needs batching packed or auto "
                              "(under auto it applies when packing is chosen), not grouped")

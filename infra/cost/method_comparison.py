@@ -20,9 +20,10 @@ that figure came from, GPU-hours, wall time and cost on demand and preemptible.
   stack's fabric across nodes (``catalog.FABRICS``), overlapped with compute; a row whose network time exceeds its
   compute time is network-bound and priced with the ratio (``NETWORK_MODEL``); otherwise compute- or memory-bound
   by its micro-batch's GEMM intensity against the GPU's ridge. A fabric without a figure is said so, not priced.
-- HSDP rows (plan only: the trainer shards over every rank, it does not run HSDP): after a row that would train FSDP
-  over the stack's several nodes while one node's GPUs hold its shards, the same GPUs sharding within each node and
-  replicating across nodes (``hsdp_bytes``), priced with their own network time.
+- HSDP rows (``hsdp (opt-in)``: the trainer runs them when the run config sets ``train.parallelism: hsdp``; ``auto``
+  keeps FSDP over every rank): after a row that would train FSDP over the stack's several nodes while one node's GPUs
+  hold its shards, the same GPUs sharding within each node and replicating across nodes (``hsdp_bytes``), priced with
+  their own network time.
 - Tokens/s per GPU, GPU-hours and cost: each row is priced by ``price_stack`` (the one price path) with the run
   config changed to that model and method, so its tokens/s come from where the stack's own training-run cost
   takes them (configured, measured, borrowed, estimated); the stack's configured figure and the run it measured
@@ -107,8 +108,9 @@ class CompareRow(BaseModel):
     network_slowdown: float | None = None
     """the throughput divisor max(1, network time / compute time) the row is priced with (None: fabric unknown)."""
     offload: Literal["none", "params"] = "none"
-    plan_only: bool = False
-    """a strategy the trainer does not run (HSDP): shown for its price, not chosen by ``decide_placement``."""
+    opt_in: str | None = None
+    """the run-config setting that trains this row's layout where ``decide_placement`` under ``auto`` takes another
+    (HSDP rows: ``train.parallelism: hsdp``); None: the layout the run's own setting gets."""
     slowdown: float | None = None
     """offload rows: the throughput divisor of ``offload_slowdown`` against the same row without offload."""
     micro_batch_tokens: int | None = None
@@ -283,8 +285,8 @@ def compare(cfg: StackConfig, run: RunConfig, inputs: PriceInputs = PriceInputs(
     notes.append(f"network: {NETWORK_MODEL}; fabric {catalog.FABRICS[worker.platform].name}: "
                  f"{catalog.FABRICS[worker.platform].source}")
     notes.append(f"offload rows (FSDP CPU offload, train.offload: params) where they need fewer GPUs: {OFFLOAD_MODEL}")
-    notes.append("hsdp rows are plan only: the trainer shards over every rank (FSDP); they price sharding within a "
-                 "node and replicating across nodes on the same GPUs")
+    notes.append(f"hsdp rows: sharding within each node and replicating across nodes on the same GPUs; auto keeps "
+                 f"FSDP over every rank, set {HSDP_SETTING} in the run config to train a row as HSDP")
     if not has_spot:
         notes.append(f"{worker.platform}: no preemptible price in the catalog; preemptible cost not shown")
     return MethodComparison(
@@ -366,7 +368,7 @@ def _on_gpus(row: CompareRow, gpus: int) -> CompareRow:
 
 def _marked(row: CompareRow, chosen: Placement | None) -> CompareRow:
     """`row` marked when its layout is the one the trainer takes on the stack (``fastest_nodes``)."""
-    same = (chosen is not None and row.fits_stack and not row.plan_only and row.strategy == chosen.plan.strategy
+    same = (chosen is not None and row.fits_stack and row.opt_in is None and row.strategy == chosen.plan.strategy
             and row.offload == chosen.plan.offload and row.wall_gpus == chosen.gpus)
     return row.model_copy(update={"chosen": same})
 
@@ -410,9 +412,14 @@ def _with_network(row: CompareRow, run: RunConfig, shape: ModelShape, placed: Pl
                            _compute_bound(shape, gpu_model, batches.micro_batch_tokens))
 
 
+HSDP_SETTING = "train.parallelism: hsdp"
+"""what a run config sets to train an hsdp row (shard groups default to one node's ranks)."""
+
+
 def _hsdp_row(plain: CompareRow, run: RunConfig, shape: ModelShape, placed: Placement, node: Hardware,
               platform: str, gpu_model: str) -> CompareRow | None:
-    """HSDP on `placed`'s GPUs (plan only), when they train FSDP over several nodes and one node holds the shards."""
+    """HSDP on `placed`'s GPUs (opt in: ``HSDP_SETTING``; shard groups of one node's GPUs), when they train FSDP
+    over several nodes and one node holds the shards."""
     if (placed.plan.strategy != "fsdp" or placed.nodes < 2 or gpu_model not in catalog.HOST_LINKS
             or gpu_model not in catalog.GPU_PEAKS):
         return None
@@ -422,7 +429,7 @@ def _hsdp_row(plain: CompareRow, run: RunConfig, shape: ModelShape, placed: Plac
     mbt = one.batches.micro_batch_tokens
     moved, seconds = network_seconds(run, shape, "hsdp", placed.nodes, placed.gpus_per_node,
                                      one.batches.gradient_accumulation_steps, platform, gpu_model)
-    row = plain.model_copy(update={"strategy": "hsdp", "plan_only": True, "gpus_needed": placed.gpus,
+    row = plain.model_copy(update={"strategy": "hsdp", "opt_in": HSDP_SETTING, "gpus_needed": placed.gpus,
                                    "per_gpu_gib": round(one.per_gpu_gib, 1)})
     return _priced_network(row, moved, seconds, mbt, _compute_bound(shape, gpu_model, mbt))
 
@@ -585,7 +592,7 @@ def render_comparison(c: MethodComparison) -> str:
         table.append((
             r.model.removeprefix("hub:"), f"{r.params_b:g}B", r.method,
             (r.strategy or "none") + ("+offload" if r.offload == "params" else "")
-            + (" (plan)" if r.plan_only else "") + (" (chosen)" if r.chosen else ""),
+            + (" (opt-in)" if r.opt_in else "") + (" (chosen)" if r.chosen else ""),
             _num(r.gpus_needed, "d"), _num(r.per_gpu_gib, ".1f"),
             _num(r.host_gib_per_node, ",.0f"), r.bound or "-", _on_stack(r, c),
             _num(r.throughput.tokens_per_second_per_gpu, ",.0f") + mark, _num(r.gpu_hours, ",.1f"),

@@ -68,7 +68,7 @@ def problem(folder: Path, fingerprint: str | None = None) -> str | None:
 
 
 FSDP_MODEL = "pytorch_model_fsdp_0"
-"""the folder of a checkpoint's sharded weights (torch.distributed.checkpoint), written under FSDP only."""
+"""the folder of a checkpoint's sharded weights (torch.distributed.checkpoint), written under FSDP or HSDP only."""
 
 
 def written_by(folder: Path) -> tuple[str, int]:
@@ -83,10 +83,11 @@ class CannotResume(ValueError):
 
 
 def check_resumable(folder: Path, strategy: str, world_size: int) -> str | None:
-    """Refuse a checkpoint of the other strategy; a different rank count loads (torch.distributed.checkpoint
-    reshards FSDP states, DDP's are whole), returned as a note for the log."""
+    """Refuse a checkpoint of the other strategy (FSDP and HSDP write the same sharded kind: each loads the other's,
+    resharded); a different rank count loads (torch.distributed.checkpoint reshards FSDP states, DDP's are whole),
+    returned as a note for the log."""
     saved, ranks = written_by(folder)
-    if saved != strategy:
+    if saved != {"hsdp": "fsdp"}.get(strategy, strategy):
         raise CannotResume(
             f"{folder} was written under {saved} and this run trains under {strategy}: set train.parallelism: {saved} "
             f"to resume it (an fsdp checkpoint needs 2 or more ranks), or move {folder.parent} away to start again")

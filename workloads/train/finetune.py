@@ -1,9 +1,9 @@
 """QLoRA, LoRA or full fine-tuning of the prepared base on the tokenized train split (assistant-only labels).
 
     python -m workloads.train.finetune --config RUN.json                      # one process
-    torchrun --nproc_per_node N -m workloads.train.finetune --config RUN.json  # DDP or FSDP (gloo on CPU, NCCL on GPU)
+    torchrun --nproc_per_node N -m workloads.train.finetune --config RUN.json  # DDP, FSDP or HSDP (gloo/CPU, NCCL/GPU)
 
-DDP or FSDP comes from workloads.train.parallelism. Resumes from the newest intact checkpoint; SIGTERM, SIGUSR1
+DDP, FSDP or HSDP comes from workloads.train.parallelism. Resumes from the newest intact checkpoint; SIGTERM, SIGUSR1
 or the file named by FT_STOP_FILE make every rank checkpoint at the same step and exit with code 75. Writes the
 adapter (or, for a full fine-tune, the model folder), metrics.jsonl, loss.png and run_manifest.json under the
 run's output folder.
@@ -65,6 +65,7 @@ from workloads.train.config import (
 from workloads.train.loss_chart import plot_loss
 from workloads.train.metrics_callback import MetricsCallback, TokenCounter
 from workloads.train.model_shapes import ModelShape, shape_from_model_folder
+from workloads.train.parallelism import BadShardSize
 from workloads.train.placement import Hardware, Placement, decide_placement
 from workloads.train.preemption import INTERRUPTED_EXIT, STOP_FILE_ENV, PreemptionCallback, StopRequest
 from workloads.train.sizing import DoesNotFit, plan_batches
@@ -307,7 +308,7 @@ def train_run(run: RunConfig) -> int:
     parallel = placement.plan
     if not parallel.fits:
         log.warning("the memory estimate says this run does not fit: %s", parallel.reason)
-    fsdp = parallel.strategy == "fsdp"
+    fsdp = parallel.strategy in ("fsdp", "hsdp")
     plan = _batches(placement)
     batching = choose_batching(run, paths.dataset_dir, plan)
     if batching.chosen != planned_batching(train.batching):
@@ -326,11 +327,12 @@ def train_run(run: RunConfig) -> int:
     set_seed(train.seed)  # every rank draws the same fresh adapter: FSDP shards each rank's own copy, DDP broadcasts rank 0's
     model = load_model(paths.model_dir, train, precision, args.local_process_index, choice, plan.gradient_checkpointing,
                        fsdp)
-    offload = parallel.offload == "params"
+    offload, cuda = parallel.offload == "params", torch.cuda.is_available()
+    mesh = sharding.hsdp_mesh(parallel.replicas, parallel.shards, cuda) if parallel.strategy == "hsdp" else None
     if fsdp and train.quantization == "none":
-        sharding.shard_from_rank0(model, DTYPES[precision], torch.cuda.is_available(), offload)
+        sharding.shard_from_rank0(model, DTYPES[precision], cuda, offload, mesh)
     elif fsdp:
-        sharding.shard(model, DTYPES[precision], torch.cuda.is_available(), offload)
+        sharding.shard(model, DTYPES[precision], cuda, offload, mesh)
     if rank0 and train.method != "full":
         model.print_trainable_parameters()
     metrics_file = paths.run_dir / METRICS_NAME
@@ -407,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return train_run(run)
-    except checkpoints.CannotResume as error:
+    except (checkpoints.CannotResume, BadShardSize) as error:
         print(f"finetune: {error}", file=sys.stderr)
         return 2
 

@@ -1,15 +1,17 @@
-"""DDP or FSDP: the one pure choice the trainer, the memory estimate, the cost model and the preview's model-fits
+"""DDP, FSDP or HSDP: the one pure choice the trainer, the memory estimate, the cost model and the preview's model-fits
 policy make through `decide_parallelism` (no torch at import: the preview side uses it).
 
 Under `train.parallelism: auto` a run keeps DDP (one whole replica per GPU: the cheapest in communication) while
 that replica's estimated peak (workloads.train.memory: weights, adapter, gradients, optimizer states, activations
 at the planned micro-batch) fits `memory_fraction` of the GPU, and otherwise shards with FSDP full shard by decoder
 layer over all `world_size` ranks: weights, trainable parameters, gradients and Adam states divided by the ranks,
-activations not. Without a known GPU memory (CPU) `auto` is DDP.
+activations not. Without a known GPU memory (CPU) `auto` is DDP. `auto` never chooses HSDP; `train.parallelism:
+hsdp` shards within groups of `train.hsdp_shard_size` ranks (default one node's) and replicates across the groups.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from documents.train_plan import ParallelismPlan
@@ -71,14 +73,31 @@ def _min_fsdp_ranks(shape: ModelShape, inputs: MemoryInputs, budget: float) -> i
     return low
 
 
+class BadShardSize(ValueError):
+    """`train.hsdp_shard_size` (or the ranks per node) does not divide the world size."""
+
+
+def hsdp_shard_size(configured: int | None, world_size: int, ranks_per_node: int | None) -> int:
+    """Ranks per HSDP shard group: `train.hsdp_shard_size`, else the ranks of one node (else every rank); it must
+    divide `world_size`."""
+    shard = configured or ranks_per_node or world_size
+    if world_size % shard:
+        raise BadShardSize(f"train.hsdp_shard_size {shard}{'' if configured else ' (the ranks per node)'} does not "
+                         f"divide the world size of {world_size} ranks: HSDP needs whole replicas of {shard} shards")
+    return shard
+
+
 def decide_parallelism(run: RunConfig, shape: ModelShape | None, gpu_memory_gib: float | None,
-                       world_size: int, configured: str | None = None, offload: bool = False) -> ParallelismPlan:
+                       world_size: int, configured: str | None = None, offload: bool = False,
+                       ranks_per_node: int | None = None) -> ParallelismPlan:
     """The configured parallelism, or under `auto` DDP while one replica fits `memory_fraction` of
     `gpu_memory_gib` and FSDP over `world_size` ranks otherwise (see the module docstring). `shape` None (an
     unknown model) or `gpu_memory_gib` None (CPU) leave the configured choice, or DDP, unchecked. Deterministic
     given its arguments, so every rank decides the same. `configured` decides as if the run said so (the placement
     search asks what a run forcing DDP would need sharded; the run config is never rewritten). `offload` keeps the
-    shards in host memory (FSDP's CPU offload; it implies FSDP)."""
+    shards in host memory (FSDP's CPU offload; it implies FSDP, or HSDP where configured). Under `hsdp` the shards
+    are groups of `train.hsdp_shard_size` ranks (default `ranks_per_node`; see `hsdp_shard_size`) and each rank's
+    memory is FSDP's over its group; a group of one rank is DDP, one group of every rank FSDP."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     train = require_train(run)
@@ -86,15 +105,18 @@ def decide_parallelism(run: RunConfig, shape: ModelShape | None, gpu_memory_gib:
     common = {"configured": configured, "method": train.method, "world_size": world_size,
               "gpu_memory_gib": gpu_memory_gib, "memory_fraction": fraction,
               "offload": "params" if offload else "none"}
-    if offload:
+    if offload and configured != "hsdp":
         configured = "fsdp"
+    group = hsdp_shard_size(train.hsdp_shard_size, world_size, ranks_per_node) if configured == "hsdp" else 0
 
     def plan(strategy: str, reason: str, parts: dict[str, int], fits: bool, **more: object) -> ParallelismPlan:
-        shards = world_size if strategy == "fsdp" else 1
-        return ParallelismPlan(strategy=strategy, reason=reason, shards=shards, per_rank_bytes=parts, fits=fits,
-                               **common, **more)
+        shards = {"fsdp": world_size, "hsdp": group}.get(strategy, 1)
+        return ParallelismPlan(strategy=strategy, reason=reason, shards=shards, replicas=world_size // shards,
+                               per_rank_bytes=parts, fits=fits, **common, **more)
 
     inputs = fit_inputs(run, offload)
+    if configured == "hsdp":
+        return _hsdp(plan, shape, inputs, gpu_memory_gib, fraction, train.method, world_size, group)
     if configured == "fsdp" and world_size == 1 and not offload:
         parts = per_rank_parts(estimate(shape, inputs), train.method) if shape is not None else {}
         budget = fraction * gpu_memory_gib * GIB if gpu_memory_gib is not None else None
@@ -129,6 +151,32 @@ def decide_parallelism(run: RunConfig, shape: ModelShape | None, gpu_memory_gib:
     if not sharded_fits:
         reason += _sharding_hint(least, world_size)
     return plan("fsdp", reason, per_rank_parts(sharded, train.method), sharded_fits, **more)
+
+
+def _hsdp(plan: Callable[..., ParallelismPlan], shape: ModelShape | None, inputs: MemoryInputs,
+          gpu_memory_gib: float | None, fraction: float, method: str, world_size: int, group: int) -> ParallelismPlan:
+    """The configured HSDP: FSDP's per-rank memory over a shard group of `group` ranks, `world_size // group`
+    replicas; a group of one rank is DDP, a group of every rank FSDP."""
+    strategy = {1: "ddp", world_size: "fsdp"}.get(group, "hsdp")
+    layout = f"hsdp: {world_size // group} replica(s) of {group} shard(s)"
+    if strategy != "hsdp":
+        layout += f", that is {strategy}"
+    if shape is None:
+        return plan(strategy, f"{layout}; model shape unknown, memory not estimated", {}, True)
+    replica = estimate(shape, inputs)
+    sharded = estimate(shape, inputs.model_copy(update={"shards": group}))
+    parts = per_rank_parts(sharded, method)
+    if gpu_memory_gib is None:
+        return plan(strategy, f"{layout}; no GPU memory known (CPU), nothing to fit", parts, True,
+                    replica_bytes=replica.total)
+    budget = fraction * gpu_memory_gib * GIB
+    least = _min_fsdp_ranks(shape, inputs, budget)
+    fits = sharded.total <= budget
+    reason = (f"{layout} needs {sharded.total_gib:.1f} GiB per GPU, {'fits' if fits else 'does not fit'} "
+              f"{fraction:.0%} of {gpu_memory_gib:g} GiB = {budget / GIB:.1f} GiB")
+    if not fits:
+        reason += _sharding_hint(least, world_size)
+    return plan(strategy, reason, parts, fits, replica_bytes=replica.total, min_fsdp_ranks=least)
 
 
 def _sharding_hint(least: int | None, world_size: int) -> str:

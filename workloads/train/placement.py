@@ -18,7 +18,9 @@ unquantized base is read into host memory by rank 0 only (`workloads.train.shard
 node holds the whole base at its load dtype (fp32 masters for a full fine-tune, the compute dtype for LoRA) while
 its other ranks hold one tensor in flight; under DDP, and for a quantized base, every rank streams the weights
 from the safetensors files to its GPU, one tensor at a time (`largest_tensor_bytes` each). CPU offload adds every
-rank's offloaded shards.
+rank's offloaded shards. HSDP (`train.parallelism: hsdp`, never chosen by `auto`) loads as FSDP does (rank 0 reads the
+base and broadcasts it into every rank's shards), its GPU memory is FSDP's over one shard group, and it trains on
+node counts whose ranks are whole shard groups (`hsdp_nodes`).
 """
 
 from __future__ import annotations
@@ -102,7 +104,7 @@ def host_bytes_per_node(run: RunConfig, shape: ModelShape, strategy: str, gpus_p
     inputs = inputs_from_run(run)
     load_bytes = 4 if inputs.method == "full" else DTYPE_BYTES[inputs.dtype]
     in_flight = largest_tensor_bytes(shape, load_bytes)
-    if strategy == "fsdp" and inputs.method != "qlora":
+    if strategy in ("fsdp", "hsdp") and inputs.method != "qlora":
         return shape.params * load_bytes + (gpus_per_node - 1) * in_flight
     return gpus_per_node * in_flight
 
@@ -110,7 +112,7 @@ def host_bytes_per_node(run: RunConfig, shape: ModelShape, strategy: str, gpus_p
 def _at(run: RunConfig, shape: ModelShape | None, hardware: Hardware, nodes: int, batching: Batching | None,
         configured: str | None, offload: bool = False) -> Placement:
     plan = decide_parallelism(run, shape, hardware.gpu_memory_gib, nodes * hardware.gpus_per_node, configured,
-                              offload)
+                              offload, hardware.gpus_per_node)
     batches, why_not = None, None
     try:
         batches = plan_batches(run, shape, hardware.gpu_memory_gib, batching, plan.shards, offload)
@@ -123,6 +125,14 @@ def _at(run: RunConfig, shape: ModelShape | None, hardware: Hardware, nodes: int
     return Placement(nodes=nodes, gpus_per_node=hardware.gpus_per_node, plan=plan, batches=batches, why_not=why_not,
                      needs_sharding=configured is not None and plan.strategy == "fsdp", host_bytes_per_node=host,
                      host_memory_gib=hardware.host_memory_gib)
+
+
+def hsdp_nodes(run: RunConfig, hardware: Hardware) -> int:
+    """The node counts a configured `train.hsdp_shard_size` allows are the multiples of this (1 otherwise)."""
+    train = run.train
+    if train is None or train.parallelism != "hsdp" or train.hsdp_shard_size is None:
+        return 1
+    return train.hsdp_shard_size // math.gcd(train.hsdp_shard_size, hardware.gpus_per_node)
 
 
 def decide_placement(run: RunConfig, shape: ModelShape | None, hardware: Hardware, nodes: int | None = None,
@@ -139,6 +149,10 @@ def decide_placement(run: RunConfig, shape: ModelShape | None, hardware: Hardwar
         offloaded = _at(run, shape, hardware, nodes, batching, None, True)  # auto: only when nothing else fits
         return offloaded if offloaded.fits else placed
     configured = "fsdp" if run.train is not None and run.train.parallelism == "ddp" else None
+    step = hsdp_nodes(run, hardware)
+    if step > 1:  # HSDP's memory is its shard group's, whatever the replicas: the fewest whole groups or nothing
+        placed = _at(run, shape, hardware, step, batching, configured, offload)
+        return placed if placed.fits else None
     one = _at(run, shape, hardware, 1, batching, configured, offload)
     if one.fits:
         return one
@@ -166,7 +180,10 @@ def choose_nodes(run: RunConfig, shape: ModelShape | None, hardware: Hardware, m
     chosen so far only when `seconds_per_token` says it is faster (a tie or an unknown time keeps fewer nodes).
     None when no node count up to `most_nodes` fits."""
     chosen, chosen_time = None, None
+    step = hsdp_nodes(run, hardware)
     for nodes in range(max(1, fewest_nodes), most_nodes + 1):
+        if nodes % step:
+            continue
         placed = decide_placement(run, shape, hardware, nodes)
         if not placed.fits:
             continue

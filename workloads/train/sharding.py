@@ -11,14 +11,20 @@ other rank builds the same model on the meta device (no bytes), all shard the em
 tensors are broadcast one at a time into the shards (torch.distributed.checkpoint's `set_model_state_dict` with
 `broadcast_from_rank0`, as accelerate's `cpu_ram_efficient_loading` does for FSDP2). A non-zero rank's host memory
 thus grows by its shards, not by the model.
+
+HSDP passes a 2-D DeviceMesh (`hsdp_mesh`): every group is sharded within a shard group of ranks and replicated
+across the groups (FSDP2 reduce-scatters gradients within a group and all-reduces them across groups).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -41,12 +47,24 @@ def adapter_modules(layer: nn.Module) -> list[nn.Module]:
     return found
 
 
-def shard(model: nn.Module, compute_dtype: torch.dtype, cuda: bool, offload: bool = False) -> nn.Module:
-    """Shard `model` in place over the default process group (see the module docstring), with FSDP's CPU offload
-    when `offload`; returns it."""
+def hsdp_mesh(replicas: int, shards: int, cuda: bool) -> DeviceMesh:
+    """The 2-D mesh of HSDP: `replicas` groups of `shards` consecutive ranks (one node's ranks when the shard group
+    is a node), each group sharding the model and the groups replicating one another."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cuda" if cuda else "cpu", (replicas, shards), mesh_dim_names=("replicate", "shard"))
+
+
+def shard(model: nn.Module, compute_dtype: torch.dtype, cuda: bool, offload: bool = False,
+          mesh: DeviceMesh | None = None) -> nn.Module:
+    """Shard `model` in place over the default process group, or over `mesh` (HSDP's 2-D mesh: sharded along
+    "shard", replicated along "replicate"), see the module docstring, with FSDP's CPU offload when `offload`;
+    returns it."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     policy: dict[str, Any] = {"offload_policy": CPUOffloadPolicy(pin_memory=cuda)} if offload else {}
+    if mesh is not None:
+        policy["mesh"] = mesh
     if cuda and compute_dtype != torch.float32:
         policy["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     for layer in decoder_layers(model):
@@ -74,9 +92,12 @@ def _tie(model: nn.Module) -> None:
         base.tie_weights()
 
 
-def shard_from_rank0(model: nn.Module, compute_dtype: torch.dtype, cuda: bool, offload: bool = False) -> nn.Module:
+def shard_from_rank0(model: nn.Module, compute_dtype: torch.dtype, cuda: bool, offload: bool = False,
+                     mesh: DeviceMesh | None = None) -> nn.Module:
     """Shard `model` (loaded on rank 0, on the meta device on every other rank) and fill the shards from rank 0's
-    weights (see the module docstring); returns it."""
+    weights (see the module docstring); returns it. Under HSDP (`mesh`) rank 0 broadcasts to every rank and each
+    keeps its slice of its shard group's layout (`set_model_state_dict` slices by the DTensor's mesh and
+    placements)."""
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
@@ -88,7 +109,7 @@ def shard_from_rank0(model: nn.Module, compute_dtype: torch.dtype, cuda: bool, o
     if rank0:
         model.to(torch.device("meta"))
         _tie(model)
-    shard(model, compute_dtype, cuda, offload)
+    shard(model, compute_dtype, cuda, offload, mesh)
     set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True,
                                                                cpu_offload=offload))
     del full
