@@ -254,10 +254,10 @@ def squeue(cluster: Cluster, job_ids: list[str]) -> dict[str, tuple[str, str, st
 def test_a_serving_node_serves_while_the_training_nodes_work_and_takes_a_passed_fine_tune(
         cluster_run: dict[str, Any], local_cluster: Cluster) -> None:
     """Seed 000's dedicated worker (serving.nodes 1): the chain's serve job starts on the serving node with the base
-    alone, needing no training; the chain's eval runs on the training node meanwhile; its publish job, once eval
-    passed the gate, stores the run and loads it through the gateway's vLLM route: the fine-tune is then in
-    /v1/models and answers, from the same serve job whose launcher started its engine once. Reuses this module's
-    prepared model and trained adapter (no training here)."""
+    alone, needing no training; the chain's train job runs on the training node meanwhile (a run of its own name,
+    from this module's prepared model and data), then its eval; the publish job, once eval passed the gate, stores
+    the run and loads it through the gateway's vLLM route: the new fine-tune is then in /v1/models and answers,
+    from the same serve job whose launcher started its engine once."""
     import httpx
 
     from documents.adapter_registry import adapter_sha256
@@ -268,6 +268,7 @@ def test_a_serving_node_serves_while_the_training_nodes_work_and_takes_a_passed_
     document = json.loads((here / "ctiny.json").read_text())
     # the tiny random model's perplexity change after 4 steps is noise: the gate here admits any (its rule is unit-tested)
     document["serve"].update(engine="peft", publish_min_perplexity_improvement_pct=-100.0)
+    document["name"] = "ctiny-served"  # its own outputs and checkpoints: trained here, beside the server
     config = here / "ctiny-serving.json"
     config.write_text(json.dumps(document, indent=2))
     name = "cluster-serve-test"
@@ -297,21 +298,22 @@ def test_a_serving_node_serves_while_the_training_nodes_work_and_takes_a_passed_
             assert time.monotonic() < deadline, "the server never reported its address"
             time.sleep(1)
         assert json.loads(served_file.read_text())["adapters"] == []
-        evaluation = submit("eval", [])
+        training = submit("train", [])
+        evaluation = submit("eval", [training.id])
         published = submit("publish", [evaluation.id])
         deadline = time.monotonic() + 600
-        while (seen := squeue(local_cluster, [serve.id, evaluation.id])).get(evaluation.id, ("PENDING",))[0] != "RUNNING":
-            assert evaluation.id in seen and time.monotonic() < deadline, f"eval never ran beside the server: {seen}"
+        while (seen := squeue(local_cluster, [serve.id, training.id])).get(training.id, ("PENDING",))[0] != "RUNNING":
+            assert training.id in seen and time.monotonic() < deadline, f"train never ran beside the server: {seen}"
             time.sleep(0.5)
         assert seen[serve.id] == ("RUNNING", local_cluster.serving_node, "serve")
-        assert seen[evaluation.id] == ("RUNNING", local_cluster.workers[0], "main")
+        assert seen[training.id] == ("RUNNING", local_cluster.workers[0], "main")
         deadline = time.monotonic() + 900
         while (state := client.state(published.id).state) not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
             assert time.monotonic() < deadline, f"publish still {state}"
             time.sleep(2)
         log = local_cluster.on_host(jobs["publish"].output.replace("%j", published.id)).read_text()
         assert state == "COMPLETED", log[-3000:]
-        model = f"ctiny-{evaluation.id}"
+        model = f"ctiny-served-{evaluation.id}"
         outcome = json.loads(log.strip().splitlines()[-1])
         assert outcome["published"] and outcome["model"] == model and outcome["outcome"] == "loaded"
 
@@ -328,7 +330,8 @@ def test_a_serving_node_serves_while_the_training_nodes_work_and_takes_a_passed_
         assert serve_log.count("engine peft; models: ['base']") == 1 and "; restart " not in serve_log
         stored = root / "serving/store/runs" / name / model
         index = json.loads((stored / "run.json").read_text())
-        assert index["adapter_sha256"] == adapter_sha256(stored / "adapter") == adapter_sha256(root / "outputs/ctiny/adapter")
+        trained = root / "outputs/ctiny-served/adapter"
+        assert index["adapter_sha256"] == adapter_sha256(stored / "adapter") == adapter_sha256(trained)
     finally:
         provider.delete(serve.id, serve.outs)
         transport.close()

@@ -42,14 +42,21 @@ def group_of(item: pytest.Item) -> str:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On an xdist worker: the shared groups first (the scheduler takes groups in collection order), and every
+    """On an xdist worker: the shared groups first, then the groups with a test marked slow, then the rest (the
+    scheduler takes groups in collection order: long groups first leave no long group for the end), and every
     test's group written for the controller (the same content from every worker, renamed into place)."""
     workerinput: dict[str, Any] | None = getattr(config, "workerinput", None)
     if workerinput is None or GROUPS_KEY not in workerinput:
         return
     shared = [group for _, group in SHARED_BY_WORKER]
     groups = {item.nodeid: group_of(item) for item in items}
-    items.sort(key=lambda item: shared.index(g) if (g := groups[item.nodeid]) in shared else len(shared))
+    slow = {groups[item.nodeid] for item in items if item.get_closest_marker("slow")}
+
+    def rank(item: pytest.Item) -> int:
+        group = groups[item.nodeid]
+        return shared.index(group) if group in shared else len(shared) + (group not in slow)
+
+    items.sort(key=rank)
     target = Path(workerinput[GROUPS_KEY])
     partial = target.with_name(f"{target.name}.{os.getpid()}.tmp")
     partial.write_text(json.dumps(groups))
@@ -68,6 +75,10 @@ def pytest_configure_node(node: Any) -> None:
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadScopeScheduling
+
+    # xdist would hand out the groups with the most tests first: the rehearsal cluster's few long tests started 22
+    # minutes into a 56-minute run (2026-11-26); the collection order above is the one wanted
+    config.option.loadscopereorder = False
 
     class GroupScheduling(LoadScopeScheduling):
         """xdist's scope scheduler with the workers' groups as scopes."""
