@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 from collections.abc import Sequence
 
 COMMANDS = ("plan", "bootstrap_backend", "runs", "report", "run", "status")
@@ -31,8 +32,6 @@ def named_command(argv: Sequence[str]) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import sys
-
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(named_command(argv)).parse_args(argv)
     return int(args.func(args) or 0)
