@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from documents.atomic import write_text_atomic
 from documents.base import describe
 from documents.evaluator_report import EvaluatorReport
+from documents.publication import Publication
 from documents.text_input import TextInputError, read_utf8
 
 
@@ -51,6 +52,8 @@ class PipelineState(BaseModel):
     stages: dict[str, StageRecord] = {}
     evaluation: EvaluatorReport | None = None
     """the eval job's report, read once when the waited chain finished."""
+    publication: Publication | None = None
+    """the publish job's record (serving nodes), read with the report."""
 
     @field_validator("evaluation", mode="before")
     @classmethod

@@ -263,6 +263,7 @@ def test_a_serving_node_serves_while_the_training_nodes_work_and_takes_a_passed_
     from documents.adapter_registry import adapter_sha256
     from documents.run_config import load_run_config
     from infra.pipeline.chain import job_arguments, pipeline_jobs, placement_for
+    from infra.pipeline.runner import read_publication_record
 
     here, stacks = cluster_run["config_dir"].parent, cluster_run["config_dir"]
     document = json.loads((here / "ctiny.json").read_text())
@@ -314,8 +315,11 @@ def test_a_serving_node_serves_while_the_training_nodes_work_and_takes_a_passed_
         log = local_cluster.on_host(jobs["publish"].output.replace("%j", published.id)).read_text()
         assert state == "COMPLETED", log[-3000:]
         model = f"ctiny-served-{evaluation.id}"
-        outcome = json.loads(log.strip().splitlines()[-1])
-        assert outcome["published"] and outcome["model"] == model and outcome["outcome"] == "loaded"
+        # what `ftstack run --wait` reports: the record the job wrote beside the eval reports, as its log's last line
+        publication = read_publication_record(transport, jobs["publish"], published.id)
+        assert publication.model_dump(exclude_none=True) == json.loads(log.strip().splitlines()[-1])
+        assert publication.published and publication.model == model and publication.outcome == "loaded"
+        assert publication.eval_job == evaluation.id
 
         key = (root / "serving/api.key").read_text().strip()
         url = f"http://{local_cluster.subnet}.{10 + len(local_cluster.workers)}:{run.serve.port}"

@@ -197,6 +197,35 @@ def test_the_gate_and_the_eval_job_the_publish_stage_reads(monkeypatch: pytest.M
         publish.eval_job_id(None)
 
 
+def test_a_refused_fine_tune_is_recorded_for_the_run_command_and_nothing_is_stored(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Below the gate the publish job stores and loads nothing, ends 0, and says why twice: on stdout (its log) and in
+    `publication_<job>.json` beside the eval report, which `ftstack run --wait` reads."""
+    from documents.evaluator_report import write_report
+    from documents.publication import read_publication
+
+    run = parse_run_config({"name": "pub", "paths": {"root": str(tmp_path)}, "model": {"source": "dir:x"},
+                            "data": {"source": "sample", "rows": 4},
+                            "serve": {"publish_min_perplexity_improvement_pct": 30.0}}, "publish")
+    config = tmp_path / "run.json"
+    config.write_text(run.model_dump_json())
+    run.results_dir.mkdir(parents=True)
+    write_report(evaluator_report(job_id="41", base=side(8.0, 30.0), finetuned=side(6.0, 28.0), run="pub"),
+                 run.results_dir)
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    store = tmp_path / "store"
+    assert publish.main(["--config", str(config), "--stack", "cluster", "--runs-store", str(store),
+                         "--api-key-file", str(tmp_path / "absent.key"), "--eval-job", "41"]) == 0
+    record = run.results_dir / "publication_42.json"
+    publication = read_publication(record.read_bytes(), str(record))
+    assert publication.model_dump(exclude_none=True) == json.loads(capsys.readouterr().out)
+    assert not publication.published and publication.eval_job == "41"
+    # 8.0 -> 6.0 is a 25 % improvement (the gate's figure), under the 30 % asked
+    assert publication.text() == ("publish: not published (perplexity improvement 25.00% is below "
+                                  "serve.publish_min_perplexity_improvement_pct 30%)")
+    assert not store.exists()
+
+
 def test_a_published_run_is_what_the_servers_registry_loads(adapter_runs: Any, tmp_path: Path) -> None:
     """publish stores the run as every server's registry reads a stored run: resolved by id from the store, the
     store's own copy, its recorded hash equal to the files', on the base the server serves."""

@@ -247,6 +247,8 @@ def run(args: argparse.Namespace) -> int:
         cost = report if cost_stack is stack else \
             price_stack(cost_stack, price_inputs(cost_stack, repo).with_evaluation(result.evaluation))
         print(evaluation_summary_text(stack, result, cost_stack, cost))
+    if result.publication is not None:
+        print(result.publication.text())
     return 0
 
 

@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from documents.evaluator_report import EvaluatorReport
 from documents.names import checked_name
 from documents.pipeline_state import PipelineState, StageRecord, load_state, save_state
+from documents.publication import Publication, publication_name, read_publication
 from documents.run_config import load_run_config
 from infra.config import StackConfig
 from infra.environment.resource import ship_source
@@ -41,7 +42,7 @@ from infra.pipeline.datasource import fingerprint_source
 from infra.pipeline.jobs import SlurmJobProvider, job_inputs, read_result
 from infra.pipeline.run_lock import stack_lock
 from infra.pipeline.slurm import JobNotFound, SlurmClient, SlurmJobFailed
-from infra.pipeline.transport import TransportError
+from infra.pipeline.transport import Transport, TransportError
 from infra.cost.duration import estimated_train_hours
 from workloads.checks.node_states import NodeState, once_per_node
 
@@ -62,6 +63,7 @@ class PipelineRun(BaseModel):
     kept: list[str]
     jobs: dict[str, dict[str, Any]]
     evaluation: EvaluatorReport | None = None
+    publication: Publication | None = None
 
 
 def state_path(repo_root: Path, stack: str) -> Path:
@@ -222,8 +224,17 @@ def wait_chain(
     _record_final_states(client, chain, state, state_file)
     evaluator = next(job for job in chain if job.stage == "eval")
     state.evaluation = read_result(client.transport, evaluator.result_file, state.stages["eval"].outs["job_id"])
+    publisher = next((job for job in chain if job.stage == "publish"), None)
+    if publisher is not None:
+        state.publication = read_publication_record(client.transport, publisher, state.stages["publish"].outs["job_id"])
     save_state(state_file, state)
     return state
+
+
+def read_publication_record(transport: Transport, publisher: JobSpec, job_id: str) -> Publication:
+    """What the publish job did, from the record it wrote beside the eval reports."""
+    path = f"{publisher.results_path}/{publication_name(job_id)}"
+    return read_publication(transport.read_file(path), path)
 
 
 def _record_final_states(client: SlurmClient, chain: list[JobSpec], state: PipelineState, state_file: Path) -> None:
@@ -269,7 +280,8 @@ def run_pipeline(
             progress("nothing changed since the last run; its results stand")
             return result
         state = wait_chain(stack, repo_root, transport, jobs, state, progress=progress)
-        return result.model_copy(update={"jobs": _public_jobs(state), "evaluation": state.evaluation})
+        return result.model_copy(update={"jobs": _public_jobs(state), "evaluation": state.evaluation,
+                                          "publication": state.publication})
 
 
 def node_states(stack: StackConfig, repo_root: Path, transport: dict[str, Any]) -> list[NodeState]:

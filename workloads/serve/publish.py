@@ -9,13 +9,14 @@ the report's perplexity improvement over the base is at least serve.publish_min_
 it nothing is loaded and the job ends 0 saying so. The run is stored as `runs/<stack>/<run>-<eval job>/` (the
 adapter files, the run manifest, `run.json` written last with the adapter's hash), the layout every server's
 registry reads, and loaded under that id through the gateway's vLLM route (`/v1/load_lora_adapter`, the gateway's
-key from the file the serve job made). The gateway's address comes from the served set the server reports.
+key from the file the serve job made). The gateway's address comes from the served set the server reports. What was
+done (or why not) is printed and written to `<results_dir>/publication_<job id>.json`, which `ftstack run --wait`
+reports.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -29,6 +30,7 @@ from documents.adapter_registry import ADAPTER_FILES, SERVED_SET_NAME, adapter_s
 from documents.atomic import write_text_atomic
 from documents.base import DocumentError
 from documents.evaluator_report import EvaluatorReport, read_evaluator_report, report_name
+from documents.publication import LoadOutcome, Publication, write_publication
 from documents.run_config import ConfigError, RunConfig, load_run_config
 from documents.run_manifest import RUN_MANIFEST_NAME
 from documents.run_record import RunIndex, write_run_record
@@ -100,7 +102,7 @@ def gateway_url(run: RunConfig, wait_s: float) -> str:
         time.sleep(2.0)
 
 
-def load(url: str, key: str, run_id: str) -> str:
+def load(url: str, key: str, run_id: str) -> LoadOutcome:
     """Load the stored run under its id; a second publish of the same run finds it loaded already."""
     headers = {"Authorization": f"Bearer {key}"}
     reply = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": run_id, "lora_path": run_id},
@@ -132,17 +134,19 @@ def main(argv: list[str] | None = None) -> int:
         path = run.results_dir / report_name(job)
         report = read_evaluator_report(path.read_bytes(), str(path))
         if (refused := gate(report, cfg)) is not None:
-            print(json.dumps({"published": False, "eval_job": job, "reason": refused}))
-            return 0
-        run_id = f"{run.name}-{job}"
-        stored = store_run(run, report, args.runs_store, args.stack, run_id, job)
-        url = gateway_url(run, args.wait_s)
-        outcome = load(url, api_key_from_file(args.api_key_file, create=False), run_id)
+            publication = Publication(published=False, eval_job=job, reason=refused)
+        else:
+            run_id = f"{run.name}-{job}"
+            stored = store_run(run, report, args.runs_store, args.stack, run_id, job)
+            url = gateway_url(run, args.wait_s)
+            outcome = load(url, api_key_from_file(args.api_key_file, create=False), run_id)
+            publication = Publication(published=True, eval_job=job, model=run_id, stored=str(stored), server=url,
+                                      outcome=outcome)
+        write_publication(publication, run.results_dir, os.environ.get("SLURM_JOB_ID") or "local")
     except (ConfigError, DocumentError, OSError, PublishError, AccessError, httpx.HTTPError) as error:
         print(f"publish: {error}", file=sys.stderr)
         return 1
-    print(json.dumps({"published": True, "model": run_id, "eval_job": job, "stored": str(stored), "server": url,
-                      "outcome": outcome}))
+    print(publication.model_dump_json(exclude_none=True))
     return 0
 
 
