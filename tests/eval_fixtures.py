@@ -6,7 +6,9 @@ model's assistant-token perplexity on the held-out split is expected to be lower
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -52,11 +54,9 @@ def train_adapter(base_dir: Path, train_dir: Path, adapter_dir: Path, merged_dir
     merge_adapter(adapter_dir, base_dir, merged_dir)
 
 
-def make_run(root: Path, base: Path, steps: int = 10) -> RunConfig:
-    """A run under `root`: prepare stage (SmolLM2 + 48 synthetic conversations), then a short LoRA run."""
-    from workloads.prepare import run as prepare
-
-    run = parse_run_config({
+def eval_run_config(root: Path, base: Path) -> RunConfig:
+    """The run config of the evaluation and serving tests' run under `root` (SmolLM2 + 48 synthetic conversations)."""
+    return parse_run_config({
         "name": "evaltest",
         "paths": {"root": str(root)},
         "model": {"source": f"dir:{base}"},
@@ -67,14 +67,40 @@ def make_run(root: Path, base: Path, steps: int = 10) -> RunConfig:
         "serve": {"engine": "transformers", "device": "cpu", "dtype": "float32", "cb_num_blocks": 16,
                   "cb_max_batch_tokens": 1024},
     }, "eval_fixtures")
+
+
+def make_run(root: Path, base: Path, steps: int = 10) -> RunConfig:
+    """A run under `root`: prepare stage, then a short LoRA run."""
+    from workloads.prepare import run as prepare
+
+    run = eval_run_config(root, base)
     prepare(run)
     train_adapter(run.base_model_dir, run.train_tokenized_dir, run.adapter_dir, run.merged_dir, steps)
     return run
 
 
+COMPLETE = ".trained"
+"""in the shared run's folder once it is whole"""
+
+
 @pytest.fixture(scope="session")
-def trained_run(smollm2_base_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunConfig]:
-    yield make_run(tmp_path_factory.mktemp("evalrun"), smollm2_base_dir)
+def trained_run(smollm2_base_dir: Path, tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> RunConfig:
+    """Trained once per session: under xdist by the first worker that asks, in the session's shared temp folder
+    (the local Slurm's worker and the trained-run worker both use it). Each worker gets its own copy of the run's
+    tree made of hard links: every writer of a run file (reports, served sets, manifests) writes a temporary file
+    and renames it, so a worker's writes stay its own."""
+    own = tmp_path_factory.mktemp("evalrun")
+    if worker_id == "master":
+        return make_run(own, smollm2_base_dir)
+    shared = tmp_path_factory.getbasetemp().parent / "evalrun-shared"
+    with open(shared.with_name(shared.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (shared / COMPLETE).is_file():
+            shutil.rmtree(shared, ignore_errors=True)
+            make_run(shared, smollm2_base_dir)
+            (shared / COMPLETE).touch()
+    shutil.copytree(shared, own, copy_function=os.link, dirs_exist_ok=True, ignore=shutil.ignore_patterns(COMPLETE))
+    return eval_run_config(own, smollm2_base_dir)
 
 
 @dataclass

@@ -41,10 +41,23 @@ def group_of(item: pytest.Item) -> str:
     return item.nodeid.split("::", 1)[0]
 
 
+ACROSS_WORKERS = ("trained_run",)
+"""session fixtures built once per session, in the shared temp folder, by the first worker that asks
+(eval_fixtures.trained_run): their own group's, as it starts"""
+
+
+def borrows(item: pytest.Item, group: str) -> bool:
+    """Whether the test uses another group's shared fixture: it runs at its group's end, once that is built."""
+    names = getattr(item, "fixturenames", ())
+    owners = dict(SHARED_BY_WORKER)
+    return any(fixture in names and owners[fixture] != group for fixture in ACROSS_WORKERS)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """On an xdist worker: the shared groups first, then the groups with a test marked slow, then the rest (the
-    scheduler takes groups in collection order: long groups first leave no long group for the end), and every
-    test's group written for the controller (the same content from every worker, renamed into place)."""
+    scheduler takes groups in collection order: long groups first leave no long group for the end), within a group
+    the tests that borrow another group's fixture last, and every test's group written for the controller (the
+    same content from every worker, renamed into place)."""
     workerinput: dict[str, Any] | None = getattr(config, "workerinput", None)
     if workerinput is None or GROUPS_KEY not in workerinput:
         return
@@ -52,9 +65,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     groups = {item.nodeid: group_of(item) for item in items}
     slow = {groups[item.nodeid] for item in items if item.get_closest_marker("slow")}
 
-    def rank(item: pytest.Item) -> int:
+    def rank(item: pytest.Item) -> tuple[int, bool]:
         group = groups[item.nodeid]
-        return shared.index(group) if group in shared else len(shared) + (group not in slow)
+        order = shared.index(group) if group in shared else len(shared) + (group not in slow)
+        return order, borrows(item, group)
 
     items.sort(key=rank)
     target = Path(workerinput[GROUPS_KEY])
