@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,35 @@ def pair(tiny_prepared: RunConfig, tmp_path: Path, **train: Any) -> tuple[RunCon
             with_train(tiny_prepared, tmp_path / "fsdp", parallelism="fsdp", **common))
 
 
+@dataclass
+class TrainedPair:
+    """A DDP and an FSDP run of one method on the same rows, trained to the end: losses and manifests."""
+
+    fsdp_run: RunConfig
+    ddp: list[float]
+    ddp_manifest: dict[str, Any]
+    fsdp: list[float]
+    fsdp_manifest: dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def trained_pair(tiny_prepared: RunConfig, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], TrainedPair]:
+    """Each method's pair trained once for the module: the parity test reads both runs, the offload test holds its
+    offloaded run against the same FSDP run (one torchrun fewer). Exports in files of at most 1 MB."""
+    pairs: dict[str, TrainedPair] = {}
+
+    def get(method: str) -> TrainedPair:
+        if method not in pairs:
+            folder = tmp_path_factory.mktemp(f"pair-{method}")
+            ddp_run, fsdp_run = pair(tiny_prepared, folder, method=method)
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setenv("FT_SAVE_SHARD_BYTES", str(1024**2))
+                pairs[method] = TrainedPair(fsdp_run, *trained(ddp_run, folder, "ddp"), *trained(fsdp_run, folder, "fsdp"))
+        return pairs[method]
+
+    return get
+
+
 def _tensor_bytes(files: list[Path]) -> dict[str, int]:
     from safetensors import safe_open
 
@@ -36,14 +67,13 @@ def _tensor_bytes(files: list[Path]) -> dict[str, int]:
 
 @pytest.mark.parametrize("method", ["lora", "full"])
 def test_fsdp_and_ddp_give_the_same_loss_curve_and_fsdp_holds_half_the_parameters(
-        tiny_prepared: RunConfig, tmp_path: Path, method: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        trained_pair: Callable[[str], TrainedPair], method: str) -> None:
     """Rank 1 builds the model on the meta device and gets its shards from rank 0 (sharding.shard_from_rank0);
     the result is written without gathering the model: an adapter's trainable weights only, a full fine-tune's
     weights streamed into files of at most 1 MB (each over-sized tensor alone in its file)."""
-    monkeypatch.setenv("FT_SAVE_SHARD_BYTES", str(1024**2))
-    ddp_run, fsdp_run = pair(tiny_prepared, tmp_path, method=method)
-    ddp, ddp_manifest = trained(ddp_run, tmp_path, "ddp")
-    fsdp, fsdp_manifest = trained(fsdp_run, tmp_path, "fsdp")
+    runs = trained_pair(method)
+    fsdp_run, ddp, ddp_manifest, fsdp, fsdp_manifest = (runs.fsdp_run, runs.ddp, runs.ddp_manifest, runs.fsdp,
+                                                        runs.fsdp_manifest)
     assert len(ddp) == len(fsdp) == STEPS
     assert fsdp[0] == ddp[0]
     for step, (a, b) in enumerate(zip(ddp, fsdp), start=1):
@@ -105,19 +135,17 @@ def test_a_sharded_checkpoint_resumes_on_more_ranks_and_is_refused_on_one(
 
 @pytest.mark.parametrize("method", ["full"])
 def test_cpu_offload_trains_to_the_losses_of_no_offload(tiny_prepared: RunConfig, tmp_path: Path,
-                                                        method: str) -> None:
+                                                        trained_pair: Callable[[str], TrainedPair], method: str) -> None:
     """FSDP2's CPUOffloadPolicy (train.offload: params) keeps the shards, gradients and Adam states in host memory
     and steps the optimizer there: the same numbers as keeping them on the device (on CPU both are host memory,
-    so this checks the offloaded path's arithmetic, not its speed)."""
-    common = {"max_steps": 6, "save_steps": 100, "micro_batch_size": 1, "batching": "grouped",
-              "learning_rate": 1e-3, "parallelism": "fsdp", "method": method}
-    plain, plain_manifest = trained(with_train(tiny_prepared, tmp_path / "plain", offload="none", **common),
-                                    tmp_path, "plain")
-    offloaded, manifest = trained(with_train(tiny_prepared, tmp_path / "offload", offload="params", **common),
-                                  tmp_path, "offload")
-    assert (plain_manifest["parallelism"]["offload"], manifest["parallelism"]["offload"]) == ("none", "params")
-    assert manifest["parallelism"]["strategy"] == "fsdp" and len(offloaded) == 6
-    assert offloaded == pytest.approx(plain, rel=LOSS_REL_TOL)
+    so this checks the offloaded path's arithmetic, not its speed). Held against the parity test's FSDP run: the
+    same settings, offload left to auto, which is none on CPU."""
+    plain = trained_pair(method)
+    _, fsdp_run = pair(tiny_prepared, tmp_path, method=method, offload="params")
+    offloaded, manifest = trained(fsdp_run, tmp_path, "offload")
+    assert (plain.fsdp_manifest["parallelism"]["offload"], manifest["parallelism"]["offload"]) == ("none", "params")
+    assert manifest["parallelism"]["strategy"] == "fsdp" and len(offloaded) == STEPS
+    assert offloaded == pytest.approx(plain.fsdp, rel=LOSS_REL_TOL)
 
 
 def test_hsdp_over_2_replicas_of_2_shards_trains_as_ddp_holds_half_and_resumes(
