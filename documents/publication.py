@@ -15,6 +15,8 @@ LoadOutcome = Literal["loaded", "already loaded"]
 
 
 class Publication(BaseModel):
+    """Published (the model id, the load's outcome) or refused (the gate's reason), for one eval job's report."""
+
     model_config = ConfigDict(extra="forbid")
 
     published: bool
