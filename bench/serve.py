@@ -241,7 +241,13 @@ def spread_load(api: str, names: list[str], clients: int, requests: int, max_tok
 
 
 def bench_adapters(args: argparse.Namespace, base: Path, tokenizer) -> dict:
-    work = Path(tempfile.mkdtemp(prefix="bench-adapters-"))
+    """The adapters path in a temporary folder, removed at the end (adapters, merged copies and logs: about 535 MB
+    with SmolLM2-135M)."""
+    with tempfile.TemporaryDirectory(prefix="bench-adapters-") as folder:
+        return adapters_figures(args, base, tokenizer, Path(folder))
+
+
+def adapters_figures(args: argparse.Namespace, base: Path, tokenizer, work: Path) -> dict:
     print(f"bench: adapters: making {args.adapters} adapters of {base}", file=sys.stderr, flush=True)
     adapters = make_adapter_runs(base, work, args.adapters)
     print("bench: adapters: memory", file=sys.stderr, flush=True)

@@ -21,9 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
 
 
-def bench(script: str, *args: str, cwd: Path, timeout: float = 600) -> dict:
+def bench(script: str, *args: str, cwd: Path, timeout: float = 600, env: dict[str, str] | None = None) -> dict:
     proc = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                          timeout=timeout, cwd=cwd, env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout)
 
@@ -118,9 +118,13 @@ def test_bench_train_dry_run_refuses_what_a_run_would_refuse(tmp_path: Path) -> 
 @pytest.mark.slow
 def test_bench_serve_adapters_path_at_its_smallest(tiny_model_dir: Path, tmp_path: Path) -> None:
     """The default path: one base with an adapter in one peft engine, against a process per fine-tune (memory)
-    and a merged copy in transformers serve (load)."""
+    and a merged copy in transformers serve (load); its work folder (adapters, merged copies) is gone at the end."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
     report = bench("serve.py", "--paths", "adapters", "--base", str(tiny_model_dir), "--adapters", "1",
-                   "--clients", "2", "--requests", "2", "--max-tokens", "2", "--startup-timeout", "300", cwd=tmp_path)
+                   "--clients", "2", "--requests", "2", "--max-tokens", "2", "--startup-timeout", "300", cwd=tmp_path,
+                   env={"TMPDIR": str(scratch)})
+    assert list(scratch.iterdir()) == []
     adapters = report["adapters"]
     memory = adapters["memory"]["rss_bytes"]
     assert memory["process_per_fine_tune"] > memory["base_and_adapters_one_process"] > 0

@@ -14,7 +14,9 @@ Engines get a fresh key per launch and answer only the gateway (workloads.serve.
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -167,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
                    else api_key_from_env(cfg.api_key_env))
         require_key_beyond_loopback(cfg.host, api_key)
         work_dir = Path(tempfile.mkdtemp(prefix="ft-serve-"))
+        atexit.register(shutil.rmtree, work_dir, ignore_errors=True)  # on every exit but SIGKILL (SIGTERM: sys.exit)
         engine = choose_engine(cfg)
         adapters = served_adapters(run, cfg, engine, args.resume, args.start_empty)
         plans = make_plans(run, cfg, engine, args.finetuned, work_dir, adapters)
