@@ -6,7 +6,6 @@ FT_TEST_CACHE); the tiny model is built per session from a LlamaConfig and prepa
 
 from __future__ import annotations
 
-import fcntl
 import os
 import subprocess
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from file_lock import exclusive
 
 from documents.run_config import RunConfig, parse_run_config
 
@@ -59,8 +59,7 @@ def slurm() -> str:
 @contextmanager
 def _cache_lock(name: str) -> Iterator[Path]:
     CACHE.mkdir(parents=True, exist_ok=True)
-    with open(CACHE / f".{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with exclusive(CACHE / f".{name}.lock"):
         yield CACHE / name
 
 

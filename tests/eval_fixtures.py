@@ -6,7 +6,6 @@ model's assistant-token perplexity on the held-out split is expected to be lower
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import signal
@@ -16,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from file_lock import exclusive
 
 from documents.run_config import RunConfig, parse_run_config
 from workloads.serve.process import start_launcher, stop_launcher
@@ -93,8 +93,7 @@ def trained_run(smollm2_base_dir: Path, tmp_path_factory: pytest.TempPathFactory
     if worker_id == "master":
         return make_run(own, smollm2_base_dir)
     shared = tmp_path_factory.getbasetemp().parent / "evalrun-shared"
-    with open(shared.with_name(shared.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with exclusive(shared.with_name(shared.name + ".lock")):
         if not (shared / COMPLETE).is_file():
             shutil.rmtree(shared, ignore_errors=True)
             make_run(shared, smollm2_base_dir)

@@ -61,8 +61,6 @@ def trained_pair(tiny_prepared: RunConfig, tmp_path_factory: pytest.TempPathFact
 
 
 def _tensor_bytes(files: list[Path]) -> dict[str, int]:
-    from safetensors import safe_open
-
     sizes = {}
     for file in files:
         with safe_open(str(file), framework="pt") as handle:

@@ -41,6 +41,7 @@ def group_of(item: pytest.Item) -> str:
     return item.nodeid.split("::", 1)[0]
 
 
+OWNERS = dict(SHARED_BY_WORKER)
 ACROSS_WORKERS = ("trained_run",)
 """session fixtures built once per session, in the shared temp folder, by the first worker that asks
 (eval_fixtures.trained_run): their own group's, as it starts"""
@@ -49,8 +50,7 @@ ACROSS_WORKERS = ("trained_run",)
 def borrows(item: pytest.Item, group: str) -> bool:
     """Whether the test uses another group's shared fixture: it runs at its group's end, once that is built."""
     names = getattr(item, "fixturenames", ())
-    owners = dict(SHARED_BY_WORKER)
-    return any(fixture in names and owners[fixture] != group for fixture in ACROSS_WORKERS)
+    return any(fixture in names and OWNERS[fixture] != group for fixture in ACROSS_WORKERS)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
