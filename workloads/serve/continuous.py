@@ -1,8 +1,8 @@
 """Continuous batching for the CPU engine: one running batch that requests join and leave between decode steps,
-each row with its own adapter (peft's per-row `adapter_names`).
+each row with its own adapter (the engine's stacked adapters, workloads.serve.stacked_lora).
 
-Transformers' own continuous batching packs every request into one row, where peft's per-row adapters cannot
-ride, so the batch is kept here: left-padded rows over one KV cache (`DynamicCache`, `[rows, heads, time, dim]`
+Transformers' own continuous batching packs every request into one row, where per-row adapters cannot ride, so
+the batch is kept here: left-padded rows over one KV cache (`DynamicCache`, `[rows, heads, time, dim]`
 per layer) with an attention mask and each row's own positions. Joining requests are prefilled together in one
 forward, their first token sampled and sent at once, then their cache is padded to the batch's length (or the
 batch's to theirs) and appended; a finished or cancelled row is dropped from the cache, and the columns no row

@@ -5,8 +5,9 @@
 
 Unlike `transformers serve` (one model per process, so one merged copy per fine-tune), this engine loads the
 base once, adds each adapter with peft's `load_adapter`, and decodes every running request in one batch, each
-row with its own adapter (peft's `adapter_names`, `__base__` for the base) and its own sampling settings. It speaks the subset of vLLM's API the gateway uses: streamed chat completions, /health,
-/v1/models, and the dynamic LoRA routes `/v1/load_lora_adapter` and `/v1/unload_lora_adapter`. It listens on
+row with its own adapter (the adapters stacked per layer, workloads.serve.stacked_lora; `__base__` for the base)
+and its own sampling settings. It speaks the subset of vLLM's API the gateway uses: streamed chat completions,
+/health, /v1/models, and the dynamic LoRA routes `/v1/load_lora_adapter` and `/v1/unload_lora_adapter`. It listens on
 loopback only and, like vLLM with `--api-key`, answers `/v1` only with the launch's engine key
 (workloads.serve.engine_key); the gateway is the public face (API key, limits, admin routes).
 
@@ -26,7 +27,6 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from workloads.serve.continuous import RunningBatch
 from workloads.serve.engine_key import ENGINE_KEY_ENV, require_engine_key
 from workloads.serve.gateway import error
 from workloads.serve.request import RequestError, parse_chat_request
+from workloads.serve.stacked_lora import StackedLora, unstackable
 
 BASE_ROW = "__base__"
 """peft's adapter name for a row that runs the bare base."""
@@ -92,6 +93,7 @@ class AdapterModel:
         torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
         self.model = AutoModelForCausalLM.from_pretrained(base, dtype=torch_dtype).to(device).eval()
         self.adapters: set[str] = set()
+        self.stacked = StackedLora()
         self.device, self.max_loras = device, max(max_loras, len(adapters))
         for name, path in adapters.items():
             self.load(name, str(path))
@@ -115,42 +117,44 @@ class AdapterModel:
             self.model.load_adapter(path, adapter_name=name)
         else:
             self.model = self.peft_model.from_pretrained(self.model, path, adapter_name=name).eval()
+        problem = unstackable(self.model, name)
+        if problem:
+            self.remove(name)
+            self.restack()
+            raise ValueError(f"{path}: {problem}; this engine serves plain LoRA on linear layers only")
         self.adapters.add(name)
+        self.restack()
 
     def unload(self, name: str) -> None:
-        """The last adapter's unload gives back the bare base (peft's `unload`: the LoRA layers removed, nothing
-        merged); the next load wraps it again."""
         if name not in self.adapters:
             raise ValueError(f"adapter {name!r} is not loaded")
-        if len(self.adapters) == 1:
-            self.model = self.model.unload()
-        else:
-            if self.model.active_adapter == name:
-                self.model.set_adapter(next(a for a in sorted(self.adapters) if a != name))
-            self.model.delete_adapter(name)
+        self.remove(name)
         self.adapters.discard(name)
+        self.restack()
 
-    def routing(self, names: list[str]) -> tuple[AbstractContextManager, dict[str, Any]]:
-        """How one forward applies the rows' adapters: peft's per-row `adapter_names` (a split of every LoRA
-        layer's input by adapter) only for a mixed batch; one adapter for all rows is set active, all-base rows
-        run with the adapters disabled."""
-        unique = set(names)
-        if not self.adapters:
-            return nullcontext(), {}
-        if unique == {BASE_ROW}:
-            return self.model.disable_adapter(), {}
-        if len(unique) == 1:
-            if self.model.active_adapter != names[0]:
-                self.model.set_adapter(names[0])
-            return nullcontext(), {}
-        return nullcontext(), {"adapter_names": names}
+    def remove(self, name: str) -> None:
+        """The last adapter's removal gives back the bare base (peft's `unload`: the LoRA layers removed, nothing
+        merged); the next load wraps it again."""
+        if set(self.model.peft_config) == {name}:
+            self.model = self.model.unload()
+            return
+        if self.model.active_adapter == name:
+            self.model.set_adapter(next(a for a in sorted(self.model.peft_config) if a != name))
+        self.model.delete_adapter(name)
+
+    def restack(self) -> None:
+        """After a load or unload: the adapters stacked for one pass per batch (workloads.serve.stacked_lora)."""
+        if self.adapters:
+            self.stacked.rebuild(self.model, sorted(self.adapters))
+        else:
+            self.stacked.close()
 
     def forward(self, ids: Any, mask: Any, positions: Any, cache: Any, names: list[str]) -> tuple[Any, Any]:
         """One forward of the batch, each row through its adapter; the last position's logits and the cache."""
-        context, routing = self.routing(names)
-        with context:
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                             use_cache=True, logits_to_keep=1, **routing)
+        if self.adapters:
+            self.stacked.route(names)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                         use_cache=True, logits_to_keep=1)
         return out.logits[:, -1, :], out.past_key_values
 
 
