@@ -342,6 +342,13 @@ start_monitoring() {
   echo "http://$SUBNET.2:9090" >"$MON/prometheus.url"
 }
 
+# A node is up once its slurmd has registered: a state with a trailing `*` (not responding) is not, also `idle*`,
+# which a down node resumed by `scontrol` shows until its restarted slurmd registers (a job started on it then has
+# its step killed when the registration comes in).
+node_up() {
+  case "$1" in *'*') return 1 ;; idle* | mixed* | allocated* | completing*) return 0 ;; *) return 1 ;; esac
+}
+
 wait_idle() {
   local nodes="$1" state="" i
   for i in $(seq "$nodes"); do
@@ -349,13 +356,11 @@ wait_idle() {
     node="$(worker "$i")"
     for _ in $(seq 300); do
       state="$(sinfo -h -n "$node" -o '%T' 2>/dev/null || true)"
-      case "$state" in
-        idle* | mixed* | allocated* | completing*) break ;;
-        down* | drain*) scontrol update nodename="$node" state=resume 2>/dev/null || true ;;
-      esac
+      node_up "$state" && break
+      case "$state" in down* | drain*) scontrol update nodename="$node" state=resume 2>/dev/null || true ;; esac
       sleep 0.2
     done
-    case "$state" in idle* | mixed* | allocated* | completing*) ;; *) die "node $node did not become idle (last state: ${state:-none}); see $LOG" ;; esac
+    node_up "$state" || die "node $node did not become idle (last state: ${state:-none}); see $LOG"
   done
   log "$nodes node(s) up, login $SUBNET.3:22, prometheus http://$SUBNET.2:9090 (SLURM_CONF=$CONF)"
 }
