@@ -15,15 +15,17 @@ from infra.runs.store import LocalStore, upload_run
 STACK = "local"
 
 
-def save_adapter(base_dir: Path, out: Path, rank: int, seed: int) -> None:
-    """A LoRA adapter with random non-zero A and B (PEFT's default starts B at zero: no effect at all)."""
+def save_adapter(base_dir: Path, out: Path, rank: int, seed: int, alpha: int | None = None,
+                 targets: tuple[str, ...] = ("q_proj", "v_proj", "o_proj"), dora: bool = False) -> Path:
+    """A LoRA adapter with random non-zero A and B (PEFT's default starts B at zero: no effect at all); alpha
+    defaults to twice the rank."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-    lora = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "v_proj", "o_proj"],
+    lora = LoraConfig(r=rank, lora_alpha=alpha or 2 * rank, target_modules=list(targets), use_dora=dora,
                       init_lora_weights=False, task_type="CAUSAL_LM")
     peft_model = get_peft_model(model, lora)
     with torch.no_grad():
@@ -31,6 +33,7 @@ def save_adapter(base_dir: Path, out: Path, rank: int, seed: int) -> None:
             if "lora_B" in name:
                 weight.normal_(0.0, 0.5)
     peft_model.save_pretrained(out)
+    return out
 
 
 def register_run(store: LocalStore, root: Path, run_id: str, base_dir: Path, adapter_dir: Path, rank: int,

@@ -9,41 +9,24 @@ from pathlib import Path
 
 import pytest
 import torch
+from adapter_runs import save_adapter
 
 from workloads.serve.lora_engine import BASE_ROW, AdapterModel
 
 ADAPTERS = {  # name: (rank, alpha, target modules, DoRA)
-    "narrow": (4, 8, ["q_proj", "v_proj"], False),
-    "wide": (12, 6, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], False),
-    "mlp": (8, 32, ["up_proj", "down_proj"], False),
+    "narrow": (4, 8, ("q_proj", "v_proj"), False),
+    "wide": (12, 6, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"), False),
+    "mlp": (8, 32, ("up_proj", "down_proj"), False),
 }
 PROMPTS = ["What is a bond?", "Hi", "Summarise the quarter in one line.", "Name a currency.", "Why do rates rise?"]
-
-
-def save_adapter(base: Path, out: Path, rank: int, alpha: int, targets: list[str], dora: bool, seed: int) -> Path:
-    """A LoRA adapter with random non-zero A and B (peft starts B at zero: no effect at all)."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, use_dora=dora, init_lora_weights=False,
-                        task_type="CAUSAL_LM")
-    peft_model = get_peft_model(model, config)
-    with torch.no_grad():
-        for name, weight in peft_model.named_parameters():
-            if "lora_B" in name:
-                weight.normal_(0.0, 0.5)
-    peft_model.save_pretrained(out)
-    return out
 
 
 @pytest.fixture(scope="module")
 def adapter_dirs(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("stacked-adapters")
-    specs = {**ADAPTERS, "dora": (6, 12, ["q_proj", "v_proj"], True)}
-    return {name: save_adapter(tiny_model_dir, root / name, *spec, seed=10 + i)
-            for i, (name, spec) in enumerate(specs.items())}
+    specs = {**ADAPTERS, "dora": (6, 12, ("q_proj", "v_proj"), True)}
+    return {name: save_adapter(tiny_model_dir, root / name, rank, 10 + i, alpha, targets, dora)
+            for i, (name, (rank, alpha, targets, dora)) in enumerate(specs.items())}
 
 
 def reference_logits(base: Path, adapters: dict[str, Path], prompt: list[int], adapter: str) -> torch.Tensor:
