@@ -76,6 +76,22 @@ def test_same_gpu_model_and_method_is_borrowed_and_a_stacks_own_run_is_measured(
     assert measured.source().startswith("measured: ")
 
 
+def test_a_figure_of_the_other_recomputation_is_scaled_not_borrowed():
+    """Same GPU, model and method, but the row trained without recomputation (2 passes) where the stack's plan
+    recomputes (3): not borrowed as it is, but estimated at 2/3 of it (compute-bound, same FLOP/s); a row of the
+    stack's own recomputation, older or not, is borrowed before it."""
+    no_recompute = h100_row(4500.0, 3_328).model_copy(update={"gradient_checkpointing": False, "date": "2026-11-26"})
+    estimate = estimate_throughput(dev_run(), "NVIDIA H100 SXM", [no_recompute])
+    assert estimate.kind == "estimated" and estimate.tokens_per_second_per_gpu == pytest.approx(4500.0 * 2 / 3)
+    recomputing = h100_row(3000.0)
+    both = estimate_throughput(dev_run(), "NVIDIA H100 SXM", [no_recompute, recomputing])
+    assert both.kind == "borrowed" and both.basis == recomputing
+    without = estimate_throughput(dev_run(gradient_checkpointing=False), "NVIDIA H100 SXM", [recomputing, no_recompute])
+    assert without.kind == "borrowed" and without.basis == no_recompute
+    l40s = estimate_throughput(dev_run(), "NVIDIA L40S", [no_recompute, recomputing])
+    assert l40s.basis == recomputing and l40s.tokens_per_second_per_gpu == pytest.approx(3000.0 * 362.05 / 989.4)
+
+
 def test_the_nearest_figure_has_the_same_method_first_then_the_closest_model_size():
     far = h100_row(9000.0).model_copy(update={"model": "hub:Qwen/Qwen3-8B"})
     other_method = h100_row(7000.0).model_copy(update={"method": "lora"})

@@ -4,9 +4,10 @@ scaled from the GPU it was measured on to the stack's GPU (issue 34).
 Pure: a run config, a GPU model and the measured figures in; a `TrainingThroughput` with its basis out.
 
 - **measured**: a figure measured by a run on this stack (the caller passes it; never estimated here).
-- **borrowed**: a figure for the same GPU model, model and method measured elsewhere (a bench, another stack).
+- **borrowed**: a figure for the same GPU model, model and method measured elsewhere (a bench, another stack),
+  with the activation recomputation the stack's plan has (the newest such).
 - **estimated**: otherwise the nearest figure (same method first, then the closest model size, then the same
-  GPU, then the newest), scaled by ``ratio = gpu x work``:
+  GPU, then the same recomputation, then the newest), scaled by ``ratio = gpu x work``:
 
   * The measured run is classified by the arithmetic intensity of its decoder GEMMs at its micro-batch
     (``T`` tokens against each ``in x out`` weight, bf16 operands: ``T*in*out / (in*out + T*(in+out))`` FLOP per
@@ -138,6 +139,22 @@ def _plan(run: RunConfig, shape: ModelShape, gpu_model: str, recorded: Throughpu
                 recompute=batches.gradient_checkpointing, full=full, qlora=qlora)
 
 
+def _target_plan(run: RunConfig, shape: ModelShape | None, gpu_model: str) -> Plan | None:
+    """The stack's side: `run` as `auto` sizing plans it on `gpu_model`; None for an unknown model or GPU, or a run
+    that fits nowhere."""
+    if shape is None or gpu_model not in catalog.GPU_PEAKS:
+        return None
+    try:
+        return _plan(run, shape, gpu_model)
+    except DoesNotFit:
+        return None
+
+
+def _same_recompute(figure: ThroughputMeasurement, target: Plan | None) -> bool:
+    """Whether `figure` was measured with the target plan's activation recomputation (or either is not known)."""
+    return target is None or figure.gradient_checkpointing is None or figure.gradient_checkpointing == target.recompute
+
+
 def _shape(source: str) -> ModelShape | None:
     try:
         return shape_for_source(source)
@@ -195,23 +212,25 @@ def estimate_throughput(run: RunConfig, gpu_model: str, figures: Sequence[Throug
         return None
     model, method = run.model.source, run.train.method
     usable = [f for f in figures if _usable(f)]
+    shape = _shape(model)
+    target = _target_plan(run, shape, gpu_model)
     same = [f for f in usable if (f.gpu_model, f.model, f.method) == (gpu_model, model, method)]
-    if same:
-        own = [f for f in same if stack is not None and f.origin == "run" and f.stack == stack]
-        newest = max(own or same, key=lambda f: f.date)
+    own = [f for f in same if stack is not None and f.origin == "run" and f.stack == stack]
+    alike = [f for f in same if _same_recompute(f, target)]
+    if own or alike:
+        newest = max(own or alike, key=lambda f: f.date)
         return TrainingThroughput(tokens_per_second_per_gpu=newest.tokens_per_second_per_device,
                                   kind="measured" if own else "borrowed", basis=newest)
-    shape = _shape(model)
-    if shape is None or gpu_model not in catalog.GPU_PEAKS:
+    if shape is None or target is None:
         return None
     shaped = [(f, s) for f in usable if (s := _shape(f.model)) is not None]
     if not shaped:
         return None
     newest_first = sorted(shaped, key=lambda fs: fs[0].date, reverse=True)
     figure, figure_shape = min(newest_first, key=lambda fs: (
-        fs[0].method != method, abs(math.log(fs[1].params / shape.params)), fs[0].gpu_model != gpu_model))
+        fs[0].method != method, abs(math.log(fs[1].params / shape.params)), fs[0].gpu_model != gpu_model,
+        not _same_recompute(fs[0], target)))
     try:
-        target = _plan(run, shape, gpu_model)
         source = _plan(run, figure_shape, figure.gpu_model, figure)
     except DoesNotFit:
         return None
