@@ -24,7 +24,8 @@ PROMPTS = ["What is a bond?", "Hi", "Summarise the quarter in one line.", "Name 
 @pytest.fixture(scope="module")
 def adapter_dirs(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("stacked-adapters")
-    specs = {**ADAPTERS, "dora": (6, 12, ("q_proj", "v_proj"), True)}
+    specs = {**ADAPTERS, "dora": (6, 12, ("q_proj", "v_proj"), True),
+             "embed": (4, 8, ("q_proj", "embed_tokens"), False)}
     return {name: save_adapter(tiny_model_dir, root / name, rank, 10 + i, alpha, targets, dora)
             for i, (name, (rank, alpha, targets, dora)) in enumerate(specs.items())}
 
@@ -68,7 +69,8 @@ def test_each_row_of_a_mixed_batch_gets_what_its_adapter_gives_alone(tiny_model_
     prompt = engine.prompt_ids([{"role": "user", "content": PROMPTS[0]}])
     alone = {name: reference_logits(tiny_model_dir, adapters, prompt, name) for name in [BASE_ROW, *ADAPTERS]}
     assert min((a - b).abs().max() for i, a in enumerate(alone.values()) for b in list(alone.values())[i + 1:]) > 0.05
-    assert_rows_as_alone(engine, tiny_model_dir, adapters, ["narrow", BASE_ROW, "wide", "mlp", "narrow", "wide", BASE_ROW])
+    assert_rows_as_alone(engine, tiny_model_dir, adapters,
+                         ["narrow", BASE_ROW, "wide", "mlp", "narrow", "wide", BASE_ROW])
     assert_rows_as_alone(engine, tiny_model_dir, adapters, ["mlp", "mlp", "mlp"])
     assert_rows_as_alone(engine, tiny_model_dir, adapters, [BASE_ROW, BASE_ROW])
 
@@ -93,7 +95,8 @@ def test_unloads_and_loads_restack_the_adapters(tiny_model_dir: Path, adapter_di
 def test_an_adapter_beyond_plain_lora_is_refused_and_the_others_still_serve(tiny_model_dir: Path,
                                                                             adapter_dirs: dict[str, Path]) -> None:
     """DoRA is what peft's per-row path refuses too ("Cannot pass `adapter_names` when DoRA is enabled"), and vLLM
-    serves plain LoRA only: the load fails with the folder and the reason, before the adapter is routed."""
+    serves plain LoRA only: the load fails with the folder and the reason, before the adapter is routed; so does
+    LoRA on the embedding."""
     adapters = {name: adapter_dirs[name] for name in ("narrow", "dora")}
     engine = AdapterModel(tiny_model_dir, {"narrow": adapters["narrow"]}, "float32", "cpu", 8)
     with pytest.raises(ValueError, match=r"dora: a LoRA variant on .*q_proj .*plain LoRA on linear layers only"):
@@ -102,3 +105,6 @@ def test_an_adapter_beyond_plain_lora_is_refused_and_the_others_still_serve(tiny
     assert_rows_as_alone(engine, tiny_model_dir, adapters, ["narrow", BASE_ROW, "narrow"])
     with pytest.raises(ValueError, match="a LoRA variant"):
         AdapterModel(tiny_model_dir, {"dora": adapters["dora"]}, "float32", "cpu", 8)
+    with pytest.raises(ValueError, match=r"embed: LoRA on .*embed_tokens, a Embedding layer"):
+        engine.load("embed", str(adapter_dirs["embed"]))
+    assert_rows_as_alone(engine, tiny_model_dir, adapters, ["narrow", BASE_ROW])

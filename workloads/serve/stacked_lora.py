@@ -44,12 +44,13 @@ def lora_layers(model: torch.nn.Module) -> list[LoraLayer]:
 def unstackable(model: torch.nn.Module, adapter: str) -> str | None:
     """What `adapter` has beyond plain LoRA on linear layers, or None."""
     for name, layer in model.named_modules():
-        if not isinstance(layer, LoraLayer) or adapter not in layer.lora_A:
+        if not isinstance(layer, LoraLayer) or not any(adapter in getattr(layer, weights)
+                                                        for weights in layer.adapter_layer_names):
             continue
         if not isinstance(layer, LoraLinear):
             return f"LoRA on {name}, a {type(layer.get_base_layer()).__name__} layer"
         if adapter in layer.lora_variant:
-            return f"a LoRA variant on {name} ({type(layer.lora_variant[adapter]).__name__}, e.g. DoRA)"
+            return f"a LoRA variant on {name} ({type(layer.lora_variant[adapter]).__name__})"
         if layer.lora_B[adapter].bias is not None:
             return f"a LoRA bias on {name}"
     return None
