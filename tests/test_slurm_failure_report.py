@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.pipeline.slurm import SlurmClient, SlurmJobFailed
+from infra.pipeline.slurm import SlurmClient, SlurmJobFailed, first_exceptions
 
 pytestmark = pytest.mark.slurm
 WAIT = 300
@@ -58,6 +58,29 @@ def test_failed_torchrun_job_names_each_ranks_first_exception(slurm_client: Slur
     for rank in (0, 1):
         assert f"rank {rank}: " in text and f"models//base-{rank}" in text, text
     assert "HFValidationError" in text.split("last lines of its log")[0], text
+
+
+def test_a_ranks_stdout_inside_its_traceback_is_not_taken_for_the_exception() -> None:
+    """torchrun tees each rank's stdout and stderr apart, so a line the rank printed before failing can land between
+    its `Traceback` line and the frames (seen in a CI run of the test above: rank 1's "loading" line was reported as
+    its error)."""
+    log = "\n".join([
+        "[default0]:rank 0 loading the base model",
+        "[default1]:Traceback (most recent call last):",
+        "[default0]:Traceback (most recent call last):",
+        '[default0]:  File "ranks.py", line 18, in <module>',
+        "[default0]:huggingface_hub.errors.HFValidationError: Repo id must be in the form: 'models//base-0'.",
+        "[default1]:rank 1 loading the base model",
+        '[default1]:  File "ranks.py", line 18, in <module>',
+        "[default1]:huggingface_hub.errors.HFValidationError: Repo id must be in the form: 'models//base-1'.",
+        "[default1]:KeyboardInterrupt",
+    ])
+    found = first_exceptions(log)
+    assert found == {
+        "rank 0": "huggingface_hub.errors.HFValidationError: Repo id must be in the form: 'models//base-0'.",
+        "rank 1": "huggingface_hub.errors.HFValidationError: Repo id must be in the form: 'models//base-1'."}
+    assert first_exceptions("Traceback (most recent call last):\n  File \"x\"\nKeyboardInterrupt") == {
+        "log": "KeyboardInterrupt"}
 
 
 def test_progress_reads_only_this_jobs_metrics(slurm_client: SlurmClient, tmp_path: Path) -> None:

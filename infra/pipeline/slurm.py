@@ -198,11 +198,14 @@ def latest_metrics(text: str, origin: str, job_id: str | None = None) -> Metrics
 
 
 _RANK_LINE = re.compile(r"^(?:(?P<node>\d+): )?(?:\[(?:default|rank)(?P<rank>\d+)\]:)?(?P<text>.*)$")
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?::|$)")
+"""a traceback's last line: the exception's dotted name, then `: message` or nothing"""
 
 
 def first_exceptions(log: str) -> dict[str, str]:
     """The first exception line of each rank's output in a job log: after a `Traceback` line, the first
-    unindented line from the same rank (torchrun --tee prefixes `[defaultN]:`, srun --label `N: `). Without
+    unindented line from the same rank that names an exception (torchrun --tee prefixes `[defaultN]:`, srun
+    --label `N: `; the rank's stdout, teed apart from its stderr, can land inside the traceback). Without
     prefixes the key is "log". torchrun's own ChildFailedError is left out when the ranks said more."""
     pending: set[str] = set()
     found: dict[str, str] = {}
@@ -213,7 +216,7 @@ def first_exceptions(log: str) -> dict[str, str]:
         if text.startswith("Traceback (most recent call last)"):
             if who not in found:
                 pending.add(who)
-        elif who in pending and text.strip() and not text[0].isspace():
+        elif who in pending and _EXCEPTION_LINE.match(text):
             found[who] = text.strip()
             pending.discard(who)
     if len(found) > 1:
