@@ -342,13 +342,6 @@ start_monitoring() {
   echo "http://$SUBNET.2:9090" >"$MON/prometheus.url"
 }
 
-# A node is up once its slurmd has registered: a state with a trailing `*` (not responding) is not, also `idle*`,
-# which a down node resumed by `scontrol` shows until its restarted slurmd registers (a job started on it then has
-# its step killed when the registration comes in).
-node_up() {
-  case "$1" in *'*') return 1 ;; idle* | mixed* | allocated* | completing*) return 0 ;; *) return 1 ;; esac
-}
-
 wait_idle() {
   local nodes="$1" state="" i
   for i in $(seq "$nodes"); do

@@ -57,10 +57,8 @@ wait_idle() {
   local state=""
   for _ in $(seq 150); do
     state="$(sinfo -h -n "$NODE" -o '%T' 2>/dev/null || true)"
-    case "$state" in
-      idle* | mixed* | allocated* | completing*) log "node $NODE is $state (SLURM_CONF=$CONF)"; return ;;
-      down* | drain*) scontrol update nodename="$NODE" state=resume 2>/dev/null || true ;;
-    esac
+    if node_up "$state"; then log "node $NODE is $state (SLURM_CONF=$CONF)"; return; fi
+    case "$state" in down* | drain*) scontrol update nodename="$NODE" state=resume 2>/dev/null || true ;; esac
     sleep 0.2
   done
   log "node $NODE did not become idle (last state: ${state:-none}); see $LOG"

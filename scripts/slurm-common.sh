@@ -12,6 +12,13 @@ export SLURM_CONF="$CONF"
 
 alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
+# Whether a node state (sinfo -o %T) is up: its slurmd has registered. A state with a trailing `*` (not responding)
+# is not, also `idle*`, which a down node resumed by `scontrol` shows until its restarted slurmd registers (a job
+# started on it then has its step killed when the registration comes in).
+node_up() {
+  case "$1" in *'*') return 1 ;; idle* | mixed* | allocated* | completing*) return 0 ;; *) return 1 ;; esac
+}
+
 start_munge() {
   alive "$MUNGE/munged.pid" && return
   if [ ! -s "$MUNGE/munge.key" ]; then

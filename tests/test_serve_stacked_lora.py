@@ -5,12 +5,14 @@ with only its adapter loaded (or none, for a base row); loads and unloads restac
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
 import torch
 from adapter_runs import save_adapter
 
+from workloads.serve.continuous import left_padded
 from workloads.serve.lora_engine import BASE_ROW, AdapterModel
 
 ADAPTERS = {  # name: (rank, alpha, target modules, DoRA)
@@ -30,24 +32,26 @@ def adapter_dirs(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
             for i, (name, (rank, alpha, targets, dora)) in enumerate(specs.items())}
 
 
-def reference_logits(base: Path, adapters: dict[str, Path], prompt: list[int], adapter: str) -> torch.Tensor:
-    """The next-token logits of one prompt alone, through peft with only that adapter loaded (or none)."""
+@functools.cache
+def reference_model(base: Path, adapter: Path | None) -> torch.nn.Module:
+    """The base alone, or through peft with only `adapter` loaded."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
-    if adapter != BASE_ROW:
-        model = PeftModel.from_pretrained(model, adapters[adapter], adapter_name=adapter).eval()
+    return model if adapter is None else PeftModel.from_pretrained(model, adapter).eval()
+
+
+def reference_logits(base: Path, adapters: dict[str, Path], prompt: list[int], adapter: str) -> torch.Tensor:
+    """The next-token logits of one prompt alone, through peft with only that adapter loaded (or none)."""
+    model = reference_model(base, None if adapter == BASE_ROW else adapters[adapter])
     with torch.inference_mode():
         return model(input_ids=torch.tensor([prompt])).logits[0, -1]
 
 
 def batch_logits(engine: AdapterModel, prompts: list[list[int]], names: list[str]) -> torch.Tensor:
     """One left-padded forward of every prompt, each row through its adapter, as the running batch makes it."""
-    width = max(map(len, prompts))
-    ids = torch.tensor([[engine.pad] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    ids, mask, positions = left_padded(prompts, engine.pad)
     with torch.inference_mode():
         return engine.forward(ids, mask, positions, None, names)[0]
 

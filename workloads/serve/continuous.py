@@ -74,6 +74,14 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
     return torch.where(temperature <= 0, greedy, drawn)
 
 
+def left_padded(prompts: Sequence[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Prompts padded on the left to one width: their ids, attention mask and each row's positions."""
+    width = max(map(len, prompts))
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
+
 def pad_left(cache: Any, columns: int) -> None:
     """`columns` zero columns before every layer's keys and values (masked out: never attended)."""
     if columns <= 0:
@@ -118,10 +126,7 @@ class RunningBatch:
 
     def join(self, requests: Sequence[Request]) -> None:
         """Prefill `requests` together, send each its first token, and add the rows still going to the batch."""
-        width = max(len(r.prompt_ids) for r in requests)
-        ids = torch.tensor([[self.pad] * (width - len(r.prompt_ids)) + r.prompt_ids for r in requests])
-        mask = torch.tensor([[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in requests])
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        ids, mask, positions = left_padded([r.prompt_ids for r in requests], self.pad)
         logits, cache = self.forward(ids.to(self.device), mask.to(self.device), positions.to(self.device), None,
                                      [r.adapter for r in requests])
         rows = [Row(r, torch.Generator().manual_seed(r.seed) if r.seed is not None else None) for r in requests]
@@ -130,7 +135,7 @@ class RunningBatch:
             self.cache, self.mask, self.positions, self.last = cache, mask, positions[:, -1:] + 1, tokens[:, None]
             self.rows = rows
         else:
-            grow = width - self.mask.shape[1]
+            grow = ids.shape[1] - self.mask.shape[1]
             pad_left(self.cache, grow)
             pad_left(cache, -grow)
             self.mask = torch.cat([torch.nn.functional.pad(self.mask, (max(grow, 0), 0)),

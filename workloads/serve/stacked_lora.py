@@ -17,7 +17,7 @@ that (a variant such as DoRA, a LoRA bias, LoRA on an embedding or a convolution
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -33,7 +33,7 @@ class LayerStack:
     a: torch.Tensor
     b: torch.Tensor
     columns: tuple[tuple[str, int, int, float], ...]
-    mask: torch.Tensor | None = field(default=None)
+    mask: torch.Tensor | None = None
     """each row's scaling per column for the batch being run; None for an all-base batch"""
 
 
