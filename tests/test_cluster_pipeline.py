@@ -168,7 +168,9 @@ def test_replaced_or_destroyed_job_is_cancelled_over_ssh(cluster_run: dict[str, 
     folder.mkdir(parents=True, exist_ok=True)
     marker = folder / "finished"
     marker.unlink(missing_ok=True)
-    (folder / "sleep.sbatch").write_text("#!/bin/bash\nsleep 120\ntouch finished\n")
+    # set -e as in the stage scripts: slurmstepd signals the job's processes one by one, so a shell whose sleep
+    # died first could still run the next line before its own SIGTERM
+    (folder / "sleep.sbatch").write_text("#!/bin/bash\nset -e\nsleep 120\ntouch finished\n")
     bundle = f"{local_cluster.jail_root}/home/shared/cancel-test"
     provider = SlurmJobProvider()
     props = job_inputs(script="sleep.sbatch", bundle_path=bundle, fingerprint="cancel-test", transport=spec,
