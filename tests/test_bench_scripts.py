@@ -30,8 +30,26 @@ def bench(script: str, *args: str, cwd: Path, timeout: float = 600, env: dict[st
 
 def test_every_bench_script_has_a_test_here_or_beside() -> None:
     tested = {"tokenize.py", "eval_generation.py", "serve.py", "train_gpu.sh", "train.py", "fsdp_load.py",
-              "cpu_adamw.py"}
+              "cpu_adamw.py", "process_cpu.py"}
     assert {p.name for p in BENCH.iterdir() if p.suffix in (".py", ".sh")} == tested
+
+
+BURN = "import time\nstart = time.process_time()\nwhile time.process_time() - start < 0.5:\n    pass"
+KILLED = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+
+
+def test_bench_process_cpu_counts_each_python_process_down_the_tree(tmp_path: Path) -> None:
+    """A grandchild that burns 0.5 s of CPU is found under its kind with at least that; one killed by SIGKILL
+    writes nothing, so two processes are counted of the three started."""
+    outer = f"import subprocess, sys\nfor code in ({BURN!r}, {KILLED!r}):\n    subprocess.run([sys.executable, '-c', code])"
+    proc = subprocess.run([sys.executable, str(BENCH / "process_cpu.py"), "--", sys.executable, "-c", outer],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout)
+    assert report["python_processes"] == 2
+    burner = next(kind for kind in report["kinds"] if kind["kind"] == "-c import time")
+    assert burner["processes"] == 1 and burner["cpu_s"] >= 0.5
+    assert report["machine_busy_cpu_s"] >= burner["cpu_s"]
 
 
 def test_bench_cpu_adamw_at_its_smallest(tmp_path: Path) -> None:

@@ -1,0 +1,90 @@
+"""Where a command's CPU goes, per Python process (issue 42, item 13): runs the command with every Python process
+it starts, however far down (pytest workers, Slurm jobs, torchrun ranks, servers), recording its own CPU seconds at
+exit, and prints JSON: the machine's busy CPU over the run, the part those processes account for, and the kinds of
+process (`-m module`, script or `-c`) that took it, largest first.
+
+    .venv/bin/python bench/process_cpu.py -- .venv/bin/pytest -n 3 tests/test_train_slurm.py
+
+The machine's figure counts everything on it: run on an otherwise quiet machine. A process ended by a signal it does
+not handle records nothing and lands in `unaccounted_cpu_s`, with the non-Python work (slurmd, sshd, compilers).
+The hook is a sitecustomize module first on PYTHONPATH, so it hides any other sitecustomize for the run.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# bench/ holds scripts named like stdlib modules (tokenize.py); keep it off the import path.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from collections import defaultdict  # noqa: E402
+
+HOOK = Path(__file__).resolve().parent / "process_cpu_hook"
+BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # /proc/stat cpu: user nice system (idle iowait) irq softirq steal
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds all cores spent busy since boot, from /proc/stat."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    return sum(int(fields[i]) for i in BUSY_FIELDS) / os.sysconf("SC_CLK_TCK")
+
+
+def process_kind(argv: list[str]) -> str:
+    """`-m module`, `-c` and the code's first line, or the script's name: what a process ran, without its arguments."""
+    for flag in ("-m", "-c"):
+        if flag in argv[1:]:
+            first_line = (argv[argv.index(flag, 1) + 1].splitlines() or [""])[0]
+            return f"{flag} {first_line[:60]}"
+    scripts = [a for a in argv[1:] if not a.startswith("-")]
+    return Path(scripts[0]).name if scripts else Path(argv[0]).name
+
+
+def summarize(records: list[dict], top: int) -> list[dict]:
+    kinds: dict[str, list[dict]] = defaultdict(list)
+    for record in records:
+        kinds[process_kind(record["argv"])].append(record)
+    rows = [{"kind": kind, "processes": len(group), "cpu_s": round(sum(r["cpu_s"] for r in group), 1),
+             "mean_cpu_s": round(sum(r["cpu_s"] for r in group) / len(group), 2),
+             "mean_wall_s": round(sum(r["wall_s"] for r in group) / len(group), 2),
+             "imported_torch": sum(r["imported_torch"] for r in group)} for kind, group in kinds.items()]
+    return sorted(rows, key=lambda row: row["cpu_s"], reverse=True)[:top]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--top", type=int, default=25, help="kinds of process listed (default 25)")
+    parser.add_argument("--log", type=Path, help="keep the per-process JSON lines here (default: a temporary file)")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run")
+    args = parser.parse_args()
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("give the command to measure after --")
+    with tempfile.TemporaryDirectory() as scratch:
+        log = args.log or Path(scratch) / "processes.jsonl"
+        log.unlink(missing_ok=True)
+        env = {**os.environ, "FT_PROCESS_CPU_LOG": str(log.resolve()),
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(HOOK), os.environ.get("PYTHONPATH")]))}
+        busy, started = machine_busy_seconds(), time.monotonic()
+        returncode = subprocess.run(command, env=env).returncode
+        wall, busy = time.monotonic() - started, machine_busy_seconds() - busy
+        records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    accounted = sum(r["cpu_s"] for r in records)
+    print(json.dumps({
+        "command": command, "returncode": returncode, "wall_s": round(wall, 1),
+        "machine_busy_cpu_s": round(busy, 1), "python_processes": len(records),
+        "python_cpu_s": round(accounted, 1), "unaccounted_cpu_s": round(busy - accounted, 1),
+        "python_processes_importing_torch": sum(r["imported_torch"] for r in records),
+        "kinds": summarize(records, args.top),
+    }, indent=2))
+    sys.exit(returncode)
+
+
+if __name__ == "__main__":
+    main()
