@@ -1,7 +1,9 @@
 """Where a command's CPU goes, per Python process (issue 42, item 13): runs the command with every Python process
 it starts, however far down (pytest workers, Slurm jobs, torchrun ranks, servers), recording its own CPU seconds at
-exit, and prints JSON: the machine's busy CPU over the run, the part those processes account for, and the kinds of
-process (`-m module`, script or `-c`) that took it, largest first.
+exit, and prints JSON: the machine's busy CPU over the run, the part those processes account for, the kinds of
+process (`-m module`, script or `-c`) that took it, and the pytest tests whose processes took it (a process started
+by a test, Slurm jobs it submitted included, carries the test's PYTEST_CURRENT_TEST), largest first. A pytest
+worker's own CPU is not split among its tests: it counts under its kind, and under no test.
 
     .venv/bin/python bench/process_cpu.py -- .venv/bin/pytest -n 3 tests/test_train_slurm.py
 
@@ -25,6 +27,7 @@ import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from collections import defaultdict  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 
 HOOK = Path(__file__).resolve().parent / "process_cpu_hook"
 BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # /proc/stat cpu: user nice system (idle iowait) irq softirq steal
@@ -46,20 +49,28 @@ def process_kind(argv: list[str]) -> str:
     return Path(scripts[0]).name if scripts else Path(argv[0]).name
 
 
-def summarize(records: list[dict], top: int) -> list[dict]:
-    kinds: dict[str, list[dict]] = defaultdict(list)
+def started_under(record: dict) -> str | None:
+    """The test a process was started under: PYTEST_CURRENT_TEST without its phase (`path::name (call)`)."""
+    test = record.get("test")
+    return test.rsplit(" (", 1)[0] if test else None
+
+
+def summarize(records: list[dict], top: int, key: Callable[[dict], str | None]) -> list[dict]:
+    """Records grouped by key(record) (None: left out), largest CPU first."""
+    groups: dict[str, list[dict]] = defaultdict(list)
     for record in records:
-        kinds[process_kind(record["argv"])].append(record)
-    rows = [{"kind": kind, "processes": len(group), "cpu_s": round(sum(r["cpu_s"] for r in group), 1),
+        if (name := key(record)) is not None:
+            groups[name].append(record)
+    rows = [{"name": name, "processes": len(group), "cpu_s": round(sum(r["cpu_s"] for r in group), 1),
              "mean_cpu_s": round(sum(r["cpu_s"] for r in group) / len(group), 2),
              "mean_wall_s": round(sum(r["wall_s"] for r in group) / len(group), 2),
-             "imported_torch": sum(r["imported_torch"] for r in group)} for kind, group in kinds.items()]
+             "imported_torch": sum(r["imported_torch"] for r in group)} for name, group in groups.items()]
     return sorted(rows, key=lambda row: row["cpu_s"], reverse=True)[:top]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--top", type=int, default=25, help="kinds of process listed (default 25)")
+    parser.add_argument("--top", type=int, default=25, help="kinds of process and tests listed (default 25)")
     parser.add_argument("--log", type=Path, help="keep the per-process JSON lines here (default: a temporary file)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run")
     args = parser.parse_args()
@@ -81,7 +92,8 @@ def main() -> None:
         "machine_busy_cpu_s": round(busy, 1), "python_processes": len(records),
         "python_cpu_s": round(accounted, 1), "unaccounted_cpu_s": round(busy - accounted, 1),
         "python_processes_importing_torch": sum(r["imported_torch"] for r in records),
-        "kinds": summarize(records, args.top),
+        "kinds": summarize(records, args.top, lambda record: process_kind(record["argv"])),
+        "tests": summarize(records, args.top, started_under),
     }, indent=2))
     sys.exit(returncode)
 

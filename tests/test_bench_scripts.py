@@ -47,9 +47,12 @@ def test_bench_process_cpu_counts_each_python_process_down_the_tree(tmp_path: Pa
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = json.loads(proc.stdout)
     assert report["python_processes"] == 2
-    burner = next(kind for kind in report["kinds"] if kind["kind"] == "-c import time")
+    burner = next(kind for kind in report["kinds"] if kind["name"] == "-c import time")
     assert burner["processes"] == 1 and burner["cpu_s"] >= 0.5
     assert report["machine_busy_cpu_s"] >= burner["cpu_s"]
+    this_test = os.environ["PYTEST_CURRENT_TEST"].rsplit(" (", 1)[0]
+    assert [test["name"] for test in report["tests"]] == [this_test]  # the three processes were started under it
+    assert report["tests"][0]["cpu_s"] >= burner["cpu_s"]
 
 
 def test_bench_cpu_adamw_at_its_smallest(tmp_path: Path) -> None:
