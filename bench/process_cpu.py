@@ -2,12 +2,12 @@
 it starts, however far down (pytest workers, Slurm jobs, torchrun ranks, servers), recording its own CPU seconds at
 exit, and prints JSON: the machine's busy CPU over the run, the part those processes account for, the kinds of
 process (`-m module`, script or `-c`) that took it, and the pytest tests whose processes took it (a process started
-by a test, Slurm jobs it submitted included, carries the test's PYTEST_CURRENT_TEST), largest first. A pytest
-worker's own CPU is not split among its tests: it counts under its kind, and under no test.
+by a test, Slurm jobs it submitted included, carries the test's PYTEST_CURRENT_TEST; a plugin adds the CPU the test
+took in the pytest process itself), largest first. In `kinds` a pytest process counts whole, under its own kind.
 
     .venv/bin/python bench/process_cpu.py -- .venv/bin/pytest -n 3 tests/test_train_slurm.py
 
-The machine's figure counts everything on it: run on an otherwise quiet machine. A process ended by a signal it does
+The command's output goes to stderr. The machine's figure counts everything on it: run on an otherwise quiet machine. A process ended by a signal it does
 not handle records nothing and lands in `unaccounted_cpu_s`, with the non-Python work (slurmd, sshd, compilers).
 The hook is a sitecustomize module first on PYTHONPATH, so it hides any other sitecustomize for the run.
 """
@@ -68,6 +68,18 @@ def summarize(records: list[dict], top: int, key: Callable[[dict], str | None]) 
     return sorted(rows, key=lambda row: row["cpu_s"], reverse=True)[:top]
 
 
+def tests_by_cpu(records: list[dict], in_pytest: list[dict], top: int) -> list[dict]:
+    """Each test's CPU: the processes started under it, and what it took in the pytest process."""
+    rows = {row["name"]: row for row in summarize(records, len(records), started_under)}
+    for line in in_pytest:
+        row = rows.setdefault(line["test"], {"name": line["test"], "processes": 0, "cpu_s": 0.0})
+        row["in_pytest_cpu_s"] = round(line["cpu_s"], 1)
+    for row in rows.values():
+        row["processes_cpu_s"] = row.pop("cpu_s")
+        row["total_cpu_s"] = round(row["processes_cpu_s"] + row.get("in_pytest_cpu_s", 0.0), 1)
+    return sorted(rows.values(), key=lambda row: row["total_cpu_s"], reverse=True)[:top]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--top", type=int, default=25, help="kinds of process and tests listed (default 25)")
@@ -81,11 +93,14 @@ def main() -> None:
         log = args.log or Path(scratch) / "processes.jsonl"
         log.unlink(missing_ok=True)
         env = {**os.environ, "FT_PROCESS_CPU_LOG": str(log.resolve()),
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(HOOK), os.environ.get("PYTHONPATH")]))}
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(HOOK), os.environ.get("PYTHONPATH")])),
+               "PYTEST_ADDOPTS": " ".join(filter(None, [os.environ.get("PYTEST_ADDOPTS"), "-p pytest_process_cpu"]))}
         busy, started = machine_busy_seconds(), time.monotonic()
-        returncode = subprocess.run(command, env=env).returncode
+        returncode = subprocess.run(command, env=env, stdout=sys.stderr).returncode  # stdout: the JSON alone
         wall, busy = time.monotonic() - started, machine_busy_seconds() - busy
-        records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+        lines = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    records = [line for line in lines if not line.get("in_pytest")]
+    in_pytest = [line for line in lines if line.get("in_pytest")]
     accounted = sum(r["cpu_s"] for r in records)
     print(json.dumps({
         "command": command, "returncode": returncode, "wall_s": round(wall, 1),
@@ -93,7 +108,7 @@ def main() -> None:
         "python_cpu_s": round(accounted, 1), "unaccounted_cpu_s": round(busy - accounted, 1),
         "python_processes_importing_torch": sum(r["imported_torch"] for r in records),
         "kinds": summarize(records, args.top, lambda record: process_kind(record["argv"])),
-        "tests": summarize(records, args.top, started_under),
+        "tests": tests_by_cpu(records, in_pytest, args.top),
     }, indent=2))
     sys.exit(returncode)
 

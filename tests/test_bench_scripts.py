@@ -52,7 +52,21 @@ def test_bench_process_cpu_counts_each_python_process_down_the_tree(tmp_path: Pa
     assert report["machine_busy_cpu_s"] >= burner["cpu_s"]
     this_test = os.environ["PYTEST_CURRENT_TEST"].rsplit(" (", 1)[0]
     assert [test["name"] for test in report["tests"]] == [this_test]  # the three processes were started under it
-    assert report["tests"][0]["cpu_s"] >= burner["cpu_s"]
+    assert report["tests"][0]["processes_cpu_s"] >= burner["cpu_s"]
+
+
+def test_bench_process_cpu_adds_what_a_test_takes_in_the_pytest_process(tmp_path: Path) -> None:
+    (tmp_path / "test_burn.py").write_text(f"def test_burn():\n    exec({BURN!r})\n\ndef test_idle():\n    pass\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "PYTEST_CURRENT_TEST")}
+    proc = subprocess.run([sys.executable, str(BENCH / "process_cpu.py"), "--", sys.executable, "-m", "pytest", "-q",
+                           "-p", "no:cacheprovider", "test_burn.py"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout)
+    tests = {test["name"]: test for test in report["tests"]}
+    assert set(tests) == {"test_burn.py::test_burn", "test_burn.py::test_idle"}
+    assert tests["test_burn.py::test_burn"]["in_pytest_cpu_s"] >= 0.5 > tests["test_burn.py::test_idle"]["total_cpu_s"]
+    assert report["kinds"][0]["name"] == "-m pytest" and report["kinds"][0]["cpu_s"] >= 0.5
 
 
 def test_bench_cpu_adamw_at_its_smallest(tmp_path: Path) -> None:
