@@ -70,13 +70,13 @@ def summarize(records: list[dict], top: int, key: Callable[[dict], str | None]) 
 
 def tests_by_cpu(records: list[dict], in_pytest: list[dict], top: int) -> list[dict]:
     """Each test's CPU: the processes started under it, and what it took in the pytest process."""
-    rows = {row["name"]: row for row in summarize(records, len(records), started_under)}
+    rows = {row["name"]: {"name": row["name"], "processes": row["processes"], "processes_cpu_s": row["cpu_s"],
+                          "in_pytest_cpu_s": 0.0} for row in summarize(records, len(records), started_under)}
     for line in in_pytest:
-        row = rows.setdefault(line["test"], {"name": line["test"], "processes": 0, "cpu_s": 0.0})
+        row = rows.setdefault(line["test"], {"name": line["test"], "processes": 0, "processes_cpu_s": 0.0})
         row["in_pytest_cpu_s"] = round(line["cpu_s"], 1)
     for row in rows.values():
-        row["processes_cpu_s"] = row.pop("cpu_s")
-        row["total_cpu_s"] = round(row["processes_cpu_s"] + row.get("in_pytest_cpu_s", 0.0), 1)
+        row["total_cpu_s"] = round(row["processes_cpu_s"] + row["in_pytest_cpu_s"], 1)
     return sorted(rows.values(), key=lambda row: row["total_cpu_s"], reverse=True)[:top]
 
 
