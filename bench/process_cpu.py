@@ -7,8 +7,9 @@ took in the pytest process itself), largest first. In `kinds` a pytest process c
 
     .venv/bin/python bench/process_cpu.py -- .venv/bin/pytest -n 3 tests/test_train_slurm.py
 
-The command's output goes to stderr. The machine's figure counts everything on it: run on an otherwise quiet machine. A process ended by a signal it does
-not handle records nothing and lands in `unaccounted_cpu_s`, with the non-Python work (slurmd, sshd, compilers).
+The command's output goes to stderr, the JSON alone to stdout. The machine's figure counts everything on it: run on
+an otherwise quiet machine. A process ended by a signal it does not handle records nothing and lands in
+`unaccounted_cpu_s`, with the non-Python work (slurmd, sshd, Prometheus, compilers).
 The hook is a sitecustomize module first on PYTHONPATH, so it hides any other sitecustomize for the run.
 """
 
