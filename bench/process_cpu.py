@@ -6,11 +6,15 @@ by a test, Slurm jobs it submitted included, carries the test's PYTEST_CURRENT_T
 took in the pytest process itself), largest first. In `kinds` a pytest process counts whole, under its own kind.
 
     .venv/bin/python bench/process_cpu.py -- .venv/bin/pytest -n 3 tests/test_train_slurm.py
+    make venv && python3 bench/process_cpu.py --log cpu.jsonl -- bash .ci/run      # the whole suite
+
+The venv's Pythons record through a .pth file put in its site-packages for the run (tests that set their own
+PYTHONPATH cannot hide it), so make the venv first; other Pythons through PYTHONPATH.
 
 The command's output goes to stderr, the JSON alone to stdout. The machine's figure counts everything on it: run on
 an otherwise quiet machine. A process ended by a signal it does not handle records nothing and lands in
 `unaccounted_cpu_s`, with the non-Python work (slurmd, sshd, Prometheus, compilers).
-The hook is a sitecustomize module first on PYTHONPATH, so it hides any other sitecustomize for the run.
+For the run, the hook's sitecustomize module comes first on sys.path and hides any other sitecustomize.
 """
 
 from __future__ import annotations
@@ -28,10 +32,29 @@ import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from collections import defaultdict  # noqa: E402
-from collections.abc import Callable  # noqa: E402
+from collections.abc import Callable, Iterator  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
 
 HOOK = Path(__file__).resolve().parent / "process_cpu_hook"
 BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # /proc/stat cpu: user nice system (idle iowait) irq softirq steal
+
+
+@contextmanager
+def venv_hook(venv: Path) -> Iterator[Path | None]:
+    """A .pth file in the venv's site-packages that imports the recorder at every start-up, removed afterwards;
+    None when there is no such venv."""
+    python = venv / "bin" / "python"
+    if not python.exists():
+        yield None
+        return
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    pth = Path(purelib) / "ft_process_cpu.pth"
+    pth.write_text(f"{HOOK}\nimport process_cpu_record\n")
+    try:
+        yield pth
+    finally:
+        pth.unlink(missing_ok=True)
 
 
 def machine_busy_seconds() -> float:
@@ -85,6 +108,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--top", type=int, default=25, help="kinds of process and tests listed (default 25)")
     parser.add_argument("--log", type=Path, help="keep the per-process JSON lines here (default: a temporary file)")
+    parser.add_argument("--venv", type=Path, default=Path(".venv"),
+                        help="the venv whose Pythons record through a .pth file for the run (default .venv)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run")
     args = parser.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -96,15 +121,16 @@ def main() -> None:
         env = {**os.environ, "FT_PROCESS_CPU_LOG": str(log.resolve()),
                "PYTHONPATH": os.pathsep.join(filter(None, [str(HOOK), os.environ.get("PYTHONPATH")])),
                "PYTEST_ADDOPTS": " ".join(filter(None, [os.environ.get("PYTEST_ADDOPTS"), "-p pytest_process_cpu"]))}
-        busy, started = machine_busy_seconds(), time.monotonic()
-        returncode = subprocess.run(command, env=env, stdout=sys.stderr).returncode  # stdout: the JSON alone
-        wall, busy = time.monotonic() - started, machine_busy_seconds() - busy
+        with venv_hook(args.venv) as pth:
+            busy, started = machine_busy_seconds(), time.monotonic()
+            returncode = subprocess.run(command, env=env, stdout=sys.stderr).returncode  # stdout: the JSON alone
+            wall, busy = time.monotonic() - started, machine_busy_seconds() - busy
         lines = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     records = [line for line in lines if not line.get("in_pytest")]
     in_pytest = [line for line in lines if line.get("in_pytest")]
     accounted = sum(r["cpu_s"] for r in records)
     print(json.dumps({
-        "command": command, "returncode": returncode, "wall_s": round(wall, 1),
+        "command": command, "returncode": returncode, "venv_hook": str(pth) if pth else None, "wall_s": round(wall, 1),
         "machine_busy_cpu_s": round(busy, 1), "python_processes": len(records),
         "python_cpu_s": round(accounted, 1), "unaccounted_cpu_s": round(busy - accounted, 1),
         "python_processes_importing_torch": sum(r["imported_torch"] for r in records),

@@ -55,6 +55,23 @@ def test_bench_process_cpu_counts_each_python_process_down_the_tree(tmp_path: Pa
     assert report["tests"][0]["processes_cpu_s"] >= burner["cpu_s"]
 
 
+def test_bench_process_cpu_hears_the_venvs_pythons_whatever_their_pythonpath(tmp_path: Path) -> None:
+    """A venv's Python whose PYTHONPATH was replaced (as tests/train_fixtures.py does for torchrun) still records,
+    through the .pth file; the file is gone after the run."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    hidden = f"import os, subprocess, sys\nsubprocess.run([sys.executable, '-c', {BURN!r}], env={{**os.environ, 'PYTHONPATH': '/nowhere'}})"
+    proc = subprocess.run([sys.executable, str(BENCH / "process_cpu.py"), "--venv", str(venv), "--",
+                           str(venv / "bin" / "python"), "-c", hidden],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout)
+    burner = next(kind for kind in report["kinds"] if kind["name"] == "-c import time")
+    assert burner["processes"] == 1 and burner["cpu_s"] >= 0.5
+    assert report["venv_hook"] and not Path(report["venv_hook"]).exists()
+    assert list(venv.glob("lib/python*/site-packages/*.pth")) == []
+
+
 def test_bench_process_cpu_adds_what_a_test_takes_in_the_pytest_process(tmp_path: Path) -> None:
     (tmp_path / "test_burn.py").write_text(f"def test_burn():\n    exec({BURN!r})\n\ndef test_idle():\n    pass\n")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "PYTEST_CURRENT_TEST")}
