@@ -11,20 +11,24 @@ import resource
 import sys
 import time
 
-_LOG = os.environ.get("FT_PROCESS_CPU_LOG")
+_LOG = os.environ.get("FT_PROCESS_CPU_LOG")  # read at start-up: a process may change its environment
 _STARTED = time.monotonic()
+
+
+def append_line(record: dict) -> None:
+    """One JSON line to FT_PROCESS_CPU_LOG, in one write under O_APPEND: lines of concurrent processes stay whole."""
+    fd = os.open(_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(record) + "\n").encode())
+    finally:
+        os.close(fd)
 
 
 def _record() -> None:
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    line = json.dumps({"pid": os.getpid(), "argv": sys.orig_argv, "cpu_s": usage.ru_utime + usage.ru_stime,
-                       "wall_s": time.monotonic() - _STARTED, "imported_torch": "torch" in sys.modules,
-                       "test": os.environ.get("PYTEST_CURRENT_TEST")})
-    fd = os.open(_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (line + "\n").encode())  # one write under O_APPEND: lines of concurrent processes stay whole
-    finally:
-        os.close(fd)
+    append_line({"pid": os.getpid(), "argv": sys.orig_argv, "cpu_s": usage.ru_utime + usage.ru_stime,
+                 "wall_s": time.monotonic() - _STARTED, "imported_torch": "torch" in sys.modules,
+                 "test": os.environ.get("PYTEST_CURRENT_TEST")})
 
 
 if _LOG:
