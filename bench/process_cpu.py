@@ -13,7 +13,12 @@ PYTHONPATH cannot hide it), so make the venv first; other Pythons through PYTHON
 
 The command's output goes to stderr, the JSON alone to stdout. The machine's figure counts everything on it: run on
 an otherwise quiet machine. A process ended by a signal it does not handle records nothing and lands in
-`unaccounted_cpu_s`, with the non-Python work (slurmd, sshd, Prometheus, compilers).
+`unaccounted_cpu_s`, with the non-Python work (slurmd, sshd, Prometheus, Chromium, compilers).
+
+`--all-processes` (root) accounts for that part too, by command name: the kernel's process accounting (acct(2))
+writes a record for every process that exits during the run, signalled or not, and /proc gives what the processes
+still alive at the end (daemons the run started, kernel threads) took during it. Processes torch has loaded show as
+`pt_main_thread` there (torch renames the main thread).
 For the run, the hook's sitecustomize module comes first on sys.path and hides any other sitecustomize.
 """
 
@@ -26,17 +31,25 @@ from pathlib import Path
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 import argparse  # noqa: E402
+import ctypes  # noqa: E402
 import json  # noqa: E402
+import struct  # noqa: E402
 import os  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from collections import defaultdict  # noqa: E402
 from collections.abc import Callable, Iterator  # noqa: E402
-from contextlib import contextmanager  # noqa: E402
+from contextlib import contextmanager, nullcontext  # noqa: E402
 
 HOOK = Path(__file__).resolve().parent / "process_cpu_hook"
 BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # /proc/stat cpu: user nice system (idle iowait) irq softirq steal
+ACCT_V3 = struct.Struct("<BBHIIIIIIf8H16s")
+"""linux/acct.h's struct acct_v3, the record the kernel writes per exiting process: flag, version, tty, exit code,
+uid, gid, pid, ppid, creation time (epoch s), elapsed (AHZ ticks, float), then 8 comp_t (user and system time
+first) and the command name."""
+ACCT_HZ = 100  # AHZ, the unit of acct_v3's times
+ACCT_SIGNALLED = 0x10  # AXSIG: killed by a signal
 
 
 @contextmanager
@@ -61,6 +74,80 @@ def machine_busy_seconds() -> float:
     """CPU seconds all cores spent busy since boot, from /proc/stat."""
     fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
     return sum(int(fields[i]) for i in BUSY_FIELDS) / os.sysconf("SC_CLK_TCK")
+
+
+def comp_t_value(value: int) -> int:
+    """A comp_t (13-bit mantissa, 3-bit base-8 exponent) as the integer it stands for."""
+    return (value & 0x1FFF) << (3 * (value >> 13))
+
+
+def read_accounting(path: Path) -> list[dict]:
+    """The acct_v3 records in `path`: command name, pid, creation time, CPU seconds and whether a signal ended it."""
+    data = path.read_bytes()
+    records = []
+    for offset in range(0, len(data) - len(data) % ACCT_V3.size, ACCT_V3.size):
+        flag, version, _, _, _, _, pid, _, btime, _, utime, stime, *_, comm = ACCT_V3.unpack_from(data, offset)
+        if version & 0x7F != 3:
+            raise ValueError(f"{path}: the record at byte {offset} is version {version & 0x7F}, not acct_v3")
+        records.append({"command": comm.split(b"\0", 1)[0].decode(errors="replace"), "pid": pid, "btime": btime,
+                        "cpu_s": (comp_t_value(utime) + comp_t_value(stime)) / ACCT_HZ,
+                        "signalled": bool(flag & ACCT_SIGNALLED)})
+    return records
+
+
+@contextmanager
+def kernel_accounting(path: Path) -> Iterator[None]:
+    """BSD process accounting into `path` (created) while the block runs; switched off afterwards."""
+    path.touch()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.acct(str(path).encode()) != 0:
+        error = ctypes.get_errno()
+        raise SystemExit(f"process_cpu: --all-processes: acct({path}): {os.strerror(error)} (needs root)")
+    try:
+        yield
+    finally:
+        libc.acct(None)
+
+
+def live_processes() -> dict[int, tuple[int, str, float]]:
+    """pid -> (start time in clock ticks since boot, command name, CPU seconds so far) of every process now."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    live = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # ended meanwhile
+            continue
+        fields = text[text.rindex(")") + 2:].split()  # from field 3 (state): utime is 14, stime 15, starttime 22
+        live[int(stat.parent.name)] = (int(fields[19]), text[text.index("(") + 1:text.rindex(")")],
+                                       (int(fields[11]) + int(fields[12])) / ticks)
+    return live
+
+
+def all_processes(exited: list[dict], before: dict[int, tuple[int, str, float]],
+                  after: dict[int, tuple[int, str, float]], started_epoch: float, busy: float, top: int) -> dict:
+    """Every process's CPU during the run by command name: those that exited (less what one alive before the run had
+    already taken) and those still alive at the end (what they took since the start)."""
+    for record in exited:
+        if record["btime"] < started_epoch - 1 and record["pid"] in before:
+            record["cpu_s"] = max(0.0, record["cpu_s"] - before[record["pid"]][2])
+    running = [{"command": command, "cpu_s": cpu - (before[pid][2] if before.get(pid, (None,))[0] == start else 0.0)}
+               for pid, (start, command, cpu) in after.items()]
+    running = [row for row in running if row["cpu_s"] > 0]
+
+    def by_command(rows: list[dict]) -> list[dict]:
+        groups: dict[str, list[dict]] = defaultdict(list)
+        for row in rows:
+            groups[row["command"]].append(row)
+        table = [{"name": name, "processes": len(group), "cpu_s": round(sum(r["cpu_s"] for r in group), 2),
+                  **({"signalled": sum(r["signalled"] for r in group)} if "signalled" in group[0] else {})}
+                 for name, group in groups.items()]
+        return sorted(table, key=lambda row: row["cpu_s"], reverse=True)[:top]
+
+    exited_cpu, running_cpu = sum(r["cpu_s"] for r in exited), sum(r["cpu_s"] for r in running)
+    return {"exited": len(exited), "exited_cpu_s": round(exited_cpu, 1), "running_cpu_s": round(running_cpu, 1),
+            "unaccounted_cpu_s": round(busy - exited_cpu - running_cpu, 1),
+            "exited_by_command": by_command(exited), "running_by_command": by_command(running)}
 
 
 def process_kind(argv: list[str]) -> str:
@@ -110,6 +197,8 @@ def main() -> None:
     parser.add_argument("--log", type=Path, help="keep the per-process JSON lines here (default: a temporary file)")
     parser.add_argument("--venv", type=Path, default=Path(".venv"),
                         help="the venv whose Pythons record through a .pth file for the run (default .venv)")
+    parser.add_argument("--all-processes", action="store_true",
+                        help="also every process by command name, through the kernel's process accounting (root)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run")
     args = parser.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -121,10 +210,15 @@ def main() -> None:
         env = {**os.environ, "FT_PROCESS_CPU_LOG": str(log.resolve()),
                "PYTHONPATH": os.pathsep.join(filter(None, [str(HOOK), os.environ.get("PYTHONPATH")])),
                "PYTEST_ADDOPTS": " ".join(filter(None, [os.environ.get("PYTEST_ADDOPTS"), "-p pytest_process_cpu"]))}
-        with venv_hook(args.venv) as pth:
+        accounting = Path(scratch) / "pacct"
+        with venv_hook(args.venv) as pth, kernel_accounting(accounting) if args.all_processes else nullcontext():
+            before, started_epoch = live_processes() if args.all_processes else {}, time.time()
             busy, started = machine_busy_seconds(), time.monotonic()
             returncode = subprocess.run(command, env=env, stdout=sys.stderr).returncode  # stdout: the JSON alone
             wall, busy = time.monotonic() - started, machine_busy_seconds() - busy
+            after = live_processes() if args.all_processes else {}
+        every = all_processes(read_accounting(accounting), before, after, started_epoch, busy, args.top) \
+            if args.all_processes else None
         lines = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     records = [line for line in lines if not line.get("in_pytest")]
     in_pytest = [line for line in lines if line.get("in_pytest")]
@@ -136,6 +230,7 @@ def main() -> None:
         "python_processes_importing_torch": sum(r["imported_torch"] for r in records),
         "kinds": summarize(records, args.top, lambda record: process_kind(record["argv"])),
         "tests": tests_by_cpu(records, in_pytest, args.top),
+        **({"all_processes": every} if every else {}),
     }, indent=2))
     sys.exit(returncode)
 

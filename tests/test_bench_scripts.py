@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -84,6 +86,37 @@ def test_bench_process_cpu_adds_what_a_test_takes_in_the_pytest_process(tmp_path
     assert set(tests) == {"test_burn.py::test_burn", "test_burn.py::test_idle"}
     assert tests["test_burn.py::test_burn"]["in_pytest_cpu_s"] >= 0.5 > tests["test_burn.py::test_idle"]["total_cpu_s"]
     assert report["kinds"][0]["name"] == "-m pytest" and report["kinds"][0]["cpu_s"] >= 0.5
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="process accounting (acct) needs root")
+def test_bench_process_cpu_accounts_every_process_by_command_name(tmp_path: Path) -> None:
+    """With --all-processes a non-Python process that exited is found under its command name with the CPU it reports
+    itself (the shell's `times`; acct counts in hundredths), and one still alive at the end under the live ones."""
+    for name in ("ftburner", "ftlinger"):
+        shutil.copy("/bin/sh", tmp_path / name)
+    loop = "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; times"
+    outer = (f"{tmp_path}/ftlinger -c '{loop} > {tmp_path}/linger.times; echo $$ > {tmp_path}/linger.pid; "
+             f"exec 1>&- 2>&-; sleep 60' & {tmp_path}/ftburner -c '{loop}' > {tmp_path}/burn.times; "
+             f"while [ ! -s {tmp_path}/linger.pid ]; do sleep 0.1; done")
+    try:
+        proc = subprocess.run([sys.executable, str(BENCH / "process_cpu.py"), "--all-processes", "--top", "500", "--",
+                               "sh", "-c", outer], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    finally:
+        if (tmp_path / "linger.pid").exists():
+            os.kill(int((tmp_path / "linger.pid").read_text()), signal.SIGKILL)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    every = json.loads(proc.stdout)["all_processes"]
+
+    def own_cpu(name: str) -> float:  # `times`: the shell's own user and system time on its first line
+        return sum(float(part.removesuffix("s").split("m")[1]) + 60 * float(part.split("m")[0])
+                   for part in (tmp_path / name).read_text().split()[:2])
+
+    burner = next(row for row in every["exited_by_command"] if row["name"] == "ftburner")
+    assert burner["processes"] == 1 and burner["signalled"] == 0
+    assert burner["cpu_s"] == pytest.approx(own_cpu("burn.times"), abs=0.05) and burner["cpu_s"] > 0.1
+    linger = next(row for row in every["running_by_command"] if row["name"] == "ftlinger")
+    assert linger["cpu_s"] == pytest.approx(own_cpu("linger.times"), abs=0.05) and linger["cpu_s"] > 0.1
+    assert "ftlinger" not in {row["name"] for row in every["exited_by_command"]}
 
 
 def test_bench_cpu_adamw_at_its_smallest(tmp_path: Path) -> None:
