@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -72,6 +74,27 @@ def test_processes_and_threads_per_node() -> None:
     assert procs_per_node(TrainConfig(), gpus=8) == 8
     assert "OMP_NUM_THREADS" not in launch_environment(TrainConfig(), gpus=8, cpus_on_node=128)
     assert procs_per_node(TrainConfig(), gpus=0) == 1
+
+
+COUNT_GPUS = """import sys
+from pathlib import Path
+from workloads.train.launch import gpu_count
+print(gpu_count(Path(sys.argv[1])), "torch" in sys.modules)"""
+
+
+def test_gpus_are_counted_by_torch_only_where_an_nvidia_device_node_exists(tmp_path: Path) -> None:
+    """No /dev/nvidiaN: no GPU and torch is not imported (the launch step runs on every node of every training
+    job); with one, the count is torch's own."""
+    def counted(dev: Path) -> list[str]:
+        done = subprocess.run([sys.executable, "-c", COUNT_GPUS, str(dev)], capture_output=True, text=True,
+                              timeout=300, cwd=Path(__file__).resolve().parents[1])
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout.split()
+
+    (tmp_path / "nvidia-caps").mkdir()  # not a GPU's node
+    assert counted(tmp_path) == ["0", "False"]
+    (tmp_path / "nvidia0").touch()
+    assert counted(tmp_path) == [str(torch.cuda.device_count()), "True"]
 
 
 def test_checkpoint_of_another_configuration_is_not_resumed(tmp_path: Path, caplog) -> None:  # noqa: ANN001
