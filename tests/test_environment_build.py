@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-from bytecode_check import bytecode_misses
 
 from documents.environment_manifest import read_environment_manifest
 
@@ -87,8 +86,6 @@ def test_a_build_lands_complete_and_a_second_run_skips(wheels: Path, tmp_path: P
     manifest = read_environment_manifest((folder / "environment.json").read_bytes(), "environment.json")
     assert manifest.installer == "uv" and manifest.packages["iniconfig"] == "2.3.1" and manifest.size_bytes > 0
     assert subprocess.run([str(folder / "bin" / "python"), "-c", "import iniconfig"]).returncode == 0
-    compiled = bytecode_misses(folder / "bin" / "python", folder, ["iniconfig"], tmp_path)  # built elsewhere, renamed
-    assert compiled["checked"] >= 1 and compiled["without_bytecode"] == [], compiled
     assert subprocess.run([str(folder / "bin" / "python"), "-c", "import cycler"], capture_output=True).returncode != 0
     assert sorted(p.name for p in root.iterdir()) == sorted([f".{folder.name}.lock", folder.name])
     second = build(source, root)

@@ -75,8 +75,7 @@ def check_interpreter(spec: dict) -> None:
 
 
 def install(spec: dict, source: Path, tmp: Path) -> str:
-    """A venv at tmp with every locked package, compiled to bytecode (pip does it unasked, uv when told) so that no
-    rank on any node compiles torch again at its start; returns the installer used."""
+    """A venv at tmp with every locked package; returns the installer used."""
     kind = spec["source"]
     wheels = source / "wheels"
     shipped_uv = kind == "wheelhouse" and any(wheels.glob("uv-*.whl"))
@@ -89,7 +88,7 @@ def install(spec: dict, source: Path, tmp: Path) -> str:
     offline = ["--no-index", "--find-links", str(wheels)] if kind == "wheelhouse" else []
     if uv is not None:
         _run([str(tmp / "bin" / "uv"), "pip", "install", "--quiet", "--python", python, "--no-deps",
-              "--require-hashes", "--offline", "--no-cache", "--compile-bytecode", *offline, "-r", requirements],
+              "--require-hashes", "--offline", "--no-cache", *offline, "-r", requirements],
              f"uv pip install from the {kind}")
         return "uv"
     _run([python, "-m", "pip", "install", "--quiet", "--no-deps", "--require-hashes", "--no-cache-dir",
