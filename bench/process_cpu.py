@@ -16,7 +16,7 @@ an otherwise quiet machine. A process ended by a signal it does not handle recor
 `unaccounted_cpu_s`, with the non-Python work (slurmd, sshd, Prometheus, Chromium, compilers).
 
 `--all-processes` (root) accounts for that part too, by command name: the kernel's process accounting (acct(2))
-writes a record for every process that exits during the run, signalled or not, and /proc gives what the processes
+writes a record for every process that exits during the run, however it ends, and /proc gives what the processes
 still alive at the end (daemons the run started, kernel threads) took during it. Processes torch has loaded show as
 `pt_main_thread` there (torch renames the main thread).
 For the run, the hook's sitecustomize module comes first on sys.path and hides any other sitecustomize.
@@ -45,11 +45,12 @@ from contextlib import contextmanager, nullcontext  # noqa: E402
 HOOK = Path(__file__).resolve().parent / "process_cpu_hook"
 BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # /proc/stat cpu: user nice system (idle iowait) irq softirq steal
 ACCT_V3 = struct.Struct("<BBHIIIIIIf8H16s")
-"""linux/acct.h's struct acct_v3, the record the kernel writes per exiting process: flag, version, tty, exit code,
+"""linux/acct.h's struct acct_v3, the record the kernel writes per exiting process: flags, version, tty, exit code,
 uid, gid, pid, ppid, creation time (epoch s), elapsed (AHZ ticks, float), then 8 comp_t (user and system time
 first) and the command name."""
 ACCT_HZ = 100  # AHZ, the unit of acct_v3's times
-ACCT_SIGNALLED = 0x10  # AXSIG: killed by a signal
+ACCOUNTING_ON = "FT_PROCESS_CPU_ACCT"
+"""set for the measured command while --all-processes has the kernel's process accounting on (its file's path)"""
 
 
 @contextmanager
@@ -82,22 +83,26 @@ def comp_t_value(value: int) -> int:
 
 
 def read_accounting(path: Path) -> list[dict]:
-    """The acct_v3 records in `path`: command name, pid, creation time, CPU seconds and whether a signal ended it."""
+    """The acct_v3 records in `path`: command name, pid, creation time and CPU seconds."""
     data = path.read_bytes()
     records = []
     for offset in range(0, len(data) - len(data) % ACCT_V3.size, ACCT_V3.size):
-        flag, version, _, _, _, _, pid, _, btime, _, utime, stime, *_, comm = ACCT_V3.unpack_from(data, offset)
+        _, version, _, _, _, _, pid, _, btime, _, utime, stime, *_, comm = ACCT_V3.unpack_from(data, offset)
         if version & 0x7F != 3:
             raise ValueError(f"{path}: the record at byte {offset} is version {version & 0x7F}, not acct_v3")
         records.append({"command": comm.split(b"\0", 1)[0].decode(errors="replace"), "pid": pid, "btime": btime,
-                        "cpu_s": (comp_t_value(utime) + comp_t_value(stime)) / ACCT_HZ,
-                        "signalled": bool(flag & ACCT_SIGNALLED)})
+                        "cpu_s": (comp_t_value(utime) + comp_t_value(stime)) / ACCT_HZ})
     return records
 
 
 @contextmanager
 def kernel_accounting(path: Path) -> Iterator[None]:
-    """BSD process accounting into `path` (created) while the block runs; switched off afterwards."""
+    """BSD process accounting into `path` (created) while the block runs; switched off afterwards. The kernel keeps
+    one accounting file for the machine, so a run inside another (the suite's own test of this option, under a
+    whole-suite measurement) would take it over and switch it off: that is refused (ACCOUNTING_ON)."""
+    if os.environ.get(ACCOUNTING_ON):
+        raise SystemExit(f"process_cpu: --all-processes: process accounting is already on for an outer run "
+                         f"({ACCOUNTING_ON}={os.environ[ACCOUNTING_ON]}); the kernel keeps one file for the machine")
     path.touch()
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.acct(str(path).encode()) != 0:
@@ -139,8 +144,7 @@ def all_processes(exited: list[dict], before: dict[int, tuple[int, str, float]],
         groups: dict[str, list[dict]] = defaultdict(list)
         for row in rows:
             groups[row["command"]].append(row)
-        table = [{"name": name, "processes": len(group), "cpu_s": round(sum(r["cpu_s"] for r in group), 2),
-                  **({"signalled": sum(r["signalled"] for r in group)} if "signalled" in group[0] else {})}
+        table = [{"name": name, "processes": len(group), "cpu_s": round(sum(r["cpu_s"] for r in group), 2)}
                  for name, group in groups.items()]
         return sorted(table, key=lambda row: row["cpu_s"], reverse=True)[:top]
 
@@ -194,7 +198,7 @@ def tests_by_cpu(records: list[dict], in_pytest: list[dict], top: int) -> list[d
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--top", type=int, default=25, help="kinds of process and tests listed (default 25)")
-    parser.add_argument("--log", type=Path, help="keep the per-process JSON lines here (default: a temporary file)")
+    parser.add_argument("--log", type=Path, help="keep the per-process JSON lines here, and with --all-processes the kernel's records beside it (LOG.pacct; default: temporary files)")
     parser.add_argument("--venv", type=Path, default=Path(".venv"),
                         help="the venv whose Pythons record through a .pth file for the run (default .venv)")
     parser.add_argument("--all-processes", action="store_true",
@@ -207,10 +211,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         log = args.log or Path(scratch) / "processes.jsonl"
         log.unlink(missing_ok=True)
+        accounting = log.with_name(log.name + ".pacct") if args.log else Path(scratch) / "pacct"
         env = {**os.environ, "FT_PROCESS_CPU_LOG": str(log.resolve()),
+               **({ACCOUNTING_ON: str(accounting.resolve())} if args.all_processes else {}),
                "PYTHONPATH": os.pathsep.join(filter(None, [str(HOOK), os.environ.get("PYTHONPATH")])),
                "PYTEST_ADDOPTS": " ".join(filter(None, [os.environ.get("PYTEST_ADDOPTS"), "-p pytest_process_cpu"]))}
-        accounting = Path(scratch) / "pacct"
         with venv_hook(args.venv) as pth, kernel_accounting(accounting) if args.all_processes else nullcontext():
             before, started_epoch = live_processes() if args.all_processes else {}, time.time()
             busy, started = machine_busy_seconds(), time.monotonic()

@@ -89,9 +89,12 @@ def test_bench_process_cpu_adds_what_a_test_takes_in_the_pytest_process(tmp_path
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="process accounting (acct) needs root")
+@pytest.mark.skipif(bool(os.environ.get("FT_PROCESS_CPU_ACCT")),
+                    reason="the suite itself runs under bench/process_cpu.py --all-processes (one accounting file)")
 def test_bench_process_cpu_accounts_every_process_by_command_name(tmp_path: Path) -> None:
     """With --all-processes a non-Python process that exited is found under its command name with the CPU it reports
-    itself (the shell's `times`; acct counts in hundredths), and one still alive at the end under the live ones."""
+    itself (the shell's `times`; acct counts in hundredths), and one still alive at the end under the live ones; a
+    second run inside it is refused, as it would take the machine's one accounting file over."""
     for name in ("ftburner", "ftlinger"):
         shutil.copy("/bin/sh", tmp_path / name)
     loop = "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; times"
@@ -112,11 +115,15 @@ def test_bench_process_cpu_accounts_every_process_by_command_name(tmp_path: Path
                    for part in (tmp_path / name).read_text().split()[:2])
 
     burner = next(row for row in every["exited_by_command"] if row["name"] == "ftburner")
-    assert burner["processes"] == 1 and burner["signalled"] == 0
+    assert burner["processes"] == 1
     assert burner["cpu_s"] == pytest.approx(own_cpu("burn.times"), abs=0.05) and burner["cpu_s"] > 0.1
     linger = next(row for row in every["running_by_command"] if row["name"] == "ftlinger")
     assert linger["cpu_s"] == pytest.approx(own_cpu("linger.times"), abs=0.05) and linger["cpu_s"] > 0.1
     assert "ftlinger" not in {row["name"] for row in every["exited_by_command"]}
+    nested = subprocess.run([sys.executable, str(BENCH / "process_cpu.py"), "--all-processes", "--", "true"],
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                            env={**os.environ, "FT_PROCESS_CPU_ACCT": str(tmp_path / "outer.pacct")})
+    assert nested.returncode != 0 and "already on for an outer run" in nested.stderr
 
 
 def test_bench_cpu_adamw_at_its_smallest(tmp_path: Path) -> None:
