@@ -17,8 +17,7 @@ an otherwise quiet machine. A process ended by a signal it does not handle recor
 
 `--all-processes` (root) accounts for that part too, by command name: the kernel's process accounting (acct(2))
 writes a record for every process that exits during the run, however it ends, and /proc gives what the processes
-still alive at the end (daemons the run started, kernel threads) took during it. Processes torch has loaded show as
-`pt_main_thread` there (torch renames the main thread).
+still alive at the end (daemons the run started, kernel threads) took during it.
 For the run, the hook's sitecustomize module comes first on sys.path and hides any other sitecustomize.
 """
 
@@ -33,8 +32,8 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 import argparse  # noqa: E402
 import ctypes  # noqa: E402
 import json  # noqa: E402
-import struct  # noqa: E402
 import os  # noqa: E402
+import struct  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -136,7 +135,12 @@ def all_processes(exited: list[dict], before: dict[int, tuple[int, str, float]],
     for record in exited:
         if record["btime"] < started_epoch - 1 and record["pid"] in before:
             record["cpu_s"] = max(0.0, record["cpu_s"] - before[record["pid"]][2])
-    running = [{"command": command, "cpu_s": cpu - (before[pid][2] if before.get(pid, (None,))[0] == start else 0.0)}
+
+    def since_start(pid: int, start: int, cpu: float) -> float:  # the same process (pid and start time) as before
+        earlier = before.get(pid)
+        return cpu - earlier[2] if earlier and earlier[0] == start else cpu
+
+    running = [{"command": command, "cpu_s": since_start(pid, start, cpu)}
                for pid, (start, command, cpu) in after.items()]
     running = [row for row in running if row["cpu_s"] > 0]
 
@@ -198,7 +202,9 @@ def tests_by_cpu(records: list[dict], in_pytest: list[dict], top: int) -> list[d
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--top", type=int, default=25, help="kinds of process and tests listed (default 25)")
-    parser.add_argument("--log", type=Path, help="keep the per-process JSON lines here, and with --all-processes the kernel's records beside it (LOG.pacct; default: temporary files)")
+    parser.add_argument("--log", type=Path,
+                        help="keep the per-process JSON lines here, and with --all-processes the kernel's records "
+                             "beside them (LOG.pacct; default: temporary files)")
     parser.add_argument("--venv", type=Path, default=Path(".venv"),
                         help="the venv whose Pythons record through a .pth file for the run (default .venv)")
     parser.add_argument("--all-processes", action="store_true",
