@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -113,3 +115,36 @@ def test_readiness_job_fails_without_gpu_and_stops_dependents(slurm_client: Slur
     assert "gpu_present" in str(err.value) and "readiness: FAIL" in str(err.value)
     assert not marker.exists()
     assert not os.path.exists(tmp_path / f"t-{after}.out")
+
+
+RANK_THEN_THREADS = """
+import json, os, sys
+from workloads.checks import gpu
+report = gpu.run_checks(gpu.settings(gpu.parse_args(["--allow-cpu", "--allow-drained-nodes"]))[0])
+threads = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+print(json.dumps({"ok": report.ok, "world_size": report.world_size, "threads": threads}))
+"""
+
+
+def test_two_ranks_leave_no_gloo_thread_behind_when_the_checks_return(tmp_path: Path) -> None:
+    """Two ranks as on two nodes (each its node's local rank 0, so each runs the environment check, which imports
+    peft and bitsandbytes). Once run_checks has returned, the process group's gloo threads must be gone: one still
+    running when the interpreter exits can abort it ("terminate called without an active exception", exit 134 after
+    a passing report: the rehearsal cluster's readiness job, 2026-11-26)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ranks = []
+    for rank in (0, 1):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+        env.pop("SLURM_JOB_ID", None)
+        ranks.append(subprocess.Popen([sys.executable, "-c", RANK_THEN_THREADS], env=env, cwd=ROOT, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    for rank, proc in enumerate(ranks):
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, f"rank {rank}: {err[-3000:]}"
+        result = json.loads(out.strip().splitlines()[-1])
+        assert result["ok"] and result["world_size"] == 2
+        gloo = [name for name in result["threads"] if "gloo" in name or "tcpstore" in name]
+        assert gloo == [], f"rank {rank} still runs {gloo} after destroy_process_group"

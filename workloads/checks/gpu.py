@@ -135,6 +135,14 @@ def run_checks(cfg: ReadinessConfig) -> ReadinessReport:
     rank, world, local_rank = rank_layout()
     gpus = torch.cuda.is_available() and torch.cuda.device_count() > 0
     backend = "nccl" if gpus else "gloo"
+    # What a rank learns alone comes before the group: the environment check imports peft and bitsandbytes, which
+    # import torch._dynamo, and with torch 2.13 that import after init_process_group keeps the group alive past
+    # destroy_process_group; its gloo worker threads then outlive main() and race the interpreter's exit
+    # (std::terminate, "terminate called without an active exception": 1 run in 15 of the 2-rank check here).
+    code_dir = Path(__file__).resolve().parents[2]
+    drained_here = node_states.job_check(cfg.allow_drained_nodes) if rank == 0 else None
+    inventory = measure.inventory()
+    environment_here = environment_checks(code_dir, cfg.expect_cuda, gpus, cfg.allow_cpu) if local_rank == 0 else []
     if world > 1:
         if gpus:
             torch.cuda.set_device(local_rank % torch.cuda.device_count())
@@ -143,13 +151,11 @@ def run_checks(cfg: ReadinessConfig) -> ReadinessReport:
             timeout=dt.timedelta(minutes=5),
         )
     try:
-        drained = _gather(node_states.job_check(cfg.allow_drained_nodes) if rank == 0 else None, world)[0]
+        drained = _gather(drained_here, world)[0]
         hosts = _gather(socket.gethostname(), world)
         local_world = Counter(hosts)[socket.gethostname()]
-        inventories = _gather(measure.inventory(), world)
-        code_dir = Path(__file__).resolve().parents[2]
-        environment = [c for chunk in _gather(environment_checks(code_dir, cfg.expect_cuda, gpus, cfg.allow_cpu)
-                                              if local_rank == 0 else [], world) for c in chunk]
+        inventories = _gather(inventory, world)
+        environment = [c for chunk in _gather(environment_here, world) for c in chunk]
         perf = [p for chunk in _gather(_measure_gpus(cfg, rank, local_rank, local_world), world) for p in chunk]
         device = torch.device("cuda", torch.cuda.current_device()) if gpus else torch.device("cpu")
         mib = cfg.allreduce_mib if gpus else min(cfg.allreduce_mib, 16)
