@@ -6,6 +6,7 @@ config and settings), so runs do not leak into one another.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import json
 from dataclasses import dataclass, field
@@ -145,9 +146,13 @@ def _config_values(cfg: StackConfig) -> dict[str, str]:
     }
 
 
-def _resolve(value: Any) -> tuple[Any, bool]:
-    output = pulumi.Output.from_input(value)
-    return _sync_await(output.future()), _sync_await(output.is_secret())
+async def _resolve_all(values: dict[str, Any]) -> dict[str, tuple[Any, bool]]:
+    """Every value's result and whether it is secret, awaited together: one pump of the event loop for all of them
+    (each `_sync_await` inside the program pumps it again; one per output took 10 of a run's 13 s)."""
+    outputs = [pulumi.Output.from_input(value) for value in values.values()]
+    results = await asyncio.gather(*(output.future() for output in outputs))
+    secrets = await asyncio.gather(*(output.is_secret() for output in outputs))
+    return dict(zip(values, zip(results, secrets)))
 
 
 def _run(cfg: StackConfig, secrets: dict[str, str], preview: bool) -> MockRun:
@@ -160,8 +165,7 @@ def _run(cfg: StackConfig, secrets: dict[str, str], preview: bool) -> MockRun:
     run = MockRun()
 
     def program() -> None:
-        for key, value in build_stack(cfg).flat().items():
-            resolved, secret = _resolve(value)
+        for key, (resolved, secret) in _sync_await(_resolve_all(build_stack(cfg).flat())).items():
             run.outputs[key] = SECRET if secret else resolved
             if secret:
                 run.secret_outputs.add(key)
