@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ import torch
 
 from infra.pipeline.slurm import SlurmClient, SlurmJobFailed
 from workloads.checks import gpu, measure
+from workloads.serve.process import free_port
 from documents.readiness_report import ReadinessReport
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,7 +118,7 @@ def test_readiness_job_fails_without_gpu_and_stops_dependents(slurm_client: Slur
 
 
 RANK_THEN_THREADS = """
-import json, os, sys
+import json, os
 from workloads.checks import gpu
 report = gpu.run_checks(gpu.settings(gpu.parse_args(["--allow-cpu", "--allow-drained-nodes"]))[0])
 threads = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
@@ -131,9 +131,7 @@ def test_two_ranks_leave_no_gloo_thread_behind_when_the_checks_return(tmp_path: 
     peft and bitsandbytes). Once run_checks has returned, the process group's gloo threads must be gone: one still
     running when the interpreter exits can abort it ("terminate called without an active exception", exit 134 after
     a passing report: the rehearsal cluster's readiness job, 2026-11-26)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     ranks = []
     for rank in (0, 1):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
