@@ -138,7 +138,7 @@ def run_checks(cfg: ReadinessConfig) -> ReadinessReport:
     # What a rank learns alone comes before the group: the environment check imports peft and bitsandbytes, which
     # import torch._dynamo, and with torch 2.13 that import after init_process_group keeps the group alive past
     # destroy_process_group; its gloo worker threads then outlive main() and race the interpreter's exit
-    # (std::terminate, "terminate called without an active exception": 4 of 55 runs of the 2-rank check here).
+    # (std::terminate, "terminate called without an active exception": 5 of 108 runs of the 2-rank check here).
     code_dir = Path(__file__).resolve().parents[2]
     drained_here = node_states.job_check(cfg.allow_drained_nodes) if rank == 0 else None
     inventory = measure.inventory()
