@@ -149,6 +149,29 @@ def test_stack_and_run_id_names_are_checked_by_the_models(name: str) -> None:
         StackConfig.model_validate({"stack": name, "target": "local", "pipeline": {"runConfig": "x.json"}})
 
 
+@pytest.mark.parametrize("command", ["runs", "plan", "report"])
+def test_a_stack_name_of_300_characters_is_one_line_naming_pulumis_bound(tmp_path: Path, command: str) -> None:
+    """Issue 54 item 4: `OSError [Errno 36] File name too long` before the bound."""
+    extra = ["--out", str(tmp_path / "page")] if command == "report" else []
+    code, _, err = finished(ftstack(new_repo(tmp_path / "repo"), command, "--stack", "s" * 300, *extra))
+    line = one_line_error(code, err)
+    assert "(300 characters)" in line and "at most 100 characters" in line, err
+    assert "Errno" not in line and "s" * 41 not in line, err
+
+
+def test_pulumis_stack_name_length_is_the_bound_of_stack_names_and_run_ids() -> None:
+    """100 characters pass and 101 do not (pulumi/pulumi sdk/go/common/tokens/stack_name_test.go: "long" is
+    strings.Repeat("a", 100), "too-long" 101)."""
+    from pydantic import ValidationError
+
+    from documents.run_record import RunIndex
+
+    assert RunIndex(stack="a" * 100, run_id="b" * 100, uploaded_at="2026-11-28T00:00:00+00:00").stack == "a" * 100
+    for stack, run_id in (("a" * 101, "r"), ("local", "b" * 101)):
+        with pytest.raises(ValidationError, match="at most 100 characters"):
+            RunIndex(stack=stack, run_id=run_id, uploaded_at="2026-11-28T00:00:00+00:00")
+
+
 # 6. A malformed Prometheus URL.
 
 def test_a_malformed_prometheus_url_is_named_not_a_traceback(tmp_path: Path, local_outputs: dict) -> None:
