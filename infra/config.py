@@ -362,12 +362,22 @@ class EnvironmentConfig(_Model):
     image: str | None = Field(None, description="Container image the jobs run in (source: container).")
     root: str = Field("/home/shared/finetune_env", description="Folder of the environments in the jail.")
 
+    @field_validator("root")
+    @classmethod
+    def _contained_root(cls, value: str) -> str:
+        """An absolute path that stays where it is written (no `..`: it would leave the jail on a cluster's jail
+        root), normalised (`//`, `/./`, a trailing `/`)."""
+        path = PurePosixPath(value)
+        if not path.is_absolute():
+            raise ValueError(f"environment.root {value!r} must be an absolute path in the jail")
+        if ".." in path.parts:
+            raise ValueError(f"environment.root {value!r} must not contain '..' (it would leave the folder it names)")
+        return str(PurePosixPath("/", *path.parts[1:]))
+
     @model_validator(mode="after")
     def _image_with_container(self) -> EnvironmentConfig:
         if (self.source == "container") != (self.image is not None):
             raise ValueError("environment.image: give it exactly when environment.source is container")
-        if not PurePosixPath(self.root).is_absolute():
-            raise ValueError(f"environment.root {self.root!r} must be an absolute path in the jail")
         registry = (self.image or "").split("@")[-1].split("/")[0]
         if self.image and "#" not in self.image and not self.image.startswith(("/", "./")) and "/" in self.image \
                 and ("." in registry or ":" in registry or registry == "localhost"):

@@ -28,11 +28,23 @@ def test_cloud_stacks_build_from_the_index_and_the_local_stack_keeps_its_venv() 
     ({"source": "index", "image": "nvcr.io/nvidia/pytorch:25.10-py3"}, "give it exactly when"),
     ({"source": "conda"}, "source"),
     ({"root": "shared/env"}, "must be an absolute path"),
+    ({"root": "/nonexistent/../../etc"}, r"pipeline.environment.root.*'/nonexistent/../../etc' must not contain '\.\.'"),
+    ({"root": "/home/shared/env/.."}, "must not contain"),
     ({"source": "container", "image": "nvcr.io/nvidia/pytorch:25.10-py3"}, "nvcr.io#nvidia/pytorch:25.10-py3"),
 ])
 def test_bad_environments_are_refused_naming_the_field(environment: dict, message: str) -> None:
     with pytest.raises(StackConfigError, match=message):
         parse_stack_config("c", cluster(environment), "stacks/Pulumi.c.yaml")
+
+
+def test_an_environment_root_is_normalised_and_stays_under_the_jail_root() -> None:
+    from infra.environment.plan import environment_plan
+
+    values = cluster({"root": "//home//shared/./env/"})
+    values["cluster"]["jailRoot"] = "/srv/jail"
+    stack = parse_stack_config("c", values, "stacks/Pulumi.c.yaml")
+    assert stack.environment.root == "/home/shared/env"
+    assert environment_plan(stack).root == "/srv/jail/home/shared/env"
 
 
 def test_the_local_stack_refuses_an_environment() -> None:
@@ -46,12 +58,12 @@ def test_the_chain_starts_with_the_environment_and_readiness_expects_the_stack_s
     from pathlib import Path
 
     from documents.run_config import load_run_config
-    from infra.pipeline.chain import pipeline_jobs, placement_for
+    from infra.pipeline.chain import pipeline_jobs, code_location_for
 
     repo = Path(__file__).resolve().parents[1]
     demo = load_stack_config("demo")
     run = load_run_config(repo / demo.pipeline.run_config)
-    jobs = pipeline_jobs(demo, run, demo.pipeline.run_config, "c", placement_for(demo, run, repo))
+    jobs = pipeline_jobs(demo, run, demo.pipeline.run_config, "c", code_location_for(demo, run, repo))
     assert [j.stage for j in jobs] == ["environment", "prepare", "readiness", "train", "eval"]
     environment, prepare, readiness = jobs[:3]
     assert environment.extra_args == ["--nodes=1"] and environment.env == {"FT_PYTHON": "python3"}
