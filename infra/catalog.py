@@ -157,6 +157,97 @@ PLATFORMS: Mapping[str, Platform] = MappingProxyType({
 })
 
 
+REFERENCE_CPU_TOPOLOGY = (
+    "nebius/nebius-solution-library soperator/modules/available_resources/cpu_topology.tf "
+    "(commit 8924ec08abff722f97ceedbc7189046f4ef11a55, the same file as nebius/nebius-solutions-library commit "
+    "c1e21829140ab91a9021432c662546a77e5178af; read 2026-11-28)"
+)
+
+
+@dataclass(frozen=True)
+class CpuTopology:
+    """A VM's CPU layout as Slurm's node line states it (``Boards SocketsPerBoard CoresPerSocket ThreadsPerCore``).
+
+    ``kind``: ``reference``, from ``REFERENCE_CPU_TOPOLOGY``; ``derived``, a preset the reference does not list, laid
+    out like its listed presets of the same CPU family (see ``CPU_TOPOLOGIES``), not read on such a VM."""
+
+    boards: int
+    sockets_per_board: int
+    cores_per_socket: int
+    threads_per_core: int
+    kind: Literal["reference", "derived"]
+
+    @property
+    def cpus(self) -> int:
+        return self.boards * self.sockets_per_board * self.cores_per_socket * self.threads_per_core
+
+    def slurm(self) -> str:
+        """``CPUs=.. Boards=.. SocketsPerBoard=.. CoresPerSocket=.. ThreadsPerCore=..`` as the reference writes it."""
+        return (f"CPUs={self.cpus} Boards={self.boards} SocketsPerBoard={self.sockets_per_board} "
+                f"CoresPerSocket={self.cores_per_socket} ThreadsPerCore={self.threads_per_core}")
+
+
+def _layout(vcpus: int, sockets: int, kind: Literal["reference", "derived"] = "reference") -> CpuTopology:
+    """Two hardware threads per core, the vCPUs split evenly over ``sockets`` (every entry of the reference)."""
+    return CpuTopology(1, sockets, vcpus // sockets // 2, 2, kind)
+
+
+def _family_layout(preset: str, two_sockets_from: int, kind: Literal["reference", "derived"]) -> CpuTopology:
+    vcpus = parse_preset(preset).vcpus
+    return _layout(vcpus, 2 if vcpus >= two_sockets_from else 1, kind)
+
+
+_GENOA_TWO_SOCKETS_FROM, _ICE_LAKE_TWO_SOCKETS_FROM = 160, 48
+"""The reference lays cpu-d3 (AMD Genoa) out on one socket up to 128 vCPUs and on two from 160, cpu-e2 (Intel Ice
+Lake) on one socket up to 32 vCPUs and on two from 48 (48vcpu-192gb: 2 x 12 cores on e2, 1 x 24 on d3)."""
+_REFERENCE_E2 = {"2vcpu-8gb", "4vcpu-16gb", "8vcpu-32gb", "16vcpu-64gb", "32vcpu-128gb", "48vcpu-192gb", "64vcpu-256gb"}
+
+CPU_TOPOLOGIES: Mapping[tuple[str, str], CpuTopology] = MappingProxyType({
+    **{("cpu-d3", p): _family_layout(p, _GENOA_TWO_SOCKETS_FROM, "reference") for p in _CPU_PRESETS},
+    **{("cpu-e2", p): _family_layout(p, _ICE_LAKE_TWO_SOCKETS_FROM, "reference" if p in _REFERENCE_E2 else "derived")
+       for p in _CPU_PRESETS[:8]},
+    **{(hopper, p): _family_layout(p, 128, "reference") for hopper in ("gpu-h100-sxm", "gpu-h200-sxm")
+       for p in _HOPPER_PRESETS},
+    **{("gpu-l40s-d", p): _family_layout(p, _GENOA_TWO_SOCKETS_FROM, "derived")
+       for p in PLATFORMS["gpu-l40s-d"].presets},
+    **{("gpu-l40s-a", p): _family_layout(p, _ICE_LAKE_TWO_SOCKETS_FROM, "derived")
+       for p in PLATFORMS["gpu-l40s-a"].presets},
+})
+"""(platform, preset) -> CPU topology. ``reference``: ``REFERENCE_CPU_TOPOLOGY`` lists it (cpu-d3 every preset;
+cpu-e2 up to 64 vCPUs, it has no 96vcpu-384gb; gpu-h100-sxm and gpu-h200-sxm: 1gpu-16vcpu-200gb 1 x 8 x 2,
+8gpu-128vcpu-1600gb 2 x 32 x 2). ``derived``: the reference lists no L40S platform; gpu-l40s-d (AMD Genoa) is laid out
+like cpu-d3 and gpu-l40s-a (Intel Ice Lake) like cpu-e2, by vCPU count. Slurm drains a node whose line states more
+CPUs, cores or threads per core than slurmd finds, so a derived entry is to be checked with ``slurmd -C`` on the VM."""
+
+REFERENCE_GRES_NAMES = (
+    "Slurm's NVML GPU type name (the device name lowercased, spaces as underscores), as the reference's "
+    "soperator/modules/available_resources/gres.tf gres_by_platforms lists it (nebius/nebius-solution-library "
+    "commit 5ee7a6268fa2a4bfd2e995aa880aa147f46b85aa for H100/H200; the L40S entries in a later stored revision)"
+)
+GRES_NAMES: Mapping[str, str] = MappingProxyType({
+    "gpu-h100-sxm": "nvidia_h100_80gb_hbm3",
+    "gpu-h200-sxm": "nvidia_h200",
+    "gpu-l40s-a": "nvidia_l40s",
+    "gpu-l40s-d": "nvidia_l40s",
+})
+"""GPU platform -> the ``Gres=gpu:<name>:<n>`` type (``REFERENCE_GRES_NAMES``)."""
+
+
+def cpu_topology(platform: str, preset: str) -> CpuTopology:
+    get_preset(platform, preset)
+    try:
+        return CPU_TOPOLOGIES[(platform, preset)]
+    except KeyError:
+        raise CatalogError(f"no CPU topology known for {platform} {preset}; add it to catalog.CPU_TOPOLOGIES") from None
+
+
+def gres_name(platform: str) -> str:
+    try:
+        return GRES_NAMES[platform]
+    except KeyError:
+        raise CatalogError(f"no Slurm GPU type known for platform {platform!r}; known: {', '.join(GRES_NAMES)}") from None
+
+
 @dataclass(frozen=True)
 class GpuPeaks:
     """A GPU model's published peaks: dense bf16 tensor FLOP/s (no sparsity) and memory bandwidth."""

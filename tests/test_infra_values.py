@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import base64
 
+import pytest
 import yaml
 
+from infra import catalog
 from infra.config import load_stack_config
 from infra.nebius.layout import filesystem_specs, layout, node_group_specs
 from infra.nebius.network import login_address
@@ -163,3 +165,38 @@ def test_nodesets_cluster_name_follows_the_pinned_version() -> None:
     assert cfg.soperator
     v5 = cfg.model_copy(update={"soperator": cfg.soperator.model_copy(update={"version": "5.0.0"})})
     assert nodesets_values(v5, specs("demo"))["clusterName"] == "soperator"
+
+
+def test_cpu_topologies_are_the_references() -> None:
+    """Entries of the solutions library's soperator/modules/available_resources/cpu_topology.tf (commit 8924ec08),
+    as (boards, sockets per board, cores per socket, threads per core)."""
+    reference = {
+        ("gpu-h100-sxm", "8gpu-128vcpu-1600gb"): (1, 2, 32, 2), ("gpu-h200-sxm", "1gpu-16vcpu-200gb"): (1, 1, 8, 2),
+        ("cpu-d3", "48vcpu-192gb"): (1, 1, 24, 2), ("cpu-e2", "48vcpu-192gb"): (1, 2, 12, 2),
+        ("cpu-d3", "160vcpu-640gb"): (1, 2, 40, 2), ("cpu-e2", "4vcpu-16gb"): (1, 1, 2, 2),
+    }
+    for (platform, preset), layout_ in reference.items():
+        topology = catalog.cpu_topology(platform, preset)
+        assert (topology.boards, topology.sockets_per_board, topology.cores_per_socket,
+                topology.threads_per_core, topology.kind) == (*layout_, "reference")
+    l40s = catalog.cpu_topology("gpu-l40s-d", "2gpu-64vcpu-384gb")
+    assert (l40s.cpus, l40s.kind) == (64, "derived")
+    assert catalog.CPU_TOPOLOGIES.keys() == {(p.name, s) for p in catalog.PLATFORMS.values() for s in p.presets}
+    with pytest.raises(catalog.CatalogError, match="preset '3vcpu-8gb' is not offered on cpu-d3"):
+        catalog.cpu_topology("cpu-d3", "3vcpu-8gb")
+
+
+def test_worker_values_follow_the_reference_install() -> None:
+    """flux_release_nodesets.yaml.tftpl: static is CPUs, Boards, SocketsPerBoard, CoresPerSocket, ThreadsPerCore and
+    Gres joined by spaces; enableHostUserNamespace true; slurm-scripts at /opt/slurm_scripts/ and in jail.upper."""
+    (ns,) = nodesets_values(load_stack_config("h100"), specs("h100"))["nodesets"]
+    assert ns["nodeConfig"]["static"] == ("CPUs=128 Boards=1 SocketsPerBoard=2 CoresPerSocket=32 ThreadsPerCore=2 "
+                                          "Gres=gpu:nvidia_h100_80gb_hbm3:8")
+    assert ns["enableHostUserNamespace"] is True
+    cfg = load_stack_config("demo")
+    assert cfg.soperator
+    v5 = cfg.model_copy(update={"soperator": cfg.soperator.model_copy(update={"version": "5.0.0"})})
+    (ns5,) = nodesets_values(v5, specs("demo"))["nodesets"]
+    names = {m["volumeSource"]["configMap"]["name"] for m in ns5["slurmd"]["volumes"]["customVolumeMounts"]
+             if "configMap" in m["volumeSource"]}
+    assert names == {"soperator-slurm-scripts"}  # 5.0.0 templates/_helpers.tpl:28-30: <clusterName>-slurm-scripts

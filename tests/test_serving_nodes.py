@@ -95,10 +95,10 @@ def test_the_charts_get_structured_partitions_over_a_serving_nodeset(tmp_path: P
     assert violations(contract("soperator", "4.1.7", "nodesets"), {"nodesets": nodesets}) == []
 
 
-def test_without_reserved_workers_the_chart_keeps_its_default_partitions() -> None:
+def test_without_reserved_workers_there_is_no_serving_partition() -> None:
     cfg = load_stack_config("demo")
     values = slurm_cluster_values(cfg, list(layout(cfg).node_groups), "alloc", SIZES)
-    assert "partitionConfiguration" not in values
+    assert [p["name"] for p in values["partitionConfiguration"]["partitions"]] == ["main", "hidden"]
 
 
 def run_config(engine: str = "peft") -> Any:

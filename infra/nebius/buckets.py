@@ -1,4 +1,5 @@
-"""Buckets: jail backups (expired after the retention period) and versioned run artifacts."""
+"""Buckets: jail backups (a restic repository k8up writes; restic's own prune keeps ``retentionDays``) and versioned run
+artifacts."""
 
 from __future__ import annotations
 
@@ -20,18 +21,6 @@ class BucketsArgs:
     """Which buckets to create and how."""
 
 
-def backup_lifecycle(retention_days: int) -> nebius.StorageV1BucketLifecycleConfigurationArgs:
-    return nebius.StorageV1BucketLifecycleConfigurationArgs(
-        rules=[
-            nebius.StorageV1BucketLifecycleConfigurationRuleArgs(
-                id="expire-old-backups",
-                status="ENABLED",
-                expiration=nebius.StorageV1BucketLifecycleConfigurationRuleExpirationArgs(days=retention_days),
-            )
-        ]
-    )
-
-
 class Buckets(pulumi.ComponentResource):
     """``StorageV1Bucket`` for backups and artifacts; each protected unless its config says not."""
 
@@ -43,11 +32,9 @@ class Buckets(pulumi.ComponentResource):
         self.names, self.ids = {}, {}
         backups, artifacts = args.config.backups, args.config.artifacts
         if backups.enabled:
-            self._bucket(
-                name, args, "backups", backups.protect,
-                lifecycle_configuration=backup_lifecycle(backups.retention_days),
-                versioning_policy="DISABLED",
-            )
+            # No lifecycle rule: an expiration would delete restic's config, keys/ and the first packs every later
+            # snapshot references; the backup schedule's prune (keepDaily) removes old snapshots.
+            self._bucket(name, args, "backups", backups.protect, versioning_policy="DISABLED")
         if artifacts.enabled:
             self._bucket(
                 name, args, "artifacts", artifacts.protect,

@@ -1,5 +1,5 @@
 """Where a run fits on a stack's GPUs: for each GPU worker set, the placement the run trains with on that set's
-nodes (``infra.cost.method_comparison.fastest_nodes``: the fewest nodes where ``decide_placement`` fits, on the catalog's
+nodes (``infra.sizing.time_model.fastest_nodes``: the fewest nodes where ``decide_placement`` fits, on the catalog's
 usable GPU memory and the preset's RAM, more only where the network and offload estimate says they train faster)
 and, when no node count of the set fits, the fewest nodes of the set's preset that do. ``train_nodes`` is the node
 count the train job asks Slurm for.
@@ -10,17 +10,15 @@ and the trainer call the same ``decide_placement``, so the preview and the run a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from pydantic import BaseModel, ConfigDict
 
+from documents.run_config import RunConfig
 from infra import catalog
 from infra.config import StackConfig
+from infra.sizing.throughput import training_throughput
+from infra.sizing.time_model import fastest_nodes
 from workloads.train.model_shapes import ModelShape, UnknownModel, shape_for_source
 from workloads.train.placement import Hardware, Placement, decide_placement
-
-if TYPE_CHECKING:
-    from documents.run_config import RunConfig
 
 
 class WorkerFit(BaseModel):
@@ -68,10 +66,7 @@ def _gpus(count: int) -> str:
 def worker_fits(cfg: StackConfig, run: RunConfig, shape: ModelShape) -> list[WorkerFit]:
     """The run on each GPU worker set of the stack: on the nodes it trains fastest on, else over all of them (the
     first set's nodes reserved for serving, `serving.nodes`, never train)."""
-    from infra.cost.method_comparison import fastest_nodes
-    from infra.cost.price import PriceInputs, training_throughput
-
-    priced = training_throughput(cfg, run, PriceInputs()) if run.train is not None else None
+    priced = training_throughput(cfg, run) if run.train is not None else None
     tps = priced.tokens_per_second_per_gpu if priced is not None else None
     found = []
     for index, w in enumerate(cfg.nodes.workers if cfg.nodes is not None else []):

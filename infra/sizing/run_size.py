@@ -1,5 +1,5 @@
-"""The size of a stack's training run: its run config, the tokens it trains on, the passes it makes over them and
-the GPUs it spreads over. Read by `infra.cost.price.price_stack` only."""
+"""The size of a stack's training run: the tokens it trains on, the passes it makes over them and the GPUs it
+spreads over. The caller passes the run config it loaded; nothing here reads one."""
 
 from __future__ import annotations
 
@@ -7,31 +7,13 @@ from pathlib import Path
 
 from documents.prepare_summary import PrepareSummary
 from documents.run_config import RunConfig
-from documents.sections.serve import ServeConfig
 from documents.sections.train import TrainConfig
 from documents.throughput import ThroughputMeasurement
 from documents.train_plan import planned_batching
-from infra import catalog
 from infra.config import StackConfig
-from infra.pipeline.chain import worker_shape
+from infra.sizing.fit import train_nodes
+from infra.sizing.workers import worker_shape
 from workloads.train.sizing import tokens_per_step
-
-REPO_ROOT = Path(__file__).resolve().parent.parent.parent
-
-
-def load_run(cfg: StackConfig, root: Path = REPO_ROOT) -> RunConfig | None:
-    """The stack's run config, or None where it is not readable here."""
-    from documents.run_config import load_run_config
-
-    path = Path(cfg.pipeline.run_config)
-    path = path if path.is_absolute() else root / path
-    return load_run_config(path) if path.is_file() else None
-
-
-def chat_output_tokens(run: RunConfig | None) -> int:
-    """The output tokens a chat is priced at: what the run's server allows a reply (serve.max_tokens_limit; its
-    default where the run config has no serve section or is not readable here)."""
-    return ((run.serve if run is not None else None) or ServeConfig()).max_tokens_limit
 
 
 def tokenized_tokens(tokenized_dir: Path) -> int | None:
@@ -68,19 +50,10 @@ def passes(train: TrainConfig | None, tokens: float, rows: float | None, gpus: i
     return epochs
 
 
-def stack_gpu_model(cfg: StackConfig) -> str | None:
-    """The catalog GPU model of the stack's workers (None for CPU workers or a stack without nodes)."""
-    if cfg.nodes is None:
-        return None
-    return next((g for g in (catalog.get_platform(w.platform).gpu_model for w in cfg.nodes.workers) if g), None)
-
-
 def training_devices(cfg: StackConfig, run: RunConfig, measured: ThroughputMeasurement | None) -> tuple[int, int]:
     """(GPUs the train job spreads over, GPUs of the whole worker shape): the job asks for the placement's nodes
-    (`infra.model_fit.train_nodes`, fewer than `worker_shape` where fewer train faster); on workers without GPUs
+    (`infra.sizing.fit.train_nodes`, fewer than `worker_shape` where fewer train faster); on workers without GPUs
     (an existing CPU cluster), the ranks the measured run had, both."""
-    from infra.model_fit import train_nodes  # model_fit prices placements with this package
-
     nodes, gpus_per_node = worker_shape(cfg)
     if not gpus_per_node:
         ranks = measured.devices if measured is not None else 0

@@ -38,8 +38,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from documents.run_config import RunConfig
-from documents.throughput import ThroughputMeasurement
+from documents.throughput import ThroughputMeasurement, bench_throughputs
 from infra import catalog
+from infra.config import StackConfig
+from infra.sizing.workers import stack_gpu_model
 from workloads.train.model_shapes import ModelShape, UnknownModel, shape_for_source
 from workloads.train.placement import Hardware, decide_placement
 from workloads.train.sizing import DoesNotFit
@@ -239,3 +241,18 @@ def estimate_throughput(run: RunConfig, gpu_model: str, figures: Sequence[Throug
         also = f"; a {figure.method} figure of {figure.model} for {method} of {model}"
         scaled = scaled.model_copy(update={"scaling": scaled.scaling + also})
     return scaled
+
+
+def training_throughput(cfg: StackConfig, run: RunConfig, measured: ThroughputMeasurement | None = None,
+                        read_from: str | None = None) -> TrainingThroughput | None:
+    """The throughput a stack's training run is sized and priced with, and its basis: the stack's
+    pricing.training.tokensPerSecondPerGpu, else what a run on the stack `measured` (read from `read_from`), else the
+    borrowed or estimated figure (`estimate_throughput`); None on a stack without GPUs."""
+    if cfg.pricing.training.tokens_per_second_per_gpu is not None:
+        return TrainingThroughput(tokens_per_second_per_gpu=cfg.pricing.training.tokens_per_second_per_gpu,
+                                  kind="configured")
+    if measured is not None:
+        return TrainingThroughput(tokens_per_second_per_gpu=measured.tokens_per_second_per_device,
+                                  kind="measured", basis=measured, read_from=read_from)
+    gpu = stack_gpu_model(cfg)
+    return estimate_throughput(run, gpu, bench_throughputs(), cfg.stack) if gpu else None

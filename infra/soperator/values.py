@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from infra import catalog
 from infra.config import SERVING_HIDDEN, StackConfig, serving_nodeset_name
 from infra.monitoring import releases as mon
 from infra.nebius.layout import (
@@ -23,6 +24,7 @@ from infra.nebius.layout import (
     LABEL_JAIL,
     LABEL_NODESET,
     NodeGroupSpec,
+    layout,
     submount_tag,
 )
 from infra.soperator import active_checks, chart_contract, helm_values
@@ -51,6 +53,21 @@ SLURM_CLUSTER_DELETIONS: tuple[helm_values.Path, ...] = (
 """The controller's spool comes from the controller-spool filestore (``volumeSourceName``); the chart's default 50 GiB
 ``volumeClaimTemplateSpec`` (helm/slurm-cluster/values.yaml) would otherwise stay beside it, and the CRD's NodeVolume
 takes one source only (api/v1/slurmcluster_types.go)."""
+POPULATE_FILTER = "system"
+"""populateJail runs on the system nodes, as the reference's ``populate_jail.k8s_node_filter_name`` defaults: never on a
+worker set, which may be GPU VMs scaled to zero."""
+SLURM_SCRIPTS_CONFIGMAPS = {"4.1.7": "slurm-scripts", "5.0.0": "{cluster}-slurm-scripts"}
+"""The chart's scripts ConfigMap per Soperator version: helm/slurm-cluster 4.1.7 templates/slurm-scripts-cm.yaml:5
+names it ``slurm-scripts``; 5.0.0 (main at c238d993) names it ``slurm-cluster.slurmScriptsCMName``, the cluster name
+and ``-slurm-scripts`` (templates/_helpers.tpl:28-30)."""
+SLURM_SCRIPTS_DIR = "/opt/slurm_scripts/"
+JAIL_UPPER = "/mnt/jail.upper"
+NODE_EXTRA = '"{ \\"ib_pod\\": \\"$TOPO_SWITCH_TIER2\\", \\"ib_su\\": \\"$TOPO_SWITCH_TIER1\\" }"'
+"""``nodeConfig.dynamic``, the reference's ``slurm_node_extra`` (modules/slurm/locals.tf) after Terraform's and YAML's
+unescaping. The operator passes it as SLURM_NODE_EXTRA; images/worker/slurmd_entrypoint.sh (4.1.7, lines 34-58)
+sets TOPO_SWITCH_TIER1/2 from the node's topology labels (``unknown`` without) and starts slurmd with
+``--extra "$(eval echo "$SLURM_NODE_EXTRA")"``: the node's Extra is then JSON such as
+``{ "ib_pod": "unknown", "ib_su": "unknown" }``."""
 _EFFECTS = {"NO_SCHEDULE": "NoSchedule", "PREFER_NO_SCHEDULE": "PreferNoSchedule", "NO_EXECUTE": "NoExecute"}
 
 
@@ -288,7 +305,6 @@ def slurm_cluster_values(cfg: StackConfig, specs: list[NodeGroupSpec], allocatio
     assert nodes is not None and fs is not None
     controller, login = _role(specs, "controller"), _role(specs, "login")
     assert controller is not None and login is not None
-    first_worker = next(s for s in specs if s.role == "worker")
     cuda = {"cudaVersion": cfg.cuda_version} if cfg.cuda_version is not None else {}
     return {
         "clusterName": cfg.slurm_cluster_name,
@@ -301,7 +317,7 @@ def slurm_cluster_values(cfg: StackConfig, specs: list[NodeGroupSpec], allocatio
             _pvc_source(JAIL, f"{JAIL}-pvc"),
             *(_pvc_source(submount_tag(s.name), f"{submount_tag(s.name)}-pvc") for s in fs.submounts),
         ],
-        "populateJail": {"k8sNodeFilterName": first_worker.name},
+        "populateJail": {"k8sNodeFilterName": POPULATE_FILTER},
         "slurmNodes": {
             "accounting": _accounting(specs, size_gib),
             "controller": {
@@ -360,7 +376,8 @@ def nodeset_values(cfg: StackConfig, spec: NodeGroupSpec) -> dict[str, Any]:
         "gpu": {"enabled": gpu, "nvidia": {"gdrCopyEnabled": spec.fabric is not None}} if gpu else {"enabled": False},
         "nodeConfig": {
             "features": ["gpu", spec.platform] if gpu else ["cpu"],
-            "dynamic": "InstanceId={{ .PodName }}",
+            "static": node_static(spec),
+            "dynamic": NODE_EXTRA,
             **({"gresConfig": ["AutoDetect=nvidia"]} if gpu else {}),
         },
         "slurmd": {
@@ -375,14 +392,55 @@ def nodeset_values(cfg: StackConfig, spec: NodeGroupSpec) -> dict[str, Any]:
                      "volumeSource": {"persistentVolumeClaim": {"claimName": f"{submount_tag(s.name)}-pvc"}}}
                     for s in fs.submounts
                 ],
+                "customVolumeMounts": custom_volume_mounts(cfg, spec),
                 "sharedMemorySize": f"{res.shared_memory_gib}Gi",
             },
         },
         "munge": {"resources": WORKER_MUNGE.values()},
+        "enableHostUserNamespace": True,
         "priorityClass": "soperator-worker-high-priority",
         "affinity": filt["affinity"],
         "tolerations": filt["tolerations"],
     }
+
+
+def node_static(spec: NodeGroupSpec) -> str:
+    """A NodeSet's ``nodeConfig.static``: the VM's CPU topology and, on a GPU set, ``Gres=gpu:<type>:<n>``, as the
+    reference's flux_release_nodesets.yaml.tftpl joins them. Soperator 4.1.7 appends it to each node's
+    ``NodeName=`` line after NodeHostname, NodeAddr, RealMemory and Feature (configmap.go:140-176, dropping only
+    ``Feature=`` and ``State=`` words); without it Slurm knows no CPU layout and no GPU on the node."""
+    line = catalog.cpu_topology(spec.platform, spec.preset).slurm()
+    if spec.gpus > 0:
+        line += f" Gres=gpu:{catalog.gres_name(spec.platform)}:{spec.gpus}"
+    return line
+
+
+def custom_volume_mounts(cfg: StackConfig, spec: NodeGroupSpec) -> list[dict[str, Any]]:
+    """The worker's extra mounts, as the reference's flux_release_nodesets.yaml.tftpl sends them on every NodeSet:
+    the chart's scripts ConfigMap (``SLURM_SCRIPTS_CONFIGMAPS``; the prolog, epilog and HealthCheckProgram are ``/opt/slurm_scripts/*.sh``, templates/slurm-cluster-cr.yaml:38, and
+    the operator mounts the ConfigMap on login pods only) at /opt/slurm_scripts/ and in the jail's upper layer,
+    the host's /sys as ``sys-host``, the DCGM per-job map directory where job mapping is on (map_job_dcgm.sh runs
+    outside the jail and writes ``HPC_JOB_MAP_DIR``, which the exporter reads from the host), and the driver root
+    where the node image brings the GPU drivers (``use_preinstalled_drivers``)."""
+    assert cfg.soperator is not None
+    if (template := SLURM_SCRIPTS_CONFIGMAPS.get(cfg.soperator.version)) is None:
+        raise ValueError(f"soperator.version {cfg.soperator.version}: the slurm-scripts ConfigMap's name is not known; "
+                         f"known for {', '.join(SLURM_SCRIPTS_CONFIGMAPS)} (read helm/slurm-cluster at that tag)")
+    configmap = template.format(cluster=cfg.slurm_cluster_name)
+    scripts = {"configMap": {"name": configmap, "defaultMode": 0o755}}
+    mounts: list[dict[str, Any]] = [
+        {"name": "slurm-scripts", "mountPath": SLURM_SCRIPTS_DIR, "volumeSource": scripts},
+        {"name": "slurm-scripts-jail", "mountPath": f"{JAIL_UPPER}{SLURM_SCRIPTS_DIR}", "volumeSource": scripts},
+        {"name": "sys-host", "mountPath": f"{JAIL_UPPER}/sys-host", "readOnly": True,
+         "volumeSource": {"hostPath": {"path": "/sys", "type": "Directory"}}},
+    ]
+    if cfg.monitoring_on:
+        mounts.append({"name": "hpc-jobs-dir", "mountPath": mon.HPC_JOB_MAP_DIR,
+                       "volumeSource": {"hostPath": {"path": mon.HPC_JOB_MAP_DIR, "type": "DirectoryOrCreate"}}})
+    if spec.gpus > 0 and spec.drivers_preset is not None:
+        mounts.append({"name": "nvidia-driver-root", "mountPath": "/run/nvidia/driver", "readOnly": False,
+                       "volumeSource": {"hostPath": {"path": "/", "type": ""}}})
+    return mounts
 
 
 def ephemeral_values(cfg: StackConfig, spec: NodeGroupSpec) -> dict[str, Any]:
@@ -410,18 +468,23 @@ the training one over the training NodeSets; the serving one never shared by two
 
 
 def partition_values(cfg: StackConfig) -> dict[str, Any]:
-    """SlurmCluster partitionConfiguration with workers reserved for serving: structured partitions, the training
-    partition over every training NodeSet, Soperator's hidden one over all nodes, the serving one over the serving
-    NodeSet; nothing (the chart's default partitions) without."""
-    if not cfg.serving_on or cfg.nodes is None:
+    """SlurmCluster partitionConfiguration: structured, as the reference always sends it (terraform_fluxcd_values
+    .yaml.tftpl ``partitionConfiguration.configType: structured``), since Soperator 4.1.7 writes a NodeSet's
+    ``NodeName=`` lines only then (internal/render/common/configmap.go:369-372; the default branch, 381-383, writes
+    two ``Nodes=ALL`` partitions and no node, so slurmd finds no line for itself). The main partition over every
+    training NodeSet, Soperator's hidden one over all nodes, and with workers reserved for serving the serving one
+    over the serving NodeSet. Nothing without worker sets."""
+    if cfg.nodes is None or not cfg.nodes.workers:
         return {}
     training = [w.name for w in cfg.nodes.workers]
-    serving = serving_nodeset_name(cfg.nodes.workers[0].name)
-    return {"partitionConfiguration": {"configType": "structured", "partitions": [
+    partitions: list[dict[str, Any]] = [
         {"name": cfg.serving.training_partition, "nodeSetRefs": training, "config": MAIN_PARTITION_CONFIG},
         {"name": SERVING_HIDDEN, "isAll": True, "config": HIDDEN_PARTITION_CONFIG},
-        {"name": cfg.serving.partition, "nodeSetRefs": [serving], "config": SERVING_PARTITION_CONFIG},
-    ]}}
+    ]
+    if cfg.serving_on:
+        serving = serving_nodeset_name(cfg.nodes.workers[0].name)
+        partitions.append({"name": cfg.serving.partition, "nodeSetRefs": [serving], "config": SERVING_PARTITION_CONFIG})
+    return {"partitionConfiguration": {"configType": "structured", "partitions": partitions}}
 
 
 def worker_nodesets(cfg: StackConfig, spec: NodeGroupSpec) -> list[dict[str, Any]]:
@@ -450,11 +513,40 @@ def nodesets_values(cfg: StackConfig, specs: list[NodeGroupSpec]) -> dict[str, A
 
 
 @dataclass(frozen=True)
+class OperatorValues:
+    """What Soperator renders a cluster's Slurm side from: the SlurmCluster's values and the NodeSets."""
+
+    slurm_cluster: dict[str, Any]
+    """helm-slurm-cluster's values (clusterName, partitionConfiguration, slurmScripts, ...)."""
+    nodesets: list[dict[str, Any]]
+    """helm-nodesets' ``nodesets`` (name, replicas, nodeConfig, slurmd.resources, ...)."""
+
+
+def operator_values(cfg: StackConfig) -> OperatorValues:
+    """A stack's SlurmCluster and NodeSet values as ``release_plan`` sends them (a stack with NodeSets). The login
+    allocation id and filesystem sizes, which Slurm never sees, are placeholders here."""
+    if cfg.nodes is None or cfg.filesystems is None:
+        raise ValueError(f"stack target {cfg.target}: no NodeSets (nodes and filesystems are nebius stack keys)")
+    plan = layout(cfg)
+    sizes = {fs.mount_tag: fs.size_gib for fs in plan.filesystems}
+    specs = list(plan.node_groups)
+    return OperatorValues(slurm_cluster_values(cfg, specs, "", sizes), nodesets_values(cfg, specs)["nodesets"])
+
+
+@dataclass(frozen=True)
 class BackupTarget:
     """Where k8up writes the jail backups: the bucket name and the region's S3 endpoint."""
 
     bucket: Any
     endpoint: str
+
+
+def k8up_values() -> dict[str, Any]:
+    """k8up backs up only annotated PVCs, as soperator-fluxcd 4.1.7 installs it (templates/backup.yaml:40-44,
+    ``k8up.skipWithoutAnnotation: true``; k8up chart 4.8.3 templates/deployment.yaml:41-42 makes it the operator's
+    BACKUP_SKIP_WITHOUT_ANNOTATION). Of Soperator's volumes only the jail's claim carries ``k8up.io/backup``
+    (helm/slurm-cluster-storage 4.1.7 templates/jail-pvc.yaml:7); the chart default false backs up every PVC."""
+    return {"k8up": {"skipWithoutAnnotation": True}}
 
 
 def backup_config_values(cfg: StackConfig, target: BackupTarget) -> dict[str, Any]:
@@ -554,7 +646,7 @@ def release_plan(cfg: StackConfig, specs: list[NodeGroupSpec], allocation_id: An
         ]
     if backup is not None:
         plan += [
-            ReleaseSpec("k8up", "k8up", sop.k8up_version, K8UP_NAMESPACE, {}, ("k8up", "k8up"),
+            ReleaseSpec("k8up", "k8up", sop.k8up_version, K8UP_NAMESPACE, k8up_values(), ("k8up", "k8up"),
                         repo="https://k8up-io.github.io/k8up"),
             soperator("soperator-backup-config", ns, backup_config_values(cfg, backup),
                       depends_on=("k8up", "slurm-cluster")),
