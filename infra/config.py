@@ -24,11 +24,14 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from documents.names import StackName, checked_name
+from documents.run_config import RunConfig, load_run_config
 from documents.text_input import TextInputError, load_json, read_utf8
 from infra import catalog
 from infra.cost.price_list import PricingConfig
 
 PROJECT = "soperator-finetune"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+"""The checkout this package runs from (stacks/, workloads/configs/ and .local/ are found under it)."""
 # Config namespaces a stack file may use: this project's and those of the providers the program creates.
 KNOWN_NAMESPACES = (PROJECT, "pulumi", "nebius", "kubernetes", "command")
 SECRET_KEYS = ("pipelineSshPrivateKey",)
@@ -736,3 +739,19 @@ def from_pulumi_config() -> StackConfig:
         if key.startswith(prefix) and key.removeprefix(prefix) not in SECRET_KEYS
     }
     return parse_stack_config(pulumi.get_stack(), values, f"stack {pulumi.get_stack()!r}")
+
+
+def load_run(cfg: StackConfig, root: Path = REPO_ROOT) -> RunConfig | None:
+    """The stack's run config (pipeline.runConfig, relative to `root`), or None where it is not readable here."""
+    path = Path(cfg.pipeline.run_config)
+    path = path if path.is_absolute() else root / path
+    return load_run_config(path) if path.is_file() else None
+
+
+def find_repo_root(start: Path | None = None) -> Path:
+    """The nearest directory holding Pulumi.yaml (or .git), from `start` (default: cwd) upwards."""
+    here = (start or Path.cwd()).resolve()
+    for candidate in (here, *here.parents):
+        if (candidate / "Pulumi.yaml").is_file() or (candidate / ".git").exists():
+            return candidate
+    return here

@@ -19,12 +19,11 @@ from pulumi_policy import (  # noqa: E402
     StackValidationPolicy,
 )
 
+from infra.config import from_pulumi_config, load_run, load_stack_config  # noqa: E402
 from policies import rules  # noqa: E402
 
 
 def _stack_config():
-    from infra.config import from_pulumi_config, load_stack_config
-
     try:
         return from_pulumi_config()
     except Exception:  # the CLI did not hand the stack's config to the analyzer: read the stack file
@@ -37,8 +36,6 @@ PRICED: dict = {}
 
 def _validator(spec: rules.PolicySpec):
     def validate(args: StackValidationArgs, report_violation: ReportViolation) -> None:
-        from infra.cost.run_size import load_run
-
         cfg = _stack_config()
         resources = [rules.Res.from_policy(r) for r in args.resources]
         config = rules.defaults(spec) | dict(args.get_config())

@@ -13,11 +13,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from infra import catalog
-from infra.config import StackConfig
+from infra.config import REPO_ROOT, StackConfig
 from infra.cost.price import CostReport, price_stack
 from infra.cost.render import training_cost_text
-from infra.cost.run_size import REPO_ROOT
 from infra.nebius.layout import layout
+from infra.runs.measured import price_inputs
+from infra.sizing.fit import worker_fits
+from infra.storage_fit import storage_use, storage_violations
+from workloads.train.model_shapes import UnknownModel, shape_for_source
 
 FILESYSTEM = "nebius:index/computeV1Filesystem:ComputeV1Filesystem"
 NODE_GROUP = "nebius:index/mk8sV1NodeGroup:Mk8sV1NodeGroup"
@@ -183,10 +186,8 @@ def filesystem_quota(ctx: Context) -> list[str]:
 def stack_price(ctx: Context) -> CostReport:
     """The stack's price as `pulumi up` computes it (the one price path, with the stack's stored runs), computed
     once per evaluation."""
-    from infra.runs.measured import price_inputs
-
     if ctx.cfg.stack not in ctx.priced:
-        ctx.priced[ctx.cfg.stack] = price_stack(ctx.cfg, price_inputs(ctx.cfg, REPO_ROOT))
+        ctx.priced[ctx.cfg.stack] = price_stack(ctx.cfg, price_inputs(ctx.cfg, REPO_ROOT), ctx.run)
     return ctx.priced[ctx.cfg.stack]
 
 
@@ -238,9 +239,6 @@ def gpu_workers_have_gpu_presets(ctx: Context) -> list[str]:
 def model_fits(ctx: Context) -> list[str]:
     """The run config's model and method fit each GPU worker set: the parallelism the run will use there (DDP, or
     FSDP over the set's GPUs) within memory_fraction of each GPU; otherwise the smallest node count that fits."""
-    from infra.model_fit import worker_fits
-    from workloads.train.model_shapes import UnknownModel, shape_for_source
-
     if ctx.run is None or ctx.run.train is None or ctx.cfg.nodes is None:
         return []
     training = training_cost_text(stack_price(ctx))
@@ -260,9 +258,6 @@ def model_fits(ctx: Context) -> list[str]:
 def storage_fits(ctx: Context) -> list[str]:
     """Every path of the run config lies on a filesystem the stack mounts, and what the run writes on each filesystem
     (base model, data, the kept checkpoints, exported models, the Python environment) fits its size."""
-    from infra.storage_fit import storage_use, storage_violations
-    from workloads.train.model_shapes import UnknownModel, shape_for_source
-
     if ctx.run is None or ctx.cfg.filesystems is None:
         return []
     try:

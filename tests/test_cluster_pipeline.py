@@ -264,7 +264,7 @@ def test_a_serving_node_serves_while_the_training_nodes_work_and_takes_a_passed_
 
     from documents.adapter_registry import adapter_sha256
     from documents.run_config import load_run_config
-    from infra.pipeline.chain import job_arguments, pipeline_jobs, placement_for
+    from infra.pipeline.chain import job_arguments, pipeline_jobs, code_location_for
     from infra.pipeline.runner import read_publication_record
 
     here, stacks = cluster_run["config_dir"].parent, cluster_run["config_dir"]
@@ -278,7 +278,7 @@ def test_a_serving_node_serves_while_the_training_nodes_work_and_takes_a_passed_
     local_cluster.stack_file(stacks, name, config, serving_nodes=1)
     stack = load_stack_config(name, stacks)
     run = load_run_config(config)
-    jobs = {job.stage: job for job in pipeline_jobs(stack, run, str(config), "unused", placement_for(stack, run, REPO),
+    jobs = {job.stage: job for job in pipeline_jobs(stack, run, str(config), "unused", code_location_for(stack, run, REPO),
                                                     serve=True)}
     bundle = json.loads((REPO / ".local/pipeline" / f"{STACK}.json").read_text())["stages"]["eval"]["outs"]["bundle_path"]
     spec = transport_spec(stack, private_key=local_cluster.private_key.read_text(), repo_root=REPO)

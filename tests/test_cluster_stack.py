@@ -9,7 +9,7 @@ import pytest
 
 from documents.run_config import load_run_config, parse_run_config
 from infra.config import StackConfigError, load_stack_config, parse_stack_config
-from infra.pipeline.chain import pipeline_jobs, placement_for
+from infra.pipeline.chain import pipeline_jobs, code_location_for
 from infra.pipeline.fetch import fetch_run
 from infra.pipeline.runner import transport_spec
 from infra.pipeline.transport import LocalTransport
@@ -56,7 +56,7 @@ def test_cluster_section_only_on_cluster_stacks() -> None:
 def test_placement_is_under_the_jail_root_and_spreads_over_the_nodes() -> None:
     cfg = parse_stack_config("c", cluster_values(), "f")
     run = load_run_config(REPO / "workloads/configs/cluster.json")
-    placement = placement_for(cfg, run, REPO)
+    placement = code_location_for(cfg, run, REPO)
     assert placement.code_root == "/shared/home/shared/finetune_code"
     assert placement.env == {"FT_ROOT": "/shared/mnt/data/cluster"} and placement.slurm_env == {}
     jobs = {job.stage: job for job in pipeline_jobs(cfg, run, "workloads/configs/cluster.json", "c0de", placement)}
@@ -64,7 +64,7 @@ def test_placement_is_under_the_jail_root_and_spreads_over_the_nodes() -> None:
     assert jobs["prepare"].extra_args == [] and jobs["eval"].extra_args == ["--nodes=1"]
     assert jobs["train"].metrics_path == "/shared/mnt/data/cluster/outputs/cluster/metrics.jsonl"
     absolute = parse_run_config({**run.model_dump(mode="json"), "paths": {"root": "/scratch/ft"}}, "x")
-    assert placement_for(cfg, absolute, REPO).env == {"FT_ROOT": "/scratch/ft"}
+    assert code_location_for(cfg, absolute, REPO).env == {"FT_ROOT": "/scratch/ft"}
 
 
 def test_transport_is_ssh_to_the_login_node_with_the_pinned_key(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ import pytest
 
 from documents.run_config import load_run_config
 from infra.config import EnvironmentConfig, StackConfig, load_stack_config
-from infra.pipeline.chain import container_env, pipeline_jobs, placement_for
+from infra.pipeline.chain import container_env, pipeline_jobs, code_location_for
 
 REPO = Path(__file__).resolve().parents[1]
 IMAGE = "nvcr.io#nvidia/pytorch:25.10-py3"
@@ -37,7 +37,7 @@ def _with_environment(stack: StackConfig, environment: EnvironmentConfig) -> Sta
 
 def _jobs(stack: StackConfig):
     run = load_run_config(REPO / stack.pipeline.run_config)
-    placement = placement_for(stack, run, REPO)
+    placement = code_location_for(stack, run, REPO)
     return placement, pipeline_jobs(stack, run, stack.pipeline.run_config, "code", placement, serve=True)
 
 

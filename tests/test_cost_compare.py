@@ -17,7 +17,7 @@ from documents.throughput import bench_throughputs
 from infra.config import load_stack_config
 from infra.cost.method_comparison import METHODS, compare, plot_comparison, render_comparison
 from infra.cost.price import PriceInputs
-from infra.cost.run_size import load_run
+from infra.config import load_run
 
 ROOT = Path(__file__).resolve().parent.parent
 GIB = 1024**3
@@ -217,7 +217,8 @@ def test_the_cpu_optimizer_step_of_a_70b_full_fine_tune_offloaded_to_one_h100_no
     """Seed 002's 70B full fine-tune on 8 GPUs needs offload; the optimizer step then runs on the host over every
     fp32 parameter of the node: 70,553,706,496 x 28 B (AdamW: parameter, gradient and two moments read, three
     written) at the Sapphire Rapids socket's 8 x 4,800 MT/s x 8 B = 307.2 GB/s, 6.4 s, once per optimizer step."""
-    from infra.cost.method_comparison import cpu_step_seconds, offload_slowdown, with_method
+    from infra.cost.method_comparison import with_method
+    from infra.sizing.time_model import cpu_step_seconds, offload_slowdown
     from documents.train_plan import BatchPlan
     from workloads.train.model_shapes import shape_for_source
 

@@ -11,7 +11,7 @@ import pytest
 from documents.run_config import RunConfig, load_run_config
 from documents.throughput import ThroughputMeasurement
 from infra import catalog
-from infra.cost.throughput import estimate_throughput
+from infra.sizing.throughput import estimate_throughput
 
 REPO = Path(__file__).resolve().parent.parent
 H100_TFLOPS, H100_TBPS = 989.4, 3.35
@@ -130,7 +130,7 @@ def test_a_full_fine_tune_does_one_more_pass_than_an_adapter():
 def test_a_lora_figure_priced_for_qlora_adds_the_dequantization_time():
     """The reverse: a LoRA figure on the same GPU, model, micro-batch and recomputation, priced for QLoRA, takes the
     dequantization's seconds on top of each micro-batch."""
-    from infra.cost.throughput import Plan, scale
+    from infra.sizing.throughput import Plan, scale
     from workloads.train.model_shapes import shape_for_source
 
     shape = shape_for_source("hub:Qwen/Qwen3-14B")

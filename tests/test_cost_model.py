@@ -7,12 +7,12 @@ import re
 import pytest
 
 from documents.metrics import MetricsRecord
-from infra.config import MonitoringConfig, StackConfig, load_stack_config
+from infra.config import MonitoringConfig, StackConfig, load_run, load_stack_config
 from infra.cost.tco import chat_scenario, chat_scenarios, monthly_cost, node_price, training_run
 from infra.cost.price import PriceInputs, price_stack, training_estimate
 from infra.cost.price_list import CATALOG, PriceBook, PriceOverride, PricingConfig
 from infra.cost.render import render_table
-from infra.cost.run_size import load_run, tokenized_tokens
+from infra.sizing.run_size import tokenized_tokens
 from infra.program.mocks import run_under_mocks
 
 # seed 000, "Total Cost of Ownership": line key -> (low, high) in whole dollars as printed, except the
@@ -207,7 +207,7 @@ def test_dev_training_run_stops_at_max_steps():
     cfg = load_stack_config("dev")
     assert cfg.pipeline.run_config == "workloads/configs/dev.json"
     report = price_stack(cfg.model_copy(update={"pricing": cfg.pricing.model_copy(update={
-        "training": cfg.pricing.training.model_copy(update={"tokens_per_second_per_gpu": 800.0})})}))
+        "training": cfg.pricing.training.model_copy(update={"tokens_per_second_per_gpu": 800.0})})}), run=load_run(cfg))
     assert report.training.tokens * report.training.epochs == pytest.approx(200 * 8 * 1024)
     assert report.training.gpu_hours == pytest.approx(200 * 8 * 1024 / 800 / 3600)
     assert report.section().training.tokens == pytest.approx(1_638_400)
@@ -245,7 +245,8 @@ def _dollars(text: str) -> float:
 
 def test_rendered_table_carries_the_seed_totals():
     """The printed table against seed 000: totals within 1 %, cost per chat within 2 % (as the tests above)."""
-    text = render_table(price_stack(seed_demo()))
+    seed = seed_demo()
+    text = render_table(price_stack(seed, run=load_run(seed)))
     low, high = re.search(r"Total monthly cost .* \$([\d,]+) to \$([\d,]+)", text).groups()
     assert _dollars(low) == pytest.approx(18_124, rel=0.01) and _dollars(high) == pytest.approx(19_054, rel=0.01)
     assert "$4.57/node/hour" in text
@@ -340,10 +341,10 @@ def test_the_measured_chat_is_priced_from_decode_speed_at_the_chat_length() -> N
     cfg = load_stack_config("demo")
     short_replies = side(6.0, 11.1, time_to_first_token=0.4, decode_tokens_per_second=25.0)
     inputs = PriceInputs().with_evaluation(evaluator_report(finetuned=short_replies))
-    report = price_stack(cfg, inputs)
+    report = price_stack(cfg, inputs, load_run(cfg))
     chat_seconds = 0.4 + (2000 - 1) / 25.0
     assert report.measured_chat.tokens_per_second == pytest.approx(2000 / chat_seconds)
     daily = report.monthly.usd_high / cfg.pricing.chat.days_per_month
     assert report.measured_chat.usd_per_chat == pytest.approx(daily / (86_400 / chat_seconds))
     unmeasured = PriceInputs().with_evaluation(evaluator_report(finetuned=side(6.0, 11.1)))
-    assert price_stack(cfg, unmeasured).measured_chat.tokens_per_second == 11.1
+    assert price_stack(cfg, unmeasured, load_run(cfg)).measured_chat.tokens_per_second == 11.1

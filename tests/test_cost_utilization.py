@@ -10,7 +10,7 @@ import pytest
 
 from documents.run_record import RunIndex, write_run_record
 from documents.stack_outputs import Cost
-from infra.config import StackConfig, load_stack_config
+from infra.config import StackConfig, load_run, load_stack_config
 from infra.cost.price import PriceInputs, price_stack
 from infra.cost.price_list import ScheduleAssumptions
 from infra.runs.measured import price_inputs
@@ -30,7 +30,7 @@ def _with_workers(cfg: StackConfig, **update) -> StackConfig:
 def test_demo_at_a_weekly_retrain_and_one_serving_worker() -> None:
     """Prepare and eval hold one node, readiness and train all five; each node stays up 600 s after the run."""
     cfg = load_stack_config("demo")
-    report = price_stack(cfg, PriceInputs(stage_seconds=STAGES, stage_seconds_from="run r1"))
+    report = price_stack(cfg, PriceInputs(stage_seconds=STAGES, stage_seconds_from="run r1"), load_run(cfg))
     used = report.utilization
     assert used is not None
     stage_node_hours = (600 + 900) / 3600 + (300 + 3600) / 3600 * 5
@@ -54,7 +54,7 @@ def test_the_always_on_total_of_the_elastic_demo_stays_seed_000s() -> None:
     off = cfg.soperator.active_checks.model_copy(update={"scope": "off"})
     seedlike = cfg.model_copy(update={"monitoring": cfg.monitoring.model_copy(update={"enabled": False}),
                                       "soperator": cfg.soperator.model_copy(update={"active_checks": off})})
-    report = price_stack(seedlike)
+    report = price_stack(seedlike, run=load_run(seedlike))
     assert report.monthly.usd_high == pytest.approx(19054, rel=0.01)
     assert report.utilization is not None and report.utilization.always_on_usd == report.monthly.usd_high
 
@@ -64,7 +64,7 @@ def test_preemptible_workers_pay_the_requeue_overhead_at_the_preemptible_rate() 
     stage node-hours grow by the stated requeue overhead, the suspend tail does not."""
     cfg = _with_workers(load_stack_config("h100"), preemptible=True)
     stages = {"readiness": 360.0, "train": 3600.0}
-    report = price_stack(cfg, PriceInputs(stage_seconds=stages))
+    report = price_stack(cfg, PriceInputs(stage_seconds=stages), load_run(cfg))
     used = report.utilization
     assert used is not None and used.requeue_overhead == 0.15
     run = (0.1 + 1.0) * 2 * 1.15 + 2 * 600 / 3600
@@ -81,15 +81,17 @@ def test_the_schedule_is_the_stacks_and_fixed_workers_have_no_utilization_scenar
     cfg = load_stack_config("demo")
     none_served = cfg.model_copy(update={"pricing": cfg.pricing.model_copy(update={
         "schedule": ScheduleAssumptions(runs_per_month=1, serving_nodes=0)})})
-    used = price_stack(none_served, PriceInputs(stage_seconds={"train": 3600.0})).utilization
+    used = price_stack(none_served, PriceInputs(stage_seconds={"train": 3600.0}), load_run(cfg)).utilization
     assert used is not None and used.worker_node_hours == pytest.approx(5 + 5 * 600 / 3600)
     fixed = _with_workers(cfg, ephemeral=False, initial_active=None, min_size=None)
-    assert price_stack(fixed).utilization is None
-    assert price_stack(load_stack_config("dev")).utilization is None
+    assert price_stack(fixed, run=load_run(fixed)).utilization is None
+    dev = load_stack_config("dev")
+    assert price_stack(dev, run=load_run(dev)).utilization is None
 
 
 def test_without_a_stored_run_the_training_estimate_is_the_basis() -> None:
-    report = price_stack(load_stack_config("demo"))
+    demo = load_stack_config("demo")
+    report = price_stack(demo, run=load_run(demo))
     used, training = report.utilization, report.training
     assert used is not None and training is not None and training.wall_hours is not None
     assert used.run_node_hours == pytest.approx(training.wall_hours * 5 + 5 * 600 / 3600)
@@ -109,7 +111,8 @@ def test_stage_times_are_read_from_the_newest_stored_run_that_has_them(tmp_path:
 
 
 def test_the_cost_outputs_carry_both_totals_and_the_basis() -> None:
-    section = price_stack(load_stack_config("demo"), PriceInputs(stage_seconds=STAGES)).section()
+    demo = load_stack_config("demo")
+    section = price_stack(demo, PriceInputs(stage_seconds=STAGES), load_run(demo)).section()
     flat = section.flat()
     assert flat["cost_utilization_always_on_usd"] == flat["cost_monthly_usd_high"]
     assert flat["cost_utilization_usd"] < flat["cost_monthly_usd_high"]

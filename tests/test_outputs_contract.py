@@ -18,11 +18,11 @@ from documents.adapter_registry import AdapterEntry, AdapterSpeed, ServedSet
 from documents.base import DocumentError
 from documents.stack_outputs import parse_stack_outputs, read_stack_outputs
 from infra.commands.run import run_outputs
-from infra.config import StackConfig, load_stack_config
+from infra.config import StackConfig, load_run, load_stack_config
 from infra.cost.price import PriceInputs, price_stack
 from infra.pipeline.runner import PipelineRun
 from infra.program.mocks import SECRET, run_under_mocks
-from infra.program.outputs import served_speeds
+from infra.outputs import served_speeds
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "README.md"
@@ -106,7 +106,7 @@ def waited_outputs(cfg: StackConfig, served: ServedSet | None = None) -> dict[st
     result = PipelineRun(stack=cfg.stack, started_at=None, bundle_hash="0123456789abcdef", submitted=list(jobs),
                          kept=[], jobs=jobs, evaluation=evaluator_report("103", side(9.0, 20.0), side(6.0, 41.5)))
     inputs = PriceInputs(served_speeds=served_speeds(served)).with_evaluation(result.evaluation)
-    return run_outputs(cfg, price_stack(cfg, inputs), result, served).flat()
+    return run_outputs(cfg, price_stack(cfg, inputs, load_run(cfg, REPO)), result, served).flat()
 
 
 def test_a_waited_pipeline_fills_eval_elapsed_and_measured_keys_with_numbers(produced: dict[str, dict[str, Any]]) -> None:
@@ -133,7 +133,7 @@ def test_served_adapters_are_priced_per_chat_at_their_own_speed(produced: dict[s
     outputs, cfg = produced[stack], load_stack_config(stack.split("+")[0], REPO / "stacks")
     assert outputs["served_adapters"] == ["desk-earnings", "desk-credit"]
     chat = cfg.pricing.chat
-    daily = price_stack(cfg, PriceInputs()).monthly.usd_high / chat.days_per_month
+    daily = price_stack(cfg, PriceInputs(), load_run(cfg, REPO)).monthly.usd_high / chat.days_per_month
     chats_per_day = 50.0 * 86400 / 2000  # the demo run config's serve.max_tokens_limit (default: seed 000's 2K)
     assert outputs["served_adapter_desk_earnings_usd_per_chat"] == pytest.approx(daily / chats_per_day, abs=1e-4)
     assert outputs["served_adapter_desk_earnings_run_id"] == "run-desk-earnings"

@@ -8,7 +8,7 @@ import pytest
 
 from documents.run_config import load_run_config
 from infra.config import load_stack_config
-from infra.pipeline.chain import CHAIN, code_hash, pipeline_jobs, placement_for, stage_fingerprint
+from infra.pipeline.chain import CHAIN, code_hash, pipeline_jobs, code_location_for, stage_fingerprint
 from infra.program.mocks import run_under_mocks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,19 +50,19 @@ def test_code_hash_ignores_run_configs_but_not_code(tmp_path: Path) -> None:
 def test_local_placement_uses_this_repo_and_cloud_uses_the_jail() -> None:
     local = load_stack_config("local", REPO / "stacks")
     run = load_run_config(REPO / local.pipeline.run_config)
-    placement = placement_for(local, run, REPO)
+    placement = code_location_for(local, run, REPO)
     assert placement.code_root.startswith(str(REPO / ".local"))
     assert placement.env["FT_ROOT"] == str((REPO / run.paths.root).resolve())
     assert placement.python == str(REPO / ".venv" / "bin" / "python")
     demo = load_stack_config("demo", REPO / "stacks")
-    cloud = placement_for(demo, load_run_config(REPO / demo.pipeline.run_config), REPO)
+    cloud = code_location_for(demo, load_run_config(REPO / demo.pipeline.run_config), REPO)
     assert cloud.code_root == "/home/shared/finetune_code" and "FT_ROOT" not in cloud.env
 
 
 def test_cloud_jobs_spread_over_the_workers_and_check_the_preset() -> None:
     demo = load_stack_config("demo", REPO / "stacks")
     run = load_run_config(REPO / demo.pipeline.run_config)
-    jobs = {j.stage: j for j in pipeline_jobs(demo, run, demo.pipeline.run_config, "c", placement_for(demo, run, REPO))}
+    jobs = {j.stage: j for j in pipeline_jobs(demo, run, demo.pipeline.run_config, "c", code_location_for(demo, run, REPO))}
     workers = demo.nodes.workers[0]
     assert f"--nodes={workers.size}" in jobs["train"].extra_args and "--ntasks-per-node=1" in jobs["train"].extra_args
     assert "--gpus-per-node=2" in jobs["readiness"].extra_args and "--ntasks-per-node=2" in jobs["readiness"].extra_args
@@ -76,7 +76,7 @@ def test_the_serve_job_tells_the_launcher_its_stack(stack: str) -> None:
     """Issue 42, item 5: the launcher reads stored runs of the stack it serves only, so the serve job names it."""
     config = load_stack_config(stack, REPO / "stacks")
     run = load_run_config(REPO / config.pipeline.run_config)
-    jobs = pipeline_jobs(config, run, config.pipeline.run_config, "c", placement_for(config, run, REPO), serve=True)
+    jobs = pipeline_jobs(config, run, config.pipeline.run_config, "c", code_location_for(config, run, REPO), serve=True)
     serve = next(j for j in jobs if j.stage == "serve")
     assert serve.args[1:] == ["--stack", stack]
 
@@ -110,7 +110,7 @@ def test_train_section_folders_move_the_chain_paths_with_them() -> None:
     run = load_run_config(REPO / demo.pipeline.run_config)
     moved = run.model_copy(update={"train": run.train.model_copy(update={
         "output_dir": "/mnt/model/elsewhere", "dataset_dir": "/mnt/data/tok", "checkpoint_dir": "/mnt/chkpt/x"})})
-    jobs = {j.stage: j for j in pipeline_jobs(demo, moved, demo.pipeline.run_config, "c", placement_for(demo, moved, REPO))}
+    jobs = {j.stage: j for j in pipeline_jobs(demo, moved, demo.pipeline.run_config, "c", code_location_for(demo, moved, REPO))}
     assert jobs["train"].metrics_path == "/mnt/model/elsewhere/metrics.jsonl"
     assert jobs["train"].results_path == "/mnt/model/elsewhere"
     paths = moved.locate("/")

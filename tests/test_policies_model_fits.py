@@ -14,8 +14,8 @@ import pytest
 
 from infra.config import load_stack_config
 from infra.cost.method_comparison import with_method
-from infra.cost.run_size import load_run
-from infra.model_fit import worker_fits
+from infra.config import load_run
+from infra.sizing.fit import worker_fits
 from policies import rules
 from policies.rules import Context
 from workloads.train.model_shapes import shape_for_source

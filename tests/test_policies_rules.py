@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from infra.config import load_stack_config
-from infra.cost.run_size import load_run
+from infra.config import load_run
 from infra.program.mocks import run_under_mocks
 from policies import rules
 from policies.rules import Context, Res, evaluate, mandatory_failures

@@ -24,7 +24,7 @@ from documents.metrics import MetricsRecord
 from documents.throughput import bench_throughputs
 from infra.commands.run import evaluation_summary_text, finish_run
 from infra.commands.runs import format_table
-from infra.config import load_stack_config
+from infra.config import load_run, load_stack_config
 from infra.cost.price import price_stack
 from infra.pipeline.runner import PipelineRun
 from infra.runs.measured import price_inputs, stack_store
@@ -81,7 +81,7 @@ def plan_json(env: dict[str, str]) -> dict[str, Any]:
 
 def test_a_measured_run_replaces_the_estimate_in_every_price_of_the_stack(dev_bucket, tmp_path: Path) -> None:
     cfg = load_stack_config("dev", REPO / "stacks")
-    before = price_stack(cfg, price_inputs(cfg, REPO))
+    before = price_stack(cfg, price_inputs(cfg, REPO), load_run(cfg, REPO))
     assert before.training.throughput_kind == "estimated"
     estimate = before.training.tokens_per_second_per_gpu
 
@@ -141,17 +141,18 @@ def callers(root: Path) -> dict[str, set[str]]:
 def test_price_stack_is_the_only_caller_of_the_cost_models_pieces() -> None:
     """Outside the model's own arithmetic, every piece is called from price_stack or the helpers only it calls."""
     found = callers(REPO)
-    # the placement reads the throughput the stack is priced with to choose its node count; it prices nothing
-    placement = {"infra/model_fit.py:worker_fits"}
+    # sizing reads the throughput the stack is priced with to choose the train job's node count and its time
+    # limit; it prices nothing
+    sizing = {"infra/sizing/fit.py:worker_fits", "infra/sizing/duration.py:estimated_train_hours"}
     outside = {piece: sites for piece, sites in found.items()
-               if any(not site.startswith(("infra/cost/tco.py:", "infra/cost/price.py:"))
-                      and not (piece == "training_throughput" and site in placement) for site in sites)}
+               if any(not site.startswith(("infra/cost/tco.py:", "infra/cost/price.py:", "infra/sizing/throughput.py:"))
+                      and not (piece == "training_throughput" and site in sizing) for site in sites)}
     assert not outside, outside
     assert found["monthly_cost"] == found["chat_scenarios"] == {"infra/cost/price.py:price_stack"}
     assert found["training_estimate"] == {"infra/cost/price.py:price_stack"}
     assert found["training_run"] == found["workers_hourly_usd"] == {"infra/cost/price.py:training_estimate"}
-    assert found["training_throughput"] == {"infra/cost/price.py:training_estimate", *placement}
-    assert found["estimate_throughput"] == {"infra/cost/price.py:training_throughput"}
+    assert found["training_throughput"] == {"infra/cost/price.py:training_estimate", *sizing}
+    assert found["estimate_throughput"] == {"infra/sizing/throughput.py:training_throughput"}
 
 
 @pytest.mark.parametrize("stack", ["demo", "dev"])

@@ -13,10 +13,11 @@ import yaml
 from document_fixtures import evaluator_report, side
 
 from documents.run_config import parse_run_config
-from infra.config import StackConfigError, load_stack_config
+from infra.config import StackConfigError, load_run, load_stack_config
 from infra.cost.price import price_stack
 from infra.nebius.layout import layout
-from infra.pipeline.chain import Placement, pipeline_jobs, worker_shape
+from infra.pipeline.chain import CodeLocation, pipeline_jobs
+from infra.sizing.workers import worker_shape
 from infra.soperator.chart_contract import contract, violations
 from infra.soperator.values import nodesets_values, slurm_cluster_values
 from workloads.serve import publish
@@ -107,14 +108,14 @@ def run_config(engine: str = "peft") -> Any:
     return parse_run_config(document, "cluster.json")
 
 
-PLACEMENT = Placement(code_root="/jail/code", python="/env/bin/python", env={"FT_ROOT": "/jail/mnt/data/cluster"},
+LOCATION = CodeLocation(code_root="/jail/code", python="/env/bin/python", env={"FT_ROOT": "/jail/mnt/data/cluster"},
                       slurm_env={})
 
 
 def test_serve_goes_to_its_partition_after_prepare_and_training_to_the_rest(tmp_path: Path) -> None:
     stack = cluster_serving(tmp_path, {"nodes": 1})
     jobs = {j.stage: j for j in pipeline_jobs(stack, run_config(), "workloads/configs/cluster.json", "c0de",
-                                              PLACEMENT, serve=True)}
+                                              LOCATION, serve=True)}
     assert list(jobs) == ["prepare", "readiness", "train", "eval", "serve", "publish"]
     assert jobs["serve"].depends_on == ["prepare"]
     assert jobs["serve"].extra_args == ["--partition=serve", "--nodes=1"]
@@ -139,7 +140,7 @@ def test_a_new_fine_tune_leaves_the_server_on_its_own_node_running(tmp_path: Pat
         document["train"]["learning_rate"] = lr
         run = parse_run_config(document, "cluster.json")
         return {j.stage: j.fingerprint for j in pipeline_jobs(stack, run, "workloads/configs/cluster.json", "c0de",
-                                                                PLACEMENT, serve=True)}
+                                                                LOCATION, serve=True)}
     own, shared = cluster_serving(tmp_path, {"nodes": 1}), load_stack_config("cluster")
     before, after = fingerprints(own, 2e-4), fingerprints(own, 1e-4)
     assert {s for s in before if before[s] != after[s]} == {"train", "eval", "publish"}
@@ -149,7 +150,7 @@ def test_a_new_fine_tune_leaves_the_server_on_its_own_node_running(tmp_path: Pat
 def test_without_reserved_workers_serve_waits_for_training_on_the_shared_nodes() -> None:
     stack = load_stack_config("cluster")
     jobs = {j.stage: j for j in pipeline_jobs(stack, run_config("transformers"), "workloads/configs/cluster.json",
-                                              "c0de", PLACEMENT, serve=True)}
+                                              "c0de", LOCATION, serve=True)}
     assert list(jobs) == ["prepare", "readiness", "train", "eval", "serve"]
     assert jobs["serve"].depends_on == ["train"] and jobs["serve"].args == ["workloads/configs/cluster.json",
                                                                                 "--stack", "cluster"]
@@ -160,15 +161,15 @@ def test_without_reserved_workers_serve_waits_for_training_on_the_shared_nodes()
 def test_a_server_that_cannot_load_at_runtime_is_refused_for_a_serving_node(tmp_path: Path) -> None:
     stack = cluster_serving(tmp_path, {"nodes": 1})
     with pytest.raises(ValueError, match="serve.engine transformers .* cannot load a new fine-tune"):
-        pipeline_jobs(stack, run_config("transformers"), "workloads/configs/cluster.json", "c0de", PLACEMENT,
+        pipeline_jobs(stack, run_config("transformers"), "workloads/configs/cluster.json", "c0de", LOCATION,
                       serve=True)
 
 
 def test_the_serving_node_is_priced_apart_and_training_holds_the_rest(tmp_path: Path) -> None:
     """Seed 000's prices: one L40S worker is $4.5688 an hour; its 558 GiB non-replicated boot disk $0.053/GiB-month.
     Reserving one of five moves one node's month into the serving lines; the month's total is unchanged."""
-    before = price_stack(load_stack_config("demo"))
-    after = price_stack(demo_serving(tmp_path, 1, min_size=1))
+    demo, serving = load_stack_config("demo"), demo_serving(tmp_path, 1, min_size=1)
+    before, after = price_stack(demo, run=load_run(demo)), price_stack(serving, run=load_run(serving))
     lines = {line.key: line for line in after.monthly.lines}
     assert lines["compute_serving_worker"].usd_high == pytest.approx(L40S_NODE_HOUR * 730)
     assert lines["compute_serving_worker"].usd_low == pytest.approx(L40S_NODE_HOUR * 730)

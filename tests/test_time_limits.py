@@ -14,7 +14,7 @@ from documents.run_config import ConfigError, load_run_config, parse_run_config
 from documents.sections.time_limits import TimeLimitsConfig
 from infra.commands.cli import main
 from infra.config import load_stack_config
-from infra.pipeline.chain import pipeline_jobs, placement_for
+from infra.pipeline.chain import pipeline_jobs, code_location_for
 from infra.pipeline.chain import job_arguments
 from infra.pipeline.jobs import SlurmJobProvider, job_inputs, sbatch_extra_args, submit_stage
 from infra.pipeline.slurm import SlurmClient
@@ -54,7 +54,7 @@ def test_a_bad_limit_names_the_field() -> None:
 def _chain(stack: str, train_hours: float | None):
     cfg = load_stack_config(stack, REPO / "stacks")
     run = load_run_config(REPO / cfg.pipeline.run_config)
-    return {j.stage: j for j in pipeline_jobs(cfg, run, cfg.pipeline.run_config, "c", placement_for(cfg, run, REPO),
+    return {j.stage: j for j in pipeline_jobs(cfg, run, cfg.pipeline.run_config, "c", code_location_for(cfg, run, REPO),
                                               serve=True, train_hours=train_hours)}
 
 

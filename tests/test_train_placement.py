@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from infra.config import load_stack_config
-from infra.cost.run_size import load_run
-from infra.model_fit import worker_fits
+from infra.config import load_run
+from infra.sizing.fit import worker_fits
 from policies import rules
 from policies.rules import Context
 from workloads.train.model_shapes import shape_for_source
@@ -100,12 +100,12 @@ def _hardware(cfg):
 def _speeds(cfg, run) -> dict[int, float | None]:
     """Tokens/s of the whole run on each node count of the stack's worker set (None: does not fit)."""
     from infra import catalog
-    from infra.cost.method_comparison import seconds_per_token
-    from infra.cost.price import PriceInputs, training_throughput
+    from infra.sizing.time_model import seconds_per_token
+    from infra.sizing.throughput import training_throughput
     from workloads.train.placement import decide_placement
 
     w, shape = cfg.nodes.workers[0], shape_for_source(run.model.source)
-    tps = training_throughput(cfg, run, PriceInputs()).tokens_per_second_per_gpu
+    tps = training_throughput(cfg, run).tokens_per_second_per_gpu
     speeds: dict[int, float | None] = {}
     for nodes in range(1, w.size + 1):
         placed = decide_placement(run, shape, _hardware(cfg), nodes)
@@ -138,12 +138,12 @@ def test_demo_trains_70b_lora_on_one_node_with_offload_not_over_its_ethernet():
     - 5 nodes, 10 ranks, FSDP without offload: 9/10 x (2 x 2 B x params + 4 B x LoRA) / 1.45e9 = 175 s of network
       a micro-batch: 10 x 2,048 tokens in 175 s, a quarter of one node's speed.
     So the trainer is given one node, the plan and the policy say so, and the train job asks Slurm for one."""
-    from infra.cost.price import PriceInputs, training_throughput
-    from infra.pipeline.chain import pipeline_jobs, placement_for
+    from infra.sizing.throughput import training_throughput
+    from infra.pipeline.chain import pipeline_jobs, code_location_for
 
     cfg, run = _variant("demo", "lora")
     assert _batches(cfg, run, 1) == _batches(cfg, run, 5) == (2048, 8)
-    tps = training_throughput(cfg, run, PriceInputs()).tokens_per_second_per_gpu
+    tps = training_throughput(cfg, run).tokens_per_second_per_gpu
     compute = 2048 / tps
     copies = 2 * 2 * LLAMA70_PARAMS / 32e9
     step = LLAMA70_LORA * 28 / 460.8e9 / 8
@@ -156,7 +156,7 @@ def test_demo_trains_70b_lora_on_one_node_with_offload_not_over_its_ethernet():
 
     [fit] = worker_fits(cfg, run, shape_for_source(run.model.source))
     assert (fit.placement.nodes, fit.placement.plan.strategy, fit.placement.plan.offload) == (1, "fsdp", "params")
-    jobs = {j.stage: j for j in pipeline_jobs(cfg, run, cfg.pipeline.run_config, "c", placement_for(cfg, run, ROOT))}
+    jobs = {j.stage: j for j in pipeline_jobs(cfg, run, cfg.pipeline.run_config, "c", code_location_for(cfg, run, ROOT))}
     assert "--nodes=1" in jobs["train"].extra_args and "--nodes=5" in jobs["readiness"].extra_args
 
 
@@ -169,7 +169,7 @@ def test_a_run_on_fewer_nodes_is_timed_and_priced_on_those_nodes():
     from infra.cost.price_list import PriceBook
 
     cfg, run = _variant("demo", "lora")
-    training = price_stack(cfg, PriceInputs(), ROOT, run=run).training
+    training = price_stack(cfg, PriceInputs(), run=run).training
     assert training is not None and training.gpus == 2
     assert training.wall_hours == pytest.approx(training.gpu_hours / 2)
     [worker] = cfg.nodes.workers
@@ -207,11 +207,11 @@ def test_h100_trains_70b_lora_on_both_nodes_over_infiniband():
     """h100: 2 nodes of 8 H100 SXM, a 50 GB/s InfiniBand NIC per GPU. Micro-batch 4,096 tokens at the priced t:
     over 16 ranks a rank moves 15/16 x (2 x 2 B x params + 4 B x LoRA) = 265 GB in 5.3 s, less than the
     4,096 / t = 6.3 s of compute it overlaps: compute-bound, so 16 GPUs train twice as fast as one node's 8."""
-    from infra.cost.price import PriceInputs, training_throughput
+    from infra.sizing.throughput import training_throughput
 
     cfg, run = _variant("h100", "lora")
     assert _batches(cfg, run, 1) == _batches(cfg, run, 2) == (4096, 2)
-    compute = 4096 / training_throughput(cfg, run, PriceInputs()).tokens_per_second_per_gpu
+    compute = 4096 / training_throughput(cfg, run).tokens_per_second_per_gpu
     network = 15 / 16 * (4 * LLAMA70_PARAMS + 4 * LLAMA70_LORA) / 50e9
     assert network < compute
     speeds = _speeds(cfg, run)
@@ -228,11 +228,11 @@ def test_h100_trains_a_70b_full_fine_tune_offloaded_on_both_nodes():
       step over the node's P x 28 B at 307.2 GB/s, 6.4 s, halved over the 2 micro-batches: c + 3.2 s per micro-batch.
     - 2 nodes: the node holds half: c + 1.6 s; the network 15/16 x (2 x 2 B + 4 B) x P over 50 GB/s = 10.6 s is
       longer and bounds it: 16 x 4,096 tokens in 10.6 s against 8 x 4,096 in c + 3.2 s."""
-    from infra.cost.price import PriceInputs, training_throughput
+    from infra.sizing.throughput import training_throughput
 
     cfg, run = _variant("h100", "full")
     assert _batches(cfg, run, 1) == _batches(cfg, run, 2) == (4096, 2)
-    compute = 4096 / training_throughput(cfg, run, PriceInputs()).tokens_per_second_per_gpu
+    compute = 4096 / training_throughput(cfg, run).tokens_per_second_per_gpu
     step = LLAMA70_PARAMS * 28 / 307.2e9
     one = 8 * 4096 / (compute + step / 2)
     two = 16 * 4096 / max(compute + step / 2 / 2, 15 / 16 * 8 * LLAMA70_PARAMS / 50e9)
@@ -245,7 +245,7 @@ def test_h100_trains_a_70b_full_fine_tune_offloaded_on_both_nodes():
 def test_demo_refuses_a_70b_full_fine_tune_and_the_job_keeps_every_node():
     """fp32 70B (16 B a parameter sharded, 1.13 TB) fits no node count of demo's 5 x 2 L40S, offload or not (host RAM
     384 GiB a node): the policy refuses, and the train job's node count stays the worker set's."""
-    from infra.model_fit import train_nodes
+    from infra.sizing.fit import train_nodes
 
     cfg, run = _variant("demo", "full")
     assert set(_speeds(cfg, run).values()) == {None}

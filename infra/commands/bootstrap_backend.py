@@ -8,16 +8,16 @@ import sys
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from infra.config import StackConfigError, load_stack_config
+from infra.config import StackConfigError, find_repo_root, load_stack_config
 from infra.program.backends import (
     LOCAL_STATE_DIR,
     S3_CREDENTIAL_ENV,
     StateError,
     bootstrap_state_bucket,
     cloud_backend_plan,
-    find_repo_root,
     local_backend_plan,
 )
+from infra.runs.store import make_s3_client
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -60,8 +60,6 @@ def run(args: argparse.Namespace) -> int:
                         f"set {' and '.join(missing)} to an access key of a service account that may create "
                         "buckets in the project (storage.editor); they are read from the environment only"
                     )
-                from infra.runs.store import make_s3_client
-
                 client = make_s3_client(plan.endpoint, plan.region)
                 result = bootstrap_state_bucket(client, plan.bucket, plan.region)
                 action = "created" if result.created else "exists"

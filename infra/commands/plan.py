@@ -16,7 +16,7 @@ from documents.run_config import ConfigError, load_run_config
 from infra.commands import plan_extras
 from infra.config import StackConfig, StackConfigError, load_stack_config
 from infra.pipeline.chain import check_run_config_path
-from infra.program.build import REPO_ROOT
+from infra.config import REPO_ROOT
 from infra.program.mocks import MockResource, MockRun, run_under_mocks
 
 _KEY_PROPERTIES = (

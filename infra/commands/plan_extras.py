@@ -19,13 +19,13 @@ from typing import Any
 from documents.run_config import RunConfig
 from documents.stack_outputs import Environment
 from documents.text_input import TextInputError, load_json
-from infra.config import StackConfig
+from infra.config import REPO_ROOT, StackConfig, load_run
 from infra.cost.method_comparison import MethodComparison, compare, plot_comparison, render_comparison
 from infra.cost.price import PriceInputs, price_stack
 from infra.cost.render import render_table, report_document
-from infra.cost.run_size import REPO_ROOT, load_run
+
 from infra.environment.plan import EnvironmentPlan, environment_plan, environment_section
-from infra.model_fit import worker_fits
+from infra.sizing.fit import worker_fits
 from infra.pipeline.chain import CHAIN, serving_stages
 from infra.pipeline.time_limits import slurm_duration, stage_time_limits, train_time_limit
 from infra.program.mocks import MockRun

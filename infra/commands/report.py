@@ -17,7 +17,8 @@ from infra.config import StackConfig, StackConfigError, load_stack_config
 from infra.dashboard import build, write_dashboard
 from infra.dashboard.model import StoredRun
 from infra.monitoring.view import job_metrics_view
-from infra.program.backends import find_repo_root
+from infra.program.mocks import run_under_mocks
+from infra.config import find_repo_root
 from infra.runs.store import ArtifactError, ArtifactStore, list_runs, run_prefix, store_for_stack
 
 
@@ -56,8 +57,6 @@ def read_outputs(path: str) -> StackOutputs:
 
 def mock_outputs(stack: StackConfig) -> StackOutputs:
     """The outputs the Pulumi program exports for this stack, from its run under mocks."""
-    from infra.program.mocks import run_under_mocks
-
     return parse_stack_outputs(run_under_mocks(stack).outputs, f"the mock run of stack {stack.stack}")
 
 

@@ -30,10 +30,10 @@ from documents.run_manifest import RUN_MANIFEST_NAME, read_run_manifest
 from documents.run_record import RunIndex
 from documents.stack_outputs import StackOutputs, write_stack_outputs
 from documents.throughput import ThroughputCheck, ThroughputMeasurement, measure_run
-from infra.config import StackConfig, StackConfigError, load_stack_config, stack_file
+from infra.config import StackConfig, StackConfigError, find_repo_root, load_run, load_stack_config, stack_file
 from infra.cost.price import CostReport, PriceInputs, price_stack
 from infra.cost.render import render_chat_table
-from infra.cost.run_size import stack_gpu_model
+from infra.sizing.workers import stack_gpu_model
 from infra.environment.plan import environment_plan, environment_section
 from infra.pipeline.connect import open_transport
 from infra.pipeline.fetch import fetch_run
@@ -41,8 +41,8 @@ from infra.pipeline.run_lock import StackBusy
 from infra.pipeline.runner import PipelineRun, load_state, run_pipeline, state_path, transport_spec
 from infra.pipeline.slurm import SlurmError
 from infra.pipeline.transport import TransportError
-from infra.program.backends import find_repo_root
-from infra.program.outputs import pipeline_section, served_speeds, serving_section, stack_identity
+from infra.cost.sections import serving_section
+from infra.outputs import pipeline_section, served_speeds, stack_identity
 from infra.runs.measured import price_inputs, runs_of
 from infra.runs.store import ARTIFACTS_BUCKET_ENV, ArtifactError, ArtifactStore, list_runs, store_for_stack, upload_run
 
@@ -181,18 +181,19 @@ def finish_run(stack: StackConfig, repo: Path, result: PipelineRun, spec: dict[s
         if stored.throughput is not None:
             inputs = inputs.model_copy(update={"training": stored.throughput,
                                                "training_read_from": runs_of(store, stack.stack)})
-        report = price_stack(stack, inputs)
+        report = price_stack(stack, inputs, load_run(stack, repo))
         return run_outputs(stack, report, result, served, built), report, None
     with tempfile.TemporaryDirectory(prefix="ft-fetch-") as tmp:
         folders = run_folders(stack, result, spec, Path(tmp))
         run_id = new_run_id(result)
         throughput = measured_throughput(stack, repo, folders, run_id)
-        report, check = price_stack(stack, inputs), None
+        run = load_run(stack, repo)
+        report, check = price_stack(stack, inputs, run), None
         if throughput is not None:
             check = throughput_check(report, throughput)
             report = price_stack(stack, inputs.model_copy(update={
                 "training": throughput, "training_read_from": runs_of(store, stack.stack) if store else None,
-                "training_note": None}))
+                "training_note": None}), run)
         outputs = run_outputs(stack, report, result, served, built)
         where = _upload(store, stack, repo, result, run_id, folders, outputs, throughput, check) \
             if store is not None else None
@@ -225,13 +226,13 @@ def run(args: argparse.Namespace) -> int:
         try:
             outputs, report, where = finish_run(stack, repo, result, spec, inputs, served, built)
         except (ArtifactError, TransportError, DocumentError) as error:
-            write_outputs(path, run_outputs(stack, price_stack(stack, inputs), result, served, built))
+            write_outputs(path, run_outputs(stack, price_stack(stack, inputs, load_run(stack, repo)), result, served, built))
             print(f"ftstack run: artifacts not stored (local copies kept): {error}", file=sys.stderr)
             return 1
         if where:
             print(f"artifacts stored in {where}", file=sys.stderr)
     else:
-        report = price_stack(stack, inputs)
+        report = price_stack(stack, inputs, load_run(stack, repo))
         outputs = run_outputs(stack, report, result, served, built)
     write_outputs(path, outputs)
     print(f"outputs written to {path}", file=sys.stderr)
@@ -245,7 +246,8 @@ def run(args: argparse.Namespace) -> int:
         print(prepare.text())
     if result.evaluation is not None:
         cost = report if cost_stack is stack else \
-            price_stack(cost_stack, price_inputs(cost_stack, repo).with_evaluation(result.evaluation))
+            price_stack(cost_stack, price_inputs(cost_stack, repo).with_evaluation(result.evaluation),
+                        load_run(cost_stack, repo))
         print(evaluation_summary_text(stack, result, cost_stack, cost))
     if result.publication is not None:
         print(result.publication.text())

@@ -15,7 +15,7 @@ from documents.base import DocumentError
 from documents.run_manifest import read_run_manifest
 from documents.run_record import RunIndex
 from infra.config import StackConfigError, load_stack_config
-from infra.program.backends import find_repo_root
+from infra.config import find_repo_root
 from infra.runs.store import ArtifactError, ArtifactStore, list_runs, read_run_file, run_prefix, store_for_stack
 from workloads.serve.registry import STORED_MANIFEST, RegistryError, adapter_entry
 

@@ -13,7 +13,7 @@ from infra.config import StackConfigError, load_stack_config
 from infra.monitoring.live import live_line
 from infra.pipeline.runner import node_states, status
 from infra.pipeline.transport import TransportError
-from infra.program.backends import find_repo_root
+from infra.config import find_repo_root
 from workloads.checks.node_states import power_saving_nodes, unavailable_nodes
 
 

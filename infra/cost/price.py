@@ -1,28 +1,27 @@
 """The one price path: `price_stack` prices a stack from its config and what its runs measured (training
 throughput, the fine-tuned model's generation speed, the data size). The Pulumi program, `ftstack run`,
 `ftstack plan`, `ftstack report` and the policy pack all call it, and nothing else calls the pieces of the cost
-model (`infra.cost.tco`), the throughput estimator (`infra.cost.throughput`) or the month at measured utilization
-(`infra.cost.utilization`).
+model (`infra.cost.tco`), the throughput estimator (`infra.sizing.throughput`) or the month at measured utilization
+(`infra.cost.utilization`). The caller passes the run config it loaded (`infra.config.load_run`); nothing here reads
+one from disk.
 
 The training throughput, in this order: the stack's pricing.training.tokensPerSecondPerGpu; the newest run
 measured on this stack (`PriceInputs.training`, read from the local store or the stack's artifacts bucket by
 `infra.runs.measured.price_inputs`); a figure for the same GPU model, model and method measured elsewhere
-(borrowed); else the estimate from the nearest measured figure (`infra.cost.throughput`).
+(borrowed); else the estimate from the nearest measured figure (`infra.sizing.throughput.training_throughput`).
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
 from documents.evaluator_report import EvaluatorReport
 from documents.prepare_summary import PrepareSummary
 from documents.run_config import RunConfig
+from documents.sections.serve import ServeConfig
 from documents.stack_outputs import MEASURED, ChatCost, Cost, UtilizationCost
-from documents.throughput import ThroughputMeasurement, bench_throughputs
+from documents.throughput import ThroughputMeasurement
 from infra.config import StackConfig
-from infra.cost.throughput import TrainingThroughput, estimate_throughput
 from infra.cost.tco import (
     ChatScenario,
     MonthlyCost,
@@ -34,17 +33,10 @@ from infra.cost.tco import (
     workers_hourly_usd,
 )
 from infra.cost.price_list import PriceBook
-from infra.cost.run_size import (
-    REPO_ROOT,
-    chat_output_tokens,
-    load_run,
-    passes,
-    stack_gpu_model,
-    training_devices,
-    training_tokens,
-)
+from infra.cost.sections import chat_cost, cost_section
 from infra.cost.utilization import utilization
-from infra.program.outputs import chat_cost, cost_section
+from infra.sizing.run_size import passes, training_devices, training_tokens
+from infra.sizing.throughput import TrainingThroughput, training_throughput
 
 
 class PriceInputs(BaseModel):
@@ -117,16 +109,10 @@ class CostReport(BaseModel):
         return cost.model_copy(update={"chats": {**cost.chats, MEASURED: measured}})
 
 
-def training_throughput(cfg: StackConfig, run: RunConfig, inputs: PriceInputs) -> TrainingThroughput | None:
-    """The throughput the training run is priced with, and its basis (see the module docstring)."""
-    if cfg.pricing.training.tokens_per_second_per_gpu is not None:
-        return TrainingThroughput(tokens_per_second_per_gpu=cfg.pricing.training.tokens_per_second_per_gpu,
-                                  kind="configured")
-    if inputs.training is not None:
-        return TrainingThroughput(tokens_per_second_per_gpu=inputs.training.tokens_per_second_per_device,
-                                  kind="measured", basis=inputs.training, read_from=inputs.training_read_from)
-    gpu = stack_gpu_model(cfg)
-    return estimate_throughput(run, gpu, bench_throughputs(), cfg.stack) if gpu else None
+def chat_output_tokens(run: RunConfig | None) -> int:
+    """The output tokens a chat is priced at: what the run's server allows a reply (serve.max_tokens_limit; its
+    default where the run config has no serve section or is not readable here)."""
+    return ((run.serve if run is not None else None) or ServeConfig()).max_tokens_limit
 
 
 def training_estimate(cfg: StackConfig, run: RunConfig | None, book: PriceBook, inputs: PriceInputs,
@@ -141,7 +127,7 @@ def training_estimate(cfg: StackConfig, run: RunConfig | None, book: PriceBook, 
     tokens, rows = size
     gpus, shape_gpus = training_devices(cfg, run, inputs.training)
     epochs = passes(run.train, tokens, rows, gpus, run.max_length, notes)
-    throughput = training_throughput(cfg, run, inputs)
+    throughput = training_throughput(cfg, run, inputs.training, inputs.training_read_from)
     if throughput is None:
         notes.append("training run: no throughput (set pricing.training.tokensPerSecondPerGpu or run training once)")
     elif throughput.kind in ("borrowed", "estimated"):
@@ -159,17 +145,15 @@ def training_estimate(cfg: StackConfig, run: RunConfig | None, book: PriceBook, 
     return priced, throughput
 
 
-def price_stack(cfg: StackConfig, inputs: PriceInputs = PriceInputs(), root: Path = REPO_ROOT,
-                run: RunConfig | None = None) -> CostReport:
-    """Monthly TCO, the training run's cost and the cost-per-chat scenarios of a stack, from its config and what
-    its runs measured (`inputs`); `run` in place of the stack's pipeline.runConfig (the method comparison's
-    variants of it, infra/cost/method_comparison.py)."""
+def price_stack(cfg: StackConfig, inputs: PriceInputs = PriceInputs(), run: RunConfig | None = None) -> CostReport:
+    """Monthly TCO, the training run's cost and the cost-per-chat scenarios of a stack, from its config, the run
+    config the caller loaded (`run`: the stack's pipeline.runConfig, or a variant of it as in the method comparison;
+    None where it is not readable, and no training run is priced) and what its runs measured (`inputs`)."""
     book = PriceBook(cfg.pricing.overrides)
     monthly = monthly_cost(cfg, cfg.pricing, book)
     notes = [f"{line.label}: {line.note}" for line in monthly.lines if line.note]
     if inputs.training_note:
         notes.append(f"training throughput: {inputs.training_note}")
-    run = run or (load_run(cfg, root) if cfg.target != "local" else None)
     training, throughput = (training_estimate(cfg, run, book, inputs, notes)
                             if cfg.target != "local" else (None, None))
     output_tokens = chat_output_tokens(run)

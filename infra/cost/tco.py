@@ -83,7 +83,7 @@ class TrainingRun(_Frozen):
     tokens_per_second_per_gpu: float | None
     throughput_source: str
     throughput_kind: str = "unknown"
-    """configured, measured, borrowed, estimated or unknown (infra.cost.throughput.TrainingThroughput.kind)."""
+    """configured, measured, borrowed, estimated or unknown (infra.sizing.throughput.TrainingThroughput.kind)."""
     gpus: int
     gpu_hours: float | None
     wall_hours: float | None

@@ -25,7 +25,7 @@ from documents.stack_outputs import UtilizationCost
 from infra.config import StackConfig, WorkerSet
 from infra.cost.tco import MonthlyCost, TrainingRun
 from infra.cost.price_list import HOURS_PER_MONTH, ScheduleAssumptions
-from infra.pipeline.chain import worker_shape
+from infra.sizing.workers import worker_shape
 
 RUN_STAGES = ("prepare", "readiness", "train", "eval")
 MULTI_NODE_STAGES = ("readiness", "train")

@@ -17,7 +17,7 @@ from infra.environment.plan import EnvironmentPlan
 from infra.environment.source import SOURCE_SPEC, stage_source
 from infra.pipeline.connect import open_transport
 from infra.pipeline.transport import Transport
-from infra.program.dynamic_resource import DynamicResource
+from infra.dynamic_resource import DynamicResource
 
 WHEELHOUSE_CACHE = ".local/wheelhouse"
 

@@ -15,7 +15,7 @@ import pulumi
 import pulumi_nebius as nebius
 from pulumi.dynamic import CreateResult, DiffResult, ResourceProvider
 
-from infra.program.dynamic_resource import DynamicResource
+from infra.dynamic_resource import DynamicResource
 
 
 @dataclass

@@ -20,7 +20,7 @@ from pulumi.dynamic import CreateResult, DiffResult, ReadResult, ResourceProvide
 
 from infra.pipeline.connect import open_transport
 from infra.pipeline.transport import Transport
-from infra.program.dynamic_resource import DynamicResource
+from infra.dynamic_resource import DynamicResource
 
 PACKAGE = "workloads"
 PACKAGES = (PACKAGE, "documents")

@@ -1,7 +1,7 @@
 """The pipeline's job chain for a stack: which stages run, in what order, from where, with which inputs.
 
 A StackConfig and a RunConfig in, a list of JobSpec out. Two inputs come from this machine: the
-workload code's hash (`code_hash` reads the files) and, on the local stack, where it lives (`placement_for`
+workload code's hash (`code_hash` reads the files) and, on the local stack, where it lives (`code_location_for`
 reads SLURM_CONF); `pipeline_jobs` itself only computes. The Pulumi program and `ftstack run` both turn
 the same specs into SlurmJob submissions, so the two paths cannot drift.
 
@@ -29,6 +29,8 @@ from infra.config import StackConfig
 from infra.environment.plan import EnvironmentPlan, environment_plan
 from infra.pipeline.bundle import PACKAGE, bundle_files
 from infra.pipeline.time_limits import stage_time_limits
+from infra.sizing.fit import train_nodes
+from infra.sizing.workers import worker_shape
 from workloads.common.job_metrics import TEXTFILE_DIR_ENV
 
 Stage = Literal["environment", "prepare", "readiness", "train", "eval", "serve", "publish"]
@@ -80,7 +82,7 @@ class JobSpec(BaseModel):
     """sbatch --time (infra.pipeline.time_limits); None: the partition's limit (the server)."""
 
 
-class Placement(BaseModel):
+class CodeLocation(BaseModel):
     """Where the chain runs: the code root on the Slurm machine, the interpreter and the job environment."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -127,12 +129,12 @@ def slurm_env(stack: StackConfig, repo_root: Path) -> dict[str, str]:
     return {}
 
 
-def placement_for(stack: StackConfig, run: RunConfig, repo_root: Path) -> Placement:
+def code_location_for(stack: StackConfig, run: RunConfig, repo_root: Path) -> CodeLocation:
     """Local stack: this machine's Slurm, the repo's venv and `.local/`; cloud: the jail seen from login; an
     existing cluster: its jail root, under which a relative `paths.root` of the run config lies."""
     if stack.target == "local":
         root = Path(run.paths.root)
-        return Placement(
+        return CodeLocation(
             code_root=str(repo_root / LOCAL_CODE_ROOT),
             python=str(repo_root / ".venv" / "bin" / "python"),
             env={"FT_ROOT": str(root if root.is_absolute() else (repo_root / root).resolve()),
@@ -143,19 +145,19 @@ def placement_for(stack: StackConfig, run: RunConfig, repo_root: Path) -> Placem
     python = environment.python if environment is not None else stack.pipeline.python
     if stack.cluster is not None:
         jail = PurePosixPath(stack.cluster.jail_root)
-        return Placement(code_root=str(jail / CLUSTER_CODE_ROOT.lstrip("/")), python=python,
+        return CodeLocation(code_root=str(jail / CLUSTER_CODE_ROOT.lstrip("/")), python=python,
                          env={"FT_ROOT": str(jail / run.paths.root)}, slurm_env={}, environment=environment)
-    return Placement(code_root=CLUSTER_CODE_ROOT, python=python, env={}, slurm_env={}, environment=environment)
+    return CodeLocation(code_root=CLUSTER_CODE_ROOT, python=python, env={}, slurm_env={}, environment=environment)
 
 
-def run_paths_at(run: RunConfig, placement: Placement) -> RunPaths:
-    """The run's paths on the Slurm machine: under FT_ROOT of the placement (local stack), else paths.root."""
-    return run.locate(placement.env.get("FT_ROOT") or run.paths.root)
+def run_paths_at(run: RunConfig, location: CodeLocation) -> RunPaths:
+    """The run's paths on the Slurm machine: under FT_ROOT of the location (local stack), else paths.root."""
+    return run.locate(location.env.get("FT_ROOT") or run.paths.root)
 
 
-def run_root(run: RunConfig, placement: Placement) -> Path:
+def run_root(run: RunConfig, location: CodeLocation) -> Path:
     """The run root as the jobs see it (relative run-config paths resolve against it)."""
-    return run_paths_at(run, placement).root
+    return run_paths_at(run, location).root
 
 
 def check_run_config_path(run_config_path: str) -> None:
@@ -166,17 +168,6 @@ def check_run_config_path(run_config_path: str) -> None:
         raise ValueError(f"run config {run_config_path!r} is outside {PACKAGE}/, which is all that is shipped to "
                          f"the cluster: move it under {CONFIGS_DIR}/ (and set pipeline.runConfig to that path), "
                          "or give an absolute path that exists where the jobs run")
-
-
-def worker_shape(stack: StackConfig) -> tuple[int, int]:
-    """(nodes, GPUs per node) the training stages use: every node of the first worker set (or the cluster's) but
-    those reserved for serving (`serving.nodes`)."""
-    if stack.cluster is not None:
-        return stack.cluster.nodes - stack.serving.nodes, stack.cluster.gpus_per_node
-    if stack.nodes is None or not stack.nodes.workers:
-        return 1, 0
-    first = stack.nodes.workers[0]
-    return first.size - stack.serving.nodes, get_preset(first.platform, first.preset).gpus
 
 
 def depends_on(stage: Stage, stack: StackConfig) -> tuple[Stage, ...]:
@@ -197,12 +188,12 @@ def _partition(stage: Stage, stack: StackConfig) -> list[str]:
 def _extra_args(stage: Stage, stack: StackConfig, run: RunConfig) -> list[str]:
     """sbatch arguments: placement, and --no-requeue for a train section that turns requeue off."""
     requeue_off = stage == "train" and run.train is not None and not run.train.requeue
-    return [*(["--no-requeue"] if requeue_off else []), *_partition(stage, stack), *_placement(stage, stack, run)]
+    return [*(["--no-requeue"] if requeue_off else []), *_partition(stage, stack), *_node_placement(stage, stack, run)]
 
 
-def _placement(stage: Stage, stack: StackConfig, run: RunConfig) -> list[str]:
+def _node_placement(stage: Stage, stack: StackConfig, run: RunConfig) -> list[str]:
     """Readiness one task per GPU on every node, train one task per node on the nodes it trains fastest on
-    (``infra.model_fit.train_nodes``), eval one GPU, serve a node.
+    (``infra.sizing.fit.train_nodes``), eval one GPU, serve a node.
     Without GPUs (an existing CPU cluster) readiness and train take one task on each of the nodes."""
     nodes, gpus = worker_shape(stack)
     if stack.target == "local" or stage == "prepare":
@@ -214,8 +205,6 @@ def _placement(stage: Stage, stack: StackConfig, run: RunConfig) -> list[str]:
     if stage == "readiness":
         return [f"--nodes={nodes}", f"--gpus-per-node={gpus}", f"--ntasks-per-node={gpus}"]
     if stage == "train":
-        from infra.model_fit import train_nodes  # imports infra.cost, which imports this module
-
         return [f"--nodes={train_nodes(stack, run, nodes)}", f"--gpus-per-node={gpus}", "--ntasks-per-node=1"]
     return ["--nodes=1", f"--gpus-per-node={1 if stage == 'eval' else gpus}"]
 
@@ -264,27 +253,27 @@ def _readiness_expectations(stack: StackConfig) -> list[str]:
 
 
 def pipeline_jobs(
-    stack: StackConfig, run: RunConfig, run_config_path: str, code: str, placement: Placement, *, serve: bool = False,
+    stack: StackConfig, run: RunConfig, run_config_path: str, code: str, location: CodeLocation, *, serve: bool = False,
     data_sha256: str | None = None, train_hours: float | None = None,
 ) -> list[JobSpec]:
     """The chain prepare -> readiness -> train -> eval (+ serve), each stage with its inputs; `train_hours` is
     the cost model's estimate of training's wall time, from which training's time limit follows."""
     check_run_config_path(run_config_path)
     config_arg = Path(run_config_path).as_posix()
-    paths = run_paths_at(run, placement)
+    paths = run_paths_at(run, location)
     results_dir, train_dir = paths.results_dir.as_posix(), paths.train_run_dir.as_posix()
     stages: list[Stage] = [*CHAIN, *(serving_stages(stack, run) if serve else [])]
-    env = {"FT_PYTHON": placement.python, **placement.env}
-    if placement.environment is not None and placement.environment.image:
+    env = {"FT_PYTHON": location.python, **location.env}
+    if location.environment is not None and location.environment.image:
         config_dir = [str(PurePosixPath(config_arg).parent)] if PurePosixPath(config_arg).is_absolute() else []
         run_folders = [paths.model_dir, paths.data_dir, paths.train_model_dir, paths.train_dataset_dir,
                        paths.eval_dataset_dir, paths.checkpoints_dir, paths.train_run_dir, paths.results_dir,
                        *([paths.root / SERVING_DIR] if serve and stack.serving_on else [])]
-        used = [placement.code_root, placement.environment.root, *(p.as_posix() for p in run_folders), *config_dir]
-        env.update(container_env(placement.environment.image, used))
+        used = [location.code_root, location.environment.root, *(p.as_posix() for p in run_folders), *config_dir]
+        env.update(container_env(location.environment.image, used))
     limits = stage_time_limits(run.time_limits, train_hours)
-    jobs = ([environment_job(placement.environment, results_dir, run.name, placement.code_root,
-                             limits["environment"])] if placement.environment else [])
+    jobs = ([environment_job(location.environment, results_dir, run.name, location.code_root,
+                             limits["environment"])] if location.environment else [])
     for stage in stages:
         jobs.append(JobSpec(
             stage=stage,
@@ -294,7 +283,7 @@ def pipeline_jobs(
                   *(["--stack", stack.stack] if stage == "serve" else [])],
             env=env,
             extra_args=_extra_args(stage, stack, run),
-            depends_on=list(depends_on(stage, stack)) or (["environment"] if placement.environment else []),
+            depends_on=list(depends_on(stage, stack)) or (["environment"] if location.environment else []),
             fingerprint=stage_fingerprint(stage, code, run, data_sha256,
                                           SERVING_NODE_SECTIONS if stage == "serve" and stack.serving_on else None),
             output=f"{results_dir}/logs/{run.name}-{stage}-%j.out",

@@ -20,7 +20,7 @@ from documents.evaluator_report import EvaluatorReport, read_evaluator_report
 from infra.pipeline.connect import open_transport
 from infra.pipeline.slurm import JobInfo, SlurmClient
 from infra.pipeline.transport import Transport
-from infra.program.dynamic_resource import DynamicResource
+from infra.dynamic_resource import DynamicResource
 
 REPLACING = ("script", "args", "env", "fingerprint", "dependencies", "job_name", "output",
              "extra_args", "transport", "slurm_env")

@@ -33,7 +33,7 @@ from infra.pipeline.chain import (
     job_arguments,
     log_dirs,
     pipeline_jobs,
-    placement_for,
+    code_location_for,
     run_root,
     slurm_env,
 )
@@ -43,7 +43,8 @@ from infra.pipeline.jobs import SlurmJobProvider, job_inputs, read_result
 from infra.pipeline.run_lock import stack_lock
 from infra.pipeline.slurm import JobNotFound, SlurmClient, SlurmJobFailed
 from infra.pipeline.transport import Transport, TransportError
-from infra.cost.duration import estimated_train_hours
+from infra.runs.measured import price_inputs
+from infra.sizing.duration import estimated_train_hours
 from workloads.checks.node_states import NodeState, once_per_node
 
 Progress = Callable[[str], None]
@@ -131,24 +132,24 @@ def submit_chain(
     run_config_path = stack.pipeline.run_config
     check_run_config_path(run_config_path)
     run = load_run_config(repo_root / run_config_path)
-    placement = placement_for(stack, run, repo_root)
+    location = code_location_for(stack, run, repo_root)
     state_file = state_path(repo_root, stack.stack)
     state = load_state(state_file, stack.stack)
-    state.slurm_env = placement.slurm_env
+    state.slurm_env = location.slurm_env
     channel = open_transport(transport)
-    state.data_source = fingerprint_source(channel, run, run_root(run, placement), state.data_source)
+    state.data_source = fingerprint_source(channel, run, run_root(run, location), state.data_source)
     if state.data_source is not None:
         progress(f"data {run.data.source}: sha256 {state.data_source.sha256[:16]} ({state.data_source.size} bytes)")
-    if placement.environment is not None:
-        shipped = ship_source(channel, placement.environment, repo_root)
-        progress(f"environment {placement.environment.key} ({placement.environment.source}): lock "
+    if location.environment is not None:
+        shipped = ship_source(channel, location.environment, repo_root)
+        progress(f"environment {location.environment.key} ({location.environment.source}): lock "
                  f"{'shipped to' if shipped['shipped'] else 'already at'} {shipped['source_dir']}")
-    bundle = upload_bundle(channel, repo_root, placement.code_root)
+    bundle = upload_bundle(channel, repo_root, location.code_root)
     progress(f"bundle {bundle['content_hash']} {'uploaded to' if bundle['uploaded'] else 'already at'} {bundle['path']}")
     state.bundle = {k: bundle[k] for k in ("content_hash", "path")}
-    jobs = pipeline_jobs(stack, run, run_config_path, code_hash(repo_root), placement, serve=serve,
+    jobs = pipeline_jobs(stack, run, run_config_path, code_hash(repo_root), location, serve=serve,
                          data_sha256=state.data_source.sha256 if state.data_source else None,
-                         train_hours=estimated_train_hours(stack, run, repo_root))
+                         train_hours=estimated_train_hours(stack, run, price_inputs(stack, repo_root).training))
     channel.run(["mkdir", "-p", *log_dirs(jobs)], timeout=60).check()
 
     provider = SlurmJobProvider()
@@ -156,7 +157,7 @@ def submit_chain(
     submitted, kept = [], []
     for job in jobs:
         props = job_inputs(**job_arguments(job, bundle_path=bundle["path"], dependencies=[ids[d] for d in job.depends_on],
-                                           transport=transport, slurm_env=placement.slurm_env, wait=False))
+                                           transport=transport, slurm_env=location.slurm_env, wait=False))
         record = state.stages.get(job.stage)
         live = _live_state(provider, record, props)
         if _reusable(provider, record, props, live):

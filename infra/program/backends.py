@@ -20,20 +20,17 @@ from urllib.parse import urlencode
 
 from pydantic import BaseModel, ConfigDict
 
+from infra.nebius.object_storage import StateError, nebius_s3_endpoint
+
 LOCAL_STATE_DIR = Path(".local/pulumi-state")
 PASSPHRASE_FILE = Path(".local/pulumi-passphrase")
 PASSPHRASE_ENV = "PULUMI_CONFIG_PASSPHRASE"
 PASSPHRASE_FILE_ENV = "PULUMI_CONFIG_PASSPHRASE_FILE"
 SECRETS_PROVIDER_ENV = "FTSTACK_SECRETS_PROVIDER"
 STATE_BUCKET_ENV = "FTSTACK_STATE_BUCKET"
-S3_ENDPOINT_ENV = "FTSTACK_S3_ENDPOINT"
 S3_CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
-
-
-class StateError(RuntimeError):
-    """The state backend cannot be set up as asked; the message says what to fix."""
 
 
 class BackendPlan(BaseModel):
@@ -67,16 +64,6 @@ class BackendPlan(BaseModel):
         lines += [f"# export {name}=...   (from your secret store; never commit it)" for name in self.required_secret_env]
         lines += [self.login_command(), self.stack_command()]
         return lines
-
-
-def nebius_s3_endpoint(region: str) -> str:
-    """The S3-compatible endpoint of Nebius Object Storage in `region` (FTSTACK_S3_ENDPOINT overrides)."""
-    override = os.environ.get(S3_ENDPOINT_ENV)
-    if override:
-        return override.rstrip("/")
-    if not re.fullmatch(r"[a-z0-9-]+", region or ""):
-        raise StateError(f"nebius.region: {region!r} is not a region name such as 'eu-north1'")
-    return f"https://storage.{region}.nebius.cloud"
 
 
 def state_bucket_name(parent_id: str, prefix: str = "pulumi-state") -> str:
@@ -214,12 +201,3 @@ def bootstrap_state_bucket(s3: Any, bucket: str, region: str) -> BootstrapResult
     if status != "Enabled":
         raise StateError(f"bucket {bucket!r}: versioning is {status!r} after enabling it; state would not be versioned")
     return BootstrapResult(bucket=bucket, created=created, versioning=status)
-
-
-def find_repo_root(start: Path | None = None) -> Path:
-    """The nearest directory holding Pulumi.yaml (or .git), from `start` (default: cwd) upwards."""
-    here = (start or Path.cwd()).resolve()
-    for candidate in (here, *here.parents):
-        if (candidate / "Pulumi.yaml").is_file() or (candidate / ".git").exists():
-            return candidate
-    return here

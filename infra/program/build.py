@@ -10,9 +10,8 @@ import pulumi
 from documents.run_config import load_run_config
 from documents.stack_outputs import ChatCost, Cost, Filesystem, NodeGroup, StackOutputs, flat_name
 from documents.stack_outputs import Platform as PlatformOutputs
-from infra.config import PROJECT, SECRET_KEYS, StackConfig
+from infra.config import PROJECT, REPO_ROOT, SECRET_KEYS, StackConfig, load_run
 from infra.cost.price import price_stack
-from infra.cost.run_size import REPO_ROOT
 from infra.monitoring.access import monitoring_access
 from infra.nebius.backups import BackupAccess, BackupAccessArgs
 from infra.nebius.buckets import Buckets, BucketsArgs
@@ -20,15 +19,15 @@ from infra.nebius.cluster import Mk8sCluster, Mk8sClusterArgs
 from infra.nebius.filesystems import SharedFilesystems, SharedFilesystemsArgs
 from infra.nebius.layout import Layout, layout
 from infra.nebius.network import Network, NetworkArgs
-from infra.pipeline.chain import code_hash, pipeline_jobs, placement_for, run_root
+from infra.pipeline.chain import code_hash, pipeline_jobs, code_location_for, run_root
 from infra.environment.plan import environment_plan, environment_section
 from infra.pipeline.component import Pipeline, PipelineArgs
 from infra.pipeline.datasource import fingerprint_source
 from infra.pipeline.transport import LocalTransport
-from infra.cost.duration import estimated_train_hours
-from infra.program.backends import nebius_s3_endpoint
+from infra.sizing.duration import estimated_train_hours
+from infra.nebius.object_storage import nebius_s3_endpoint
 from infra.program.kubeconfig import kubeconfig
-from infra.program.outputs import stack_identity
+from infra.outputs import stack_identity
 from infra.runs.measured import price_inputs
 from infra.soperator.component import Soperator, SoperatorArgs
 from infra.soperator.values import BackupTarget, release_plan
@@ -188,28 +187,28 @@ def build_pipeline(cfg: StackConfig, platform: Platform | None) -> Pipeline | No
     if transport is None:
         return None
     run = load_run_config(REPO_ROOT / cfg.pipeline.run_config)
-    placement = placement_for(cfg, run, REPO_ROOT)
+    location = code_location_for(cfg, run, REPO_ROOT)
     # the data file's content joins the fingerprints where it can be read at plan time (this machine);
     # on cloud stacks `ftstack run` reads it over SSH
-    data = fingerprint_source(LocalTransport(), run, run_root(run, placement)) if cfg.target == "local" else None
-    jobs = pipeline_jobs(cfg, run, cfg.pipeline.run_config, code_hash(REPO_ROOT), placement, serve=cfg.pipeline.serve,
-                         data_sha256=data.sha256 if data else None, train_hours=estimated_train_hours(cfg, run, REPO_ROOT))
+    data = fingerprint_source(LocalTransport(), run, run_root(run, location)) if cfg.target == "local" else None
+    jobs = pipeline_jobs(cfg, run, cfg.pipeline.run_config, code_hash(REPO_ROOT), location, serve=cfg.pipeline.serve,
+                         data_sha256=data.sha256 if data else None, train_hours=estimated_train_hours(cfg, run, price_inputs(cfg, REPO_ROOT).training))
     after = list(platform.soperator.releases.values()) if platform is not None else []
     return Pipeline(f"{cfg.cluster_name}-pipeline", PipelineArgs(
-        source_dir=str(REPO_ROOT), code_root=placement.code_root, transport=transport, jobs=jobs,
-        slurm_env=placement.slurm_env, wait=cfg.pipeline.wait, depends_on=after,
-        environment=placement.environment, repo_root=str(REPO_ROOT),
+        source_dir=str(REPO_ROOT), code_root=location.code_root, transport=transport, jobs=jobs,
+        slurm_env=location.slurm_env, wait=cfg.pipeline.wait, depends_on=after,
+        environment=location.environment, repo_root=str(REPO_ROOT),
     ))
 
 
 def stack_cost(cfg: StackConfig, pipeline: Pipeline | None) -> Cost:
     """The cost section, priced with the stack's newest stored measurement; with a pipeline, its chats are priced
     again with the eval job's generation speed once it reports (the same `price_stack`, inside the Output)."""
-    inputs = price_inputs(cfg, REPO_ROOT)
-    cost = price_stack(cfg, inputs).section()
+    inputs, run = price_inputs(cfg, REPO_ROOT), load_run(cfg)
+    cost = price_stack(cfg, inputs, run).section()
     if pipeline is None or not cost.chats:
         return cost
-    chats = pipeline.evaluation.apply(lambda e: price_stack(cfg, inputs.with_evaluation(e)).section().chats)
+    chats = pipeline.evaluation.apply(lambda e: price_stack(cfg, inputs.with_evaluation(e), run).section().chats)
     return cost.model_copy(update={"chats": {
         name: ChatCost.model_construct(**{field: chats.apply(lambda c, n=name, f=field: getattr(c[n], f))
                                           for field in ChatCost.model_fields})

@@ -21,6 +21,7 @@ from pulumi.runtime.stack import run_pulumi_func, wait_for_rpcs
 from pulumi.runtime.sync_await import _sync_await
 
 from infra.config import PROJECT, StackConfig
+from infra.program.build import build_stack
 
 SECRET = "[secret]"
 MOCK_ENDPOINT = "https://mk8s-endpoint.mock.invalid:443"
@@ -156,8 +157,6 @@ async def _resolve_all(values: dict[str, Any]) -> dict[str, tuple[Any, bool]]:
 
 
 def _run(cfg: StackConfig, secrets: dict[str, str], preview: bool) -> MockRun:
-    from infra.program.build import build_stack
-
     monitor = RecordingMonitor(NebiusMocks(preview))
     config = _config_values(cfg) | {f"{PROJECT}:{k}": v for k, v in secrets.items()}
     runtime_config.set_all_config(config, [f"{PROJECT}:{k}" for k in secrets])

@@ -27,6 +27,7 @@ from documents.run_manifest import RUN_MANIFEST_NAME, load_run_manifest
 from documents.run_record import RunIndex, read_run_record, write_run_record
 from documents.stack_outputs import StackOutputs, write_stack_outputs
 from documents.throughput import ThroughputCheck, ThroughputMeasurement
+from infra.nebius.object_storage import nebius_s3_endpoint
 
 RUNS_PREFIX = "runs"
 INDEX_NAME = "run.json"
@@ -414,8 +415,6 @@ def store_for_stack(
     """
     if stack_config.target in ("local", "cluster"):
         return local_store(repo_root)
-    from infra.program.backends import nebius_s3_endpoint
-
     bucket = bucket or os.environ.get(ARTIFACTS_BUCKET_ENV)
     if not bucket:
         raise ArtifactError(

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from documents.atomic import write_text_atomic
+from documents.run_config import load_run_config
 from documents.readiness_report import GpuPerf, NodeInventory, ReadinessFloors, ReadinessReport
 from documents.sections.readiness import ReadinessConfig
 from workloads.checks import measure, node_states
@@ -59,8 +60,6 @@ def settings(args: argparse.Namespace) -> tuple[ReadinessConfig, Path | None]:
     base: dict = {}
     out = Path(args.json_out) if args.json_out else None
     if args.config:
-        from documents.run_config import load_run_config
-
         run = load_run_config(args.config)
         section = getattr(run, "readiness", None)
         base = section.model_dump() if section is not None else {}

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from documents.atomic import atomic_dir, sha256_file, utc_now
+from documents.run_config import ConfigError, load_run_config
 from documents.stage_manifest import MANIFEST_NAME, ModelManifest, load_model_manifest, write_manifest
 from workloads.model.folder import ModelFolderError, check_tokenizer, weight_files, weight_stats
 from workloads.model.source import ModelSource, SourceError, gguf_path, parse_source
@@ -170,8 +171,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.config:
-        from documents.run_config import ConfigError, load_run_config
-
         try:
             config = load_run_config(args.config)
         except ConfigError as error:

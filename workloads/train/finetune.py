@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,8 @@ from documents.run_manifest import (
     training_fingerprint,
 )
 from documents.sections.train import TrainConfig
-from documents.train_plan import Batching, BatchingDecision, BatchPlan, planned_batching
+from documents.train_plan import (AttentionChoice, Batching, BatchingDecision, BatchPlan, ParallelismPlan,
+                                  planned_batching)
 from workloads.common.job_metrics import JobMetricsFile
 from workloads.train import attention, checkpoints, fused_loss, sharded_save, sharding
 from workloads.train.batch_choice import decide_batching
@@ -291,100 +293,130 @@ def save_result(trainer: Trainer, tokenizer: Any, folder: Path, fsdp: bool, rank
     return held
 
 
-def train_run(run: RunConfig) -> int:
-    """Train (or resume) the run; returns 0 when complete, 75 when stopped early with a checkpoint saved."""
+@dataclass(frozen=True)
+class RunSetup:
+    """What `decide` settles before anything loads: the precision, where the run trains and how it batches."""
+
+    precision: str
+    placement: Placement
+    plan: BatchPlan
+    batching: BatchingDecision
+    attention: AttentionChoice
+
+    @property
+    def parallel(self) -> ParallelismPlan:
+        return self.placement.plan
+
+    @property
+    def fsdp(self) -> bool:
+        return self.parallel.strategy in ("fsdp", "hsdp")
+
+
+def decide(run: RunConfig, paths: TrainPaths) -> RunSetup:
+    """Precision, placement (parallelism and batch plan from the memory estimate), batching from the data (the plan
+    made again when the data chooses another batching) and the attention backend."""
     train = require_train(run)
-    paths = train_paths(run)
-    digest = config_hash(run.model_dump(mode="json"))
-    fingerprint = training_fingerprint(run.model_dump(mode="json"))
-    manifest_file = paths.run_dir / RUN_MANIFEST_NAME
-    output = trained_dir(paths, train)
-    if is_done(manifest_file, output, digest):
-        log.info("%s: this config already trained to completion; nothing to do", paths.run_dir)
-        return 0
     precision = detect_precision(train.precision)
-    stop = StopRequest(os.environ.get(STOP_FILE_ENV))
     placement = job_placement(run, paths.model_dir)
-    parallel = placement.plan
-    if not parallel.fits:
-        log.warning("the memory estimate says this run does not fit: %s", parallel.reason)
-    fsdp = parallel.strategy in ("fsdp", "hsdp")
+    if not placement.plan.fits:
+        log.warning("the memory estimate says this run does not fit: %s", placement.plan.reason)
     plan = _batches(placement)
     batching = choose_batching(run, paths.dataset_dir, plan)
     if batching.chosen != planned_batching(train.batching):
         plan = _batches(job_placement(run, paths.model_dir, batching.chosen))
     choice = attention.choose(torch.cuda.is_available(), batching.chosen == "packed")
-    args = create_training_arguments(train, paths.checkpoint_dir, precision, report_eval=bool(paths.eval_dataset_dir),
-                                     gradient_accumulation_steps=plan.gradient_accumulation_steps,
-                                     batching=batching.chosen, fsdp=fsdp)
-    rank0 = args.process_index == 0
+    return RunSetup(precision=precision, placement=placement, plan=plan, batching=batching, attention=choice)
+
+
+def resume_point(paths: TrainPaths, fingerprint: str, setup: RunSetup, world_size: int) -> tuple[Path | None, int]:
+    """The newest intact checkpoint of this training (None: a fresh start) and its step."""
     resume = checkpoints.latest_complete(paths.checkpoint_dir, fingerprint)
-    resumed_step = checkpoints.checkpoint_step(resume) if resume else 0
-    note = checkpoints.check_resumable(resume, parallel.strategy, args.world_size) if resume else None
+    note = checkpoints.check_resumable(resume, setup.parallel.strategy, world_size) if resume else None
     if note:
         log.warning(note)
-    tokenizer = AutoTokenizer.from_pretrained(paths.model_dir)
+    return resume, checkpoints.checkpoint_step(resume) if resume else 0
+
+
+def load_and_shard(run: RunConfig, paths: TrainPaths, setup: RunSetup, local_rank: int, rank0: bool) -> Any:
+    """The base with its adapter (or the whole model), sharded by FSDP or HSDP where the plan says so."""
+    train = require_train(run)
     set_seed(train.seed)  # every rank draws the same fresh adapter: FSDP shards each rank's own copy, DDP broadcasts rank 0's
-    model = load_model(paths.model_dir, train, precision, args.local_process_index, choice, plan.gradient_checkpointing,
-                       fsdp)
-    offload, cuda = parallel.offload == "params", torch.cuda.is_available()
+    model = load_model(paths.model_dir, train, setup.precision, local_rank, setup.attention,
+                       setup.plan.gradient_checkpointing, setup.fsdp)
+    parallel, cuda = setup.parallel, torch.cuda.is_available()
+    offload = parallel.offload == "params"
     mesh = sharding.hsdp_mesh(parallel.replicas, parallel.shards, cuda) if parallel.strategy == "hsdp" else None
-    if fsdp and train.quantization == "none":
-        sharding.shard_from_rank0(model, DTYPES[precision], cuda, offload, mesh)
-    elif fsdp:
-        sharding.shard(model, DTYPES[precision], cuda, offload, mesh)
+    if setup.fsdp and train.quantization == "none":
+        sharding.shard_from_rank0(model, DTYPES[setup.precision], cuda, offload, mesh)
+    elif setup.fsdp:
+        sharding.shard(model, DTYPES[setup.precision], cuda, offload, mesh)
     if rank0 and train.method != "full":
         model.print_trainable_parameters()
-    metrics_file = paths.run_dir / METRICS_NAME
-    manifest: RunManifest | None = None
-    if rank0:
-        paths.run_dir.mkdir(parents=True, exist_ok=True)
-        truncate_metrics(metrics_file, resumed_step or 0)
-        base = {
-            "run": run.name,
-            "config_sha256": digest,
-            "config": run.model_dump(mode="json"),
-            "precision": precision,
-            "dataset": dataset_hash(paths.dataset_dir),
-            "base_model": model_hash(paths.model_dir),
-            "packages": package_versions(),
-            "git_commit": git_commit(Path(__file__).resolve().parents[2]),
-            "world_size": args.world_size,
-            "nodes": int(os.environ.get("SLURM_NNODES", "1")),
-            "attention": choice.model_dump(),
-            "batch_plan": plan.model_dump(),
-            "batching": batching.model_dump(),
-            "parallelism": parallel.model_dump(),
-            "parameter_bytes": {"frozen": sharding.local_parameter_bytes(model, trainable=False),
-                                "trainable": sharding.local_parameter_bytes(model, trainable=True)},
-            "fused_loss": train.fused_loss,
-            "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-            "device_kind": "gpu" if torch.cuda.is_available() else "cpu",
-        }
-        manifest = start_attempt(manifest_file, base, resumed_step or 0)
-    log.info("rank %d/%d precision=%s resume=%s attention=%s/%s plan=%s batching=%s (%s) parallelism=%s (%s)",
-             args.process_index, args.world_size, precision, resume or "none", choice.implementation, choice.backend,
-             plan.model_dump(), batching.chosen, batching.reason, parallel.strategy, parallel.reason)
+    return model
 
-    train_data, eval_data, collator = load_datasets(paths, train, max_length(run), tokenizer, plan, batching.chosen)
-    counter = TokenCounter()
-    preemption = PreemptionCallback(stop)
+
+def start_manifest(run: RunConfig, paths: TrainPaths, setup: RunSetup, args: Any, model: Any, digest: str,
+                   resumed_step: int) -> RunManifest:
+    """Rank 0: the metrics cut back to the resumed step and this attempt recorded in the run manifest."""
+    paths.run_dir.mkdir(parents=True, exist_ok=True)
+    truncate_metrics(paths.run_dir / METRICS_NAME, resumed_step)
+    cuda = torch.cuda.is_available()
+    base = {
+        "run": run.name,
+        "config_sha256": digest,
+        "config": run.model_dump(mode="json"),
+        "precision": setup.precision,
+        "dataset": dataset_hash(paths.dataset_dir),
+        "base_model": model_hash(paths.model_dir),
+        "packages": package_versions(),
+        "git_commit": git_commit(Path(__file__).resolve().parents[2]),
+        "world_size": args.world_size,
+        "nodes": int(os.environ.get("SLURM_NNODES", "1")),
+        "attention": setup.attention.model_dump(),
+        "batch_plan": setup.plan.model_dump(),
+        "batching": setup.batching.model_dump(),
+        "parallelism": setup.parallel.model_dump(),
+        "parameter_bytes": {"frozen": sharding.local_parameter_bytes(model, trainable=False),
+                            "trainable": sharding.local_parameter_bytes(model, trainable=True)},
+        "fused_loss": require_train(run).fused_loss,
+        "device": torch.cuda.get_device_name(0) if cuda else "cpu",
+        "device_kind": "gpu" if cuda else "cpu",
+    }
+    return start_attempt(paths.run_dir / RUN_MANIFEST_NAME, base, resumed_step)
+
+
+def build_trainer(run: RunConfig, paths: TrainPaths, setup: RunSetup, args: Any, model: Any, tokenizer: Any,
+                  fingerprint: str, stop: StopRequest) -> tuple[FinetuneTrainer, PreemptionCallback]:
+    """The trainer over the tokenized splits, with the metrics and preemption callbacks."""
+    train = require_train(run)
+    train_data, eval_data, collator = load_datasets(paths, train, max_length(run), tokenizer, setup.plan,
+                                                    setup.batching.chosen)
+    counter, preemption = TokenCounter(), PreemptionCallback(stop)
+    job_metrics = JobMetricsFile.from_env("train", run.name) if args.process_index == 0 else None
     trainer = FinetuneTrainer(
         model=model, args=args, train_dataset=train_data, eval_dataset=eval_data, data_collator=collator,
-        callbacks=[MetricsCallback(metrics_file, counter, JobMetricsFile.from_env("train", run.name) if rank0 else None),
-                   preemption], counter=counter, keep=train.save_total_limit,
-        fingerprint=fingerprint,
+        callbacks=[MetricsCallback(paths.run_dir / METRICS_NAME, counter, job_metrics), preemption],
+        counter=counter, keep=train.save_total_limit, fingerprint=fingerprint,
     )
     trainer.remove_callback(PrinterCallback)
-    trainer.train(resume_from_checkpoint=str(resume) if resume else None)
-    step = trainer.state.global_step
+    return trainer, preemption
+
+
+def finish(run: RunConfig, paths: TrainPaths, trainer: FinetuneTrainer, preemption: PreemptionCallback,
+           tokenizer: Any, setup: RunSetup, manifest: RunManifest | None, rank0: bool) -> int:
+    """After training: the stopped attempt recorded (exit 75, resume later), else the result exported and the
+    attempt completed."""
+    step, metrics_file = trainer.state.global_step, paths.run_dir / METRICS_NAME
+    manifest_file = paths.run_dir / RUN_MANIFEST_NAME
     if preemption.stopped_at is not None:
         if rank0:
             finish_attempt(manifest_file, manifest, "interrupted", step)
             plot_loss(metrics_file, paths.run_dir / PLOT)
         log.warning("stopped at step %d with a checkpoint; rerun (or requeue) to resume", step)
         return INTERRUPTED_EXIT
-    export_peak = save_result(trainer, tokenizer, output, fsdp, rank0)
+    train = require_train(run)
+    output = trained_dir(paths, train)
+    export_peak = save_result(trainer, tokenizer, output, setup.fsdp, rank0)
     if rank0:
         plot_loss(metrics_file, paths.run_dir / PLOT)
         kind = "model" if train.method == "full" else "adapter"
@@ -392,6 +424,34 @@ def train_run(run: RunConfig) -> int:
         log.info("%s saved to %s", kind, output)
     trainer.accelerator.wait_for_everyone()
     return 0
+
+
+def train_run(run: RunConfig) -> int:
+    """Train (or resume) the run; returns 0 when complete, 75 when stopped early with a checkpoint saved."""
+    train, paths = require_train(run), train_paths(run)
+    digest = config_hash(run.model_dump(mode="json"))
+    fingerprint = training_fingerprint(run.model_dump(mode="json"))
+    if is_done(paths.run_dir / RUN_MANIFEST_NAME, trained_dir(paths, train), digest):
+        log.info("%s: this config already trained to completion; nothing to do", paths.run_dir)
+        return 0
+    setup = decide(run, paths)
+    stop = StopRequest(os.environ.get(STOP_FILE_ENV))
+    args = create_training_arguments(train, paths.checkpoint_dir, setup.precision,
+                                     report_eval=bool(paths.eval_dataset_dir),
+                                     gradient_accumulation_steps=setup.plan.gradient_accumulation_steps,
+                                     batching=setup.batching.chosen, fsdp=setup.fsdp)
+    rank0 = args.process_index == 0
+    resume, resumed_step = resume_point(paths, fingerprint, setup, args.world_size)
+    tokenizer = AutoTokenizer.from_pretrained(paths.model_dir)
+    model = load_and_shard(run, paths, setup, args.local_process_index, rank0)
+    manifest = start_manifest(run, paths, setup, args, model, digest, resumed_step) if rank0 else None
+    log.info("rank %d/%d precision=%s resume=%s attention=%s/%s plan=%s batching=%s (%s) parallelism=%s (%s)",
+             args.process_index, args.world_size, setup.precision, resume or "none", setup.attention.implementation,
+             setup.attention.backend, setup.plan.model_dump(), setup.batching.chosen, setup.batching.reason,
+             setup.parallel.strategy, setup.parallel.reason)
+    trainer, preemption = build_trainer(run, paths, setup, args, model, tokenizer, fingerprint, stop)
+    trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    return finish(run, paths, trainer, preemption, tokenizer, setup, manifest, rank0)
 
 
 def main(argv: list[str] | None = None) -> int:
