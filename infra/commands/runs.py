@@ -12,8 +12,10 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from documents.adapter_registry import AdapterEntry
 from documents.base import DocumentError
+from documents.metrics import METRICS_NAME, read_metrics
 from documents.run_manifest import read_run_manifest
 from documents.run_record import RunIndex
+from documents.throughput import measure_run
 from infra.config import StackConfigError, load_stack_config
 from infra.config import find_repo_root
 from infra.runs.store import ArtifactError, ArtifactStore, list_runs, read_run_file, run_prefix, store_for_stack
@@ -72,7 +74,32 @@ def _fmt(value: float | None, digits: int) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
-def table_rows(runs: list[RunIndex]) -> list[tuple[str, ...]]:
+STORED_METRICS = f"train/{METRICS_NAME}"
+
+
+def own_speeds(store: ArtifactStore, stack: str, runs: list[RunIndex]) -> dict[str, float | None]:
+    """Tokens/s per device over the steps each run's own train job logged, from its stored records and manifest
+    (the run record's figure covers every record in the training folder, earlier jobs' too): a run that reused an
+    earlier run's train job shows that job's figure, one whose train job logged no step none (None). Runs without
+    readable stored records are left out (the table shows their record's figure)."""
+    speeds: dict[str, float | None] = {}
+    for index in runs:
+        job = index.job_ids.get("train")
+        if job is None or not {STORED_METRICS, STORED_MANIFEST} <= set(index.files):
+            continue
+        try:
+            records = read_metrics(read_run_file(store, stack, index.run_id, STORED_METRICS), STORED_METRICS)
+            manifest = read_run_manifest(read_run_file(store, stack, index.run_id, STORED_MANIFEST), STORED_MANIFEST)
+            measured = measure_run([r for r in records if r.job_id in (None, job)], manifest, gpu_model=None,
+                                   stack=stack, run_id=index.run_id, source="ftstack runs")
+        except (ArtifactError, DocumentError):
+            continue
+        speeds[index.run_id] = measured.tokens_per_second_per_device if measured else None
+    return speeds
+
+
+def table_rows(runs: list[RunIndex], speeds: dict[str, float | None] | None = None) -> list[tuple[str, ...]]:
+    """One row per run; tokens/s per device: the run's own from `speeds` (`own_speeds`), else its record's."""
     return [
         (
             r.run_id,
@@ -81,7 +108,8 @@ def table_rows(runs: list[RunIndex]) -> list[tuple[str, ...]]:
             _fmt(r.perplexity_base, 3),
             _fmt(r.perplexity_finetuned, 3),
             _fmt(r.perplexity_improvement_pct, 1),
-            _fmt(r.throughput.tokens_per_second_per_device if r.throughput else None, 1),
+            _fmt(speeds[r.run_id] if speeds and r.run_id in speeds else
+                 r.throughput.tokens_per_second_per_device if r.throughput else None, 1),
             _fmt(r.throughput_check.ratio if r.throughput_check else None, 2),
             _fmt(r.cost_usd, 2),
             " ".join(f"{stage}={job}" for stage, job in r.job_ids.items()) or "-",
@@ -90,8 +118,8 @@ def table_rows(runs: list[RunIndex]) -> list[tuple[str, ...]]:
     ]
 
 
-def format_table(runs: list[RunIndex]) -> str:
-    rows = [COLUMNS, *table_rows(runs)]
+def format_table(runs: list[RunIndex], speeds: dict[str, float | None] | None = None) -> str:
+    rows = [COLUMNS, *table_rows(runs, speeds)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
 
@@ -113,5 +141,5 @@ def run(args: argparse.Namespace) -> int:
     elif not runs:
         print(f"no runs of stack {args.stack!r} in {store.describe(f'runs/{args.stack}/')}")
     else:
-        print(format_table(runs))
+        print(format_table(runs, own_speeds(store, args.stack, runs)))
     return 0

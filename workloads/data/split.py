@@ -130,13 +130,13 @@ def _split(input_path: Path, ratio: float, shuffle: bool, seed: int, group_by: s
         raise SplitError(f"{input_path}: {len(rows)} rows at ratio {ratio} leave the "
                          f"{'train' if not train else 'test'} split empty")
     with ExitStack() as stack:
-        for path, rows in ((train_path, train), (test_path, test)):
+        for path, lines in ((train_path, train), (test_path, test)):
             tmp = stack.enter_context(atomic_file(path))
             with os_errors_as(SplitError, path):
-                tmp.write_text("".join(row + "\n" for row in rows), encoding="utf-8")
-    for path, side, rows in ((train_path, "train", train), (test_path, "test", test)):
+                tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    for path, side, lines in ((train_path, "train", train), (test_path, "test", test)):
         write_manifest(manifest_path(path), build_manifest("split", inputs, {**params, "side": side},
-                                                           output_sha256=sha256_file(path), rows=len(rows)))
+                                                           output_sha256=sha256_file(path), rows=len(lines)))
     report = SplitReport(input=str(input_path.resolve()), train=str(train_path.resolve()),
                          test=str(test_path.resolve()), rows=len(rows), train_rows=len(train), test_rows=len(test),
                          **(duplicates | params))
