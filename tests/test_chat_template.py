@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from template_fixtures import model_folder, qwen3_template_dir  # noqa: F401 (a fixture)
 
 from workloads.common.chat_template import prompt_ids, template_options
 from workloads.data.tokenize import _encode
@@ -15,18 +16,6 @@ from workloads.serve.budget import PromptCounter
 CHAT = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "What does a bond pay?"},
         {"role": "assistant", "content": "Fixed coupons, then the principal at maturity."}]
 EMPTY_THINK = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
-
-
-@pytest.fixture(scope="module")
-def qwen3_template_dir(smollm2_base_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import trl
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(smollm2_base_dir)
-    tokenizer.chat_template = (Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja").read_text()
-    folder = tmp_path_factory.mktemp("qwen3-template")
-    tokenizer.save_pretrained(folder)
-    return folder
 
 
 def test_training_puts_the_empty_think_block_in_the_prompt_not_the_labels(qwen3_template_dir: Path) -> None:
@@ -60,19 +49,6 @@ def test_a_template_without_the_switch_renders_as_before(smollm2_base_dir: Path)
     assert prompt_ids(tokenizer, CHAT[:-1]) == tokenizer(expected, add_special_tokens=False)["input_ids"]
 
 
-def model_folder(tokenizer_dir: Path, weights_dir: Path, out: Path) -> Path:
-    """A model folder: `weights_dir`'s config and weights with `tokenizer_dir`'s tokenizer and chat template."""
-    import shutil
-
-    out.mkdir(parents=True)
-    for item in weights_dir.iterdir():
-        if item.name in ("config.json", "generation_config.json") or item.suffix == ".safetensors":
-            shutil.copy2(item, out / item.name)
-    for item in tokenizer_dir.iterdir():
-        shutil.copy2(item, out / item.name)
-    return out
-
-
 def transformers_serve_params(argv: list[str]) -> dict:
     """`transformers serve`'s own command line parser (click, through typer) applied to a plan's argv."""
     from transformers.cli.transformers import app
@@ -81,27 +57,16 @@ def transformers_serve_params(argv: list[str]) -> dict:
     return serve.make_context("serve", argv[argv.index("serve") + 1:]).params
 
 
-def vllm_template_kwargs(argv: list[str]) -> dict | None:
-    """What `vllm serve` reads from --default-chat-template-kwargs: vLLM registers it with `type=json.loads`
-    (vllm/entrypoints/openai/cli_args.py, BaseFrontendArgs._customize_cli_kwargs); vLLM is not installable here."""
-    import argparse
-    import json
-
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--default-chat-template-kwargs", type=json.loads)
-    return parser.parse_known_args(argv)[0].default_chat_template_kwargs
-
-
 def test_engines_that_render_prompts_themselves_are_told_to_turn_thinking_off(
         qwen3_template_dir: Path, tiny_model_dir: Path, smollm2_base_dir: Path, tmp_path: Path) -> None:
-    """Issue 42, item 8: vLLM and `transformers serve` render prompts with the template's defaults (Qwen3:
-    thinking on). They are started with the switch off (vLLM's --default-chat-template-kwargs, transformers serve's
-    --chat-template-kwargs); a template without the switch gets no flag."""
+    """Issue 42, item 8: `transformers serve` renders prompts with the template's defaults (Qwen3: thinking on).
+    It is started with the switch off (--chat-template-kwargs); a template without the switch gets no flag.
+    vLLM's --default-chat-template-kwargs is read by vLLM's own parser in test_serve_vllm_argv.py."""
     import json
 
     from documents.run_config import parse_run_config
     from documents.sections.serve import ServeConfig
-    from workloads.serve.engines import plan_transformers, plan_vllm
+    from workloads.serve.engines import plan_transformers
 
     for template, expected in ((qwen3_template_dir, {"enable_thinking": False}), (smollm2_base_dir, None)):
         root = tmp_path / template.name
@@ -109,8 +74,6 @@ def test_engines_that_render_prompts_themselves_are_told_to_turn_thinking_off(
                                 "model": {"source": "dir:/m"}, "data": {"source": "sample", "rows": 4}})
         model_folder(template, tiny_model_dir, run.base_model_dir)
         model_folder(template, tiny_model_dir, run.merged_dir)
-        (plan,) = plan_vllm(run, ServeConfig(), [])
-        assert vllm_template_kwargs(plan.argv) == expected, plan.argv
         for engine in plan_transformers(run, ServeConfig(device="cpu")):
             given = transformers_serve_params(engine.argv)["chat_template_kwargs"]
             assert (json.loads(given) if given else None) == expected, engine.argv

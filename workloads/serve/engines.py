@@ -14,7 +14,6 @@ has one (workloads.common.chat_template), as training rendered them; the gateway
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import sys
@@ -24,16 +23,15 @@ from pathlib import Path
 from documents.adapter_registry import AdapterEntry
 from documents.hf_files import read_adapter_config, write_adapter_config
 from documents.run_config import RunConfig
-from documents.sections.serve import ServeConfig
+from documents.sections.serve import VLLM_LORA_RANKS, ServeConfig
 from workloads.common.chat_template import folder_options
 from workloads.serve.budget import token_budget
 from workloads.serve.gateway import Route
+from workloads.serve.vllm_install import FLAG_SINCE, VllmInstall, VllmMissing, find_vllm
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "generation_config.json", "config.json")
 
-VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
-"""vLLM's LoRAConfig: the values --max-lora-rank accepts (vllm/config/lora.py, `MaxLoRARanks`)"""
 CPU_CACHE_SHARE = 0.1
 
 
@@ -50,12 +48,23 @@ class EnginePlan:
         return f"http://127.0.0.1:{self.port}"
 
 
+def vllm_python(cfg: ServeConfig) -> str:
+    return cfg.vllm_python or sys.executable
+
+
 def choose_engine(cfg: ServeConfig) -> str:
+    """auto: vLLM where the serving environment holds it and a GPU is present, else peft."""
     if cfg.engine != "auto":
         return cfg.engine
     import torch
 
-    return "vllm" if importlib.util.find_spec("vllm") and torch.cuda.is_available() else "peft"
+    if not torch.cuda.is_available():
+        return "peft"
+    try:
+        find_vllm(vllm_python(cfg))
+    except VllmMissing:
+        return "peft"
+    return "vllm"
 
 
 def on_cpu(device: str) -> bool:
@@ -202,14 +211,23 @@ def adapter_rank(entry: AdapterEntry) -> int:
     return max([config.r, *(int(r) for r in pattern.values())])
 
 
-def vllm_max_rank(ranks: list[int]) -> int:
-    """The smallest --max-lora-rank vLLM accepts that holds every rank; a rank past vLLM's largest is refused."""
-    rank = max(ranks, default=VLLM_LORA_RANKS[0])
-    fitting = [r for r in VLLM_LORA_RANKS if r >= rank]
-    if not fitting:
-        raise ValueError(f"LoRA rank {rank} is over {VLLM_LORA_RANKS[-1]}, the largest vLLM serves "
-                         f"(--max-lora-rank accepts {', '.join(map(str, VLLM_LORA_RANKS))}): serve it with engine peft")
-    return fitting[0]
+def check_rank(entry: AdapterEntry, max_rank: int) -> None:
+    """Refuse an adapter over the server's --max-lora-rank before vLLM sees it (vLLM would fail the whole start,
+    or refuse a runtime load with an opaque error)."""
+    rank = adapter_rank(entry)
+    if rank > max_rank:
+        fitting = [r for r in VLLM_LORA_RANKS if r >= rank]
+        remedy = (f"set serve.max_lora_rank to {fitting[0]}" if fitting else
+                  f"vLLM serves ranks up to {VLLM_LORA_RANKS[-1]}: serve it with engine peft")
+        raise ValueError(f"adapter {entry.name!r} has LoRA rank {rank}, over serve.max_lora_rank {max_rank} "
+                         f"(vLLM --max-lora-rank): {remedy}")
+
+
+def vllm_max_rank(cfg: ServeConfig, adapters: list[AdapterEntry]) -> int:
+    """--max-lora-rank: the configured rank (default training's), every adapter at start checked against it."""
+    for entry in adapters:
+        check_rank(entry, cfg.max_lora_rank)
+    return cfg.max_lora_rank
 
 
 def vllm_lora_slots(cfg: ServeConfig, held: int) -> tuple[int, int]:
@@ -218,18 +236,29 @@ def vllm_lora_slots(cfg: ServeConfig, held: int) -> tuple[int, int]:
     return min(cfg.max_loras_per_batch, held), held
 
 
-def plan_vllm(run: RunConfig, cfg: ServeConfig, adapters: list[AdapterEntry]) -> list[EnginePlan]:
+def vllm_template_flag(install: VllmInstall, base: Path) -> list[str]:
+    """--default-chat-template-kwargs where the template has a thinking switch; a vLLM too old for the flag is
+    refused rather than started with thinking on (prompts unlike training's)."""
+    flag = template_flag("--default-chat-template-kwargs", base)
+    if flag and not install.knows(flag[0]):
+        since = ".".join(map(str, FLAG_SINCE[flag[0]]))
+        raise ValueError(f"vLLM {install.version} ({install.distribution}, {install.python}) has no {flag[0]} (from "
+                         f"{since}); {base}'s chat template needs it to turn thinking off: upgrade the serving environment")
+    return flag
+
+
+def plan_vllm(run: RunConfig, cfg: ServeConfig, adapters: list[AdapterEntry], install: VllmInstall) -> list[EnginePlan]:
     """One vLLM process with every adapter, `max_loras_per_batch` GPU slots, room for `max_loras` held, and
     runtime load/unload enabled: it listens on loopback and answers only requests with the launch's engine key
-    (VLLM_API_KEY, set by the launcher), so only the gateway's admin routes reach it."""
+    (VLLM_API_KEY, set by the launcher), so only the gateway's admin routes reach it. Started empty, it gets no
+    --lora-modules (a list flag vLLM refuses without a value)."""
     base = require_folder(run.base_model_dir, "config.json", "prepare")
     port = cfg.backend_port
     per_batch, held = vllm_lora_slots(cfg, len(adapters))
-    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(base),
-            "--served-model-name", cfg.base_name, "--enable-lora", "--lora-modules", *lora_modules(adapters, cfg.base_name),
+    modules = ["--lora-modules", *lora_modules(adapters, cfg.base_name)] if adapters else []
+    argv = [*install.command(), str(base), "--served-model-name", cfg.base_name, "--enable-lora", *modules,
             "--max-loras", str(per_batch), "--max-cpu-loras", str(held),
-            "--max-lora-rank", str(vllm_max_rank([adapter_rank(entry) for entry in adapters])),
-            *template_flag("--default-chat-template-kwargs", base),
+            "--max-lora-rank", str(vllm_max_rank(cfg, adapters)), *vllm_template_flag(install, base),
             "--host", "127.0.0.1", "--port", str(port), *cfg.vllm_args]
     url = f"http://127.0.0.1:{port}"
     routes = [adapter_route(entry, url, None, cfg) for entry in adapters]

@@ -22,6 +22,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,8 @@ from documents.run_config import ConfigError, RunConfig, load_run_config
 from documents.sections.serve import ServeConfig
 from workloads.serve.auth import (AccessError, api_key_from_env, api_key_from_file, is_loopback,
                                   require_key_beyond_loopback)
-from workloads.serve.engines import EnginePlan, adapter_route, choose_engine, plan_peft, plan_transformers, plan_vllm
+from workloads.serve.engines import (EnginePlan, adapter_route, check_rank, choose_engine, plan_peft, plan_transformers,
+                                     plan_vllm, vllm_python)
 from workloads.serve.engine_key import engine_env, new_engine_key
 from workloads.serve.gateway import AdapterHost, Gateway, Limits, build_gateway
 from workloads.serve.registry import (
@@ -47,13 +49,15 @@ from workloads.serve.registry import (
 from workloads.serve.served import ServedReporter
 from workloads.serve.served_sync import persisted_set, recheck, resync
 from workloads.serve.supervise import EngineError, Supervisor
+from workloads.serve.vllm_install import find_vllm
 
 
 @contextmanager
 def supervised_engines(plans: list[EnginePlan], cfg: ServeConfig, on_give_up, engine_key: str,
                        on_restarted) -> Iterator[Supervisor]:
     """Start every plan under a supervisor, wait until healthy, yield it; stop every engine after."""
-    env = {**os.environ, "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"), **engine_env(engine_key)}
+    inherited = {name: value for name, value in os.environ.items() if name != cfg.api_key_env}  # the public key
+    env = {**inherited, "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"), **engine_env(engine_key)}
     supervisor = Supervisor(plans, env, cfg.startup_timeout_s, cfg.max_engine_restarts, cfg.shutdown_grace_s, on_give_up,
                             on_restarted)
     try:
@@ -66,7 +70,7 @@ def supervised_engines(plans: list[EnginePlan], cfg: ServeConfig, on_give_up, en
 def make_plans(run: RunConfig, cfg: ServeConfig, engine: str, finetuned: str, work_dir: Path,
                adapters: list[AdapterEntry]) -> list[EnginePlan]:
     if engine == "vllm":
-        return plan_vllm(run, cfg, adapters)
+        return plan_vllm(run, cfg, adapters, find_vllm(vllm_python(cfg)))
     if engine == "peft":
         return plan_peft(run, cfg, adapters)
     if cfg.adapters:
@@ -84,8 +88,11 @@ def adapter_host(run: RunConfig, cfg: ServeConfig, engine: str, plans: list[Engi
     url = plans[0].url
 
     def resolve(name: str, run_id: str) -> AdapterEntry:
-        return stored_adapter(stored_runs(store_dir, cfg.stack), store_dir, cfg.stack, name, run_id, base_sha,
-                              base_path)
+        entry = stored_adapter(stored_runs(store_dir, cfg.stack), store_dir, cfg.stack, name, run_id, base_sha,
+                               base_path)
+        if engine == "vllm":
+            check_rank(entry, cfg.max_lora_rank)
+        return entry
 
     return AdapterHost(url, resolve, lambda entry: adapter_route(entry, url, tokenizer, cfg),
                        lambda path: run_of_path(stored_runs(store_dir, cfg.stack), store_dir, cfg.stack, path))
@@ -133,7 +140,7 @@ def gateway_server(config: Any, gateway: Gateway, grace_s: float) -> Any:
     return Server(config)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=os.environ.get("FT_CONFIG"), required="FT_CONFIG" not in os.environ)
     parser.add_argument("--host", help="override serve.host")
@@ -146,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="serve a stored run's adapter under NAME (repeat; adds to serve.adapters)")
     parser.add_argument("--runs-store", help="override serve.runs_store (the run store folder)")
     parser.add_argument("--stack", help="override serve.stack: the stack served (stored runs of other stacks are refused)")
+    parser.add_argument("--vllm-python", default=os.environ.get("FT_VLLM_PYTHON"),
+                        help="override serve.vllm_python: the serving environment's interpreter (default $FT_VLLM_PYTHON)")
     parser.add_argument("--resume", action=argparse.BooleanOptionalAction,
                         default=int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0,
                         help="serve the set the last launcher of this run persisted (default: in a requeued job)")
@@ -154,74 +163,113 @@ def main(argv: list[str] | None = None) -> int:
                              "of serve.api_key_env (the publish job reads the same file)")
     parser.add_argument("--start-empty", action="store_true",
                         help="with no adapter named, serve the base alone (not the run's own fine-tune)")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def serve_config(run: RunConfig, args: argparse.Namespace) -> ServeConfig:
+    """The run config's serve section with the command line's overrides."""
+    overrides = {k: v for k, v in {"host": args.host, "port": args.port, "backend_port": args.backend_port,
+                                   "runs_store": args.runs_store, "vllm_python": args.vllm_python,
+                                   "stack": None if args.stack is None else checked_name(args.stack, "--stack")}.items()
+                 if v is not None}
+    if args.no_base:
+        overrides["serve_base"] = False
+    cfg = (run.serve or ServeConfig()).model_copy(update=overrides)
+    return cfg.model_copy(update={"adapters": {**cfg.adapters, **parse_adapter_flags(args.adapter)}})
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Everything decided before an engine starts."""
+
+    run: RunConfig
+    cfg: ServeConfig
+    api_key: str | None
+    engine: str
+    plans: list[EnginePlan]
+    host: AdapterHost | None
+    base: tuple[str, str]
+    """the served base's hash and folder"""
+
+
+def decide(args: argparse.Namespace) -> Launch:
+    """Config, key, engine, adapters and plans; raises what main reports as a usage error."""
+    run = load_run_config(args.config)
+    cfg = serve_config(run, args)
+    api_key = api_key_from_file(args.api_key_file, create=True) if args.api_key_file else api_key_from_env(cfg.api_key_env)
+    require_key_beyond_loopback(cfg.host, api_key)
+    work_dir = Path(tempfile.mkdtemp(prefix="ft-serve-"))
+    atexit.register(shutil.rmtree, work_dir, ignore_errors=True)  # on every exit but SIGKILL (SIGTERM: sys.exit)
+    engine = choose_engine(cfg)
+    adapters = served_adapters(run, cfg, engine, args.resume, args.start_empty)
+    plans = make_plans(run, cfg, engine, args.finetuned, work_dir, adapters)
+    return Launch(run, cfg, api_key, engine, plans, adapter_host(run, cfg, engine, plans), served_base(run))
+
+
+class Serving:
+    """The running launcher's shared state: the gateway once built, the server once made, why it gave up."""
+
+    def __init__(self, launch: Launch) -> None:
+        self.launch, self.engine_key = launch, new_engine_key()
+        self.gateway: Gateway | None = None
+        self.server: Any = None
+        self.gave_up: list[str] = []
+
+    def reload_served(self, plan: EnginePlan) -> None:
+        """Only an engine that holds adapters (peft, vLLM) has a served set to load back."""
+        host, cfg = self.launch.host, self.launch.cfg
+        if self.gateway is not None and host is not None and plan.url == host.url:
+            for name in resync(self.gateway, plan.url, cfg.base_name, self.engine_key):
+                print(f"serve: {name}: its files changed since it was loaded; no longer served", file=sys.stderr)
+
+    def give_up(self, reason: str) -> None:
+        self.gave_up.append(reason)
+        if self.server is not None:
+            self.server.should_exit = True
+
+    def run_gateway(self, supervisor: Supervisor) -> None:
+        """Build the gateway over the healthy engines and serve until stopped."""
+        import uvicorn
+
+        launch, cfg = self.launch, self.launch.cfg
+        routes = [route for plan in launch.plans for route in plan.routes]
+        limits = Limits(max_tokens=cfg.max_tokens_limit, max_body_bytes=cfg.max_body_bytes)
+        app = build_gateway(routes, launch.api_key, limits, engine_state=supervisor.state, adapter_host=launch.host,
+                            engine_key=self.engine_key)
+        gateway = self.gateway = app.state.gateway
+        print(reach_hint(cfg.host, cfg.port, os.uname().nodename), flush=True)
+        print(f"engine {launch.engine}; models: {[r.name for r in routes]}; API key "
+              f"{'required' if launch.api_key else 'not set (loopback only; admin routes closed)'}", flush=True)
+        self.server = gateway_server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning",
+                                                    timeout_graceful_shutdown=cfg.shutdown_grace_s + ENDING_S),
+                                     gateway, cfg.shutdown_grace_s)
+        url = None if is_loopback(cfg.host) else f"http://{os.uname().nodename}:{cfg.port}"
+        with ServedReporter(gateway, launch.run.results_dir, (cfg.base_name, *launch.base), launch.engine,
+                            url=url) as reporter:
+            gateway.on_change = reporter.report
+            if not self.gave_up:
+                self.server.run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     try:
-        run = load_run_config(args.config)
-        overrides = {k: v for k, v in {"host": args.host, "port": args.port, "backend_port": args.backend_port,
-                                       "runs_store": args.runs_store,
-                                       "stack": None if args.stack is None else checked_name(args.stack, "--stack")}.items()
-                     if v is not None}
-        if args.no_base:
-            overrides["serve_base"] = False
-        cfg = (run.serve or ServeConfig()).model_copy(update=overrides)
-        cfg = cfg.model_copy(update={"adapters": {**cfg.adapters, **parse_adapter_flags(args.adapter)}})
-        api_key = (api_key_from_file(args.api_key_file, create=True) if args.api_key_file
-                   else api_key_from_env(cfg.api_key_env))
-        require_key_beyond_loopback(cfg.host, api_key)
-        work_dir = Path(tempfile.mkdtemp(prefix="ft-serve-"))
-        atexit.register(shutil.rmtree, work_dir, ignore_errors=True)  # on every exit but SIGKILL (SIGTERM: sys.exit)
-        engine = choose_engine(cfg)
-        adapters = served_adapters(run, cfg, engine, args.resume, args.start_empty)
-        plans = make_plans(run, cfg, engine, args.finetuned, work_dir, adapters)
-        host = adapter_host(run, cfg, engine, plans)
-        base_sha, base_path = served_base(run)
+        launch = decide(args)
     except (ConfigError, AccessError, FileNotFoundError, ValueError) as error:
         print(f"serve: {error}", file=sys.stderr)
         return 2
-    import uvicorn
-
     # uvicorn re-raises SIGTERM after its graceful shutdown; exiting through SystemExit lets the engines be stopped.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    server: uvicorn.Server | None = None
-    gave_up: list[str] = []
-    engine_key = new_engine_key()
-    gateway: Gateway | None = None
-
-    def reload_served(plan: EnginePlan) -> None:
-        """Only an engine that holds adapters (peft, vLLM) has a served set to load back."""
-        if gateway is not None and host is not None and plan.url == host.url:
-            for name in resync(gateway, plan.url, cfg.base_name, engine_key):
-                print(f"serve: {name}: its files changed since it was loaded; no longer served", file=sys.stderr)
-
-    def give_up(reason: str) -> None:
-        gave_up.append(reason)
-        if server is not None:
-            server.should_exit = True
-
+    serving = Serving(launch)
     try:
-        with supervised_engines(plans, cfg, give_up, engine_key, reload_served) as supervisor:
-            routes = [route for plan in plans for route in plan.routes]
-            limits = Limits(max_tokens=cfg.max_tokens_limit, max_body_bytes=cfg.max_body_bytes)
-            app = build_gateway(routes, api_key, limits, engine_state=supervisor.state, adapter_host=host,
-                                engine_key=engine_key)
-            gateway = app.state.gateway
-            print(reach_hint(cfg.host, cfg.port, os.uname().nodename), flush=True)
-            print(f"engine {engine}; models: {[r.name for r in routes]}; API key "
-                  f"{'required' if api_key else 'not set (loopback only; admin routes closed)'}", flush=True)
-            server = gateway_server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning",
-                                                  timeout_graceful_shutdown=cfg.shutdown_grace_s + ENDING_S),
-                                   gateway, cfg.shutdown_grace_s)
-            url = None if is_loopback(cfg.host) else f"http://{os.uname().nodename}:{cfg.port}"
-            with ServedReporter(gateway, run.results_dir, (cfg.base_name, base_sha, base_path), engine,
-                                url=url) as reporter:
-                gateway.on_change = reporter.report
-                if not gave_up:
-                    server.run()
+        with supervised_engines(launch.plans, launch.cfg, serving.give_up, serving.engine_key,
+                                serving.reload_served) as supervisor:
+            serving.run_gateway(supervisor)
     except EngineError as error:
         print(f"serve: {error}", file=sys.stderr)
         return 1
-    if gave_up:
-        print(f"serve: stopped: {gave_up[0]}", file=sys.stderr)
+    if serving.gave_up:
+        print(f"serve: stopped: {serving.gave_up[0]}", file=sys.stderr)
         return 1
     return 0
 
