@@ -19,7 +19,7 @@ from infra.dashboard.model import StoredRun
 from infra.monitoring.view import job_metrics_view
 from infra.program.mocks import run_under_mocks
 from infra.config import find_repo_root
-from infra.runs.store import ArtifactError, ArtifactStore, list_runs, run_prefix, store_for_stack
+from infra.runs.store import ArtifactError, ArtifactStore, DamagedRun, run_prefix, scan_runs, store_for_stack
 
 
 class RunNotFoundError(ArtifactError):
@@ -60,15 +60,23 @@ def mock_outputs(stack: StackConfig) -> StackOutputs:
     return parse_stack_outputs(run_under_mocks(stack).outputs, f"the mock run of stack {stack.stack}")
 
 
-def latest_run(store: ArtifactStore, stack: str, run_id: str | None) -> StoredRun | None:
-    """Index, metrics and evaluator report of one stored run (the latest unless `run_id`)."""
-    runs = list_runs(store, stack)
+def damaged_warning(damaged: list[DamagedRun]) -> str:
+    return f"{len(damaged)} stored run(s) damaged, not shown: " + "; ".join(d.reason for d in damaged)
+
+
+def latest_run(store: ArtifactStore, stack: str, run_id: str | None) -> tuple[StoredRun | None, list[DamagedRun]]:
+    """Index, metrics and evaluator report of one stored run (the latest readable one unless `run_id`), and the runs
+    whose index is damaged."""
+    listing = scan_runs(store, stack)
+    runs = listing.runs
     if run_id is not None:
+        if hit := next((d for d in listing.damaged if d.run_id == run_id), None):
+            raise RunNotFoundError(f"run {run_id!r} of stack {stack!r} is damaged: {hit.reason}")
         runs = [r for r in runs if r.run_id == run_id]
         if not runs:
             raise RunNotFoundError(f"run {run_id!r} of stack {stack!r} not found in {store.describe(f'runs/{stack}/')}")
     if not runs:
-        return None
+        return None, listing.damaged
     index = runs[-1]
     prefix = run_prefix(stack, index.run_id)
     metrics_key = f"{prefix}/train/{METRICS_NAME}"
@@ -81,20 +89,22 @@ def latest_run(store: ArtifactStore, stack: str, run_id: str | None) -> StoredRu
             if report_name else None
     except DocumentError as exc:
         raise ArtifactError(str(exc)) from None
-    return StoredRun(index=index, metrics=metrics, evaluator=evaluator)
+    return StoredRun(index=index, metrics=metrics, evaluator=evaluator), listing.damaged
 
 
-def stored_run(stack: StackConfig, root: Path, bucket: Any, run_id: str | None) -> tuple[StoredRun | None, str | None]:
-    """The run to show and, when the artifacts store cannot be read, why (the page still renders)."""
+def stored_run(stack: StackConfig, root: Path, bucket: Any, run_id: str | None) -> tuple[StoredRun | None, list[str]]:
+    """The run to show and, when the artifacts store cannot be read or holds damaged runs, why (the page still
+    renders)."""
     if stack.target == "nebius" and not isinstance(bucket, str):
-        return None, None
+        return None, []
     try:
         store = store_for_stack(stack, root, bucket=bucket)
-        return latest_run(store, stack.stack, run_id), None
+        run, damaged = latest_run(store, stack.stack, run_id)
     except RunNotFoundError:
         raise
     except (ArtifactError, BotoCoreError, ClientError) as exc:
-        return None, f"runs not read from the artifacts store: {exc}"
+        return None, [f"runs not read from the artifacts store: {exc}"]
+    return run, [damaged_warning(damaged)] if damaged else []
 
 
 def run(args: argparse.Namespace) -> int:
@@ -107,10 +117,10 @@ def run(args: argparse.Namespace) -> int:
         else:
             outputs, source = mock_outputs(stack), f"the mock run of stacks/Pulumi.{args.stack}.yaml"
         bucket = outputs.platform.buckets.get("artifacts") if outputs.platform is not None else None
-        run_data, warning = stored_run(stack, root, args.bucket or bucket, args.run)
+        run_data, warnings = stored_run(stack, root, args.bucket or bucket, args.run)
         data = build(args.stack, outputs, stack, run_data)
         data.job_metrics = job_metrics_view(stack.target, root, run_data.index if run_data else None)
-        if warning:
+        for warning in warnings:
             print(f"ftstack report: warning: {warning}", file=sys.stderr)
             data.warnings.append(warning)
         page = write_dashboard(data, args.out, source)

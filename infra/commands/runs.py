@@ -1,6 +1,7 @@
 """`ftstack runs --stack NAME`: past pipeline runs of a stack with their key figures, from the artifacts store;
 `--adapters`: the runs' LoRA adapters as `serve --adapter NAME=RUN_ID` takes them (base hash, rank, data hash,
-evaluation)."""
+evaluation). A run whose stored files cannot be read is listed as damaged, with the file and why, after the others
+(on standard error with --json)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,15 @@ from documents.run_record import RunIndex
 from documents.throughput import measure_run
 from infra.config import StackConfigError, load_stack_config
 from infra.config import find_repo_root
-from infra.runs.store import ArtifactError, ArtifactStore, list_runs, read_run_file, run_prefix, store_for_stack
+from infra.runs.store import (
+    ArtifactError,
+    ArtifactStore,
+    DamagedRun,
+    read_run_file,
+    run_prefix,
+    scan_runs,
+    store_for_stack,
+)
 from workloads.serve.registry import STORED_MANIFEST, RegistryError, adapter_entry
 
 COLUMNS = ("run", "started", "finished", "ppl base", "ppl tuned", "ppl gain %", "tokens/s/device",
@@ -44,21 +53,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 ADAPTER_COLUMNS = ("adapter (run id)", "base sha256", "rank", "data sha256", "ppl tuned", "ppl gain %", "folder")
 
 
-def adapter_entries(store: ArtifactStore, stack: str, runs: list[RunIndex]) -> list[AdapterEntry]:
-    """The adapter of every run whose stored manifest names one, named after its run id."""
-    entries = []
+def adapter_entries(store: ArtifactStore, stack: str, runs: list[RunIndex]
+                    ) -> tuple[list[AdapterEntry], list[DamagedRun]]:
+    """The adapter of every run whose stored manifest names one, named after its run id; and the runs whose stored
+    manifest cannot be read (listed as damaged, the others stay usable)."""
+    entries, damaged = [], []
     for index in runs:
         if STORED_MANIFEST not in index.files:
             continue
         key = f"{run_prefix(stack, index.run_id)}/{STORED_MANIFEST}"
         try:
-            manifest = read_run_manifest(read_run_file(store, stack, index.run_id, STORED_MANIFEST), key)
+            manifest = read_run_manifest(read_run_file(store, stack, index.run_id, STORED_MANIFEST),
+                                         store.describe(key))
             entries.append(adapter_entry(index.run_id, index.run_id, manifest, index))
         except RegistryError:
             continue
-        except DocumentError as exc:
-            raise ArtifactError(str(exc)) from None
-    return entries
+        except (ArtifactError, DocumentError) as exc:
+            damaged.append(DamagedRun(index.run_id, store.describe(key), str(exc)))
+    return entries, damaged
+
+
+def format_damaged(damaged: list[DamagedRun]) -> str:
+    """One line per damaged run: its id and why, the reason naming the stored file."""
+    return "\n".join([f"{len(damaged)} damaged run(s), not listed above:",
+                      *(f"  {d.run_id}: {d.reason}" for d in damaged)])
 
 
 def format_adapters(entries: list[AdapterEntry]) -> str:
@@ -128,18 +146,23 @@ def run(args: argparse.Namespace) -> int:
     try:
         stack = load_stack_config(args.stack, args.config_dir)
         store = store_for_stack(stack, find_repo_root(), bucket=args.bucket)
-        runs = list_runs(store, args.stack)
-        entries = adapter_entries(store, args.stack, runs) if args.adapters else []
+        listing = scan_runs(store, args.stack)
+        runs, damaged = listing.runs, listing.damaged
+        entries, unreadable = adapter_entries(store, args.stack, runs) if args.adapters else ([], [])
     except (StackConfigError, ArtifactError, BotoCoreError, ClientError) as exc:
         print(f"ftstack runs: {exc}", file=sys.stderr)
         return 2
+    damaged = damaged + unreadable
     if args.adapters:
         print(json.dumps([e.model_dump() for e in entries], indent=2) if args.json else
               format_adapters(entries) if entries else f"no run of stack {args.stack!r} has an adapter")
     elif args.json:
         print(json.dumps([r.model_dump() for r in runs], indent=2))
     elif not runs:
-        print(f"no runs of stack {args.stack!r} in {store.describe(f'runs/{args.stack}/')}")
+        where = store.describe(f"runs/{args.stack}/")
+        print(f"no {'readable ' if damaged else ''}runs of stack {args.stack!r} in {where}")
     else:
         print(format_table(runs, own_speeds(store, args.stack, runs)))
+    if damaged:
+        print(format_damaged(damaged), file=sys.stderr if args.json else sys.stdout)
     return 0

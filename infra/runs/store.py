@@ -82,7 +82,10 @@ class LocalStore:
         path = self._path(key)
         if not path.is_file():
             raise ArtifactError(f"{self.describe(key)}: no such artifact")
-        return path.read_bytes()
+        try:
+            return path.read_bytes()
+        except OSError as exc:
+            raise ArtifactError(f"{self.describe(key)}: not readable: {exc.strerror or exc}") from None
 
     def list_keys(self, prefix: str) -> list[str]:
         base = self._path(prefix) if prefix else self.root
@@ -377,17 +380,49 @@ def latest_throughput(store: ArtifactStore, stack: str) -> ThroughputMeasurement
     return next((r.throughput for r in reversed(list_runs(store, stack)) if r.throughput is not None), None)
 
 
-def list_runs(store: ArtifactStore, stack: str) -> list[RunIndex]:
-    """Every run of `stack` that has a `run.json`, oldest first."""
+@dataclass(frozen=True)
+class DamagedRun:
+    """A stored run whose `run.json` cannot be read or does not describe it: listed beside the runs, never used."""
+
+    run_id: str
+    path: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class RunListing:
+    runs: list[RunIndex]
+    """the readable runs, oldest first"""
+    damaged: list[DamagedRun]
+    """runs whose index is unreadable, invalid or names another run, in key order"""
+
+
+def _read_index(store: ArtifactStore, stack: str, key: str) -> RunIndex | DamagedRun:
+    run_id = key.split("/")[2]
+    try:
+        index = read_run_record(store.get_bytes(key), store.describe(key))
+    except (ArtifactError, DocumentError) as exc:
+        return DamagedRun(run_id, store.describe(key), str(exc))
+    if (index.stack, index.run_id) != (stack, run_id):
+        return DamagedRun(run_id, store.describe(key), f"{store.describe(key)}: names run {index.run_id!r} of stack "
+                          f"{index.stack!r}, stored as run {run_id!r} of stack {stack!r}")
+    return index
+
+
+def scan_runs(store: ArtifactStore, stack: str) -> RunListing:
+    """Every run of `stack` that has a `run.json`; one that cannot be read is listed as damaged, the others stay
+    usable."""
     prefix = f"{RUNS_PREFIX}/{stack}/"
-    runs: list[RunIndex] = []
-    for key in store.list_keys(prefix):
-        if key.count("/") == 3 and key.endswith("/" + INDEX_NAME):
-            try:
-                runs.append(read_run_record(store.get_bytes(key), store.describe(key)))
-            except DocumentError as exc:
-                raise ArtifactError(str(exc)) from exc
-    return sorted(runs, key=lambda r: (r.started_at or r.uploaded_at, r.run_id))
+    read = [_read_index(store, stack, key) for key in store.list_keys(prefix)
+            if key.count("/") == 3 and key.endswith("/" + INDEX_NAME)]
+    runs = [r for r in read if isinstance(r, RunIndex)]
+    return RunListing(runs=sorted(runs, key=lambda r: (r.started_at or r.uploaded_at, r.run_id)),
+                      damaged=[r for r in read if isinstance(r, DamagedRun)])
+
+
+def list_runs(store: ArtifactStore, stack: str) -> list[RunIndex]:
+    """Every readable run of `stack`, oldest first (`scan_runs` also names the damaged ones)."""
+    return scan_runs(store, stack).runs
 
 
 def read_run_file(store: ArtifactStore, stack: str, run_id: str, name: str) -> bytes:
