@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -230,18 +231,16 @@ def compare(cfg: StackConfig, run: RunConfig, inputs: PriceInputs = PriceInputs(
         data_basis = f"the run config's data: {sized.tokens:,.0f} tokens x {sized.epochs:g} passes"
     platform = catalog.get_platform(worker.platform)
     nodes, gpus_per_node = worker_shape(cfg)
-    stack_gpus = nodes * gpus_per_node
+    on = _OnStack(platform=worker.platform, gpu_model=platform.gpu_model or "", nodes=nodes, gpus_per_node=gpus_per_node,
+                  node=Hardware(gpu_memory_gib=platform.usable_gpu_memory_gib, gpus_per_node=gpus_per_node,
+                                host_memory_gib=worker.shape.ram_gib))
     has_spot = _has_preemptible_price(price(run, True))
-    one_gpu = Hardware(gpu_memory_gib=platform.usable_gpu_memory_gib)
-    node = Hardware(gpu_memory_gib=platform.usable_gpu_memory_gib, gpus_per_node=gpus_per_node,
-                    host_memory_gib=worker.shape.ram_gib)
     rows: list[CompareRow] = []
     usd_rate = spot_rate = None
     for source in compared_models(run):
         shape = shape_for_source(source)
         for method in METHODS:
             variant = with_method(run, source, method)
-            fit = decide_placement(variant, shape, one_gpu)
             on_demand = price(variant, False)
             priced = on_demand.training
             if usd_rate is None and priced.gpu_hours and priced.usd is not None:
@@ -249,52 +248,75 @@ def compare(cfg: StackConfig, run: RunConfig, inputs: PriceInputs = PriceInputs(
                 usd_rate = priced.usd / priced.gpu_hours
                 spot = price(variant, True).training if has_spot else None
                 spot_rate = spot.usd / spot.gpu_hours if spot and spot.usd is not None and spot.gpu_hours else None
-            needed = fit.gpus if fit else None
-            host = host_bytes_per_node(variant, shape, fit.plan.strategy, gpus_per_node) if fit else None
-            host_fits = host is not None and host <= worker.shape.ram_gib * GIB
-            fits_stack = needed is not None and needed <= stack_gpus and host_fits
-            wall_gpus = stack_gpus if fits_stack else (gpus_per_node * math.ceil(needed / gpus_per_node)
-                                                       if needed else None)
-            preemptible = priced.gpu_hours * spot_rate if spot_rate is not None and priced.gpu_hours else None
-            plain = CompareRow(
-                model=source, params_b=round(shape.params / 1e9, 2), method=method,
-                strategy=fit.plan.strategy if fit else None, gpus_needed=needed,
-                per_gpu_gib=round(fit.per_gpu_gib, 1) if fit else None, fits_stack=fits_stack,
-                host_gib_per_node=round(host / GIB, 1) if host is not None else None,
-                throughput=_row_throughput(on_demand), gpu_hours=priced.gpu_hours,
-                wall_hours=priced.gpu_hours / wall_gpus if priced.gpu_hours is not None and wall_gpus else None,
-                wall_gpus=wall_gpus, usd_on_demand=priced.usd, usd_preemptible=preemptible,
-            )
-            gpu_model = platform.gpu_model or ""
-            tps = plain.throughput.tokens_per_second_per_gpu
-            hsdp, bare = None, plain
-            if fit is not None and wall_gpus:
-                spread = decide_placement(variant, shape, node, wall_gpus // gpus_per_node)
-                hsdp = _hsdp_row(plain, variant, shape, spread, node, worker.platform, gpu_model)
-                placed = (fastest_nodes(variant, shape, node, nodes, worker.platform, gpu_model, tps,
-                                        math.ceil(needed / gpus_per_node)) if fits_stack else spread)
-                if placed is not None:
-                    plain = _with_network(_on_gpus(plain, placed.gpus), variant, shape, placed, worker.platform,
-                                          gpu_model)
-            chosen = fastest_nodes(variant, shape, node, nodes, worker.platform, gpu_model, tps)
-            offloaded = _offload_row(bare, variant, shape, node, gpu_model, worker.platform, stack_gpus, spot_rate,
-                                     chosen)
-            rows += [_marked(r, chosen) for r in (plain, offloaded, hsdp) if r is not None]
-    notes = ["FSDP rows are priced at the per-GPU throughput of the same model and method under DDP divided by their "
-             "network slowdown; a measured FSDP run replaces that assumption"]
-    notes.append(f"network: {NETWORK_MODEL}; fabric {catalog.FABRICS[worker.platform].name}: "
-                 f"{catalog.FABRICS[worker.platform].source}")
-    notes.append(f"offload rows (FSDP CPU offload, train.offload: params) where they need fewer GPUs: {OFFLOAD_MODEL}")
-    notes.append(f"hsdp rows: sharding within each node and replicating across nodes on the same GPUs; auto keeps "
-                 f"FSDP over every rank, set {HSDP_SETTING} in the run config to train a row as HSDP")
-    if not has_spot:
-        notes.append(f"{worker.platform}: no preemptible price in the catalog; preemptible cost not shown")
+            rows += _variant_rows(variant, shape, on_demand, spot_rate, on)
     return MethodComparison(
-        stack=cfg.stack, gpu_model=platform.gpu_model or "", gpu_memory_gib=platform.usable_gpu_memory_gib,
-        gpus_per_node=gpus_per_node, node_ram_gib=worker.shape.ram_gib, stack_gpus=stack_gpus, tokens=sized.tokens,
+        stack=cfg.stack, gpu_model=on.gpu_model, gpu_memory_gib=platform.usable_gpu_memory_gib,
+        gpus_per_node=gpus_per_node, node_ram_gib=worker.shape.ram_gib, stack_gpus=on.gpus, tokens=sized.tokens,
         passes=sized.epochs, data_basis=data_basis, usd_per_gpu_hour=usd_rate, preemptible_usd_per_gpu_hour=spot_rate,
-        rows=rows, notes=notes,
+        rows=rows, notes=_notes(worker.platform, has_spot),
     )
+
+
+@dataclass(frozen=True)
+class _OnStack:
+    """The stack's GPU worker set as the rows are placed on it."""
+
+    platform: str
+    gpu_model: str
+    nodes: int
+    gpus_per_node: int
+    node: Hardware
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+def _variant_rows(variant: RunConfig, shape: ModelShape, on_demand: CostReport, spot_rate: float | None,
+                  on: _OnStack) -> list[CompareRow]:
+    """One model and method: its plain row where it trains (with its network time), and its offload and HSDP rows
+    where they apply, the one the trainer takes marked."""
+    fit = decide_placement(variant, shape, Hardware(gpu_memory_gib=on.node.gpu_memory_gib))
+    priced = on_demand.training
+    needed = fit.gpus if fit else None
+    host = host_bytes_per_node(variant, shape, fit.plan.strategy, on.gpus_per_node) if fit else None
+    host_fits = host is not None and host <= on.node.host_memory_gib * GIB
+    fits_stack = needed is not None and needed <= on.gpus and host_fits
+    wall_gpus = on.gpus if fits_stack else (on.gpus_per_node * math.ceil(needed / on.gpus_per_node) if needed else None)
+    preemptible = priced.gpu_hours * spot_rate if spot_rate is not None and priced.gpu_hours else None
+    plain = CompareRow(
+        model=variant.model.source, params_b=round(shape.params / 1e9, 2), method=variant.train.method,
+        strategy=fit.plan.strategy if fit else None, gpus_needed=needed,
+        per_gpu_gib=round(fit.per_gpu_gib, 1) if fit else None, fits_stack=fits_stack,
+        host_gib_per_node=round(host / GIB, 1) if host is not None else None,
+        throughput=_row_throughput(on_demand), gpu_hours=priced.gpu_hours,
+        wall_hours=priced.gpu_hours / wall_gpus if priced.gpu_hours is not None and wall_gpus else None,
+        wall_gpus=wall_gpus, usd_on_demand=priced.usd, usd_preemptible=preemptible,
+    )
+    tps = plain.throughput.tokens_per_second_per_gpu
+    hsdp, bare = None, plain
+    if fit is not None and wall_gpus:
+        spread = decide_placement(variant, shape, on.node, wall_gpus // on.gpus_per_node)
+        hsdp = _hsdp_row(plain, variant, shape, spread, on.node, on.platform, on.gpu_model)
+        placed = (fastest_nodes(variant, shape, on.node, on.nodes, on.platform, on.gpu_model, tps,
+                                math.ceil(needed / on.gpus_per_node)) if fits_stack else spread)
+        if placed is not None:
+            plain = _with_network(_on_gpus(plain, placed.gpus), variant, shape, placed, on.platform, on.gpu_model)
+    chosen = fastest_nodes(variant, shape, on.node, on.nodes, on.platform, on.gpu_model, tps)
+    offloaded = _offload_row(bare, variant, shape, on.node, on.gpu_model, on.platform, on.gpus, spot_rate, chosen)
+    return [_marked(r, chosen) for r in (plain, offloaded, hsdp) if r is not None]
+
+
+def _notes(platform: str, has_spot: bool) -> list[str]:
+    notes = ["FSDP rows are priced at the per-GPU throughput of the same model and method under DDP divided by their "
+             "network slowdown; a measured FSDP run replaces that assumption",
+             f"network: {NETWORK_MODEL}; fabric {catalog.FABRICS[platform].name}: {catalog.FABRICS[platform].source}",
+             f"offload rows (FSDP CPU offload, train.offload: params) where they need fewer GPUs: {OFFLOAD_MODEL}",
+             f"hsdp rows: sharding within each node and replicating across nodes on the same GPUs; auto keeps FSDP over "
+             f"every rank, set {HSDP_SETTING} in the run config to train a row as HSDP"]
+    if not has_spot:
+        notes.append(f"{platform}: no preemptible price in the catalog; preemptible cost not shown")
+    return notes
 
 
 

@@ -151,13 +151,26 @@ def submit_chain(
                          data_sha256=state.data_source.sha256 if state.data_source else None,
                          train_hours=estimated_train_hours(stack, run, price_inputs(stack, repo_root).training))
     channel.run(["mkdir", "-p", *log_dirs(jobs)], timeout=60).check()
+    submitted, kept = _submit_changed(jobs, state, state_file, bundle["path"], transport, location.slurm_env, progress)
+    if submitted:
+        state.evaluation = None
+        state.started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        save_state(state_file, state)
+    result = PipelineRun(stack=stack.stack, started_at=state.started_at, bundle_hash=bundle["content_hash"],
+                         submitted=submitted, kept=kept,
+                         jobs=_public_jobs(state), evaluation=state.evaluation)
+    return state, result, jobs
 
+def _submit_changed(jobs: list[JobSpec], state: PipelineState, state_file: Path, bundle_path: str,
+                    transport: dict[str, Any], slurm_env: dict[str, str], progress: Progress) -> tuple[list[str], list[str]]:
+    """Each job in order: kept where its inputs are unchanged and its job is still good, else (its old job cancelled)
+    submitted; the state saved after each. Returns (submitted, kept) stages."""
     provider = SlurmJobProvider()
     ids: dict[str, str] = {}
     submitted, kept = [], []
     for job in jobs:
-        props = job_inputs(**job_arguments(job, bundle_path=bundle["path"], dependencies=[ids[d] for d in job.depends_on],
-                                           transport=transport, slurm_env=location.slurm_env, wait=False))
+        props = job_inputs(**job_arguments(job, bundle_path=bundle_path, dependencies=[ids[d] for d in job.depends_on],
+                                           transport=transport, slurm_env=slurm_env, wait=False))
         record = state.stages.get(job.stage)
         live = _live_state(provider, record, props)
         if _reusable(provider, record, props, live):
@@ -173,14 +186,8 @@ def submit_chain(
         ids[job.stage] = outs["job_id"]
         state.stages[job.stage] = StageRecord(stage=job.stage, outs={**outs, "transport": redacted(transport)})
         save_state(state_file, state)
-    if submitted:
-        state.evaluation = None
-        state.started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        save_state(state_file, state)
-    result = PipelineRun(stack=stack.stack, started_at=state.started_at, bundle_hash=bundle["content_hash"],
-                         submitted=submitted, kept=kept,
-                         jobs=_public_jobs(state), evaluation=state.evaluation)
-    return state, result, jobs
+    return submitted, kept
+
 
 
 def wait_chain(

@@ -132,9 +132,17 @@ def decide_parallelism(run: RunConfig, shape: ModelShape | None, gpu_memory_gib:
         chosen = sharded if strategy == "fsdp" else replica
         return plan(strategy, f"{configured}: no GPU memory known (CPU): {strategy}, nothing to fit",
                     per_rank_parts(chosen, train.method), True, replica_bytes=replica.total)
-    budget = fraction * gpu_memory_gib * GIB
+    return _ddp_or_fsdp(plan, configured, shape, inputs, replica, sharded, fraction * gpu_memory_gib * GIB,
+                        f"{fraction:.0%} of {gpu_memory_gib:g} GiB", train.method, world_size)
+
+
+def _ddp_or_fsdp(plan: Callable[..., ParallelismPlan], configured: str, shape: ModelShape, inputs: MemoryInputs,
+                 replica: MemoryEstimate, sharded: MemoryEstimate, budget: float, share: str, method: str,
+                 world_size: int) -> ParallelismPlan:
+    """On a GPU of known memory: DDP where configured or (auto) where one replica fits `budget` bytes, else FSDP over
+    `world_size` ranks; `share` names the budget in the reason."""
     least = _min_fsdp_ranks(shape, inputs, budget)
-    limit = f"{fraction:.0%} of {gpu_memory_gib:g} GiB = {budget / GIB:.1f} GiB"
+    limit = f"{share} = {budget / GIB:.1f} GiB"
     more = {"replica_bytes": replica.total, "min_fsdp_ranks": least}
     replica_fits = replica.total <= budget
     sharded_fits = sharded.total <= budget
@@ -143,14 +151,14 @@ def decide_parallelism(run: RunConfig, shape: ModelShape | None, gpu_memory_gib:
         reason = f"{configured}: one whole replica needs {replica.total_gib:.1f} GiB per GPU, {verdict} {limit}"
         if not replica_fits:
             reason += _sharding_hint(least, world_size)
-        return plan("ddp", reason, per_rank_parts(replica, train.method), replica_fits, **more)
+        return plan("ddp", reason, per_rank_parts(replica, method), replica_fits, **more)
     verdict = "fits" if sharded_fits else "does not fit"
     why = ("configured" if configured == "fsdp"
            else f"auto: one whole replica needs {replica.total_gib:.1f} GiB per GPU, over {limit}")
     reason = f"{why}; FSDP over {world_size} ranks needs {sharded.total_gib:.1f} GiB per GPU, {verdict} {limit}"
     if not sharded_fits:
         reason += _sharding_hint(least, world_size)
-    return plan("fsdp", reason, per_rank_parts(sharded, train.method), sharded_fits, **more)
+    return plan("fsdp", reason, per_rank_parts(sharded, method), sharded_fits, **more)
 
 
 def _hsdp(plan: Callable[..., ParallelismPlan], shape: ModelShape | None, inputs: MemoryInputs,
