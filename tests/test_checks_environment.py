@@ -4,11 +4,14 @@ the CUDA parts skipped honestly on a CPU node."""
 from __future__ import annotations
 
 import importlib.metadata
+import sys
 from pathlib import Path
+
+import pytest
 
 from infra.environment.lock import TARGETS
 from workloads.checks.environment import (
-    cuda_checks, import_check, locked_versions, third_party_imports, version_mismatches, versions_check,
+    cuda_checks, import_check, installed_versions, locked_versions, third_party_imports, version_mismatches, versions_check,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,3 +58,24 @@ def test_cuda_checks_skip_on_a_cpu_node_only_where_cpu_runs_are_allowed() -> Non
     refused = cuda_checks("13.0.2", gpus=False, allow_cpu=False)
     assert {c.name for c in refused} == {"torch_cuda_build", "bitsandbytes_cuda", "nccl"}
     assert {c.status for c in refused} == {"fail"}
+
+
+def dist_info(site: Path, name: str, version: str) -> None:
+    """An installed distribution as pip leaves it (core metadata 2.1: Name, Version)."""
+    folder = site / f"{name}-{version}.dist-info"
+    folder.mkdir(parents=True)
+    (folder / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+
+
+def test_a_shadowed_system_copy_does_not_hide_the_environment_s_version(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An environment over an image's packages (`--system-site-packages`): its own site-packages come first on
+    sys.path, the image's copy of the same package at another version after it. Readiness reports the first."""
+    own, image = tmp_path / "env-site-packages", tmp_path / "image-dist-packages"
+    dist_info(own, "ft-shadowed", "1.0")
+    dist_info(image, "ft-shadowed", "2.0.0a0+nv")
+    monkeypatch.setattr(sys, "path", [str(own), str(image), *sys.path])
+    assert installed_versions()["ft-shadowed"] == "1.0"
+    lock = tmp_path / "requirements.txt"
+    lock.write_text(f"ft-shadowed==1.0 \\\n    --hash=sha256:{'0' * 64}\n")
+    assert versions_check(lock).status == "pass"

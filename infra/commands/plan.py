@@ -15,6 +15,8 @@ from typing import Any
 from documents.run_config import ConfigError, load_run_config
 from infra.commands import plan_extras
 from infra.config import StackConfig, StackConfigError, load_stack_config
+from infra.environment.lock import LockError
+from infra.environment.plan import check_stack_lock
 from infra.pipeline.chain import check_run_config_path
 from infra.config import REPO_ROOT
 from infra.program.mocks import MockResource, MockRun, run_under_mocks
@@ -119,8 +121,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.run_config:
             cfg = with_run_config(cfg, args.run_config)
+        check_stack_lock(cfg)
         result = run_under_mocks(cfg)
-    except ConfigError as exc:
+    except (ConfigError, LockError) as exc:
         print(f"ftstack plan: {exc}", file=sys.stderr)
         return 2
     extras = plan_extras.plan_extras(cfg, result, args)

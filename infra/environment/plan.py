@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict
 from documents.environment_manifest import EnvironmentManifest
 from documents.stack_outputs import Environment
 from infra.config import StackConfig
-from infra.environment.lock import TARGETS, WHEEL_PLATFORM, Target, lock_hash
+from infra.environment.lock import TARGETS, WHEEL_PLATFORM, Target, lock_hash, verify_lock
 from infra.environment.source import environment_key
 
 SOURCES_DIR = "sources"
@@ -57,11 +57,13 @@ class EnvironmentPlan(BaseModel):
 
 
 def environment_plan(stack: StackConfig) -> EnvironmentPlan | None:
-    """The stack's environment (None on the local stack: the repository's venv, from the same lock)."""
+    """The stack's environment (None on the local stack: the repository's venv, from the same lock); LockError when
+    the lock is not the one `make lock` wrote for this pyproject."""
     config = stack.environment
     if config is None:
         return None
     target = TARGETS[config.lock]
+    verify_lock(target)
     root = PurePosixPath(config.root)
     if stack.cluster is not None:
         root = PurePosixPath(stack.cluster.jail_root) / root.relative_to("/")
@@ -70,6 +72,13 @@ def environment_plan(stack: StackConfig) -> EnvironmentPlan | None:
         image=config.image, python_version=target.python, platform=WHEEL_PLATFORM[target.platform], root=str(root),
         base_python=stack.pipeline.python,
     )
+
+
+def check_stack_lock(stack: StackConfig) -> None:
+    """LockError naming the stale or damaged file where the stack builds an environment from a lock that is not the
+    one `make lock` wrote for this pyproject (`ftstack plan` checks it before planning anything)."""
+    if stack.environment is not None:
+        verify_lock(TARGETS[stack.environment.lock])
 
 
 def wheels_bytes(target: Target) -> int:

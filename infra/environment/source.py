@@ -3,7 +3,8 @@
 A source folder (`source.json`, `requirements.txt`, `wheels/`) is staged here and uploaded to
 `<env root>/sources/<key>` on the cluster (infra.environment.resource); the stage builds `<env root>/<key>` from it
 (workloads.environment.build). The wheelhouse is downloaded once per key into `.local/wheelhouse/<key>` with pip
-(hashes checked, wheels only for the cluster's Python and platform) and reused while the lock stays the same.
+(hashes checked, wheels only, for the cluster's Python and platform whatever this machine's are) and reused while the
+lock stays the same.
 """
 
 from __future__ import annotations
@@ -53,12 +54,32 @@ def _chosen_files(pylock: Path) -> dict[str, dict]:
     return files
 
 
-def _pip_download(files: dict[str, dict], dest: Path, tmp: Path) -> None:
-    """Fetch each chosen file by its URL, hash checked (pip: this machine's certificates and proxies)."""
+def manylinux_platforms(platform: str) -> list[str]:
+    """pip's --platform values for a manylinux target: pip 23 takes `manylinux_2_28_x86_64` literally, so the older
+    glibc tags a wheel may carry are listed as packaging's `_manylinux.platform_tags` yields them (2_Y down to 2_5,
+    with the PEP 600 legacy aliases manylinux2014 = 2_17, manylinux2010 = 2_12, manylinux1 = 2_5)."""
+    match = re.fullmatch(r"manylinux_2_(\d+)_(\w+)", platform)
+    if match is None:
+        raise LockError(f"not a manylinux platform: {platform}")
+    newest, arch = int(match.group(1)), match.group(2)
+    legacy = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
+    return [tag for minor in range(newest, 4, -1)
+            for tag in (f"manylinux_2_{minor}_{arch}", *([f"{legacy[minor]}_{arch}"] if minor in legacy else []))]
+
+
+def target_flags(target: Target) -> list[str]:
+    """pip download's flags for wheels of the target's Python and platform, whatever this machine's are."""
+    return [*(arg for tag in manylinux_platforms(WHEEL_PLATFORM[target.platform]) for arg in ("--platform", tag)),
+            "--python-version", target.python, "--implementation", "cp", "--only-binary=:all:"]
+
+
+def _pip_download(files: dict[str, dict], dest: Path, tmp: Path, flags: list[str]) -> None:
+    """Fetch each chosen file by its URL, hash checked (pip: this machine's certificates and proxies); `flags` name
+    the Python and platform wheels are for (none for source archives)."""
     requirements = tmp / "download.txt"
     requirements.write_text("".join(f"{name} @ {f['url']} --hash=sha256:{f['sha256']}\n" for name, f in files.items()))
     proc = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--require-hashes",
-                           "--no-build-isolation", "--disable-pip-version-check", "-d", str(dest), "-r",
+                           "--no-build-isolation", "--disable-pip-version-check", *flags, "-d", str(dest), "-r",
                            str(requirements)], capture_output=True, text=True)
     if proc.returncode != 0:
         tail = [line for line in proc.stderr.splitlines() if line.strip()][-1:] or ["(no output)"]
@@ -71,7 +92,7 @@ def _build_pure_wheels(target: Target, sdists: dict[str, dict], tmp: Path, wheel
     built = {}
     for name, chosen in sorted(sdists.items()):
         folder = tmp / f"sdist-{name}"
-        _pip_download({name: chosen}, folder, tmp)
+        _pip_download({name: chosen}, folder, tmp, [])
         [sdist] = list(folder.iterdir())
         proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(wheels),
                                str(sdist)], capture_output=True, text=True)
@@ -100,7 +121,8 @@ def wheelhouse(target: Target, cache_root: Path) -> Path:
         tmp = Path(tmp_name)
         stage, wheels = tmp / "stage", tmp / "stage" / WHEELS
         wheels.mkdir(parents=True)
-        _pip_download({**{n: f for n, f in files.items() if f["wheel"]}, **installer}, wheels, tmp)
+        wanted = {**{n: f for n, f in files.items() if f["wheel"]}, **installer}
+        _pip_download(wanted, wheels, tmp, target_flags(target))
         built = _build_pure_wheels(target, {n: f for n, f in files.items() if not f["wheel"]}, tmp, wheels)
         blocks = _blocks(target.file.read_text())
         (stage / INSTALL_FILE).write_text("".join(built.get(name, block) for name, block in blocks.items()))

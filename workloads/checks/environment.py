@@ -32,7 +32,15 @@ def locked_versions(text: str) -> dict[str, str]:
 
 
 def installed_versions() -> dict[str, str]:
-    return {normalize(d.metadata["Name"]): d.version for d in importlib.metadata.distributions()}
+    """{normalized name: version} of the copy `import` finds: the first on sys.path. In an environment over an image's
+    packages (`--system-site-packages`) the environment's own site-packages come before the image's, whose shadowed
+    copies are skipped."""
+    found: dict[str, str] = {}
+    for distribution in importlib.metadata.distributions():
+        name = distribution.metadata["Name"]
+        if name:
+            found.setdefault(normalize(name), distribution.version)
+    return found
 
 
 def version_mismatches(locked: dict[str, str], installed: dict[str, str]) -> list[str]:

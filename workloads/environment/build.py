@@ -96,11 +96,20 @@ def install(spec: dict, source: Path, tmp: Path) -> str:
     return "pip"
 
 
+INSTALLED_CODE = """
+import importlib.metadata, json, re
+found = {}
+for distribution in importlib.metadata.distributions():
+    if distribution.metadata["Name"]:
+        found.setdefault(re.sub(r"[-_.]+", "-", distribution.metadata["Name"]).lower(), distribution.version)
+print(json.dumps(found))
+"""
+
+
 def installed_packages(python: Path) -> dict[str, str]:
-    """The venv's distributions (normalized name -> version), as its own interpreter lists them."""
-    code = ("import importlib.metadata as m, json, re; print(json.dumps({re.sub(r'[-_.]+', '-', "
-            "d.metadata['Name']).lower(): d.version for d in m.distributions()}))")
-    proc = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=300)
+    """The venv's distributions (normalized name -> version), as its own interpreter imports them: the first copy on
+    its sys.path, so the venv's own over an image's shadowed one (`--system-site-packages`)."""
+    proc = subprocess.run([str(python), "-c", INSTALLED_CODE], capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
         raise BuildFailed(f"the new environment's interpreter does not start: {_last_line(proc.stderr)}")
     return json.loads(proc.stdout)
