@@ -62,9 +62,10 @@ names it ``slurm-scripts``; 5.0.0 (main at c238d993) names it ``slurm-cluster.sl
 and ``-slurm-scripts`` (templates/_helpers.tpl:28-30)."""
 SLURM_SCRIPTS_DIR = "/opt/slurm_scripts/"
 JAIL_UPPER = "/mnt/jail.upper"
+BUSYBOX_IMAGE = "cr.nebius.cloud/soperator/busybox"
 NODE_EXTRA = '"{ \\"ib_pod\\": \\"$TOPO_SWITCH_TIER2\\", \\"ib_su\\": \\"$TOPO_SWITCH_TIER1\\" }"'
 """``nodeConfig.dynamic``, the reference's ``slurm_node_extra`` (modules/slurm/locals.tf) after Terraform's and YAML's
-unescaping. The operator passes it as SLURM_NODE_EXTRA; images/worker/slurmd_entrypoint.sh (4.1.7, lines 34-58)
+unescaping. The operator passes it as SLURM_NODE_EXTRA; images/worker/slurmd_entrypoint.sh (4.1.7, lines 34-62)
 sets TOPO_SWITCH_TIER1/2 from the node's topology labels (``unknown`` without) and starts slurmd with
 ``--extra "$(eval echo "$SLURM_NODE_EXTRA")"``: the node's Extra is then JSON such as
 ``{ "ib_pod": "unknown", "ib_su": "unknown" }``."""
@@ -401,7 +402,20 @@ def nodeset_values(cfg: StackConfig, spec: NodeGroupSpec) -> dict[str, Any]:
         "priorityClass": "soperator-worker-high-priority",
         "affinity": filt["affinity"],
         "tolerations": filt["tolerations"],
+        "customInitContainers": virtiofs_checks(cfg),
     }
+
+
+def virtiofs_checks(cfg: StackConfig) -> list[dict[str, Any]]:
+    """Init containers that stop a worker from starting slurmd before its jail and submounts are the node's virtiofs
+    filestores (not an empty directory of the node), as the reference's flux_release_nodesets.yaml.tftpl adds them."""
+    assert cfg.filesystems is not None
+    # the pod's volumes: "jail" (internal/consts/volume.go:40) and each submount by its name (render/worker/volume.go:68)
+    volumes = [("jail-virtiofs", "jail"),
+               *((f"jail-submount-{s.name}-virtiofs", s.name) for s in cfg.filesystems.submounts)]
+    return [{"name": f"ensure-{name}", "image": BUSYBOX_IMAGE,
+             "volumeMounts": [{"name": volume, "mountPath": "/volume-mount"}],
+             "command": ["grep", " /volume-mount virtiofs ", "/proc/mounts"]} for name, volume in volumes]
 
 
 def node_static(spec: NodeGroupSpec) -> str:
