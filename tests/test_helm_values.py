@@ -157,6 +157,9 @@ def test_every_nodeset_mounts_the_charts_scripts(stack, runs) -> None:
         for path in ("/opt/slurm_scripts/", "/mnt/jail.upper/opt/slurm_scripts/"):
             assert mounts[path]["volumeSource"]["configMap"] == {"name": "slurm-scripts", "defaultMode": 0o755}
         assert mounts["/mnt/jail.upper/sys-host"]["volumeSource"]["hostPath"]["path"] == "/sys"
+        checks = {c["name"]: c["volumeMounts"][0]["name"] for c in nodeset["customInitContainers"]}
+        assert checks["ensure-jail-virtiofs"] == "jail"
+        assert {f"ensure-jail-submount-{s['name']}-virtiofs" for s in nodeset["slurmd"]["volumes"]["jailSubMounts"]} < set(checks)
         job_map = mounts.get("/var/run/nebius/slurm")  # map_job_dcgm.sh's metrics_dir
         assert (job_map is not None) == dcgm_mapping
         if job_map is not None:
