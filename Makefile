@@ -8,7 +8,7 @@ SYSTEM_DEPS := .local/.system-deps
 export SLURM_CONF := $(CURDIR)/.local/slurm/etc/slurm.conf
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test venv lock system-deps slurm-start slurm-stop monitoring-start monitoring-stop cluster-start cluster-stop
+.PHONY: demo test venv vllm-venv lock system-deps slurm-start slurm-stop monitoring-start monitoring-stop cluster-start cluster-stop
 
 venv: $(INSTALLED)
 
@@ -29,9 +29,21 @@ $(INSTALLED): pyproject.toml locks/requirements-local.txt Makefile
 	$(PY) -m compileall -qq -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" documents infra workloads || true
 	touch $@
 
+# vLLM's CPU build in a venv of its own (it pins its own transformers): the serving lock's local target
+# (infra/environment/serving_lock.py), installed exactly, hashes checked; the serving tests start it.
+VLLM_VENV := .venv-vllm
+VLLM_INSTALLED := $(VLLM_VENV)/.installed
+vllm-venv: $(VLLM_INSTALLED)
+
+$(VLLM_INSTALLED): locks/requirements-serve-local.txt | $(INSTALLED)
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(PY) -m infra.environment.serving_lock sync $(VLLM_VENV)/bin/python
+	touch $@
+
 # Re-resolve pyproject's dependencies into locks/ for this machine and the jail (uv, from the venv's dev extra).
 lock: $(INSTALLED)
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m infra.environment.lock compile
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m infra.environment.serving_lock compile
 
 system-deps: $(SYSTEM_DEPS)
 
@@ -65,5 +77,5 @@ demo: venv slurm-start monitoring-start
 # Tests run on TEST_WORKERS pytest-xdist workers; tests/xdist_groups.py sends those that share a Slurm, the
 # rehearsal cluster or an expensive fixture to one worker. TEST_WORKERS=0 runs them in this process, one after another.
 TEST_WORKERS ?= 3
-test: venv slurm-start monitoring-start
+test: venv vllm-venv slurm-start monitoring-start
 	$(VENV)/bin/pytest -n $(TEST_WORKERS)
