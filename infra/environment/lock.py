@@ -169,6 +169,20 @@ def _shown(path: Path) -> str:
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
+def _damage(path: Path) -> list[str]:
+    """What makes a lock file that changed since `make lock` unusable, where that can be named: a PEP 751 lock that is
+    not TOML, a requirements file with a pin without hashes."""
+    if path.suffix == ".toml":
+        try:
+            tomllib.loads(path.read_text())
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+            return [f"{_shown(path)}: not TOML ({error})"]
+        return []
+    unhashed = [block.split()[0] for block in re.split(r"\n(?=\S)", path.read_text(errors="replace"))
+                if _PIN.match(block) and "--hash=sha256:" not in block]
+    return [f"{_shown(path)}: no hash for {', '.join(unhashed)}"] if unhashed else []
+
+
 def _lock_problems(target: Target) -> list[str]:
     """What is missing, unreadable, unhashed or changed in the target's lock files, each naming its file."""
     meta_file = target.file.parent / LOCK_META.name
@@ -182,17 +196,11 @@ def _lock_problems(target: Target) -> list[str]:
     except (ValueError, KeyError, TypeError) as error:
         return [f"{_shown(meta_file)}: not the lock's record ({type(error).__name__}: {error})"]
     problems = []
-    try:
-        tomllib.loads(target.pylock.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
-        problems.append(f"{_shown(target.pylock)}: not TOML ({error})")
-    unhashed = [block.split()[0] for block in re.split(r"\n(?=\S)", target.file.read_text(errors="replace"))
-                if _PIN.match(block) and "--hash=sha256:" not in block]
-    if unhashed:
-        problems.append(f"{_shown(target.file)}: no hash for {', '.join(unhashed)}")
     for path, key in ((target.file, "sha256"), (target.pylock, "pylock_sha256")):
-        if not isinstance(recorded, dict) or recorded.get(key) != _file_digest(path):
-            problems.append(f"{_shown(path)}: differs from the digest {meta_file.name} records (edited or damaged)")
+        if isinstance(recorded, dict) and recorded.get(key) == _file_digest(path):
+            continue
+        problems += _damage(path)
+        problems.append(f"{_shown(path)}: differs from the digest {meta_file.name} records (edited or damaged)")
     if compiled_from != pyproject_digest():
         problems.append(f"{_shown(meta_file)}: stale, compiled from other dependencies than pyproject.toml's")
     return problems
