@@ -245,7 +245,8 @@ def gres_name(platform: str) -> str:
     try:
         return GRES_NAMES[platform]
     except KeyError:
-        raise CatalogError(f"no Slurm GPU type known for platform {platform!r}; known: {', '.join(GRES_NAMES)}") from None
+        known = ", ".join(GRES_NAMES)
+        raise CatalogError(f"no Slurm GPU type known for platform {platform!r}; known: {known}") from None
 
 
 @dataclass(frozen=True)

@@ -159,7 +159,8 @@ def test_every_nodeset_mounts_the_charts_scripts(stack, runs) -> None:
         assert mounts["/mnt/jail.upper/sys-host"]["volumeSource"]["hostPath"]["path"] == "/sys"
         checks = {c["name"]: c["volumeMounts"][0]["name"] for c in nodeset["customInitContainers"]}
         assert checks["ensure-jail-virtiofs"] == "jail"
-        assert {f"ensure-jail-submount-{s['name']}-virtiofs" for s in nodeset["slurmd"]["volumes"]["jailSubMounts"]} < set(checks)
+        submounts = nodeset["slurmd"]["volumes"]["jailSubMounts"]
+        assert {f"ensure-jail-submount-{s['name']}-virtiofs" for s in submounts} < set(checks)
         job_map = mounts.get("/var/run/nebius/slurm")  # map_job_dcgm.sh's metrics_dir
         assert (job_map is not None) == dcgm_mapping
         if job_map is not None:
@@ -174,15 +175,17 @@ def test_the_jail_is_populated_on_a_node_group_without_gpus(stack, runs) -> None
     (term,) = node_filter["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"]
     (expr,) = term["matchExpressions"]
-    groups = [g.inputs for g in runs[stack].of_type(NODE_GROUP) if g.inputs["labels"].get(expr["key"]) in expr["values"]]
-    assert groups and all("gpuSettings" not in g["template"] and g["template"]["resources"]["platform"].startswith("cpu-")
-                          for g in groups)
+    groups = [g.inputs["template"] for g in runs[stack].of_type(NODE_GROUP)
+              if g.inputs["labels"].get(expr["key"]) in expr["values"]]
+    assert groups
+    assert all("gpuSettings" not in g and g["resources"]["platform"].startswith("cpu-") for g in groups)
 
 
 @pytest.mark.parametrize("stack", CLOUD_STACKS)
 def test_backups_keep_to_annotated_volumes_and_restics_own_retention(stack, runs) -> None:
-    """soperator-fluxcd 4.1.7 templates/backup.yaml installs k8up with skipWithoutAnnotation: true (only jail-pvc carries
-    k8up.io/backup); a bucket expiration would delete restic's config, keys and first packs under later snapshots."""
+    """soperator-fluxcd 4.1.7 templates/backup.yaml installs k8up with skipWithoutAnnotation: true (only jail-pvc
+    carries k8up.io/backup); a bucket expiration would delete restic's config, keys and first packs under later
+    snapshots."""
     cfg = load_stack_config(stack)
     assert cfg.buckets is not None
     releases = {r.inputs["name"]: received(r.inputs) for r in runs[stack].of_type(RELEASE)}

@@ -410,7 +410,7 @@ def virtiofs_checks(cfg: StackConfig) -> list[dict[str, Any]]:
     """Init containers that stop a worker from starting slurmd before its jail and submounts are the node's virtiofs
     filestores (not an empty directory of the node), as the reference's flux_release_nodesets.yaml.tftpl adds them."""
     assert cfg.filesystems is not None
-    # the pod's volumes: "jail" (internal/consts/volume.go:40) and each submount by its name (render/worker/volume.go:68)
+    # the pod's volumes: "jail" (internal/consts/volume.go:40), each submount by its name (render/worker/volume.go:68)
     volumes = [("jail-virtiofs", "jail"),
                *((f"jail-submount-{s.name}-virtiofs", s.name) for s in cfg.filesystems.submounts)]
     return [{"name": f"ensure-{name}", "image": BUSYBOX_IMAGE,
@@ -431,8 +431,9 @@ def node_static(spec: NodeGroupSpec) -> str:
 
 def custom_volume_mounts(cfg: StackConfig, spec: NodeGroupSpec) -> list[dict[str, Any]]:
     """The worker's extra mounts, as the reference's flux_release_nodesets.yaml.tftpl sends them on every NodeSet:
-    the chart's scripts ConfigMap (``SLURM_SCRIPTS_CONFIGMAPS``; the prolog, epilog and HealthCheckProgram are ``/opt/slurm_scripts/*.sh``, templates/slurm-cluster-cr.yaml:38, and
-    the operator mounts the ConfigMap on login pods only) at /opt/slurm_scripts/ and in the jail's upper layer,
+    the chart's scripts ConfigMap (``SLURM_SCRIPTS_CONFIGMAPS``; the prolog, epilog and HealthCheckProgram are
+    ``/opt/slurm_scripts/*.sh``, helm/slurm-cluster 4.1.7 templates/slurm-cluster-cr.yaml:38, and the operator
+    mounts the ConfigMap on login pods only) at /opt/slurm_scripts/ and in the jail's upper layer,
     the host's /sys as ``sys-host``, the DCGM per-job map directory where job mapping is on (map_job_dcgm.sh runs
     outside the jail and writes ``HPC_JOB_MAP_DIR``, which the exporter reads from the host), and the driver root
     where the node image brings the GPU drivers (``use_preinstalled_drivers``)."""
