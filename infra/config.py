@@ -429,6 +429,8 @@ class ExistingCluster(_Model):
     jail_root: str = Field("/", description="Where the shared filesystem (the jail) is mounted on login and workers.")
     nodes: int = Field(1, gt=0, description="Worker nodes the readiness checks and training spread over.")
     gpus_per_node: int = Field(0, ge=0, description="GPUs per worker node (0: CPU training with gloo).")
+    cpus_per_node: int = Field(1, gt=0, description="CPUs per worker node, as Slurm counts them (its CPUs=).")
+    memory_gib_per_node: int = Field(1, gt=0, description="Memory per worker node for jobs, GiB (Slurm's RealMemory).")
 
     @field_validator("jail_root")
     @classmethod

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # A multi-node Slurm cluster on this machine, one Linux network namespace per node, for the `cluster` stack.
-#   scripts/local-cluster.sh start [--nodes N]   make what is missing, start what is stopped, wait until idle
+#   scripts/local-cluster.sh start [--nodes N]   make what is missing, start what is stopped, wait until idle; the
+#                                                nodes are the `cluster` stack's (--stack-file FILE, default
+#                                                stacks/Pulumi.cluster.yaml; --nodes N replaces its cluster.nodes)
 #   scripts/local-cluster.sh stop                end what this script started (its pid files and namespaces)
 #   scripts/local-cluster.sh status              daemons, namespaces, sinfo
 #   scripts/local-cluster.sh lose-node NAME      kill a worker node: its slurmd and every process in it
-#   start --serving-nodes K                      reserve the last K nodes for serving (kept across starts; 0 undoes):
-#                                                partition `main` over the others and `serve` over them, beside
-#                                                the default partition `cluster` over every node (the stack's
-#                                                serving.nodes, as Soperator's structured partitions make them)
+#   start --serving-nodes K                      reserve K nodes for serving (the stack's serving.nodes; kept
+#                                                across starts, 0 undoes): NodeSet worker-serve in partition
+#                                                `serve`, NodeSet worker in `main`, `hidden` over all
+#   start --values FILE                          Soperator values (documents/soperator_values.py) instead of the
+#                                                stack's: what a Soperator install of them gives its workers
 #   start --suspend-time S                       Slurm power saving (S > 0; 0 turns it off; kept across starts):
 #                                                idle nodes power down after S seconds, a job powers them up
 #   scripts/local-cluster.sh power-down|power-up HOSTLIST   what Slurm's SuspendProgram/ResumeProgram run: stop or
@@ -18,18 +21,25 @@
 #   <subnet>.1   the bridge, this machine's side (tests and ftstack reach the login node from here)
 #   <subnet>.2   <prefix>-ctl    slurmctld; Prometheus on <subnet>.2:9090 scraping every node's exporter
 #   <subnet>.3   <prefix>-login  sshd (host key generated for the cluster), sbatch/squeue/... for ftstack
-#   <subnet>.11+ <prefix>-n1..N  slurmd, one per node (own NodeName, spool, log, pid), CPUs = cores / N;
-#                                prometheus-node-exporter on :9100 reading <dir>/monitoring/textfile/<node>, the
-#                                folder a TaskProlog gives the node's jobs for their metrics (an Epilog cleans up)
+#   <subnet>.11+ <prefix>-n1..N  one per worker pod of the values' NodeSets (<nodeset>-<i>, sorted as the operator
+#                                sorts them): slurmd as Soperator's worker image starts it (no -Z: a static node that
+#                                finds its NodeName line by its hostname, or exits); prometheus-node-exporter on
+#                                :9100 reading <dir>/monitoring/textfile/<node>, the folder a TaskProlog gives the
+#                                node's jobs for their metrics (an Epilog cleans up)
+# slurm.conf's node and partition lines are those Soperator 4.1.7 renders from the values (python -m
+# infra.soperator.rehearsal writes <dir>/etc/values.yaml, nodes.conf, pods and slurmd.args); a worker the values
+# give no NodeName line fails the start as it fails on the cloud. The hosts file names each node by its pod name
+# and by the address Soperator gives it (<pod>.<cluster>-nodeset-svc.<namespace>.svc.cluster.local).
 # Each node also has its own UTS namespace (hostname = node name) and mount namespace in which the cluster's
 # hosts file is /etc/hosts, its config folder is /etc/slurm and the jail (<dir>/jail on this machine's shared
 # filesystem) is mounted at /run/<prefix>/jail: the stack's jail root. One munged (socket under <dir>/munge)
 # serves every node. Needs root (network namespaces), iproute2, openssh-server, slurm-wlm, munge, prometheus and
 # prometheus-node-exporter. The Prometheus URL is written to <dir>/monitoring/prometheus.url.
 # Environment: LOCAL_CLUSTER_DIR (default <repo>/.local/cluster), LOCAL_CLUSTER_PREFIX (default ftc; names of
-# namespaces, bridge and nodes), LOCAL_CLUSTER_SUBNET (default 10.213.0, a /24), LOCAL_CLUSTER_CTLD_PORT (6990),
-# LOCAL_CLUSTER_SLURMD_PORT (6991), LOCAL_CLUSTER_HIDDEN_MIRRORS (this machine's package folders hidden from the
-# nodes; default /opt/pypi /opt/pypi-more /opt/wheels). Clients on this machine: export SLURM_CONF=<dir>/etc/slurm.conf
+# namespaces and bridge), LOCAL_CLUSTER_SUBNET (default 10.213.0, a /24), LOCAL_CLUSTER_CTLD_PORT (6990),
+# LOCAL_CLUSTER_HIDDEN_MIRRORS (this machine's package folders hidden from the nodes; default /opt/pypi
+# /opt/pypi-more /opt/wheels). Needs the project's venv (make venv). Clients on this machine: export
+# SLURM_CONF=<dir>/etc/slurm.conf
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -37,7 +47,7 @@ BASE="${LOCAL_CLUSTER_DIR:-$ROOT/.local/cluster}"
 PREFIX="${LOCAL_CLUSTER_PREFIX:-ftc}"
 SUBNET="${LOCAL_CLUSTER_SUBNET:-10.213.0}"
 CTLD_PORT="${LOCAL_CLUSTER_CTLD_PORT:-6990}"
-SLURMD_PORT="${LOCAL_CLUSTER_SLURMD_PORT:-6991}"
+PYTHON="$ROOT/.venv/bin/python"
 # shellcheck source=scripts/slurm-common.sh
 . "$ROOT/scripts/slurm-common.sh"
 # shellcheck source=scripts/monitoring-common.sh
@@ -54,8 +64,17 @@ LOGIN_NODE="$PREFIX-login"
 log() { echo "local-cluster: $*" >&2; }
 die() { log "$*"; exit 1; }
 owned() { grep -qxF "$1" "$RUN/created" 2>/dev/null; }
-node_count() { cat "$RUN/nodes" 2>/dev/null || echo 2; }
-worker() { echo "$PREFIX-n$1"; }
+# The worker pods of the values the cluster was started from: the Slurm node (and hostname) of node i is the i-th
+# pod, its namespace $PREFIX-n<i>, its address <subnet>.<10 + i>.
+node_count() { if [ -f "$ETC/pods" ]; then wc -l <"$ETC/pods"; else echo 0; fi; }
+worker() { awk -v i="$1" 'NR == i {print $1}' "$ETC/pods"; }
+netns() { echo "$PREFIX-n$1"; }
+node_index() {
+  local i
+  i="$(awk -v n="$1" '$1 == n {print NR}' "$ETC/pods" 2>/dev/null)"
+  [ -n "$i" ] && owned "netns:$(netns "$i")" || die "$1 is not a node of the cluster in $BASE"
+  echo "$i"
+}
 
 check_names() {
   [[ "$SUBNET" =~ ^(10|192\.168|172\.(1[6-9]|2[0-9]|3[01]))\.[0-9]+(\.[0-9]+)?$ ]] ||
@@ -127,57 +146,54 @@ in_node() {
     exec "$@"' sh "$host" "$ETC" "$JAIL" "$JAIL_MOUNT" "$LOCAL_MIRRORS" "$@"
 }
 
+# A start's setting: the flag's value, else the one kept from an earlier start (in $RUN/NAME).
+kept() { if [ -n "$2" ]; then echo "$2"; else cat "$RUN/$1" 2>/dev/null || true; fi; }
+
+# The nodes from the values into folder $1: the stack's (its cluster.nodes and serving.nodes replaced by --nodes and
+# --serving-nodes), or a values file's (--values). Refused, before anything is made, when the cluster runs others.
+render_nodes() {
+  local out="$1" args=(--stack-file "$stack_file" --out "$1")
+  [ -x "$PYTHON" ] || die "no project venv at $ROOT/.venv (make venv): the nodes are rendered from the values with it"
+  [ -z "$nodes" ] || args+=(--nodes "$nodes")
+  [ -z "$serving" ] || args+=(--serving-nodes "$serving")
+  [ -z "$values" ] || args+=(--values "$values")
+  (cd "$ROOT" && "$PYTHON" -m infra.soperator.rehearsal "${args[@]}") || exit 1
+  [ -s "$out/pods" ] || die "the values give no worker pod (no NodeSet); see $out/values.yaml"
+  if [ -f "$ETC/pods" ] && ! cmp -s "$ETC/pods" "$out/pods" && owned "netns:$(netns 1)"; then
+    die "the cluster in $BASE runs nodes $(awk '{print $1}' "$ETC/pods" | paste -sd,); stop it before starting" \
+      "it with $(awk '{print $1}' "$out/pods" | paste -sd,)"
+  fi
+}
+
 write_config() {
-  local nodes="$1" cpus mem_mb i addrs
-  cpus=$(( $(nproc) / nodes )); [ "$cpus" -ge 1 ] || cpus=1
-  mem_mb=$(( $(awk '/MemTotal/ {print int($2/1024)}' /proc/meminfo) * 90 / 100 / nodes ))
+  local i
   {
     echo "127.0.0.1 localhost"
     echo "$SUBNET.2 $CTL"
     echo "$SUBNET.3 $LOGIN_NODE"
-    for i in $(seq "$nodes"); do echo "$SUBNET.$((10 + i)) $(worker "$i")"; done
+    for i in $(seq "$(node_count)"); do echo "$SUBNET.$((10 + i)) $(awk -v i="$i" 'NR == i {print $1, $2}' "$ETC/pods")"; done
   } >"$ETC/hosts.tmp"
   mv "$ETC/hosts.tmp" "$ETC/hosts"
   cat >"$CONF.tmp" <<EOF
-# Written by scripts/local-cluster.sh; edits are overwritten on start.
+# Written by scripts/local-cluster.sh; edits are overwritten on start. Nodes and partitions: Soperator 4.1.7's
+# rendering of $ETC/values.yaml (infra/soperator/render.py).
 ClusterName=$PREFIX
 SlurmctldHost=$CTL($SUBNET.2)
 SlurmctldPort=$CTLD_PORT
-SlurmdPort=$SLURMD_PORT
 SlurmdPidFile=$RUN/slurmd-%n.pid
 SlurmdLogFile=$LOG/slurmd-%n.log
 SlurmdTimeout=10
+# as Soperator 4.1.7 (internal/render/common/configmap.go:362): slurmctld starts with no node line too
+MaxNodeCount=1024
 $(common_slurm_settings)
 $(job_metrics_settings "$MON/textfile/\$(hostname)" prolog)
 EOF
-  addrs=""
-  for i in $(seq "$nodes"); do
-    echo "NodeName=$(worker "$i") NodeAddr=$SUBNET.$((10 + i)) CPUs=$cpus RealMemory=$mem_mb State=UNKNOWN" >>"$CONF.tmp"
-    addrs="$addrs${addrs:+,}$(worker "$i")"
-  done
-  echo "PartitionName=cluster Nodes=$addrs Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO" >>"$CONF.tmp"
-  serving_partitions "$nodes" >>"$CONF.tmp"
+  cat "$ETC/nodes.conf" >>"$CONF.tmp"
   power_save_settings >>"$CONF.tmp"
   mv "$CONF.tmp" "$CONF"
 }
 
 suspend_time() { cat "$RUN/suspend_time" 2>/dev/null || echo 0; }
-serving_nodes() { cat "$RUN/serving_nodes" 2>/dev/null || echo 0; }
-
-# Workers reserved for serving: the last K nodes in `serve`, the others in `main` (names the cluster stack's
-# serving.partition and serving.trainingPartition default to).
-serving_partitions() {
-  local nodes="$1" reserved i training="" serving=""
-  reserved="$(serving_nodes)"
-  [ "$reserved" -gt 0 ] || return 0
-  [ "$reserved" -lt "$nodes" ] || die "--serving-nodes $reserved reserves every one of the $nodes node(s): none would be left for training"
-  for i in $(seq "$nodes"); do
-    if [ "$i" -le $((nodes - reserved)) ]; then training="$training${training:+,}$(worker "$i")"
-    else serving="$serving${serving:+,}$(worker "$i")"; fi
-  done
-  echo "PartitionName=main Nodes=$training Default=NO MaxTime=INFINITE State=UP OverSubscribe=NO"
-  echo "PartitionName=serve Nodes=$serving Default=NO MaxTime=INFINITE State=UP OverSubscribe=NO"
-}
 
 # Slurm power saving as Soperator 4.1.7 sets it for ephemeral nodes (internal/render/common/configmap.go:
 # SuspendProgram/ResumeProgram, idle_on_node_suspend), with timeouts small enough for tests. The programs call
@@ -191,7 +207,7 @@ power_save_settings() {
 #!/bin/sh
 # Written by scripts/local-cluster.sh: Slurm's $program program for the cluster in $BASE.
 export LOCAL_CLUSTER_DIR="$BASE" LOCAL_CLUSTER_PREFIX="$PREFIX" LOCAL_CLUSTER_SUBNET="$SUBNET" \\
-  LOCAL_CLUSTER_CTLD_PORT="$CTLD_PORT" LOCAL_CLUSTER_SLURMD_PORT="$SLURMD_PORT" PATH="$PATH"
+  LOCAL_CLUSTER_CTLD_PORT="$CTLD_PORT" PATH="$PATH"
 exec "$ROOT/scripts/local-cluster.sh" request-$program "\$1" >>"$LOG/power.log" 2>&1
 EOF2
     chmod 755 "$ETC/$program.sh.tmp"
@@ -249,26 +265,42 @@ start_power_agent() {
 power_down() {
   local node
   for node in $(hostnames "$1"); do
-    owned "netns:$node" || die "$node is not a node of the cluster in $BASE"
+    node_index "$node" >/dev/null
     stop_daemon "$RUN/slurmd-$node.pid" "slurmd of $node"
     log "powered down $node"
   done
 }
 
 power_up() {
-  local node
+  local node i
   # slurmd -b reports a boot at its start, in whole seconds: one strictly after Slurm's resume request
   sleep 1
   for node in $(hostnames "$1"); do
-    owned "netns:$node" || die "$node is not a node of the cluster in $BASE"
+    i="$(node_index "$node")"
     # a slurmd left running (a resume that timed out) would never report the boot Slurm waits for
     stop_daemon "$RUN/slurmd-$node.pid" "slurmd of $node"
-    mkdir -p "$SPOOL/$node"
-    # -b: report a reboot, as a new worker pod on a new VM does (Slurm waits for a boot newer than the resume request)
-    in_node "$node" "$node" slurmd -b || die "slurmd did not start in $node; see $LOG/slurmd-$node.log"
-    wait_pidfile "$RUN/slurmd-$node.pid" "slurmd of $node" "$LOG/slurmd-$node.log"
+    # its -b reports a reboot, as a new worker pod on a new VM does (Slurm waits for a boot newer than the resume)
+    start_slurmd "$i"
     log "powered up $node"
   done
+}
+
+# slurmd of node i as Soperator's worker image starts it ($ETC/slurmd.args). One that finds no NodeName line for its
+# hostname exits, and the start fails saying why.
+start_slurmd() {
+  local node
+  node="$(worker "$1")"
+  mkdir -p "$SPOOL/$node"
+  # shellcheck disable=SC2046 # one argument per word of the file
+  if ! in_node "$(netns "$1")" "$node" slurmd $(cat "$ETC/slurmd.args") 2>"$LOG/slurmd-$node.start"; then
+    grep -q "^NodeName=$node " "$CONF" ||
+      die "slurmd of $node exited ($(tail -n 1 "$LOG/slurmd-$node.start")): slurm.conf has no NodeName line for it." \
+        "Soperator 4.1.7 writes node lines only with partitionConfiguration.configType structured" \
+        "(internal/render/common/configmap.go:369-386), and a worker's slurmd (no -Z) finds its node there or exits:" \
+        "this worker would never join Slurm on the cloud either. The values: $ETC/values.yaml"
+    die "slurmd did not start in $node: $(tail -n 1 "$LOG/slurmd-$node.start"); see $LOG/slurmd-$node.log"
+  fi
+  wait_pidfile "$RUN/slurmd-$node.pid" "slurmd of $node" "$LOG/slurmd-$node.log"
 }
 
 keygen() { [ -s "$1" ] || ssh-keygen -q -t ed25519 -N "" -C "$2" -f "$1"; }
@@ -305,18 +337,16 @@ wait_pidfile() {
 }
 
 start_daemons() {
-  local nodes="$1" i
+  local i
   if ! alive "$RUN/slurmctld.pid"; then
     in_node "$CTL" "$CTL" slurmctld || die "slurmctld did not start in $CTL; see $LOG/slurmctld.log"
     wait_pidfile "$RUN/slurmctld.pid" slurmctld "$LOG/slurmctld.log"
   fi
   for _ in $(seq 100); do scontrol ping 2>/dev/null | grep -q "is UP" && break; sleep 0.2; done
-  for i in $(seq "$nodes"); do
+  for i in $(seq "$(node_count)"); do
     alive "$RUN/slurmd-$(worker "$i").pid" && continue
     powered_down "$(worker "$i")" && continue
-    mkdir -p "$SPOOL/$(worker "$i")"
-    in_node "$(worker "$i")" "$(worker "$i")" slurmd || die "slurmd did not start in $(worker "$i"); see $LOG/slurmd-$(worker "$i").log"
-    wait_pidfile "$RUN/slurmd-$(worker "$i").pid" "slurmd of $(worker "$i")" "$LOG/slurmd-$(worker "$i").log"
+    start_slurmd "$i"
   done
 }
 
@@ -328,12 +358,12 @@ powered_down() {
 
 # A node exporter in every worker, and Prometheus in the controller's namespace scraping them.
 start_monitoring() {
-  local nodes="$1" i node targets=()
+  local i node targets=()
   mkdir -p "$MON/etc"
-  for i in $(seq "$nodes"); do
+  for i in $(seq "$(node_count)"); do
     node="$(worker "$i")"
     start_node_exporter "$RUN/node-exporter-$node.pid" "$LOG/node-exporter-$node.log" "$SUBNET.$((10 + i)):9100" \
-      "$MON/textfile/$node" in_node "$node" "$node"
+      "$MON/textfile/$node" in_node "$(netns "$i")" "$node"
     targets+=("$SUBNET.$((10 + i)):9100=$node")
   done
   write_prometheus_config "$MON/etc/prometheus.yml" "${targets[@]}"
@@ -343,8 +373,8 @@ start_monitoring() {
 }
 
 wait_idle() {
-  local nodes="$1" state="" i
-  for i in $(seq "$nodes"); do
+  local state="" i
+  for i in $(seq "$(node_count)"); do
     local node
     node="$(worker "$i")"
     for _ in $(seq 300); do
@@ -355,34 +385,43 @@ wait_idle() {
     done
     node_up "$state" || die "node $node did not become idle (last state: ${state:-none}); see $LOG"
   done
-  log "$nodes node(s) up, login $SUBNET.3:22, prometheus http://$SUBNET.2:9090 (SLURM_CONF=$CONF)"
+  log "$(node_count) node(s) up, login $SUBNET.3:22, prometheus http://$SUBNET.2:9090 (SLURM_CONF=$CONF)"
 }
 
 start() {
-  local nodes="$1" i
+  local i rendered
   check_names
   need_tools
+  stack_file="$(kept stack_file "$stack_file")"
+  stack_file="$(realpath "${stack_file:-$ROOT/stacks/Pulumi.cluster.yaml}")"
+  nodes="$(kept nodes "$nodes")"
+  serving="$(kept serving_nodes "$serving")"
+  if [ -n "$values" ]; then values="$(realpath "$values")"; elif [ -f "$RUN/values.yaml" ]; then values="$RUN/values.yaml"; fi
+  rendered="$(mktemp -d)"
+  trap "rm -rf '$rendered'" EXIT
+  render_nodes "$rendered"
   mkdir -p "$ETC" "$RUN" "$LOG" "$STATE" "$SPOOL" "$MUNGE" "$LOGIN" "$JAIL/home/shared" "$JAIL/opt" "$JAIL_MOUNT" /etc/slurm
-  if [ -f "$RUN/nodes" ] && [ "$(cat "$RUN/nodes")" != "$nodes" ]; then
-    die "the cluster in $BASE has $(cat "$RUN/nodes") node(s); stop it before starting it with $nodes"
-  fi
-  echo "$nodes" >"$RUN/nodes"
-  [ -z "$suspend" ] || echo "$suspend" >"$RUN/suspend_time"
+  echo "$stack_file" >"$RUN/stack_file"
+  [ -z "$nodes" ] || echo "$nodes" >"$RUN/nodes"
   [ -z "$serving" ] || echo "$serving" >"$RUN/serving_nodes"
+  [ -z "$values" ] || [ "$values" = "$RUN/values.yaml" ] || cp "$values" "$RUN/values.yaml"
+  [ -z "$suspend" ] || echo "$suspend" >"$RUN/suspend_time"
+  mv "$rendered"/* "$ETC/"
+  rmdir "$rendered"
   # the jail holds no Python packages of ours: the pipeline's environment stage builds them (docs/environment.md)
   if [ -L "$JAIL/opt/venv" ]; then rm -f "$JAIL/opt/venv"; fi
-  write_config "$nodes"
+  write_config
   make_bridge
   make_node_netns "$CTL" "$SUBNET.2"
   make_node_netns "$LOGIN_NODE" "$SUBNET.3"
-  for i in $(seq "$nodes"); do make_node_netns "$(worker "$i")" "$SUBNET.$((10 + i))"; done
+  for i in $(seq "$(node_count)"); do make_node_netns "$(netns "$i")" "$SUBNET.$((10 + i))"; done
   start_munge
   start_login
-  start_daemons "$nodes"
+  start_daemons
   [ -z "$suspend$serving" ] || scontrol reconfigure || die "scontrol reconfigure failed; see $LOG/slurmctld.log"
   start_power_agent
-  start_monitoring "$nodes"
-  wait_idle "$nodes"
+  start_monitoring
+  wait_idle
 }
 
 # Everything still running in a namespace of ours (job steps, training processes) ends with it.
@@ -393,9 +432,9 @@ kill_netns_processes() {
 }
 
 lose_node() {
-  local node="$1"
-  owned "netns:$node" || die "$node is not a node of the cluster in $BASE"
-  kill_netns_processes "$node"
+  local node="$1" i
+  i="$(node_index "$node")"
+  kill_netns_processes "$(netns "$i")"
   rm -f "$RUN/slurmd-$node.pid"
   log "lost $node: its slurmd and every process in it were killed"
 }
@@ -421,7 +460,7 @@ stop() {
       link:*) ip link del "${entry#link:}" 2>/dev/null || true ;;
     esac
   done
-  rm -f "$RUN/created" "$RUN/nodes" "$RUN/suspend_time"
+  rm -f "$RUN/created" "$RUN/nodes" "$RUN/suspend_time" "$RUN/serving_nodes" "$RUN/stack_file" "$RUN/values.yaml" "$ETC/pods"
   rmdir "$JAIL_MOUNT" "/run/$PREFIX" 2>/dev/null || true
   log "namespaces and bridge removed"
 }
@@ -442,12 +481,14 @@ status() {
   return $rc
 }
 
-USAGE="usage: $0 start|stop|status [--nodes N] [--suspend-time S] [--serving-nodes K] | lose-node NAME | power-down|power-up HOSTLIST"
+USAGE="usage: $0 start|stop|status [--stack-file FILE] [--values FILE] [--nodes N] [--suspend-time S] [--serving-nodes K] | lose-node NAME | power-down|power-up HOSTLIST"
 command="${1:-}"
 shift || true
-nodes=2
+nodes=""
 suspend=""
 serving=""
+stack_file=""
+values=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --nodes) nodes="${2:-}"; shift 2 ;;
@@ -456,16 +497,19 @@ while [ $# -gt 0 ]; do
     --suspend-time=*) suspend="${1#--suspend-time=}"; shift ;;
     --serving-nodes) serving="${2:-}"; shift 2 ;;
     --serving-nodes=*) serving="${1#--serving-nodes=}"; shift ;;
+    --stack-file) stack_file="${2:-}"; shift 2 ;;
+    --values) values="${2:-}"; shift 2 ;;
     *) case "$command" in lose-node | power-down | power-up | request-power-*) [ -z "${target:-}" ] && { target="$1"; shift; continue; } ;; esac
        echo "$USAGE" >&2; exit 2 ;;
   esac
 done
-[[ "$nodes" =~ ^[1-9][0-9]?$ ]] || die "--nodes must be a number from 1 to 99, got '$nodes'"
+[ -z "$nodes" ] || [[ "$nodes" =~ ^[1-9][0-9]?$ ]] || die "--nodes must be a number from 1 to 99, got '$nodes'"
 [ -z "$serving" ] || [[ "$serving" =~ ^[0-9]{1,2}$ ]] || die "--serving-nodes must be a whole number of nodes (0 reserves none), got '$serving'"
-[ -z "$serving" ] || [ "$serving" -lt "$nodes" ] || die "--serving-nodes $serving reserves every one of the $nodes node(s): none would be left for training"
+[ -z "$stack_file" ] || [ -f "$stack_file" ] || die "--stack-file $stack_file: no such file"
+[ -z "$values" ] || [ -f "$values" ] || die "--values $values: no such file"
 [ -z "$suspend" ] || [[ "$suspend" =~ ^[0-9]{1,6}$ ]] || die "--suspend-time must be whole seconds (0 turns power saving off), got '$suspend'"
 case "$command" in
-  start) start "$nodes" ;;
+  start) start ;;
   stop) stop ;;
   status) status ;;
   lose-node) lose_node "${target:?$USAGE}" ;;

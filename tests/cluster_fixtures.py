@@ -38,11 +38,13 @@ class Cluster:
 
     @property
     def workers(self) -> list[str]:
-        return [f"{self.prefix}-n1", f"{self.prefix}-n2"]
+        """The Slurm nodes: the worker pods of the values the cluster started from (<dir>/etc/pods), in order."""
+        return [line.split()[0] for line in (self.base / "etc" / "pods").read_text().splitlines()]
 
     @property
     def serving_node(self) -> str:
-        """The node the cluster reserves for serving (`start --serving-nodes 1`: the last one, partition serve)."""
+        """The node the cluster reserves for serving (`start --serving-nodes 1`: NodeSet worker-serve, sorted last,
+        partition serve)."""
         return self.workers[-1]
 
     def on_host(self, node_path: str) -> Path:

@@ -28,7 +28,7 @@ def test_cloud_stacks_build_from_the_index_and_the_local_stack_keeps_its_venv() 
     ({"source": "index", "image": "nvcr.io/nvidia/pytorch:25.10-py3"}, "give it exactly when"),
     ({"source": "conda"}, "source"),
     ({"root": "shared/env"}, "must be an absolute path"),
-    ({"root": "/nonexistent/../../etc"}, r"pipeline.environment.root.*'/nonexistent/../../etc' must not contain '\.\.'"),
+    ({"root": "/nonexistent/../../etc"}, r"environment.root.*'/nonexistent/../../etc' must not contain '\.\.'"),
     ({"root": "/home/shared/env/.."}, "must not contain"),
     ({"source": "container", "image": "nvcr.io/nvidia/pytorch:25.10-py3"}, "nvcr.io#nvidia/pytorch:25.10-py3"),
 ])

@@ -1,0 +1,74 @@
+"""The rehearsal cluster obeys the operator's rules: started from Soperator values whose rendering
+(infra/soperator/render.py) gives a worker no node line, that worker's slurmd (no -Z) exits and the start fails
+saying why, as the worker never joins Slurm on the cloud; a NodeSet without `nodeConfig.static` registers with the
+one CPU Slurm assumes, so a job asking the stack's CPUs per node is refused. One worker, no pipeline: a second or two."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from documents.soperator_values import PartitionConfiguration, SoperatorValues, write_soperator_values
+from infra.soperator.rehearsal import cluster_stack_values, read_stack
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "local-cluster.sh"
+PREFIX, SUBNET = "ftcv", "10.213.246"
+
+
+@pytest.fixture
+def cluster_dir(tmp_path: Path):
+    if os.geteuid() != 0:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("CI runs make test as root; network namespaces need it")
+        pytest.skip("network namespaces need root")
+    base = tmp_path / "cluster"
+    yield base
+    run(base, "stop")
+
+
+def run(base: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "LOCAL_CLUSTER_DIR": str(base), "LOCAL_CLUSTER_PREFIX": PREFIX, "LOCAL_CLUSTER_SUBNET": SUBNET,
+           "SLURM_CONF": str(base / "etc" / "slurm.conf")}
+    command = [str(SCRIPT), *args] if args[0] in ("start", "stop") else list(args)
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+
+
+def stack_values(**change: object) -> SoperatorValues:
+    """The `cluster` stack's values for one worker, with `change` made to its SlurmCluster or its NodeSet."""
+    values = cluster_stack_values(read_stack(ROOT / "stacks" / "Pulumi.cluster.yaml", nodes=1, serving_nodes=0))
+    cluster = values.slurm_cluster.model_copy(update={k: v for k, v in change.items() if k == "partition_configuration"})
+    nodeset = values.nodesets[0]
+    if "static" in change:
+        nodeset = nodeset.model_copy(update={"node_config": nodeset.node_config.model_copy(update={"static": ""})})
+    return values.model_copy(update={"slurm_cluster": cluster, "nodesets": [nodeset]})
+
+
+def test_default_partitions_give_the_worker_no_node_line_and_it_never_joins(cluster_dir: Path, tmp_path: Path) -> None:
+    values = tmp_path / "values.yaml"
+    write_soperator_values(values, stack_values(partition_configuration=PartitionConfiguration()))
+    started = run(cluster_dir, "start", "--values", str(values))
+    assert started.returncode == 1
+    assert ("slurmd of worker-0 exited (slurmd: fatal: Unable to determine this slurmd's NodeName): slurm.conf has no "
+            "NodeName line for it") in started.stderr
+    assert "partitionConfiguration.configType structured" in started.stderr
+    assert "NodeName=" not in (cluster_dir / "etc" / "slurm.conf").read_text()
+    # the controller runs, with Soperator's default partitions over no node at all
+    assert run(cluster_dir, "sinfo", "-h", "-o", "%P %D").stdout.split("\n")[:2] == ["main* 0", "hidden 0"]
+
+
+def test_a_nodeset_without_static_joins_with_one_cpu_and_the_stacks_cpus_cannot_be_placed(
+        cluster_dir: Path, tmp_path: Path) -> None:
+    stack = stack_values()
+    cpus = int(stack.nodesets[0].node_config.static.split()[0].removeprefix("CPUs="))
+    assert cpus > 1, "the cluster stack's nodes must have more than one CPU for this check"
+    values = tmp_path / "values.yaml"
+    write_soperator_values(values, stack_values(static=""))
+    started = run(cluster_dir, "start", "--values", str(values))
+    assert started.returncode == 0, started.stderr
+    assert run(cluster_dir, "sinfo", "-N", "-h", "-o", "%N %c").stdout.split("\n")[0] == "worker-0 1"
+    refused = run(cluster_dir, "sbatch", "--test-only", f"--cpus-per-task={cpus}", "--wrap", "true")
+    assert refused.returncode != 0 and "Requested node configuration is not available" in refused.stderr
