@@ -48,7 +48,8 @@ class PartitionConfiguration(_Values):
 
 class SlurmClusterValues(_Values):
     cluster_name: str = "slurm-cluster"
-    """The SlurmCluster's name: helm/slurm-cluster/templates/_helpers.tpl:3, `default .Chart.Name .Values.clusterName`."""
+    """The SlurmCluster's name: helm/slurm-cluster/templates/_helpers.tpl:3,
+    `default .Chart.Name .Values.clusterName`."""
     partition_configuration: PartitionConfiguration = PartitionConfiguration()
 
 

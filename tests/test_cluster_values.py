@@ -1,7 +1,7 @@
 """The rehearsal cluster obeys the operator's rules: started from Soperator values whose rendering
 (infra/soperator/render.py) gives a worker no node line, that worker's slurmd (no -Z) exits and the start fails
 saying why, as the worker never joins Slurm on the cloud; a NodeSet without `nodeConfig.static` registers with the
-one CPU Slurm assumes, so a job asking the stack's CPUs per node is refused. One worker, no pipeline: a second or two."""
+one CPU Slurm assumes, so a job asking the stack's CPUs per node is refused. One worker, no pipeline: seconds."""
 
 from __future__ import annotations
 
@@ -40,7 +40,9 @@ def run(base: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def stack_values(**change: object) -> SoperatorValues:
     """The `cluster` stack's values for one worker, with `change` made to its SlurmCluster or its NodeSet."""
     values = cluster_stack_values(read_stack(ROOT / "stacks" / "Pulumi.cluster.yaml", nodes=1, serving_nodes=0))
-    cluster = values.slurm_cluster.model_copy(update={k: v for k, v in change.items() if k == "partition_configuration"})
+    cluster = values.slurm_cluster
+    if "partition_configuration" in change:
+        cluster = cluster.model_copy(update={"partition_configuration": change["partition_configuration"]})
     nodeset = values.nodesets[0]
     if "static" in change:
         nodeset = nodeset.model_copy(update={"node_config": nodeset.node_config.model_copy(update={"static": ""})})

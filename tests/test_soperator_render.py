@@ -58,17 +58,15 @@ def test_node_lines_as_the_operator_tests_expect_with_the_port_the_chart_always_
     static_c = "Gres=gpu:nvidia-a100:16 NodeCPUs=256 Boards=2 SocketsPerBoard=4 CoresPerSocket=32 ThreadsPerCode=1"
     static_d = "Gres=gpu:nvidia-a100:32 NodeCPUs=512 Boards=4 SocketsPerBoard=4 CoresPerSocket=32 ThreadsPerCode=1"
     assert node_lines(nodeset("nodeD", 1, "16Gi", static_d), nodeset("nodeC", 2, "8Gi", static_c)) == [
-        f"NodeName=nodeC-0 State=CLOUD NodeHostname=nodeC-0 NodeAddr=nodeC-0.{ADDR} RealMemory=8192 Port=6818 {static_c}",
-        f"NodeName=nodeC-1 State=CLOUD NodeHostname=nodeC-1 NodeAddr=nodeC-1.{ADDR} RealMemory=8192 Port=6818 {static_c}",
-        f"NodeName=nodeD-0 State=CLOUD NodeHostname=nodeD-0 NodeAddr=nodeD-0.{ADDR} RealMemory=16384 Port=6818 {static_d}"]
+        f"NodeName={pod} State=CLOUD NodeHostname={pod} NodeAddr={pod}.{ADDR} RealMemory={mib} Port=6818 {static}"
+        for pod, mib, static in (("nodeC-0", 8192, static_c), ("nodeC-1", 8192, static_c), ("nodeD-0", 16384, static_d))]
 
 
 def test_a_nodeset_without_static_gets_a_node_line_without_cpus_or_gres() -> None:
     """configmap.go:157-170: an empty static leaves only hostname, address, memory and port (Slurm then counts one
     CPU and no GPU: the reference always sends CPUs and Gres)."""
     assert node_lines(nodeset("gpu", 1, "1Gi")) == [
-        "NodeName=gpu-0 State=CLOUD NodeHostname=gpu-0 NodeAddr=gpu-0.slurm-test-nodeset-svc.soperator.svc.cluster.local "
-        "RealMemory=1024 Port=6818 "]
+        f"NodeName=gpu-0 State=CLOUD NodeHostname=gpu-0 NodeAddr=gpu-0.{ADDR} RealMemory=1024 Port=6818 "]
 
 
 def test_zero_replicas_become_one_as_the_chart_defaults_them() -> None:
@@ -143,7 +141,8 @@ def test_the_rehearsal_command_writes_its_files_and_names_bad_input(tmp_path: Pa
     assert (tmp_path / "out" / "pods").read_text() == (
         "worker-0 worker-0.ftc-nodeset-svc.ftc.svc.cluster.local\n"
         "worker-1 worker-1.ftc-nodeset-svc.ftc.svc.cluster.local\n")
-    assert read_soperator_values(tmp_path / "out" / "values.yaml") == cluster_stack_values(read_stack(stack, None, None))
+    written = read_soperator_values(tmp_path / "out" / "values.yaml")
+    assert written == cluster_stack_values(read_stack(stack, None, None))
     assert main(["--stack-file", str(stack), "--serving-nodes", "2", "--out", str(tmp_path / "x")]) == 2
     assert "serving.nodes 2 reserves every node of the cluster (cluster.nodes 2)" in capsys.readouterr().err
     bad = tmp_path / "values.yaml"

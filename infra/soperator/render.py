@@ -86,8 +86,8 @@ def _partition_lines(cluster: SlurmClusterValues) -> list[str]:
 
 def _nodeset_lines(nodesets: Sequence[NodeSetValues]) -> list[str]:
     """configmap.go:86-103 AddNodeSetsToSlurmConfig (replicas are at least 1: the chart's default)."""
-    return [f"NodeSet={n.name} Nodes={n.name}-0" if n.replicas == 1 else f"NodeSet={n.name} Nodes={n.name}-[0-{n.replicas - 1}]"
-            for n in nodesets]
+    return [f"NodeSet={n.name} Nodes={n.name}-0" if n.replicas == 1
+            else f"NodeSet={n.name} Nodes={n.name}-[0-{n.replicas - 1}]" for n in nodesets]
 
 
 def slurm_conf_lines(values: SoperatorValues) -> list[str]:
@@ -103,7 +103,8 @@ def slurm_conf_lines(values: SoperatorValues) -> list[str]:
         return [line.strip() for line in partitions.raw_config if line.strip().startswith("PartitionName")]
     if partitions.config_type == "structured":
         # 378-381: nodes, partitions, nodesets
-        return [*_node_lines(cluster, nodesets, values.namespace), *_partition_lines(cluster), *_nodeset_lines(nodesets)]
+        return [*_node_lines(cluster, nodesets, values.namespace), *_partition_lines(cluster),
+                *_nodeset_lines(nodesets)]
     # 383-385: the default partitions over ALL nodes, and no node line at all
     return ["PartitionName=main Nodes=ALL Default=YES PriorityTier=10 MaxTime=INFINITE State=UP OverSubscribe=YES",
             "PartitionName=hidden Nodes=ALL Default=NO PriorityTier=10 PreemptMode=OFF Hidden=YES MaxTime=INFINITE "
