@@ -1,0 +1,190 @@
+"""The commands of README.md and docs/*.md as a new user types them (issue 55, issue 54 item 1).
+
+Every `bash` block of a page either runs here exactly as written, or is marked as needing a cloud account, a GPU or
+values of the reader's own, or as the test suite itself (tests/docs_blocks.py). A page's runnable blocks run in
+order in one new shell (no venv on PATH, no SLURM_CONF), so a block that needs a setup line only works when the page
+gives it first; the Slurm jobs they submit must end COMPLETED. The README goes first (`make demo`: the later pages'
+local-stack commands find its outputs, as a reader who followed the README does); the blocks that drive the
+rehearsal cluster run beside the cluster tests, on their worker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from docs_blocks import CONVENTION, MARKERS, PAGES, ROOT, Block, command_lines, read_blocks
+from slurm_jobs import job_field
+
+SUBMITTED = re.compile(r"^Submitted batch job (\d+)$", re.MULTILINE)
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
+         "DEADLINE"}
+ALL_BLOCKS = [block for page in PAGES for block in read_blocks(page)]
+
+
+def new_shell_env() -> dict[str, str]:
+    """A login shell's environment: this process's PATH without the venv, none of the variables a test or an
+    activated venv sets (SLURM_CONF, VIRTUAL_ENV, PYTHONPATH, FT_*)."""
+    venv_bin = Path(sys.executable).parent.resolve()
+    path = [p for p in os.environ.get("PATH", "/usr/bin:/bin").split(":") if p and Path(p).resolve() != venv_bin]
+    kept = {k: os.environ[k] for k in ("HOME", "USER", "LOGNAME", "LANG", "TERM", "TMPDIR", "CI") if k in os.environ}
+    # the workers' one-thread cap (tests/conftest.py) is not the reader's, but keeps the suite's CPU where it was
+    kept |= {k: os.environ[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if k in os.environ}
+    return kept | {"PATH": ":".join(path)}
+
+
+def server_address(block: Block) -> tuple[str, str]:
+    """The loopback address a server block's comment names (`# 127.0.0.1:8000`)."""
+    found = re.findall(r"(127\.0\.0\.1):(\d+)", block.text.split(" # ", 1)[-1] if " # " in block.text else "")
+    assert found, f"{block.where}: a block that runs until stopped names no 127.0.0.1:PORT in its comment"
+    return found[-1]
+
+
+def server_script(block: Block) -> str:
+    """Start the server block in a session of its own, wait until its address accepts a connection (failing if
+    it exits first or the address is taken before it starts), then stop the session with SIGTERM."""
+    host, port = server_address(block)
+    probe = f"(exec 3<>/dev/tcp/{host}/{port}) 2>/dev/null"
+    return (f"if {probe}; then echo '{host}:{port} is taken before {block.where} starts' >&2; exit 1; fi\n"
+            f"setsid bash -c {shlex.quote(block.text)} &\nserver=$!\n"
+            f"for _ in $(seq 900); do {probe} && break; "
+            f"kill -0 $server 2>/dev/null || {{ echo '{block.where} exited before listening' >&2; exit 1; }}; "
+            f"sleep 1; done\n"
+            f"{probe} || {{ kill -TERM -- -$server; echo '{block.where}: nothing on {host}:{port}' >&2; exit 1; }}\n"
+            f"kill -TERM -- -$server\nwait $server || true\n")
+
+
+def run_in_new_shell(blocks: list[Block], timeout: float) -> subprocess.CompletedProcess[str]:
+    """The blocks one after another in one `bash`, from the repository root; stops at the first failing command
+    (each block's start is echoed to standard error, so a failure names its block). A server block is started,
+    reached and stopped (`server_script`)."""
+    script = "set -eo pipefail\n" + "".join(
+        f"echo '>>> {b.where}' >&2\n" + (server_script(b) if b.need == "server" else f"{b.text}\n") for b in blocks)
+    return subprocess.run(["bash", "-c", script], cwd=ROOT, env=new_shell_env(), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def assert_ran(proc: subprocess.CompletedProcess[str], what: str) -> None:
+    started = re.findall(r"^>>> (\S+)$", proc.stderr, re.MULTILINE)
+    assert proc.returncode == 0, (f"{what}: block {started[-1] if started else '?'} failed with exit code "
+                                  f"{proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-4000:]}")
+
+
+def wait_for_jobs(output: str, slurm_conf: Path, timeout: float = 1800) -> dict[str, str]:
+    """Each job the blocks submitted (sbatch's `Submitted batch job N`), waited until it ends: its end state."""
+    states = {}
+    for job in SUBMITTED.findall(output):
+        deadline = time.monotonic() + timeout
+        while (state := job_field(job, "JobState", slurm_conf)) not in ENDED and time.monotonic() < deadline:
+            time.sleep(1)
+        states[job] = state or "unknown (no longer known to scontrol)"
+    return states
+
+
+def page_blocks(page: Path, cluster: bool) -> list[Block]:
+    """The blocks a page runs here, in its order: unmarked ones and servers; those on the rehearsal cluster or
+    the others."""
+    return [b for b in read_blocks(page) if (b.runs or b.need == "server") and b.on_rehearsal_cluster == cluster]
+
+
+# --- the marks -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("block", [b for b in ALL_BLOCKS if b.lang == "bash"], ids=lambda b: b.where)
+def test_a_command_block_is_run_or_marked_with_a_known_mark(block: Block) -> None:
+    assert block.marker is None or block.marker in MARKERS, (
+        f"{block.where}: unknown mark {block.marker!r}; the marks are {sorted(MARKERS)}")
+
+
+@pytest.mark.parametrize("block", [b for b in ALL_BLOCKS if b.lang != "bash"], ids=lambda b: b.where)
+def test_commands_are_not_hidden_in_other_blocks(block: Block) -> None:
+    """A command shown in an output or listing block would escape both the run and the marks."""
+    assert not command_lines(block.text), (
+        f"{block.where}: a {block.lang or 'plain'} block holds commands {command_lines(block.text)}: put them in a "
+        "```bash block (run by this test, or marked), and show the output in a block of its own")
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if any(b.lang == "bash" for b in read_blocks(p))],
+                         ids=lambda p: p.name)
+def test_each_page_says_how_its_commands_run(page: Path) -> None:
+    """The intro (before the first section heading) names this test and the marks the page uses."""
+    intro = page.read_text().split("\n## ", 1)[0]
+    assert CONVENTION in intro, f"{page.name}: the intro does not say its blocks run in {CONVENTION}"
+    for marker in {b.marker for b in read_blocks(page) if b.marker}:
+        assert marker in intro, f"{page.name}: the intro does not explain the mark {marker}"
+
+
+def test_the_test_suite_block_is_what_ci_runs() -> None:
+    """`make test` cannot run inside the suite it starts: CI's entry point runs exactly it, and make's target runs
+    pytest over tests/ (this file among them); a block marked as the suite runs `make test` or pytest on test files
+    that exist."""
+    ci = [line for line in (ROOT / ".ci/run").read_text().splitlines() if line and not line.startswith("#")]
+    assert ci[-1] == "make test"
+    assert re.search(r"^test: .*\n\t\$\(VENV\)/bin/pytest\b", (ROOT / "Makefile").read_text(), re.MULTILINE)
+    suite = [b for b in ALL_BLOCKS if b.need == "suite"]
+    assert suite, "no block is marked as the test suite itself"
+    for block in suite:
+        command = " ".join(block.text.replace("\\\n", " ").split("#", 1)[0].split())
+        if command != "make test":
+            assert command.startswith(".venv/bin/pytest "), f"{block.where}: {command}"
+            for pattern in command.split()[1:]:
+                assert sorted(ROOT.glob(pattern)), f"{block.where}: {pattern} names no test file"
+
+
+# --- the runs --------------------------------------------------------------------------------------------------
+
+LOCAL_PAGES = [p for p in PAGES if page_blocks(p, cluster=False)]
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.parametrize("page", LOCAL_PAGES, ids=lambda p: p.name)
+def test_page_commands_run_as_written(page: Path, slurm: str) -> None:
+    """The page's blocks in one new shell, in order, and every Slurm job they submitted COMPLETED."""
+    proc = run_in_new_shell(page_blocks(page, cluster=False), timeout=3600)
+    assert_ran(proc, page.name)
+    states = wait_for_jobs(proc.stdout, Path(slurm))
+    assert all(state == "COMPLETED" for state in states.values()), f"{page.name}: jobs ended {states}"
+    if page.name == "README.md":
+        again = subprocess.run(["make", "demo"], cwd=ROOT, env=new_shell_env(), capture_output=True, text=True,
+                               timeout=900)
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert "submitted job" not in again.stderr, f"a second make demo submitted:\n{again.stderr[-3000:]}"
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_rehearsal_cluster_commands_run_as_written(local_cluster) -> None:  # noqa: ANN001 (cluster_fixtures.Cluster)
+    """README's and docs/pipeline.md's rehearsal-cluster blocks, each page in its own new shell; they name the
+    cluster at its default address, so they run on the cluster the fixture started at the default prefix."""
+    if local_cluster.prefix != "ftc":
+        message = f"the rehearsal cluster runs as {local_cluster.prefix}, not the documented ftc (another holds it)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    for page in PAGES:
+        blocks = page_blocks(page, cluster=True)
+        if blocks:
+            assert_ran(run_in_new_shell(blocks, timeout=3600), page.name)
+
+
+def test_plan_json_keys_and_policy_count_are_the_pages() -> None:
+    """docs/cost-and-policies.md lists the keys of `ftstack plan --json` and the number of policy results: both
+    read from the command's own output."""
+    page = (ROOT / "docs/cost-and-policies.md").read_text()
+    proc = subprocess.run([str(Path(sys.executable).with_name("ftstack")), "plan", "--stack", "demo", "--policies",
+                           "--json"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    document = json.loads(proc.stdout)
+    listed = re.search(r"--policies --json +# \{([^}]*)\}", page)
+    assert listed, "the --json line lists no keys"
+    assert [k.strip().strip('"') for k in listed.group(1).split(",")] == list(document)
+    counted = re.search(r"--policies +#.*?(\d+) policy results", page)
+    assert counted and int(counted.group(1)) == len(document["policies"])
