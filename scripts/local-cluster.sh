@@ -435,8 +435,10 @@ lose_node() {
   local node="$1" i
   i="$(node_index "$node")"
   kill_netns_processes "$(netns "$i")"
-  rm -f "$RUN/slurmd-$node.pid"
-  log "lost $node: its slurmd and every process in it were killed"
+  # the killed daemons' pid files go too: a killed process stays a zombie, alive to kill -0, where pid 1 does not
+  # reap orphans (this machine's init), and start would skip restarting it
+  rm -f "$RUN/slurmd-$node.pid" "$RUN/node-exporter-$node.pid"
+  log "lost $node: its slurmd, its node exporter and every process in it were killed"
 }
 
 stop() {
