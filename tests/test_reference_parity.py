@@ -1,8 +1,10 @@
-"""Every NodeSet value the reference install sends has a row in docs/infra.md's parity table.
+"""Every NodeSet and SlurmCluster value the reference install sends has a row in docs/infra.md's parity tables.
 
-The reference is a pinned copy of the solutions library's flux_release_nodesets.yaml.tftpl (tests/data/reference/,
-commit in its README). Its keys are read from the YAML lines of the template (Terraform directives skipped), as
-paths under ``nodesets[]``; a table row covers a path when one of the row's backticked paths is a prefix of it.
+The reference is a pinned copy of the solutions library's flux_release_nodesets.yaml.tftpl and
+terraform_fluxcd_values.yaml.tftpl (tests/data/reference/, commit in its README). Their keys are read from the YAML
+lines of the templates (Terraform directives skipped), as paths under ``nodesets[]`` and under
+``slurmCluster.overrideValues`` of the values document the second one holds; a table row covers a path when one of
+the row's backticked paths is a prefix of it.
 """
 
 from __future__ import annotations
@@ -12,9 +14,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATE = REPO / "tests/data/reference/flux_release_nodesets.yaml.tftpl"
+FLUX_VALUES = REPO / "tests/data/reference/terraform_fluxcd_values.yaml.tftpl"
 DOC = REPO / "docs/infra.md"
 TABLE_INTRO = "NodeSet values (`helm-nodesets` `nodesets[]`):"
+CLUSTER_TABLE_INTRO = "SlurmCluster values (`helm-slurm-cluster`, the reference's `slurmCluster.overrideValues`):"
 ITEM = ("nodesets", "overrideValues", "nodesets", "[]")
+CLUSTER = ("slurmCluster", "overrideValues")
+VALUES_DOCUMENT = "      values.yaml: |"
+"""The line of terraform_fluxcd_values.yaml.tftpl whose literal block is the values document."""
 KEY = re.compile(r'^(?P<indent>\s*)(?P<dash>- )?(?P<key>[A-Za-z_][\w./-]*|"[^"]+"):(?:\s|$)')
 
 KeyPath = tuple[str, ...]
@@ -49,17 +56,27 @@ def template_keys(text: str) -> list[KeyPath]:
     return paths
 
 
-def nodeset_leaves(text: str) -> set[KeyPath]:
-    """The leaf keys under ``nodesets[]``, list markers dropped (``slurmd.volumes.customVolumeMounts.name``)."""
-    under = [p[len(ITEM):] for p in template_keys(text) if p[:len(ITEM)] == ITEM and len(p) > len(ITEM)]
+def leaves_under(text: str, prefix: KeyPath) -> set[KeyPath]:
+    """The leaf keys under ``prefix``, list markers dropped (``slurmd.volumes.customVolumeMounts.name``)."""
+    under = [p[len(prefix):] for p in template_keys(text) if p[:len(prefix)] == prefix and len(p) > len(prefix)]
     leaves = {p for p in under if not any(q[:len(p)] == p and q != p for q in under)}
     return {tuple(s for s in p if s != "[]") for p in leaves}
 
 
-def table_paths(doc: str) -> list[KeyPath]:
-    """The backticked paths of the first cell of each row of the NodeSet parity table."""
+def nodeset_leaves(text: str) -> set[KeyPath]:
+    return leaves_under(text, ITEM)
+
+
+def cluster_leaves(text: str) -> set[KeyPath]:
+    """The SlurmCluster values: the ConfigMap's values.yaml block, read as its own document."""
+    lines = text.splitlines()
+    return leaves_under("\n".join(lines[lines.index(VALUES_DOCUMENT) + 1:]), CLUSTER)
+
+
+def table_paths(doc: str, intro: str = TABLE_INTRO) -> list[KeyPath]:
+    """The backticked paths of the first cell of each row of the parity table after ``intro``."""
     lines = doc.splitlines()
-    start = lines.index(TABLE_INTRO)
+    start = lines.index(intro)
     rows = []
     for line in lines[start + 1:]:
         if not line.strip():
@@ -102,3 +119,12 @@ def test_a_value_missing_from_the_table_is_named() -> None:
     leaves = nodeset_leaves(TEMPLATE.read_text())
     rows = [r for r in table_paths(DOC.read_text()) if r != ("enableHostUserNamespace",)]
     assert uncovered(leaves, rows) == ["enableHostUserNamespace"]
+
+
+def test_every_reference_slurm_cluster_value_has_a_row_in_the_parity_table() -> None:
+    leaves = cluster_leaves(FLUX_VALUES.read_text())
+    for path in ("partitionConfiguration.configType", "populateJail.k8sNodeFilterName",
+                 "slurmNodes.login.customInitContainers.name", "sConfigController.node.size"):
+        assert tuple(path.split(".")) in leaves, path
+    assert ("helmRepository",) not in {leaf[:1] for leaf in leaves}  # only the slurmCluster release's values
+    assert uncovered(leaves, table_paths(DOC.read_text(), CLUSTER_TABLE_INTRO)) == []

@@ -291,6 +291,7 @@ def _accounting(specs: list[NodeGroupSpec], size_gib: dict[str, Any]) -> dict[st
         "k8sNodeFilterName": "accounting",
         "slurmdbd": {"resources": slurmdbd.values()},
         "munge": {"resources": SERVICE_MUNGE.values()},
+        "customInitContainers": virtiofs_checks([]),
         "mariadbOperator": {
             "enabled": True, "metrics": {"enabled": False},
             "resources": left.less(slurmdbd).values(),
@@ -325,6 +326,7 @@ def slurm_cluster_values(cfg: StackConfig, specs: list[NodeGroupSpec], allocatio
                 "k8sNodeFilterName": "controller",
                 "slurmctld": {"resources": node_budget(controller).less(SERVICE_MUNGE).values()},
                 "munge": {"resources": SERVICE_MUNGE.values()},
+                "customInitContainers": virtiofs_checks([]),
                 "volumes": {
                     "spool": {"volumeSourceName": CONTROLLER_SPOOL},
                     "jail": {"volumeSourceName": JAIL},
@@ -336,6 +338,7 @@ def slurm_cluster_values(cfg: StackConfig, specs: list[NodeGroupSpec], allocatio
                 "k8sNodeFilterName": "login",
                 "sshd": {"resources": node_budget(login).less(SERVICE_MUNGE).values()},
                 "munge": {"resources": SERVICE_MUNGE.values()},
+                "customInitContainers": virtiofs_checks([s.name for s in fs.submounts]),
                 "sshRootPublicKeys": list(cfg.ssh_public_keys),
                 "sshdServiceType": "LoadBalancer",
                 "sshdServiceAnnotations": {ALLOCATION_ANNOTATION: allocation_id},
@@ -402,17 +405,16 @@ def nodeset_values(cfg: StackConfig, spec: NodeGroupSpec) -> dict[str, Any]:
         "priorityClass": "soperator-worker-high-priority",
         "affinity": filt["affinity"],
         "tolerations": filt["tolerations"],
-        "customInitContainers": virtiofs_checks(cfg),
+        "customInitContainers": virtiofs_checks([s.name for s in fs.submounts]),
     }
 
 
-def virtiofs_checks(cfg: StackConfig) -> list[dict[str, Any]]:
-    """Init containers that stop a worker from starting slurmd before its jail and submounts are the node's virtiofs
-    filestores (not an empty directory of the node), as the reference's flux_release_nodesets.yaml.tftpl adds them."""
-    assert cfg.filesystems is not None
+def virtiofs_checks(submounts: list[str]) -> list[dict[str, Any]]:
+    """Init containers that stop a pod from starting before its jail and ``submounts`` are the node's virtiofs
+    filestores (not an empty directory of the node), as the reference adds them to workers, login, controller and
+    accounting (flux_release_nodesets.yaml.tftpl, terraform_fluxcd_values.yaml.tftpl)."""
     # the pod's volumes: "jail" (internal/consts/volume.go:40), each submount by its name (render/worker/volume.go:68)
-    volumes = [("jail-virtiofs", "jail"),
-               *((f"jail-submount-{s.name}-virtiofs", s.name) for s in cfg.filesystems.submounts)]
+    volumes = [("jail-virtiofs", "jail"), *((f"jail-submount-{name}-virtiofs", name) for name in submounts)]
     return [{"name": f"ensure-{name}", "image": BUSYBOX_IMAGE,
              "volumeMounts": [{"name": volume, "mountPath": "/volume-mount"}],
              "command": ["grep", " /volume-mount virtiofs ", "/proc/mounts"]} for name, volume in volumes]
