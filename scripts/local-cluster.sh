@@ -185,6 +185,8 @@ SlurmdLogFile=$LOG/slurmd-%n.log
 SlurmdTimeout=10
 # as Soperator 4.1.7 (internal/render/common/configmap.go:362): slurmctld starts with no node line too
 MaxNodeCount=1024
+# powered-down State=CLOUD nodes shown, as Slurm 23.02 and later (Soperator's 25.11) show them; 22.05 hides them
+PrivateData=cloud
 $(common_slurm_settings)
 $(job_metrics_settings "$MON/textfile/\$(hostname)" prolog)
 EOF
@@ -418,7 +420,8 @@ start() {
   start_munge
   start_login
   start_daemons
-  [ -z "$suspend$serving" ] || scontrol reconfigure || die "scontrol reconfigure failed; see $LOG/slurmctld.log"
+  # a slurmctld already running reads the configuration written above
+  scontrol reconfigure || die "scontrol reconfigure failed; see $LOG/slurmctld.log"
   start_power_agent
   start_monitoring
   wait_idle
