@@ -31,6 +31,15 @@ from pathlib import Path
 MANIFEST = "environment.json"
 LOCK_COPY = "requirements.txt"
 INSTALL_TIMEOUT_S = 3600
+INSTALLED_CODE = """
+import importlib.metadata, json, re
+found = {}
+for distribution in importlib.metadata.distributions():
+    if distribution.metadata["Name"]:
+        found.setdefault(re.sub(r"[-_.]+", "-", distribution.metadata["Name"]).lower(), distribution.version)
+print(json.dumps(found))
+"""
+"""Run by the new environment's interpreter: each distribution's version as import finds it (first on sys.path)."""
 
 
 class BuildFailed(RuntimeError):
@@ -94,16 +103,6 @@ def install(spec: dict, source: Path, tmp: Path) -> str:
     _run([python, "-m", "pip", "install", "--quiet", "--no-deps", "--require-hashes", "--no-cache-dir",
           "--disable-pip-version-check", *offline, "-r", requirements], f"pip install from the {kind}")
     return "pip"
-
-
-INSTALLED_CODE = """
-import importlib.metadata, json, re
-found = {}
-for distribution in importlib.metadata.distributions():
-    if distribution.metadata["Name"]:
-        found.setdefault(re.sub(r"[-_.]+", "-", distribution.metadata["Name"]).lower(), distribution.version)
-print(json.dumps(found))
-"""
 
 
 def installed_packages(python: Path) -> dict[str, str]:
