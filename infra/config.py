@@ -437,6 +437,8 @@ class ExistingCluster(_Model):
     def _absolute_jail(cls, value: str) -> str:
         if not PurePosixPath(value).is_absolute():
             raise ValueError(f"jail root {value!r} must be an absolute path on the cluster")
+        if ".." in PurePosixPath(value).parts:
+            raise ValueError(f"jail root {value!r} must not contain '..' (every run path is placed under it)")
         return str(PurePosixPath(value))
 
     @model_validator(mode="after")

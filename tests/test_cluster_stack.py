@@ -37,6 +37,7 @@ def test_stack_file_points_at_the_rehearsal_cluster() -> None:
     ({"hostKey": None}, "set exactly one of hostKey and hostKeyFile"),
     ({"hostKeyFile": "k.pub"}, "set exactly one of hostKey and hostKeyFile"),
     ({"jailRoot": "shared"}, "jail root 'shared' must be an absolute path"),
+    ({"jailRoot": "/run/ftc/../../etc"}, "jail root '/run/ftc/../../etc' must not contain '..'"),
     ({"nodes": 0}, "cluster.nodes"),
 ])
 def test_bad_cluster_sections_are_named(change: dict[str, object], message: str) -> None:
