@@ -195,3 +195,18 @@ def test_backups_keep_to_annotated_volumes_and_restics_own_retention(stack, runs
     if backups:
         assert releases["k8up"]["k8up"]["skipWithoutAnnotation"] is True
         assert "lifecycleConfiguration" not in backups[0]
+
+
+@pytest.mark.parametrize("stack", CLOUD_STACKS)
+def test_node_groups_take_the_references_os_and_worker_auto_repair(stack, runs) -> None:
+    """nebius-solutions-library soperator/modules/k8s (k8s_ng_workers_v2.tf at 339aa712): os ubuntu24.04; workers
+    leave not-ready, boot-disk, GPU and runtime failures to Soperator and are recreated when it suspects hardware."""
+    disabled = [("Ready", "FALSE"), ("Ready", "UNKNOWN"), ("NebiusBootDiskIOError", "TRUE"),
+                ("NebiusGPUError", "TRUE"), ("NebiusContainerRuntimeError", "TRUE")]
+    groups = {g.inputs["name"]: g.inputs for g in runs[stack].of_type(NODE_GROUP)}
+    assert {g["template"]["os"] for g in groups.values()} == {"ubuntu24.04"}
+    worker = groups["worker"]["autoRepair"]["conditions"]
+    assert [(c["type"], c["status"]) for c in worker if c.get("disabled")] == disabled
+    assert [c for c in worker if not c.get("disabled")] == [
+        {"type": "HardwareIssuesSuspected", "status": "TRUE", "timeout": "1s"}]
+    assert all("autoRepair" not in g for name, g in groups.items() if name != "worker")

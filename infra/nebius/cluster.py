@@ -9,6 +9,22 @@ import pulumi_nebius as nebius
 
 from infra.nebius.layout import NodeGroupSpec
 
+NODE_OS = "ubuntu24.04"
+"""Every node group's image OS, as the reference install sets it (nebius-solutions-library soperator/modules/k8s/
+k8s_ng_system.tf at 78e87a44 and k8s_ng_workers_v2.tf at 339aa712: ``os = "ubuntu24.04"``)."""
+WORKER_AUTO_REPAIR: tuple[tuple[str, str, str | None], ...] = (
+    ("Ready", "FALSE", None),
+    ("Ready", "UNKNOWN", None),
+    ("NebiusBootDiskIOError", "TRUE", None),
+    ("NebiusGPUError", "TRUE", None),
+    ("NebiusContainerRuntimeError", "TRUE", None),
+    ("HardwareIssuesSuspected", "TRUE", "1s"),
+)
+"""Worker node groups' auto-repair conditions (type, status, timeout; None: the platform's rule disabled), as the
+reference's k8s_ng_workers_v2.tf at 339aa712 overrides them: mk8s does not repair a not-ready node, a failed boot
+disk, GPU or container runtime by itself ("to avoid races with Soperator", whose checks drain and replace them), and
+recreates at once a node Soperator marks ``HardwareIssuesSuspected``."""
+
 
 @dataclass
 class Mk8sClusterArgs:
@@ -120,6 +136,7 @@ class Mk8sCluster(pulumi.ComponentResource):
             fixed_node_count=spec.fixed_size,
             autoscaling=autoscaling,
             labels=spec.labels,
+            auto_repair=worker_auto_repair() if spec.role == "worker" else None,
             template=self._template(args, spec),
             opts=pulumi.ResourceOptions(parent=cluster),
         )
@@ -151,4 +168,14 @@ class Mk8sCluster(pulumi.ComponentResource):
             gpu_settings=nebius.Mk8sV1NodeGroupTemplateGpuSettingsArgs(drivers_preset=spec.drivers_preset)
             if spec.drivers_preset else None,
             preemptible=nebius.Mk8sV1NodeGroupTemplatePreemptibleArgs() if spec.preemptible else None,
+            os=NODE_OS,
         )
+
+
+def worker_auto_repair() -> nebius.Mk8sV1NodeGroupAutoRepairArgs:
+    return nebius.Mk8sV1NodeGroupAutoRepairArgs(conditions=[
+        nebius.Mk8sV1NodeGroupAutoRepairConditionArgs(type=kind, status=status, timeout=timeout)
+        if timeout is not None else
+        nebius.Mk8sV1NodeGroupAutoRepairConditionArgs(type=kind, status=status, disabled=True)
+        for kind, status, timeout in WORKER_AUTO_REPAIR
+    ])
