@@ -55,14 +55,16 @@ def test_cluster_section_only_on_cluster_stacks() -> None:
 
 
 def test_placement_is_under_the_jail_root_and_spreads_over_the_nodes() -> None:
-    cfg = parse_stack_config("c", cluster_values(), "f")
+    cfg = parse_stack_config("c", cluster_values(cpusPerNode=4), "f")
     run = load_run_config(REPO / "workloads/configs/cluster.json")
     placement = code_location_for(cfg, run, REPO)
     assert placement.code_root == "/shared/home/shared/finetune_code"
     assert placement.env == {"FT_ROOT": "/shared/mnt/data/cluster"} and placement.slurm_env == {}
     jobs = {job.stage: job for job in pipeline_jobs(cfg, run, "workloads/configs/cluster.json", "c0de", placement)}
-    assert jobs["readiness"].extra_args == jobs["train"].extra_args == ["--nodes=3", "--ntasks-per-node=1"]
-    assert jobs["prepare"].extra_args == [] and jobs["eval"].extra_args == ["--nodes=1"]
+    assert jobs["readiness"].extra_args == jobs["train"].extra_args == [
+        "--nodes=3", "--ntasks-per-node=1", "--cpus-per-task=4"]
+    assert jobs["prepare"].extra_args == ["--cpus-per-task=4"]
+    assert jobs["eval"].extra_args == ["--nodes=1", "--cpus-per-task=4"]
     assert jobs["train"].metrics_path == "/shared/mnt/data/cluster/outputs/cluster/metrics.jsonl"
     absolute = parse_run_config({**run.model_dump(mode="json"), "paths": {"root": "/scratch/ft"}}, "x")
     assert code_location_for(cfg, absolute, REPO).env == {"FT_ROOT": "/scratch/ft"}
@@ -110,7 +112,7 @@ def test_program_ships_the_pipeline_over_ssh_with_the_pinned_key_as_a_secret() -
     assert run.outputs["target"] == "cluster" and run.outputs["slurm_target"] == "existing"
     jobs = {r.name.rsplit("-", 1)[-1]: r for r in run.resources if r.type == "pulumi-python:dynamic:Resource"}
     assert jobs["bundle"].inputs["code_root"] == "/shared/home/shared/finetune_code"
-    assert jobs["train"].inputs["extra_args"] == ["--nodes=3", "--ntasks-per-node=1"]
+    assert jobs["train"].inputs["extra_args"] == ["--nodes=3", "--ntasks-per-node=1", "--cpus-per-task=1"]
     assert jobs["train"].inputs["transport"] == "[secret]"
     assert not any(r.type.startswith(("nebius:", "kubernetes:")) for r in run.resources)
     without_key = run_under_mocks(cfg)

@@ -66,7 +66,8 @@ def test_the_chain_starts_with_the_environment_and_readiness_expects_the_stack_s
     jobs = pipeline_jobs(demo, run, demo.pipeline.run_config, "c", code_location_for(demo, run, repo))
     assert [j.stage for j in jobs] == ["environment", "prepare", "readiness", "train", "eval"]
     environment, prepare, readiness = jobs[:3]
-    assert environment.extra_args == ["--nodes=1"] and environment.env == {"FT_PYTHON": "python3"}
+    # no CPU worker set on demo: the build takes a GPU worker's CPUs (2gpu-64vcpu-384gb)
+    assert environment.extra_args == ["--nodes=1", "--cpus-per-task=64"] and environment.env == {"FT_PYTHON": "python3"}
     assert environment.args == [f"/home/shared/finetune_env/sources/{environment.results_path.rsplit('/', 1)[1]}",
                                 "/home/shared/finetune_env"]
     assert prepare.depends_on == ["environment"] and prepare.env["FT_PYTHON"] == f"{environment.results_path}/bin/python"

@@ -6,9 +6,12 @@ from pathlib import Path
 
 import pytest
 
+import yaml
+
 from documents.run_config import load_run_config
-from infra.config import load_stack_config
-from infra.pipeline.chain import CHAIN, code_hash, pipeline_jobs, code_location_for, stage_fingerprint
+from infra.catalog import parse_preset
+from infra.config import EnvironmentConfig, StackConfig, load_stack_config
+from infra.pipeline.chain import CHAIN, JobSpec, code_hash, code_location_for, pipeline_jobs, stage_fingerprint
 from infra.program.mocks import run_under_mocks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,8 +70,53 @@ def test_cloud_jobs_spread_over_the_workers_and_check_the_preset() -> None:
     assert f"--nodes={workers.size}" in jobs["train"].extra_args and "--ntasks-per-node=1" in jobs["train"].extra_args
     assert "--gpus-per-node=2" in jobs["readiness"].extra_args and "--ntasks-per-node=2" in jobs["readiness"].extra_args
     assert jobs["readiness"].args[jobs["readiness"].args.index("--expect-gpus-per-node") + 1] == "2"
-    assert jobs["prepare"].extra_args == []
     assert jobs["eval"].result_file.endswith("/evaluator_{job_id}.json")
+
+
+def _jobs(stack: StackConfig) -> dict[str, JobSpec]:
+    run = load_run_config(REPO / stack.pipeline.run_config)
+    location = code_location_for(stack, run, REPO)
+    return {j.stage: j for j in pipeline_jobs(stack, run, stack.pipeline.run_config, "c", location, serve=True)}
+
+
+def _cpu_args(job: JobSpec) -> list[str]:
+    return [a for a in job.extra_args if a.startswith(("--cpus-per-", "--constraint="))]
+
+
+def test_every_cloud_job_asks_for_its_share_of_the_workers_cpus() -> None:
+    """Soperator 4.1.7 gives a job that asks nothing one CPU (CR_Core_Memory, no DefCpuPerGPU). The demo workers,
+    2gpu-64vcpu-384gb: readiness's two tasks (one per GPU) and eval's GPU get 32 CPUs each; prepare, train's one
+    torchrun per node, and serve take the 64 vCPUs the preset's name gives."""
+    demo = load_stack_config("demo", REPO / "stacks")
+    worker = demo.nodes.workers[0]
+    vcpus, gpus = parse_preset(worker.preset).vcpus, parse_preset(worker.preset).gpus
+    jobs = _jobs(demo)
+    assert _cpu_args(jobs["readiness"]) == [f"--cpus-per-task={vcpus // gpus}"]
+    assert _cpu_args(jobs["eval"]) == [f"--cpus-per-gpu={vcpus // gpus}"]
+    for stage in ("prepare", "train", "serve"):
+        assert _cpu_args(jobs[stage]) == [f"--cpus-per-task={vcpus}"], stage
+
+
+def test_the_environment_build_goes_to_a_cpu_worker_set_where_there_is_one() -> None:
+    demo = load_stack_config("demo", REPO / "stacks")
+    demo = demo.model_copy(update={"pipeline": demo.pipeline.model_copy(update={
+        "environment": EnvironmentConfig(source="index")})})
+    gpu_set = demo.nodes.workers[0]
+    assert _cpu_args(_jobs(demo)["environment"]) == [f"--cpus-per-task={parse_preset(gpu_set.preset).vcpus}"]
+    cpu_set = gpu_set.model_copy(update={"name": "cpu", "platform": "cpu-d3", "preset": "16vcpu-64gb", "size": 1})
+    with_cpus = demo.model_copy(update={"nodes": demo.nodes.model_copy(update={"workers": [gpu_set, cpu_set]})})
+    jobs = _jobs(with_cpus)
+    assert _cpu_args(jobs["environment"]) == ["--constraint=cpu", "--cpus-per-task=16"]
+    assert _cpu_args(jobs["train"]) == [f"--cpus-per-task={parse_preset(gpu_set.preset).vcpus}"]
+
+
+def test_cluster_jobs_ask_for_the_cpus_per_node_and_local_ones_for_none() -> None:
+    cluster = load_stack_config("cluster", REPO / "stacks")
+    stack = yaml.safe_load((REPO / "stacks" / "Pulumi.cluster.yaml").read_text())["config"]
+    cpus = stack["soperator-finetune:cluster"]["cpusPerNode"]
+    assert {stage: _cpu_args(job) for stage, job in _jobs(cluster).items()} == {
+        stage: [f"--cpus-per-task={cpus}"] for stage in ("environment", "prepare", "readiness", "train", "eval", "serve")}
+    assert all(_cpu_args(job) == [] for job in _jobs(load_stack_config("local", REPO / "stacks")).values())
 
 
 @pytest.mark.parametrize("stack", ["local", "cluster", "demo"])

@@ -118,8 +118,9 @@ def test_serve_goes_to_its_partition_after_prepare_and_training_to_the_rest(tmp_
                                               LOCATION, serve=True)}
     assert list(jobs) == ["prepare", "readiness", "train", "eval", "serve", "publish"]
     assert jobs["serve"].depends_on == ["prepare"]
-    assert jobs["serve"].extra_args == ["--partition=serve", "--nodes=1"]
-    assert jobs["train"].extra_args == ["--partition=main", "--nodes=1", "--ntasks-per-node=1"]
+    cpus = f"--cpus-per-task={stack.cluster.cpus_per_node}"
+    assert jobs["serve"].extra_args == ["--partition=serve", "--nodes=1", cpus]
+    assert jobs["train"].extra_args == ["--partition=main", "--nodes=1", "--ntasks-per-node=1", cpus]
     assert all("--partition=main" in jobs[s].extra_args for s in ("prepare", "readiness", "eval", "publish"))
     assert jobs["publish"].depends_on == ["eval"]
     serve_args, publish_args = jobs["serve"].args, jobs["publish"].args

@@ -24,8 +24,8 @@ from pydantic import BaseModel, ConfigDict
 from documents.evaluator_report import report_name
 from documents.metrics import METRICS_NAME
 from documents.run_config import RunConfig, RunPaths
-from infra.catalog import get_platform, get_preset
-from infra.config import StackConfig
+from infra.catalog import cpu_topology, get_platform, get_preset
+from infra.config import StackConfig, WorkerSet
 from infra.environment.plan import EnvironmentPlan, environment_plan
 from infra.pipeline.bundle import PACKAGE, bundle_files
 from infra.pipeline.time_limits import stage_time_limits
@@ -186,9 +186,46 @@ def _partition(stage: Stage, stack: StackConfig) -> list[str]:
 
 
 def _extra_args(stage: Stage, stack: StackConfig, run: RunConfig) -> list[str]:
-    """sbatch arguments: placement, and --no-requeue for a train section that turns requeue off."""
+    """sbatch arguments: placement with its CPUs, and --no-requeue for a train section that turns requeue off."""
     requeue_off = stage == "train" and run.train is not None and not run.train.requeue
-    return [*(["--no-requeue"] if requeue_off else []), *_partition(stage, stack), *_node_placement(stage, stack, run)]
+    return [*(["--no-requeue"] if requeue_off else []), *_partition(stage, stack), *_node_placement(stage, stack, run),
+            *_cpus(stage, stack)]
+
+
+def worker_cpus(stack: StackConfig) -> int:
+    """CPUs Slurm counts on one training worker: the cluster's cpusPerNode, or the CPU topology of the first worker
+    set's preset (the CPUs= its NodeSet's nodeConfig.static gives Slurm, infra/soperator/values.py)."""
+    if stack.cluster is not None:
+        return stack.cluster.cpus_per_node
+    assert stack.nodes is not None and stack.nodes.workers
+    first = stack.nodes.workers[0]
+    return cpu_topology(first.platform, first.preset).cpus
+
+
+def cpu_worker_set(stack: StackConfig) -> WorkerSet | None:
+    """The first worker set without GPUs (its NodeSet's feature is `cpu`), where housekeeping runs."""
+    workers = stack.nodes.workers if stack.nodes is not None else []
+    return next((w for w in workers if get_preset(w.platform, w.preset).gpus == 0), None)
+
+
+def _cpus(stage: Stage, stack: StackConfig) -> list[str]:
+    """The CPUs a job asks for (Soperator 4.1.7 allocates cores, CR_Core_Memory, confined by cgroup's ConstrainCores,
+    and renders no DefCpuPerGPU: a job that asks nothing gets one CPU, configmap.go:351, 537). Readiness's tasks (one
+    per GPU) share their node's CPUs, eval takes its GPU's share; train's one task per node (its torchrun runs the
+    node's ranks), prepare, serve and publish take every CPU of their node. The environment build runs on a CPU
+    worker set where the stack has one (`--constraint=cpu`, the feature of its nodes' lines, configmap.go:151-154),
+    so it never wakes a GPU set; without one it takes a training node, which train wakes next anyway."""
+    if stack.target == "local":
+        return []
+    if stage == "environment" and (cpu_set := cpu_worker_set(stack)) is not None:
+        return ["--constraint=cpu", f"--cpus-per-task={cpu_topology(cpu_set.platform, cpu_set.preset).cpus}"]
+    cpus = worker_cpus(stack)
+    _, gpus = worker_shape(stack)
+    if gpus and stage == "readiness":
+        return [f"--cpus-per-task={max(1, cpus // gpus)}"]
+    if gpus and stage == "eval":
+        return [f"--cpus-per-gpu={max(1, cpus // gpus)}"]
+    return [f"--cpus-per-task={cpus}"]
 
 
 def _node_placement(stage: Stage, stack: StackConfig, run: RunConfig) -> list[str]:
@@ -273,7 +310,7 @@ def pipeline_jobs(
         env.update(container_env(location.environment.image, used))
     limits = stage_time_limits(run.time_limits, train_hours)
     jobs = ([environment_job(location.environment, results_dir, run.name, location.code_root,
-                             limits["environment"])] if location.environment else [])
+                             _cpus("environment", stack), limits["environment"])] if location.environment else [])
     for stage in stages:
         jobs.append(JobSpec(
             stage=stage,
@@ -307,15 +344,16 @@ def container_env(image: str, folders: list[str]) -> dict[str, str]:
     return {"FT_CONTAINER_IMAGE": image, "FT_CONTAINER_MOUNTS": ",".join(f"{m}:{m}" for m in mounts)}
 
 
-def environment_job(plan: EnvironmentPlan, results_dir: str, run_name: str, code_root: str,
+def environment_job(plan: EnvironmentPlan, results_dir: str, run_name: str, code_root: str, cpus: list[str],
                     time_limit_minutes: int | None = None) -> JobSpec:
-    """The first stage: build the environment on one node from the shipped lock (every later job waits for it
-    and runs its interpreter); its fingerprint is the environment's key and source, so a second run keeps it."""
+    """The first stage: build the environment on one node (`cpus`: the CPUs it asks for, and where) from the shipped
+    lock (every later job waits for it and runs its interpreter); its fingerprint is the environment's key and
+    source, so a second run keeps it."""
     container = container_env(plan.image, [code_root, plan.root]) if plan.image else {}
     return JobSpec(
         stage="environment", script=f"{PACKAGE}/jobs/environment.sbatch", args=[plan.source_dir, plan.root],
         env={"FT_PYTHON": plan.base_python, **container},
-        extra_args=["--nodes=1"], depends_on=[],
+        extra_args=["--nodes=1", *cpus], depends_on=[],
         fingerprint=plan.fingerprint, output=f"{results_dir}/logs/{run_name}-environment-%j.out",
         results_path=plan.folder, time_limit_minutes=time_limit_minutes,
     )
