@@ -47,6 +47,11 @@ class Cluster:
         partition serve)."""
         return self.workers[-1]
 
+    @property
+    def training_workers(self) -> list[str]:
+        """The nodes of partition main, the default one (NodeSet worker): where a stack without serving nodes runs."""
+        return self.workers[:-1]
+
     def on_host(self, node_path: str) -> Path:
         """This machine's path of a path inside the jail as the nodes see it."""
         return self.jail / Path(node_path).relative_to(self.jail_root)
@@ -94,6 +99,8 @@ def _taken_by_another(base: Path, prefix: str, subnet: str) -> bool:
     return bridge.returncode == 0 or f"{subnet}.0/24" in routes
 
 
+START = ("--nodes", "3", "--serving-nodes", "1")
+"""How the tests' cluster starts (tests that stop it start it again so)."""
 DEFAULT_IDENTITIES = [("ftc", "10.213.0")] + [(f"ftc{n}", f"10.213.{n}") for n in range(1, 10)]
 
 
@@ -109,8 +116,9 @@ def free_identity(base: Path, candidates: list[tuple[str, str]] = DEFAULT_IDENTI
 
 @pytest.fixture(scope="session")
 def local_cluster() -> Iterator[Cluster]:
-    """A running 2-node cluster with its login node, its last node also in partition `serve` (the others in `main`,
-    both in the default `cluster`); fails in CI, skips elsewhere when it cannot start."""
+    """A running cluster with its login node, made from the `cluster` stack's values with 3 nodes, one reserved for
+    serving: worker-0 and worker-1 in partition main (the default; a stack without serving nodes trains on both),
+    worker-serve-0 in serve. Fails in CI, skips elsewhere when it cannot start."""
     base = Path(os.environ.get("LOCAL_CLUSTER_DIR", ROOT / ".local" / "cluster"))
     prefix, subnet = free_identity(base)
     cluster = Cluster(
@@ -120,7 +128,7 @@ def local_cluster() -> Iterator[Cluster]:
     )
     was_running = cluster.script("status").returncode == 0
     try:
-        started = cluster.script("start", "--nodes", "2", "--serving-nodes", "1", timeout=900)
+        started = cluster.script("start", *START, timeout=900)
     except (OSError, subprocess.TimeoutExpired) as error:
         _fail_or_skip(f"the rehearsal cluster did not start (scripts/local-cluster.sh start): {error}")
     if started.returncode != 0:

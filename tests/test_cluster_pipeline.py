@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from cluster_fixtures import Cluster
+from slurm_jobs import job_field
 
 from infra.config import load_stack_config
 from infra.pipeline.connect import open_transport
@@ -107,11 +108,17 @@ def test_pipeline_runs_over_ssh_with_two_node_training(cluster_run: dict[str, An
     readiness = json.loads(next((root / "results").glob("readiness-*.json")).read_text())
     assert readiness["ok"] and readiness["world_size"] == 2
     assert readiness["allreduce"]["nodes"] == 2 and readiness["allreduce"]["correct"]
-    assert sorted(node["hostname"] for node in readiness["nodes"]) == local_cluster.workers
+    assert sorted(node["hostname"] for node in readiness["nodes"]) == local_cluster.training_workers
     manifest = json.loads((root / "outputs/ctiny/run_manifest.json").read_text())
     assert manifest["status"] == "completed" and manifest["world_size"] == 2 and manifest["nodes"] == 2
     train_log = local_cluster.on_host(run["jobs"]["train"]["output"].replace("%j", run["jobs"]["train"]["job_id"]))
     assert f"2 node(s) x 1 process(es), rendezvous {local_cluster.workers[0]}:" in train_log.read_text()
+    # every job asked for the CPUs of its nodes, the stack's cpusPerNode (Slurm keeps finished jobs a day)
+    cpus = load_stack_config(STACK, cluster_run["config_dir"]).cluster.cpus_per_node
+    asked = {stage: (job_field(job["job_id"], "NumCPUs", local_cluster.slurm_conf),
+                     job_field(job["job_id"], "CPUs/Task", local_cluster.slurm_conf)) for stage, job in run["jobs"].items()}
+    assert asked["train"] == asked["readiness"] == (str(2 * cpus), str(cpus)), asked
+    assert asked["prepare"] == asked["environment"] == asked["eval"] == (str(cpus), str(cpus)), asked
 
 
 def test_dropped_ssh_link_is_reconnected_without_resubmitting(cluster_run: dict[str, Any], local_cluster: Cluster) -> None:

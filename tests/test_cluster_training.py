@@ -101,13 +101,13 @@ def test_requeue_signal_then_a_lost_node_resume_on_both_nodes_from_the_last_chec
         assert lost.returncode == 0, lost.stderr
         saved_before = checkpoints(run)
         wait_for(lambda: job_field(job, "Restarts", local_cluster.slurm_conf) == "2", 180, "Slurm to requeue the job", log)
-        back = local_cluster.script("start", "--nodes", "2")
+        back = local_cluster.script("start")
         assert back.returncode == 0, back.stderr
         release_requeued(job, log, local_cluster.slurm_conf)
         wait_for(lambda: finished(local_cluster, job), 600, "the requeued job to finish", log)
     finally:
         subprocess.run(["scancel", job], capture_output=True, env=env)
-        local_cluster.script("start", "--nodes", "2")
+        local_cluster.script("start")
     text = log.read_text(errors="replace")
     assert job_field(job, "JobState", local_cluster.slurm_conf) == "COMPLETED", text[-4000:]
     assert "requeueing job" in text and text.count("2 node(s) x 1 process(es)") == 3, text[-4000:]
