@@ -80,27 +80,35 @@ def test_models_list_every_adapter_with_its_run(multi) -> None:
     assert all(name in unknown.json()["error"]["message"] for name in ["base", *NAMES])
 
 
-def stream(server: AdapterServer, model: str, results: list, index: int) -> None:
+def stream(server: AdapterServer, model: str, results: list, index: int, first: threading.Event) -> None:
     body = {"model": model, "messages": [{"role": "user", "content": PROMPTS[index % 2]}], "max_tokens": 160,
             "temperature": 0.0, "stream": True}
-    lines = []
+    lines: list[str] = []
     try:
         with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, headers=server.headers,
                           timeout=300) as reply:
             status = reply.status_code
-            lines = [line for line in reply.iter_lines() if line.startswith("data:")]
+            for line in reply.iter_lines():
+                if line.startswith("data:"):
+                    lines.append(line)
+                    first.set()
     except httpx.HTTPError as exc:
         status = repr(exc)
+    finally:
+        first.set()
     results[index] = (status, lines, time.monotonic())
 
 
 def test_load_and_unload_while_eight_streams_run(multi) -> None:
+    """The adapter is loaded once every stream has its first token (an event per stream, not a fixed pause that a
+    loaded machine outlasts before the streams begin)."""
     models = ["base", *NAMES] * 2
     results: list = [None] * len(models)
-    threads = [threading.Thread(target=stream, args=(multi, m, results, i)) for i, m in enumerate(models)]
+    first = [threading.Event() for _ in models]
+    threads = [threading.Thread(target=stream, args=(multi, m, results, i, first[i])) for i, m in enumerate(models)]
     for thread in threads:
         thread.start()
-    time.sleep(0.5)
+    assert all(event.wait(300) for event in first)
     loaded = httpx.post(f"{multi.url}/admin/adapters", headers=multi.headers, timeout=300,
                         json={"name": SPARE, "run_id": f"run-{SPARE}"})
     loaded_at = time.monotonic()
@@ -175,19 +183,27 @@ def test_admin_is_closed_without_a_key_even_on_loopback(adapter_runs, tmp_path) 
 def test_figures_per_adapter(multi, adapter_runs) -> None:
     for name in NAMES[:2]:
         greedy(multi, name, PROMPTS[0], 6)
-    deadline = time.monotonic() + 30
     served = adapter_runs.run.results_dir / "served_adapters.json"
-    while time.monotonic() < deadline:
-        document = json.loads(served.read_text()) if served.exists() else {}
-        if all((document.get("speed") or {}).get(n, {}).get("requests") for n in NAMES[:2]):
-            break
-        time.sleep(1)
+    metrics = multi.metrics_dir / "ftstack_job_4242_serve.prom"
+
+    def reported() -> tuple[dict, str]:
+        """The served set and the metrics file as the reporter last wrote them (the set first, the metrics after)."""
+        return (json.loads(served.read_text()) if served.exists() else {},
+                metrics.read_text() if metrics.exists() else "")
+
+    deadline = time.monotonic() + 300  # the reporter writes every 5 s; a loaded machine may take many times that
+    document, prom = reported()
+    while not all((document.get("speed") or {}).get(n, {}).get("requests")
+                  and f'ftstack_serve_requests{{hpc_job="4242",stage="serve",adapter="{n}"}}' in prom
+                  for n in NAMES[:2]):
+        assert time.monotonic() < deadline, (document, prom)
+        time.sleep(0.5)
+        document, prom = reported()
     assert {a["name"] for a in document["adapters"]} == set(NAMES)
     for name in NAMES[:2]:
         speed = document["speed"][name]
         assert speed["requests"] >= 1 and speed["completion_tokens"] >= 1 and speed["tokens_per_second"] > 0
         assert speed["time_to_first_token_s"] > 0
-    prom = (multi.metrics_dir / "ftstack_job_4242_serve.prom").read_text()
     for name in NAMES[:2]:
         assert f'ftstack_serve_requests{{hpc_job="4242",stage="serve",adapter="{name}"}}' in prom
         assert f'ftstack_serve_time_to_first_token_s{{hpc_job="4242",stage="serve",adapter="{name}"}}' in prom
@@ -198,7 +214,9 @@ def test_ftstack_runs_lists_the_stored_adapters(adapter_runs) -> None:
     from infra.runs.store import LocalStore, list_runs
 
     store = LocalStore(adapter_runs.store_dir)
-    entries = {e.run_id: e for e in adapter_entries(store, "local", list_runs(store, "local"))}
+    found, damaged = adapter_entries(store, "local", list_runs(store, "local"))
+    entries = {e.run_id: e for e in found}
+    assert damaged == []
     assert set(entries) == {f"run-{name}" for name in [*ADAPTERS, SPARE]} | {adapter_runs.foreign_run}
     base_sha = entries[f"run-{NAMES[0]}"].base_model_sha256
     for name, rank in ADAPTERS.items():
@@ -292,6 +310,27 @@ def test_long_adapter_names_are_refused_in_the_run_config_and_flags() -> None:
         ServeConfig(base_name="b" * 65)
 
 
+def accepted_connections(pid: int, port: int) -> int:
+    """How many established TCP connections on local `port` process `pid` holds (it has accepted them): with the
+    request's bytes already in their socket (the client's trace said so), the server reads them before it sees a
+    SIGTERM sent afterwards, so the request is in flight, not dropped as an idle connection."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    count = 0
+    for table in ("tcp", "tcp6"):
+        for row in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = row.split()
+            local_port = int(fields[1].rsplit(":", 1)[1], 16)
+            count += local_port == port and fields[3] == "01" and fields[9] in inodes
+    return count
+
+
 def test_sigterm_ends_requests_in_flight_like_openai(adapter_runs, tmp_path) -> None:
     """Issue 42, item 6: after the grace period a non-streaming request got a plain-text 500 and a stream was cut
     without an error or `data: [DONE]`, with CancelledError tracebacks in the log. Now: a JSON 503 and an error
@@ -306,11 +345,20 @@ def test_sigterm_ends_requests_in_flight_like_openai(adapter_runs, tmp_path) -> 
     with adapter_server(runs, tmp_path / "sigterm", [NAMES[0]]) as server:
         engines = children(server.proc.pid)
         body = {"model": NAMES[0], "messages": [{"role": "user", "content": PROMPTS[0]}], "max_tokens": 1800,
-                "temperature": 1.0}
+                "temperature": 1.0, "ignore_eos": True}  # neither ends on its own before the grace period does
         url = f"{server.url}/v1/chat/completions"
         whole: list[httpx.Response] = []
-        waiting = threading.Thread(target=lambda: whole.append(httpx.post(url, json=body, headers=server.headers,
-                                                                          timeout=120)))
+        sent = threading.Event()
+
+        def trace(event: str, info: dict) -> None:
+            if event == "http11.send_request_body.complete":
+                sent.set()
+
+        def post_whole() -> None:
+            with httpx.Client(timeout=120) as client:
+                whole.append(client.post(url, json=body, headers=server.headers, extensions={"trace": trace}))
+
+        waiting = threading.Thread(target=post_whole)
         lines: list[str] = []
         with httpx.stream("POST", url, json={**body, "stream": True}, headers=server.headers, timeout=120) as reply:
             for line in reply.iter_lines():
@@ -318,7 +366,12 @@ def test_sigterm_ends_requests_in_flight_like_openai(adapter_runs, tmp_path) -> 
                     lines.append(line)
                 if lines and not waiting.ident:
                     waiting.start()  # waits behind the stream's generation: in flight at the gateway
-                    time.sleep(3)
+                    assert sent.wait(60), "the second request was never sent"
+                    port = int(server.url.rsplit(":", 1)[1])
+                    deadline = time.monotonic() + 60
+                    while accepted_connections(server.proc.pid, port) < 2:  # both requests' sockets accepted
+                        assert time.monotonic() < deadline, "the gateway never accepted the second request"
+                        time.sleep(0.05)
                     os.killpg(server.proc.pid, signal.SIGTERM)
         waiting.join(timeout=60)
         code = server.proc.wait(timeout=60)
