@@ -26,7 +26,9 @@ def login(local_cluster: Cluster) -> Iterator[Transport]:
 
 
 def on_node(login: Transport, node: str, command: str) -> tuple[int, str]:
-    result = login.run(f"srun --nodes=1 --nodelist={node} --time=5 {command}", timeout=180)
+    """`command` on `node` through Soperator's hidden partition, the one over every node (the serving node is in
+    no other partition with the training nodes)."""
+    result = login.run(f"srun --partition=hidden --nodes=1 --nodelist={node} --time=5 {command}", timeout=180)
     return result.exit_code, result.stdout + result.stderr
 
 
