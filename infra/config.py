@@ -283,7 +283,7 @@ class Filesystems(_Model):
 class BackupBucket(_Model):
     enabled: bool = True
     protect: bool = True
-    retention_days: int = Field(7, gt=0, description="Daily backups kept (k8up prune keepDaily) and bucket expiry.")
+    retention_days: int = Field(7, gt=0, description="Daily backups kept (k8up prune keepDaily; the bucket itself never expires objects).")
     schedule: str = Field("@daily-random", min_length=1, description="k8up backup schedule (cron or @daily-random).")
     prune_schedule: str = Field("@daily-random", min_length=1, description="k8up prune schedule.")
     copy_size_gib: int | None = Field(None, gt=0, description="Size of one backup; default jail size.")

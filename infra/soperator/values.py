@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infra import catalog
-from infra.config import SERVING_HIDDEN, StackConfig, serving_nodeset_name
+from infra.config import SERVING_HIDDEN, SoperatorConfig, StackConfig, serving_nodeset_name
 from infra.monitoring import releases as mon
 from infra.nebius.layout import (
     ACCOUNTING,
@@ -608,6 +608,18 @@ def monitoring_releases(cfg: StackConfig, chart: Callable[..., ReleaseSpec]) -> 
     ]
 
 
+def accounting_releases(sop: SoperatorConfig) -> list[ReleaseSpec]:
+    """The MariaDB operator and its CRDs, for Slurm accounting (the operator is told its CRDs exist)."""
+    chart, repo = "mariadb-operator", "https://helm.mariadb.com/mariadb-operator"
+    return [
+        ReleaseSpec("mariadb-operator-crds", "mariadb-operator-crds", sop.mariadb_operator_version,
+                    "mariadb-operator-system", {}, (chart, "mariadb-operator-crds"), repo=repo),
+        ReleaseSpec("mariadb-operator", "mariadb-operator", sop.mariadb_operator_version, "mariadb-operator-system",
+                    mariadb_operator_values(), (chart, "mariadb-operator"), repo=repo, skip_crds=True,
+                    depends_on=("cert-manager", "mariadb-operator-crds")),
+    ]
+
+
 def release_plan(cfg: StackConfig, specs: list[NodeGroupSpec], allocation_id: Any, size_gib: dict[str, Any],
                  backup: BackupTarget | None = None) -> list[ReleaseSpec]:
     """Every release in install order, each naming the releases it waits for; active checks unless their scope
@@ -624,14 +636,7 @@ def release_plan(cfg: StackConfig, specs: list[NodeGroupSpec], allocation_id: An
     ]
     operator_deps: tuple[str, ...] = ("soperator-crds", "kruise")
     if cfg.nodes.accounting is not None:
-        mariadb = ("mariadb-operator", "https://helm.mariadb.com/mariadb-operator")
-        plan += [
-            ReleaseSpec("mariadb-operator-crds", "mariadb-operator-crds", sop.mariadb_operator_version,
-                        "mariadb-operator-system", {}, (mariadb[0], "mariadb-operator-crds"), repo=mariadb[1]),
-            ReleaseSpec("mariadb-operator", "mariadb-operator", sop.mariadb_operator_version,
-                        "mariadb-operator-system", mariadb_operator_values(), (mariadb[0], "mariadb-operator"),
-                        repo=mariadb[1], skip_crds=True, depends_on=("cert-manager", "mariadb-operator-crds")),
-        ]
+        plan += accounting_releases(sop)
         operator_deps += ("mariadb-operator",)
 
     def soperator(key: str, namespace: str, values: dict[str, Any], **kw: Any) -> ReleaseSpec:
