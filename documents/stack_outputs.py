@@ -95,10 +95,17 @@ class UtilizationCost(_Section):
 
 
 class Cost(_Section):
+    """The month's cost as three labelled figures: the elastic range (`monthly_usd_low`: workers idle at their
+    minimum, `monthly_usd_high`: all up), the always-on range (every worker up all month: seed 000's table) and,
+    under `utilization`, the month at the node-hours the runs measured."""
+
     monthly_usd_low: float
     monthly_usd_high: float
     hours_per_month: int
     pricing_date: str
+    always_on_usd_low: float | None = None
+    always_on_usd_high: float | None = None
+    """None: outputs written before the always-on range was exported."""
     categories: dict[str, Category] = {}
     lines: dict[str, CostLine] = {}
     chats: dict[str, ChatCost] = {}
@@ -111,6 +118,9 @@ class Cost(_Section):
             "cost_hours_per_month": self.hours_per_month, "cost_pricing_date": self.pricing_date,
             "cost_categories": list(self.categories),
         }
+        if self.always_on_usd_low is not None and self.always_on_usd_high is not None:
+            out |= {"cost_always_on_usd_low": self.always_on_usd_low,
+                    "cost_always_on_usd_high": self.always_on_usd_high}
         for name, category in self.categories.items():
             out |= {f"cost_category_{name}_usd_{bound}": value for bound, value in
                     (("low", category.usd_low), ("high", category.usd_high))}
@@ -135,6 +145,8 @@ class Cost(_Section):
         return {
             "monthly_usd_low": flat["cost_monthly_usd_low"], "monthly_usd_high": flat["cost_monthly_usd_high"],
             "hours_per_month": flat["cost_hours_per_month"], "pricing_date": flat["cost_pricing_date"],
+            "always_on_usd_low": flat.get("cost_always_on_usd_low"),
+            "always_on_usd_high": flat.get("cost_always_on_usd_high"),
             "categories": {name: {"usd_low": flat[f"cost_category_{name}_usd_low"],
                                   "usd_high": flat[f"cost_category_{name}_usd_high"]}
                            for name in flat["cost_categories"]},

@@ -7,11 +7,14 @@ import re
 import pytest
 
 from documents.metrics import MetricsRecord
+from documents.stack_outputs import parse_stack_outputs
 from infra.config import MonitoringConfig, StackConfig, load_run, load_stack_config
 from infra.cost.tco import chat_scenario, chat_scenarios, monthly_cost, node_price, training_run
 from infra.cost.price import PriceInputs, price_stack, training_estimate
 from infra.cost.price_list import CATALOG, PriceBook, PriceOverride, PricingConfig
 from infra.cost.render import render_table
+from infra.dashboard import build
+from infra.dashboard.render import render_html
 from infra.sizing.run_size import tokenized_tokens
 from infra.program.mocks import run_under_mocks
 
@@ -348,3 +351,31 @@ def test_the_measured_chat_is_priced_from_decode_speed_at_the_chat_length() -> N
     assert report.measured_chat.usd_per_chat == pytest.approx(daily / (86_400 / chat_seconds))
     unmeasured = PriceInputs().with_evaluation(evaluator_report(finetuned=side(6.0, 11.1)))
     assert price_stack(cfg, unmeasured, load_run(cfg)).measured_chat.tokens_per_second == 11.1
+
+
+def test_demo_exports_the_seeds_always_on_range_beside_the_elastic_one_and_the_measured_month():
+    """Issue 54 item 10: with its workers elastic (0 to 5), demo's monthly range starts at the idle cluster; the
+    always-on range (every worker up all month) is seed 000's table, $18,124 to $19,054, within 1 %. The idle end is
+    that table without its worker lines ($16,680 of compute and $148 of boot disks): $1,296."""
+    outputs = run_under_mocks(load_stack_config("demo")).outputs
+    assert outputs["cost_always_on_usd_low"] == pytest.approx(18_124, rel=0.01)
+    assert outputs["cost_always_on_usd_high"] == pytest.approx(19_054, rel=0.01)
+    assert outputs["cost_monthly_usd_low"] == pytest.approx(18_124 - 16_680 - 148, rel=0.01)
+    assert outputs["cost_monthly_usd_high"] == outputs["cost_always_on_usd_high"]
+    assert outputs["cost_monthly_usd_low"] < outputs["cost_utilization_usd"] < outputs["cost_always_on_usd_low"]
+
+    text = render_table(price_stack(load_stack_config("demo"), run=load_run(load_stack_config("demo"))))
+    elastic = re.search(r"Total monthly cost, elastic workers \(idle to all up\) .* \$([\d,]+) to \$([\d,]+)", text)
+    always_on = re.search(r"Total monthly cost, every worker always on .* \$([\d,]+) to \$([\d,]+)", text)
+    assert elastic and always_on, text
+    assert _dollars(always_on[1]) == pytest.approx(18_124, rel=0.01)
+    assert _dollars(elastic[1]) == pytest.approx(1_296, rel=0.01)
+
+
+def test_the_dashboard_labels_the_elastic_always_on_and_measured_months():
+    flat = run_under_mocks(load_stack_config("demo")).outputs
+    page = render_html(build("demo", parse_stack_outputs(flat, "demo")), "test")
+    assert "Monthly cost (elastic workers)" in page
+    assert (f"always on (every worker up all month): ${flat['cost_always_on_usd_low']:,.0f} &ndash; "
+            f"${flat['cost_always_on_usd_high']:,.0f}") in page
+    assert f"at measured utilization: ${flat['cost_utilization_usd']:,.0f}" in page

@@ -20,7 +20,13 @@ def render_table(report: CostReport) -> str:
     rows = [("Resource", "Size", "Price", "Monthly")]
     for line in m.lines:
         rows.append((line.label, line.quantity, line.unit_price, _usd(line.usd_low, line.usd_high)))
-    rows.append(("Total monthly cost", "", f"{m.hours_per_month} h/month", _usd(m.usd_low, m.usd_high)))
+    if round(m.always_on_usd_low) == round(m.usd_low):
+        rows.append(("Total monthly cost", "", f"{m.hours_per_month} h/month", _usd(m.usd_low, m.usd_high)))
+    else:
+        rows.append(("Total monthly cost, elastic workers (idle to all up)", "", f"{m.hours_per_month} h/month",
+                     _usd(m.usd_low, m.usd_high)))
+        rows.append(("Total monthly cost, every worker always on", "", f"{m.hours_per_month} h/month",
+                     _usd(m.always_on_usd_low, m.always_on_usd_high)))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     fmt = lambda r: "  " + "  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
     out = [f"Monthly cost (prices as of {m.pricing_date}; see infra/cost/price_list.py for sources):", fmt(rows[0])]

@@ -26,6 +26,7 @@ def cost_section(monthly: MonthlyCost, training: TrainingRun | None, chats: Iter
     return Cost(
         monthly_usd_low=_round(monthly.usd_low), monthly_usd_high=_round(monthly.usd_high),
         hours_per_month=monthly.hours_per_month, pricing_date=monthly.pricing_date,
+        always_on_usd_low=_round(monthly.always_on_usd_low), always_on_usd_high=_round(monthly.always_on_usd_high),
         categories={name: {"usd_low": _round(low), "usd_high": _round(high)}
                     for name, (low, high) in monthly.categories.items()},
         lines={line.key: {"usd_low": _round(line.usd_low), "usd_high": _round(line.usd_high),

@@ -2,7 +2,9 @@
 and cost per chat. No cloud calls; every figure is reproducible from the stack file and infra/cost/price_list.py.
 
 - A node costs its hourly price x 730 h; an autoscaled group is priced at min_size (low) and
-  max_size (high). Separately billed platforms: GPUs x GPU-hour + vCPUs x vCPU-hour + GiB x GiB-hour;
+  max_size (high). Elastic GPU workers (0..N, powered up by jobs) make the low end the idle cluster; the
+  always-on range prices every worker at its maximum and the other groups as above (seed 000's table,
+  $18,124 to $19,054, is that range: its five workers ran all month). Separately billed platforms: GPUs x GPU-hour + vCPUs x vCPU-hour + GiB x GiB-hour;
   bundled platforms (H100/H200): GPUs x bundled GPU-hour.
 - Workers reserved for serving (``serving.nodes``, taken from the first worker set) are lines of their own
   (``compute_serving_<set>``, ``boot_disk_serving_<set>``); the worker lines then count the training nodes.
@@ -59,6 +61,9 @@ class MonthlyCost(_Frozen):
     usd_high: float
     categories: dict[str, tuple[float, float]]
     pricing_date: str
+    always_on_usd_low: float
+    """the low end with every worker node up all month (workers at their maximum, other groups at their minimum)"""
+    always_on_usd_high: float
     hours_per_month: int = HOURS_PER_MONTH
 
 
@@ -327,9 +332,13 @@ def monthly_cost(cfg: StackConfig, pricing: PricingConfig | None = None, book: P
         for c in CATEGORIES
     }
     keys = {k for line in lines for k in line.price_keys}
+    workers = {f"{kind}_{_slug(key)}" for key, _, _, _, g in _priced_groups(plan, serving) if g.role == "worker"
+               for kind in ("compute", "boot_disk")}
     return MonthlyCost(
         lines=tuple(lines), usd_low=sum(l.usd_low for l in monthly), usd_high=sum(l.usd_high for l in monthly),
         categories=categories, pricing_date=book.newest_date(keys),
+        always_on_usd_low=sum(l.usd_high if l.key in workers else l.usd_low for l in monthly),
+        always_on_usd_high=sum(l.usd_high for l in monthly),
     )
 
 

@@ -119,6 +119,11 @@ class DashboardData:
     pricing_date: str | None = None
     monthly_low: float | None = None
     monthly_high: float | None = None
+    always_on_low: float | None = None
+    always_on_high: float | None = None
+    """every worker up all month (seed 000's table); the monthly range above is the elastic one"""
+    utilization_usd: float | None = None
+    """the month at the node-hours the runs measured (elastic workers)"""
     categories: list[CostRow] = field(default_factory=list)
     lines: list[CostRow] = field(default_factory=list)
     chats: list[ChatRow] = field(default_factory=list)
@@ -319,6 +324,8 @@ def build(stack: str, outputs: StackOutputs | None, stack_config: Any = None, ru
             categories, lines = [], []
         data.pricing_date = outputs.cost.pricing_date
         data.monthly_low, data.monthly_high = outputs.cost.monthly_usd_low, outputs.cost.monthly_usd_high
+        data.always_on_low, data.always_on_high = outputs.cost.always_on_usd_low, outputs.cost.always_on_usd_high
+        data.utilization_usd = outputs.cost.utilization.usd if outputs.cost.utilization else None
         data.categories, data.lines = categories, lines
         data.chats = chat_rows(outputs.cost)
         data.adapters = adapter_rows(outputs.serving)
