@@ -13,7 +13,7 @@ from documents.sections.eval import EvalConfig
 from documents.sections.readiness import ReadinessConfig
 from documents.sections.serve import ServeConfig
 from documents.sections.time_limits import TimeLimitsConfig
-from documents.sections.train import TrainConfig
+from documents.sections.train import MAX_LENGTH, TrainConfig
 from documents.text_input import TextInputError, load_json
 
 ROOT_ENV = "FT_ROOT"
@@ -21,6 +21,8 @@ ROOT_ENV = "FT_ROOT"
 MODEL_SOURCE = re.compile(r"^(gguf|hub|dir):(.+)$")
 DATA_SOURCE = re.compile(r"^(sample|sample:qa|file:.+|hub:[^/\s]+/[^/\s]+)$")
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+MAX_ROWS = 1_000_000_000
+"""a thousand times Finance-Instruct-500k: more is a typo"""
 
 
 class ConfigError(ValueError):
@@ -64,11 +66,12 @@ class DataConfig(_Section):
 
     source: str = Field("sample", description="sample (synthetic conversations) | sample:qa (synthetic long-context "
                         "QA) | file:PATH (.parquet/.json/.jsonl) | hub:ORG/NAME")
-    rows: int | None = Field(None, gt=0, description="rows to generate (sample) or keep from the start (file/hub)")
+    rows: int | None = Field(None, gt=0, le=MAX_ROWS,
+                             description="rows to generate (sample) or keep from the start (file/hub)")
     seed: int = Field(0, ge=0, description="seed for the generator and the shuffle")
     split_ratio: float = Field(0.9, gt=0.0, lt=1.0, description="fraction of rows in the train split")
     shuffle: bool = Field(True, description="shuffle before splitting")
-    max_length: int = Field(512, ge=16, description="token limit per conversation")
+    max_length: int = Field(512, ge=16, le=MAX_LENGTH, description="token limit per conversation")
     group_by: str | None = Field(None, description="column whose rows stay on one side of the split (e.g. doc_id)")
     overlong: Literal["context", "truncate", "drop"] = Field(
         "context", description="longer conversations: context (shorten the context, keep the answer), truncate "
@@ -76,7 +79,7 @@ class DataConfig(_Section):
     max_lost_fraction: float = Field(0.05, ge=0.0, le=1.0,
                                      description="tokenize fails when more than this share of rows is dropped")
     max_bad_fraction: float = Field(0.01, ge=0.0, le=1.0, description="convert fails above this share of bad rows")
-    num_proc: int = Field(1, ge=1, description="CPU processes for tokenization")
+    num_proc: int = Field(1, ge=1, le=1024, description="CPU processes for tokenization")
 
     @field_validator("source")
     @classmethod
@@ -95,7 +98,8 @@ class DataConfig(_Section):
 class RunConfig(_Section):
     """One pipeline run. Stage owners add their sections (train, eval, serve) as optional fields."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="run name, used in output paths")
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=80,
+                      description="run name, used in output paths and, with a job id, in run ids (100 characters)")
     paths: PathsConfig = PathsConfig()
     model: ModelConfig
     data: DataConfig

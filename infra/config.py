@@ -405,6 +405,12 @@ class PipelineConfig(_Model):
     require_pinned_host_key: bool = Field(
         False, description="Connect only to the pinned loginHostKey: no trust on first use, no known_hosts."
     )
+    max_run_usd: float = Field(
+        10_000.0, gt=0, description="Ceiling on one training run's estimated cost (USD): `ftstack plan` refuses a "
+        "run config over it, naming both figures (a typo such as max_steps 10**30 costs a fortune otherwise).")
+    max_run_hours: float = Field(
+        168.0, gt=0, description="Ceiling on one training run's estimated wall time (hours; default a week): "
+        "`ftstack plan` refuses a run config over it, naming both figures.")
 
     @model_validator(mode="after")
     def _pin_given_when_required(self) -> PipelineConfig:

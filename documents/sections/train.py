@@ -10,6 +10,13 @@ Precision = Literal["auto", "bf16", "fp16", "fp32"]
 Method = Literal["qlora", "lora", "full"]
 Parallelism = Literal["auto", "ddp", "fsdp", "hsdp"]
 DEFAULT_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# Upper bounds of what a run may ask for: far above any real fine-tune (seed 000: one epoch of 500k rows, batches
+# of a few sequences, 8K-token contexts), low enough that a typo (max_steps 10**30) is refused by name, not priced
+# at 1e24 GPU-hours. The stack's cost and time ceilings (pipeline.maxRunUsd, maxRunHours) bound the rest.
+MAX_STEPS = 10_000_000
+MAX_EPOCHS = 1_000
+MAX_BATCH = 4_096
+MAX_LENGTH = 1_048_576
 
 
 class _Section(BaseModel):
@@ -85,13 +92,14 @@ class TrainConfig(_Section):
     lora: LoraSettings = LoraSettings()
     learning_rate: float = Field(2e-4, gt=0.0, lt=1.0)
     lr_scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = "cosine"
-    warmup_steps: int = Field(0, ge=0)
+    warmup_steps: int = Field(0, ge=0, le=MAX_STEPS)
     weight_decay: float = Field(0.0, ge=0.0)
     max_grad_norm: float = Field(1.0, gt=0.0)
-    epochs: float = Field(1.0, gt=0.0, description="passes over the data; ignored when max_steps is set")
-    max_steps: int | None = Field(None, ge=1, description="optimizer steps; overrides epochs")
-    micro_batch_size: int = Field(4, ge=1, description="sequences' worth of tokens per device per forward")
-    gradient_accumulation_steps: int = Field(1, ge=1)
+    epochs: float = Field(1.0, gt=0.0, le=MAX_EPOCHS, description="passes over the data; ignored when max_steps is set")
+    max_steps: int | None = Field(None, ge=1, le=MAX_STEPS, description="optimizer steps; overrides epochs")
+    micro_batch_size: int = Field(4, ge=1, le=MAX_BATCH,
+                                  description="sequences' worth of tokens per device per forward")
+    gradient_accumulation_steps: int = Field(1, ge=1, le=MAX_BATCH)
     micro_batch_tokens: int | Literal["auto"] | None = Field(
         None, description="packed micro-batches (batching packed, or auto when it chooses packing): tokens per "
         "micro-batch (every micro-batch has exactly this many); auto: sized from the memory estimate to "
@@ -103,7 +111,7 @@ class TrainConfig(_Section):
         False, description="4/8-bit base: upcast the frozen norms, embeddings and LM head to fp32 (peft's "
         "prepare_model_for_kbit_training), which makes the residual stream and MLP fp32; off keeps them in the "
         "compute dtype: about half the activation memory and traffic")
-    max_length: int | None = Field(None, ge=16, description="longest sequence (default data.max_length)")
+    max_length: int | None = Field(None, ge=16, le=MAX_LENGTH, description="longest sequence (default data.max_length)")
     batching: Literal["auto", "packed", "grouped"] = Field(
         "auto", description="packed: sequences concatenated, attention kept within each; grouped: padded "
         "micro-batches of similar lengths; auto: the one predicted cheaper per real token from the data's lengths"
@@ -111,12 +119,12 @@ class TrainConfig(_Section):
     precision: Precision = Field("auto", description="auto: bf16 if the GPU has it, else fp16; fp32 on CPU")
     gradient_checkpointing: bool | Literal["auto"] = Field(
         True, description="recompute activations in backward; auto: only when needed to fit (GPU), off on CPU")
-    save_steps: int = Field(50, ge=1, description="checkpoint every N optimizer steps")
+    save_steps: int = Field(50, ge=1, le=MAX_STEPS, description="checkpoint every N optimizer steps")
     save_total_limit: int = Field(3, ge=1, description="complete checkpoints kept")
     requeue: bool = Field(True, description="on preemption (USR1) checkpoint and requeue the Slurm job; "
                           "false submits with --no-requeue")
-    eval_steps: int | None = Field(None, ge=1, description="evaluate every N steps; none: no evaluation")
-    logging_steps: int = Field(10, ge=1)
+    eval_steps: int | None = Field(None, ge=1, le=MAX_STEPS, description="evaluate every N steps; none: no evaluation")
+    logging_steps: int = Field(10, ge=1, le=MAX_STEPS)
     seed: int = Field(42, ge=0)
     dataloader_workers: int = Field(0, ge=0)
     procs_per_node: int | None = Field(None, ge=1, description="processes per node (default: GPUs, else 1)")

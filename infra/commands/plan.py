@@ -14,11 +14,14 @@ from typing import Any
 
 from documents.run_config import ConfigError, load_run_config
 from infra.commands import plan_extras
-from infra.config import StackConfig, StackConfigError, load_stack_config
+from infra.config import REPO_ROOT, StackConfig, StackConfigError, load_run, load_stack_config
+from infra.cost.price import price_stack
 from infra.environment.lock import LockError
 from infra.environment.plan import check_stack_lock
+from infra.pipeline.ceilings import RunCeilingError, check_run_ceilings
 from infra.pipeline.chain import check_run_config_path
-from infra.config import REPO_ROOT
+from infra.pipeline.time_limits import TimeLimitError
+from infra.runs.measured import price_inputs
 from infra.program.mocks import MockResource, MockRun, run_under_mocks
 
 _KEY_PROPERTIES = (
@@ -111,6 +114,16 @@ def with_run_config(cfg: StackConfig, path: str) -> StackConfig:
     return cfg.model_copy(update={"pipeline": cfg.pipeline.model_copy(update={"run_config": path})})
 
 
+def check_ceilings(cfg: StackConfig) -> None:
+    """Refuse, before the program plans its jobs, a training run over the stack's cost or time ceiling."""
+    run_config = load_run(cfg)
+    if run_config is None:
+        return
+    training = price_stack(cfg, price_inputs(cfg, REPO_ROOT), run=run_config).training
+    if training is not None:
+        check_run_ceilings(cfg.pipeline, run_config.name, training.wall_hours, training.usd)
+
+
 def run(args: argparse.Namespace) -> int:
     plan_extras.check_arguments(args)
     try:
@@ -122,8 +135,9 @@ def run(args: argparse.Namespace) -> int:
         if args.run_config:
             cfg = with_run_config(cfg, args.run_config)
         check_stack_lock(cfg)
+        check_ceilings(cfg)
         result = run_under_mocks(cfg)
-    except (ConfigError, LockError) as exc:
+    except (ConfigError, LockError, RunCeilingError, TimeLimitError) as exc:
         print(f"ftstack plan: {exc}", file=sys.stderr)
         return 2
     extras = plan_extras.plan_extras(cfg, result, args)
