@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from template_fixtures import model_folder, qwen3_template_dir  # noqa: F401 (a fixture)
+from template_fixtures import model_folder
 
 from workloads.common.chat_template import prompt_ids, template_options
 from workloads.data.tokenize import _encode

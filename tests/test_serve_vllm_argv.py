@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
-from template_fixtures import model_folder, qwen3_template_dir  # noqa: F401 (a fixture)
-from vllm_fixtures import vllm_cpu, vllm_parse  # noqa: F401 (a fixture)
+from template_fixtures import model_folder
+from vllm_fixtures import vllm_parse
 
 from documents.adapter_registry import AdapterEntry
 from documents.run_config import RunConfig, parse_run_config
@@ -45,7 +45,7 @@ def without_command(argv: list[str], install: VllmInstall) -> list[str]:
 
 
 def test_vllms_parser_reads_every_command_line_the_launcher_builds(
-        vllm_cpu: VllmInstall, qwen3_template_dir: Path, smollm2_base_dir: Path, tiny_model_dir: Path,  # noqa: F811
+        vllm_cpu: VllmInstall, qwen3_template_dir: Path, smollm2_base_dir: Path, tiny_model_dir: Path,
         tmp_path: Path) -> None:
     cuda = VllmInstall(vllm_cpu.python, "vllm", "0.33.0")
     cases, argvs = [], []
@@ -70,7 +70,7 @@ def test_vllms_parser_reads_every_command_line_the_launcher_builds(
                                         for e in entries]
 
 
-def test_a_vllm_too_old_for_the_template_switch_is_refused(qwen3_template_dir: Path, smollm2_base_dir: Path,  # noqa: F811
+def test_a_vllm_too_old_for_the_template_switch_is_refused(qwen3_template_dir: Path, smollm2_base_dir: Path,
                                                            tiny_model_dir: Path, tmp_path: Path) -> None:
     """--default-chat-template-kwargs arrived in vLLM 0.14.0 (PR 31343): a 0.13 server would exit "unrecognized
     arguments", so the plan is refused up front; a template without the switch needs no such flag."""
@@ -83,6 +83,6 @@ def test_a_vllm_too_old_for_the_template_switch_is_refused(qwen3_template_dir: P
     assert "--default-chat-template-kwargs" not in plan.argv
 
 
-def test_the_installed_version_is_read_from_the_serving_environment(vllm_cpu: VllmInstall) -> None:  # noqa: F811
+def test_the_installed_version_is_read_from_the_serving_environment(vllm_cpu: VllmInstall) -> None:
     """The CPU build's distribution and version as its own metadata says (the lock pins vllm-cpu 0.32.0)."""
     assert (vllm_cpu.distribution, vllm_cpu.version, vllm_cpu.release) == ("vllm-cpu", "0.32.0", (0, 32, 0))

