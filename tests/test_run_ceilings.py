@@ -99,3 +99,12 @@ def test_a_lowered_cost_ceiling_refuses_the_shipped_dev_run(tmp_path: Path, caps
     assert ftstack(["plan", "--stack", "dev", "--config-dir", str(folder)]) == 2
     err = capsys.readouterr().err
     assert "over pipeline.maxRunUsd $0.25" in err and "maxRunHours" not in err, err
+
+
+def test_ceilings_raised_past_a_year_still_get_no_absurd_time_limit(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = stack_dir(tmp_path, dev_run(tmp_path, 10_000_000), maxRunUsd=1e12, maxRunHours=1e12)
+    assert ftstack(["plan", "--stack", "dev", "--config-dir", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert f"exceeds {YEAR}, the longest a stage may ask for" in err, err

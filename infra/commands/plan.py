@@ -20,7 +20,7 @@ from infra.environment.lock import LockError
 from infra.environment.plan import check_stack_lock
 from infra.pipeline.ceilings import RunCeilingError, check_run_ceilings
 from infra.pipeline.chain import check_run_config_path
-from infra.pipeline.time_limits import TimeLimitError
+from infra.pipeline.time_limits import TimeLimitError, train_time_limit
 from infra.runs.measured import price_inputs
 from infra.program.mocks import MockResource, MockRun, run_under_mocks
 
@@ -115,13 +115,15 @@ def with_run_config(cfg: StackConfig, path: str) -> StackConfig:
 
 
 def check_ceilings(cfg: StackConfig) -> None:
-    """Refuse, before the program plans its jobs, a training run over the stack's cost or time ceiling."""
+    """Refuse, before the program plans its jobs, a training run over the stack's cost or time ceiling, or one whose
+    estimate asks for a Slurm time limit past a year (ceilings raised that far)."""
     run_config = load_run(cfg)
     if run_config is None:
         return
     training = price_stack(cfg, price_inputs(cfg, REPO_ROOT), run=run_config).training
     if training is not None:
         check_run_ceilings(cfg.pipeline, run_config.name, training.wall_hours, training.usd)
+        train_time_limit(run_config.time_limits, training.wall_hours)
 
 
 def run(args: argparse.Namespace) -> int:
