@@ -36,8 +36,15 @@ from documents.soperator_values import (
     read_soperator_values,
     write_soperator_values,
 )
-from infra.config import SERVING_HIDDEN, PROJECT, StackConfig, StackConfigError, parse_stack_config, \
-    serving_nodeset_name, split_namespace
+from infra.config import (
+    PROJECT,
+    SERVING_HIDDEN,
+    StackConfig,
+    StackConfigError,
+    parse_stack_config,
+    serving_nodeset_name,
+    split_namespace,
+)
 from infra.soperator.render import node_address, pods, slurm_conf_lines, slurmd_entrypoint_args
 from infra.soperator.values import HIDDEN_PARTITION_CONFIG, MAIN_PARTITION_CONFIG, SERVING_PARTITION_CONFIG
 
