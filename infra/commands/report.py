@@ -61,6 +61,7 @@ def mock_outputs(stack: StackConfig) -> StackOutputs:
 
 
 def damaged_warning(damaged: list[DamagedRun]) -> str:
+    """One line for the page and standard error: each damaged run's stored file and why."""
     return f"{len(damaged)} stored run(s) damaged, not shown: " + "; ".join(d.reason for d in damaged)
 
 
