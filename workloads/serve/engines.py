@@ -25,7 +25,7 @@ from documents.hf_files import read_adapter_config, write_adapter_config
 from documents.run_config import RunConfig
 from documents.sections.serve import VLLM_LORA_RANKS, ServeConfig
 from workloads.common.chat_template import folder_options
-from workloads.serve.budget import token_budget
+from workloads.serve.budget import TokenBudget, token_budget
 from workloads.serve.gateway import Route
 from workloads.serve.vllm_install import FLAG_SINCE, VllmInstall, VllmMissing, find_vllm
 
@@ -174,12 +174,32 @@ def plan_transformers(run: RunConfig, cfg: ServeConfig, finetuned: str = "merged
     return plans
 
 
-def adapter_route(entry: AdapterEntry, url: str, base: Path | None, cfg: ServeConfig) -> Route:
+def engine_budget(base: Path, cfg: ServeConfig, engine: str) -> TokenBudget | None:
+    """What one request may hold on a one-process engine: vLLM's --max-model-len where serve.vllm_args sets it,
+    else the model's context."""
+    args = cfg.vllm_args
+    if engine == "vllm":
+        for i, arg in enumerate(args):
+            if arg.startswith("--max-model-len="):
+                return TokenBudget(int(arg.split("=", 1)[1]), "vLLM's --max-model-len")
+            if arg == "--max-model-len" and i + 1 < len(args):
+                return TokenBudget(int(args[i + 1]), "vLLM's --max-model-len")
+    return token_budget(base, cfg.model_copy(update={"continuous_batching": False}))
+
+
+def adapter_route(entry: AdapterEntry, url: str, base: Path, cfg: ServeConfig, engine: str) -> Route:
     """An adapter's route on a multi-adapter engine (the engine knows it by its public name); its card names the
-    base as parent and the adapter folder as root, as vLLM's does."""
-    budget = token_budget(base, cfg.model_copy(update={"continuous_batching": False})) if base else None
-    return Route(entry.name, url, entry.name, "adapter", str(base) if base and budget else None, budget, entry,
-                 root=entry.adapter_dir, parent=cfg.base_name)
+    base as parent and the adapter folder as root, as vLLM's does. The gateway counts its prompts with the base's
+    tokenizer."""
+    budget = engine_budget(base, cfg, engine)
+    return Route(entry.name, url, entry.name, "adapter", str(base) if budget else None, budget, entry,
+                 root=entry.adapter_dir, parent=cfg.base_name, engine=engine)
+
+
+def base_route(base: Path, url: str, cfg: ServeConfig, engine: str) -> Route:
+    budget = engine_budget(base, cfg, engine)
+    return Route(cfg.base_name, url, cfg.base_name, "base", str(base) if budget else None, budget, root=str(base),
+                 engine=engine)
 
 
 def lora_modules(adapters: list[AdapterEntry], base_name: str) -> list[str]:
@@ -197,10 +217,9 @@ def plan_peft(run: RunConfig, cfg: ServeConfig, adapters: list[AdapterEntry]) ->
             "--max-batch", str(cfg.max_batch), "--max-loras", str(max(cfg.max_loras, len(adapters))),
             "--max-tokens", str(cfg.max_tokens_limit), "--lora-modules", *lora_modules(adapters, cfg.base_name)]
     url = f"http://127.0.0.1:{port}"
-    routes = [adapter_route(entry, url, base, cfg) for entry in adapters]
+    routes = [adapter_route(entry, url, base, cfg, "peft") for entry in adapters]
     if cfg.serve_base:
-        budget = token_budget(base, cfg.model_copy(update={"continuous_batching": False}))
-        routes.append(Route(cfg.base_name, url, cfg.base_name, "base", str(base), budget, root=str(base)))
+        routes.append(base_route(base, url, cfg, "peft"))
     return [EnginePlan("peft", argv, port, routes)]
 
 
@@ -261,7 +280,7 @@ def plan_vllm(run: RunConfig, cfg: ServeConfig, adapters: list[AdapterEntry], in
             "--max-lora-rank", str(vllm_max_rank(cfg, adapters)), *vllm_template_flag(install, base),
             "--host", "127.0.0.1", "--port", str(port), *cfg.vllm_args]
     url = f"http://127.0.0.1:{port}"
-    routes = [adapter_route(entry, url, None, cfg) for entry in adapters]
+    routes = [adapter_route(entry, url, base, cfg, "vllm") for entry in adapters]
     if cfg.serve_base:
-        routes.append(Route(cfg.base_name, url, cfg.base_name, "base", root=str(base)))
+        routes.append(base_route(base, url, cfg, "vllm"))
     return [EnginePlan("vllm", argv, port, routes, env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"})]

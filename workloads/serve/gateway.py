@@ -1,11 +1,12 @@
 """The public face of the endpoint: API-key check, request validation, model names (base and each adapter),
 routing to engine processes, runtime adapter load/unload (admin, API key always) and per-name speed figures.
 
-Engines (`transformers serve`, vLLM) listen on loopback ports; the gateway streams their responses through,
-replacing the engine's internal model id (a folder path) with the public name. Every request is validated
-(shape, size, max_tokens, prompt length) before it reaches an engine. Upstream, the gateway always asks for a
-stream, so that a client who hangs up (streaming or not) closes the engine's stream and the engine cancels
-the generation.
+Engines (`transformers serve`, the peft engine, vLLM) listen on loopback ports; the gateway streams their
+responses through, replacing the engine's internal model id (a folder path) with the public name. Every request
+is validated (shape, size, max_tokens, prompt length, fields the route's engine honours) before it reaches an
+engine. Upstream, the gateway asks the transformers and peft engines for a stream and collects a non-streaming
+reply from it; vLLM answers a non-streaming request itself (its logprobs and tool calls whole). Either way a
+client who hangs up closes the engine's reply and the engine cancels the generation.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 from fastapi import Request
@@ -29,10 +30,11 @@ from documents.sections.serve import ServeConfig, model_name_problem
 from documents.text_input import TextInputError, load_json
 from workloads.serve.auth import bearer_matches
 from workloads.serve.budget import PromptCounter, TokenBudget
-from workloads.serve.request import ChatRequest, RequestError, read_chat_request
+from workloads.serve.request import ChatRequest, RequestError, read_chat_request, refused_field
 from workloads.serve.stream_end import SHUTDOWN_CODE, SHUTDOWN_MESSAGE, ended_like_openai, until_closing
 
 DRAIN_LIMIT = 256 << 20
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,8 @@ class Route:
     """the folder served (vLLM's card `root`)"""
     parent: str | None = None
     """an adapter's base model name (vLLM's card `parent`)"""
+    engine: str = "transformers"
+    """the engine process behind it: transformers, peft or vllm (what request fields it honours)"""
     ignore_eos_body: dict[str, Any] = field(default_factory=lambda: {"ignore_eos": True})
     """the body fields that make the route's engine ignore the end-of-sequence token (vLLM's and the peft
     engine's `ignore_eos`; transformers serve takes a whole `generation_config` instead)"""
@@ -271,6 +275,8 @@ async def upstream_body(gateway: Gateway, request: Request) -> tuple[Route, Chat
     route = gateway.routes.get(chat.model)
     if route is None:
         raise Refused(404, f"model {chat.model!r} is not served; choose one of {sorted(gateway.routes)}", "model_not_found")
+    if problem := refused_field(chat, route.engine):
+        raise Refused(400, problem, "unsupported_field")
     asked = chat.asked_tokens
     if asked is not None and asked > limits.max_tokens:
         raise Refused(400, f"max_tokens {asked} is over this endpoint's limit of {limits.max_tokens}", "max_tokens_too_large")
@@ -288,8 +294,10 @@ async def upstream_body(gateway: Gateway, request: Request) -> tuple[Route, Chat
                                f"{budget.tokens} tokens; ask for at most {room}", "context_length_exceeded")
         granted = min(granted, room)
     body = chat.model_dump(exclude_none=True, exclude={"max_completion_tokens", "n", "ignore_eos"})
-    body.update(model=route.upstream, max_tokens=granted, stream=True, **(route.ignore_eos_body if chat.ignore_eos else {}))
-    if not chat.stream:
+    streamed = chat.stream or route.engine != "vllm"
+    body.update(model=route.upstream, max_tokens=granted, stream=streamed,
+                **(route.ignore_eos_body if chat.ignore_eos else {}))
+    if not chat.stream and streamed:
         body["stream_options"] = {"include_usage": True}
     return route, chat, body
 
@@ -303,10 +311,17 @@ async def chat_completions(request: Request) -> Response:
         route, parsed, body = await upstream_body(gateway, request)
     except Refused as refused:
         return error(refused.status, str(refused), refused.code)
+    return await forward(request, gateway, route, "/v1/chat/completions", body, parsed.stream)
+
+
+async def forward(request: Request, gateway: Gateway, route: Route, path: str, body: dict[str, Any],
+                  client_streams: bool) -> Response:
+    """Send a validated body to the route's engine and answer with its reply: streamed through, collected from
+    a stream the client did not ask for, or the engine's own document."""
     if (state := gateway.engine_state(route.url)) is not None:
         return engine_unavailable(route.name, state)
     started = time.monotonic()
-    upstream = gateway.client.build_request("POST", f"{route.url}/v1/chat/completions", json=body)
+    upstream = gateway.client.build_request("POST", f"{route.url}{path}", json=body)
     try:
         reply = await gateway.client.send(upstream, stream=True)
     except httpx.ConnectError:
@@ -314,14 +329,14 @@ async def chat_completions(request: Request) -> Response:
     except httpx.HTTPError as exc:
         return error(502, f"engine for {route.name!r} is unreachable: {type(exc).__name__}", "engine_unreachable")
     if reply.status_code != 200:
-        return await engine_refusal(reply)
+        return await engine_answer(reply)
     meter = gateway.meter(route.name)
-    if not parsed.stream:
-        return await whole_reply(request, reply, route, meter, started, gateway.closing)
-    return StreamingResponse(ended_like_openai(until_closing(relay_stream(reply, route, meter, started),
-                                                             gateway.closing), route.name),
-                             media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache"})
+    if client_streams:
+        return StreamingResponse(ended_like_openai(until_closing(relay_stream(reply, route, meter, started),
+                                                                 gateway.closing), route.name),
+                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    whole = whole_reply if body.get("stream") else engine_document
+    return await whole(request, reply, route, meter, started, gateway.closing)
 
 
 RETRY_AFTER_S = 5
@@ -334,8 +349,8 @@ def engine_unavailable(name: str, state: str) -> JSONResponse:
     return response
 
 
-async def engine_refusal(reply: httpx.Response) -> Response:
-    """The engine's own non-200 answer, passed on."""
+async def engine_answer(reply: httpx.Response) -> Response:
+    """The engine's own answer (a refusal, or a document), passed on."""
     content = await reply.aread()
     await reply.aclose()
     try:
@@ -366,10 +381,30 @@ async def relay_stream(reply: httpx.Response, route: Route, meter: SpeedMeter, s
         meter.record(tokens, first, time.monotonic() - started)
 
 
+async def until_answered(request: Request, reply: httpx.Response, closing: asyncio.Event,
+                         reading: Awaitable[T]) -> T | Response:
+    """What `reading` gives, unless the client hangs up first (then the engine's reply is closed: the engine
+    cancels the generation, and nobody is answered) or the server stops (then it is closed and 503 answered)."""
+    task = asyncio.ensure_future(reading)
+    gone = asyncio.ensure_future(until_disconnected(request))
+    stopped = asyncio.ensure_future(closing.wait())
+    try:
+        finished, _ = await asyncio.wait({task, gone, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for pending in (task, gone, stopped):
+            pending.cancel()
+        await reply.aclose()
+    if task in finished:
+        return task.result()
+    if gone in finished:
+        return Response(status_code=499)
+    return JSONResponse({"error": {"message": SHUTDOWN_MESSAGE, "type": "server_error", "code": SHUTDOWN_CODE}},
+                        status_code=503)
+
+
 async def whole_reply(request: Request, reply: httpx.Response, route: Route, meter: SpeedMeter,
                       started: float, closing: asyncio.Event) -> Response:
-    """Read the engine's stream to its end, unless the client hangs up first (then close it: the engine cancels
-    the generation, and nobody is answered) or the server stops (then close it and answer 503)."""
+    """One chat.completion document collected from the engine's stream (engines asked for a stream)."""
     first: list[float] = []
 
     async def lines() -> list[str]:
@@ -380,29 +415,34 @@ async def whole_reply(request: Request, reply: httpx.Response, route: Route, met
             read.append(line)
         return read
 
-    reading = asyncio.ensure_future(lines())
-    gone = asyncio.ensure_future(until_disconnected(request))
-    stopped = asyncio.ensure_future(closing.wait())
+    read = await until_answered(request, reply, closing, lines())
+    if isinstance(read, Response):
+        return read
     try:
-        finished, _ = await asyncio.wait({reading, gone, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in (reading, gone, stopped):
-            task.cancel()
-        await reply.aclose()
-    if reading not in finished:
-        if gone in finished:
-            return Response(status_code=499)
-        return JSONResponse({"error": {"message": SHUTDOWN_MESSAGE, "type": "server_error", "code": SHUTDOWN_CODE}},
-                            status_code=503)
-    try:
-        document = collect_stream(reading.result(), route.name)
+        document = collect_stream(read, route.name)
     except Refused as refused:
         return error(refused.status, str(refused), refused.code)
     except (ValueError, httpx.HTTPError) as exc:
         return error(502, f"engine for {route.name!r} sent a broken stream: {exc}", "engine_error")
     tokens = (document.get("usage") or {}).get("completion_tokens")
-    meter.record(tokens if isinstance(tokens, int) else sum(has_content(line) for line in reading.result()),
+    meter.record(tokens if isinstance(tokens, int) else sum(has_content(line) for line in read),
                  first[0] if first else None, time.monotonic() - started)
+    return JSONResponse(document)
+
+
+async def engine_document(request: Request, reply: httpx.Response, route: Route, meter: SpeedMeter,
+                          started: float, closing: asyncio.Event) -> Response:
+    """vLLM's non-streaming reply as vLLM gives it (logprobs, whole tool calls), under the public model name."""
+    content = await until_answered(request, reply, closing, reply.aread())
+    if isinstance(content, Response):
+        return content
+    try:
+        document = json.loads(content)
+    except ValueError as exc:
+        return error(502, f"engine for {route.name!r} sent a broken reply: {exc}", "engine_error")
+    document["model"] = route.name
+    tokens = (document.get("usage") or {}).get("completion_tokens")
+    meter.record(tokens if isinstance(tokens, int) else 0, None, time.monotonic() - started)
     return JSONResponse(document)
 
 

@@ -85,7 +85,6 @@ def adapter_host(run: RunConfig, cfg: ServeConfig, engine: str, plans: list[Engi
     if engine not in ("peft", "vllm"):
         return None
     store_dir, (base_sha, base_path) = Path(cfg.runs_store), served_base(run)
-    tokenizer = run.base_model_dir if engine == "peft" else None
     url = plans[0].url
 
     def resolve(name: str, run_id: str) -> AdapterEntry:
@@ -95,7 +94,7 @@ def adapter_host(run: RunConfig, cfg: ServeConfig, engine: str, plans: list[Engi
             check_rank(entry, cfg.max_lora_rank)
         return entry
 
-    return AdapterHost(url, resolve, lambda entry: adapter_route(entry, url, tokenizer, cfg),
+    return AdapterHost(url, resolve, lambda entry: adapter_route(entry, url, run.base_model_dir, cfg, engine),
                        lambda path: run_of_path(stored_runs(store_dir, cfg.stack), store_dir, cfg.stack, path))
 
 

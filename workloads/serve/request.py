@@ -29,11 +29,27 @@ class ChatMessage(BaseModel):
         return self.content or ""
 
 
-class ChatRequest(BaseModel):
-    """The fields the engines understand; any other field is dropped, never forwarded (an engine-specific
-    field such as `generation_config` could lift the configured limits)."""
+VLLM_FIELDS = frozenset({
+    "top_k", "min_p", "repetition_penalty", "length_penalty", "min_tokens", "stop_token_ids", "logit_bias",
+    "bad_words", "allowed_token_ids", "include_stop_str_in_output", "skip_special_tokens",
+    "spaces_between_special_tokens", "structured_outputs", "prompt_logprobs", "parallel_tool_calls",
+    "use_beam_search", "return_token_ids",
+})
+"""Fields of vLLM's ChatCompletionRequest beyond the ones declared below (vllm/entrypoints/openai/chat_completion/
+protocol.py, v0.32.0) that steer decoding only: forwarded to a vLLM engine. Its other fields (chat_template,
+chat_template_kwargs, add_generation_prompt, echo, request_id, priority, kv_transfer_params, vllm_xargs, ...) change
+how the server renders or schedules a request, which is the server's to set: refused, naming the field."""
 
-    model_config = ConfigDict(extra="ignore")
+PEFT_UNSUPPORTED = ("stop", "logprobs", "top_logprobs", "response_format", "tools", "tool_choice",
+                    "frequency_penalty", "presence_penalty")
+"""OpenAI fields the peft engine (workloads.serve.lora_engine) does not act on: refused there, never ignored."""
+
+
+class ChatRequest(BaseModel):
+    """The OpenAI fields the engines understand; any other field is kept aside (`model_extra`) and either
+    forwarded (a vLLM engine's decoding fields) or refused naming it (`refused_field`), never silently dropped."""
+
+    model_config = ConfigDict(extra="allow")
 
     model: StrictStr
     messages: list[ChatMessage] = Field(min_length=1)
@@ -68,6 +84,20 @@ class ChatRequest(BaseModel):
     @property
     def asked_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+
+def refused_field(request: BaseModel, engine: str) -> str | None:
+    """Why the request cannot go to `engine` as it is (the first field it cannot honour), None when it can."""
+    for name in request.model_extra or {}:
+        if engine == "vllm" and name in VLLM_FIELDS:
+            continue
+        forwarded = f"; vLLM's decoding fields it forwards: {', '.join(sorted(VLLM_FIELDS))}" if engine == "vllm" else ""
+        return f"{name}: not accepted by this endpoint (engine {engine}){forwarded}"
+    if engine == "peft":
+        for name in PEFT_UNSUPPORTED:
+            if getattr(request, name, None) is not None:
+                return f"{name}: not supported by engine peft (serve with engine vllm for it)"
+    return None
 
 
 class RequestError(ValueError):

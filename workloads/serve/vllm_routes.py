@@ -1,0 +1,126 @@
+"""vLLM's routes beyond chat at the gateway, so that a client written for vLLM's OpenAI server works unchanged:
+
+    POST /v1/completions   text completion (lm-eval's `local-completions`, `client.completions.create`)
+    POST /tokenize         POST /detokenize
+    GET  /version          the engine's version (open, as vLLM's)
+    GET  /metrics          every vLLM engine's Prometheus series (`vllm:*`), API key required when one is set
+
+A model served by another engine gets a 400 naming its engine; with no vLLM engine behind the gateway, /version
+and /metrics answer 404. Bodies are validated as chat's are: the API key, the size limit, the model name (mapped
+to the engine's), `max_tokens` within the configured limit (left out: the limit; vLLM counts the prompt against
+its context itself and refuses what overflows it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from documents.text_input import TextInputError, load_json
+from workloads.serve.gateway import (Gateway, Refused, Route, denied, engine_answer, engine_unavailable, error, forward,
+                                     gateway_of, read_body)
+
+VLLM = "vllm"
+
+
+async def vllm_body(gateway: Gateway, request: Request, what: str) -> tuple[Route, dict[str, Any]]:
+    """The JSON body with its model served by a vLLM engine, renamed to the engine's name for it."""
+    raw = await read_body(request, gateway.limits.max_body_bytes)
+    try:
+        document = load_json(raw, "request body", standard=True)
+    except TextInputError as problem:
+        raise Refused(400, str(problem), "invalid_json") from None
+    if not isinstance(document, dict) or not isinstance(document.get("model"), str):
+        raise Refused(400, "model: required, a served model's name", "invalid_request")
+    route = gateway.routes.get(document["model"])
+    if route is None:
+        raise Refused(404, f"model {document['model'][:80]!r} is not served; choose one of {sorted(gateway.routes)}",
+                      "model_not_found")
+    if route.engine != VLLM:
+        raise Refused(400, f"{what} is served by engine vllm; model {route.name!r} is on engine {route.engine}",
+                      "unsupported_route")
+    return route, {**document, "model": route.upstream}
+
+
+def granted_tokens(document: dict[str, Any], limit: int) -> int:
+    asked = document.get("max_tokens")
+    if asked is None:
+        return limit
+    if isinstance(asked, bool) or not isinstance(asked, int) or asked < 1:
+        raise Refused(400, "max_tokens: a whole number of at least 1", "invalid_request")
+    if asked > limit:
+        raise Refused(400, f"max_tokens {asked} is over this endpoint's limit of {limit}", "max_tokens_too_large")
+    return asked
+
+
+async def completions(request: Request) -> Response:
+    gateway = gateway_of(request)
+    if refusal := denied(gateway, request):
+        return refusal
+    try:
+        route, body = await vllm_body(gateway, request, "POST /v1/completions")
+        body["max_tokens"] = granted_tokens(body, gateway.limits.max_tokens)
+    except Refused as refused:
+        return error(refused.status, str(refused), refused.code)
+    return await forward(request, gateway, route, "/v1/completions", body, body.get("stream") is True)
+
+
+async def passthrough(request: Request, path: str) -> Response:
+    gateway = gateway_of(request)
+    if refusal := denied(gateway, request):
+        return refusal
+    try:
+        route, body = await vllm_body(gateway, request, f"POST {path}")
+    except Refused as refused:
+        return error(refused.status, str(refused), refused.code)
+    if (state := gateway.engine_state(route.url)) is not None:
+        return engine_unavailable(route.name, state)
+    try:
+        reply = await gateway.client.send(gateway.client.build_request("POST", f"{route.url}{path}", json=body),
+                                          stream=True)
+    except httpx.HTTPError as exc:
+        return error(502, f"engine for {route.name!r} is unreachable: {type(exc).__name__}", "engine_unreachable")
+    return await engine_answer(reply)
+
+
+async def tokenize(request: Request) -> Response:
+    return await passthrough(request, "/tokenize")
+
+
+async def detokenize(request: Request) -> Response:
+    return await passthrough(request, "/detokenize")
+
+
+def vllm_urls(gateway: Gateway) -> list[str]:
+    return sorted({route.url for route in gateway.routes.values() if route.engine == VLLM})
+
+
+async def version(request: Request) -> Response:
+    gateway = gateway_of(request)
+    urls = vllm_urls(gateway)
+    if not urls:
+        return error(404, "no vLLM engine behind this endpoint", "not_found")
+    answer = await gateway.client.get(f"{urls[0]}/version", timeout=10.0)
+    return JSONResponse(answer.json(), status_code=answer.status_code)
+
+
+async def metrics(request: Request) -> Response:
+    gateway = gateway_of(request)
+    if refusal := denied(gateway, request):
+        return refusal
+    urls = vllm_urls(gateway)
+    if not urls:
+        return error(404, "no vLLM engine behind this endpoint: no vllm:* series", "not_found")
+    texts = [(await gateway.client.get(f"{url}/metrics", timeout=10.0)).text for url in urls]
+    return PlainTextResponse("".join(texts), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def add_vllm_routes(app: FastAPI) -> None:
+    app.add_api_route("/v1/completions", completions, methods=["POST"])
+    app.add_api_route("/tokenize", tokenize, methods=["POST"])
+    app.add_api_route("/detokenize", detokenize, methods=["POST"])
+    app.add_api_route("/version", version, methods=["GET"])
+    app.add_api_route("/metrics", metrics, methods=["GET"])
