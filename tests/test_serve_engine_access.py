@@ -116,6 +116,22 @@ def test_loads_come_only_from_the_store_with_their_hash(server: Server, adapter_
     assert set(server.models()) == {"base", STARTED}
 
 
+def test_the_engine_itself_loads_only_stored_adapters_with_their_hash(server: Server, adapter_runs: AdapterRuns) -> None:
+    """Issue 54, item 5: a process holding the engine key, skipping the gateway, gets the store's rules from the
+    engine too; the engine holds the launch's key, not the public API key."""
+    key = {"Authorization": f"Bearer {server.engine_key()}"}
+    route = f"{server.engine_url}/v1/load_lora_adapter"
+    outside = adapter_runs.store_dir.parent / "adapters" / SPARE
+    reply = httpx.post(route, headers=key, timeout=60, json={"lora_name": "sneak", "lora_path": str(outside)})
+    assert reply.status_code == 400 and "not a stored run's adapter folder" in reply.json()["error"]["message"]
+    (tampered,) = server.store.glob(f"runs/{STACK}/run-{TAMPERED}/adapter")
+    reply = httpx.post(route, headers=key, timeout=60, json={"lora_name": "sneak", "lora_path": str(tampered)})
+    assert reply.status_code == 400 and "changed since stored" in reply.json()["error"]["message"]
+    assert "sneak" not in engine_models(server)
+    environ = Path(f"/proc/{server.engine_pid()}/environ").read_bytes().split(b"\0")
+    assert not any(item.startswith(b"FT_API_KEY=") for item in environ)
+
+
 def test_vllm_routes_with_the_openai_sdk_and_plain_http(server: Server) -> None:
     """A client written for vLLM: load by run id (SDK) and by the store's adapter folder (plain HTTP), list with
     parent and root, call, unload; vLLM's status codes for a name loaded twice and an unknown one."""
@@ -128,7 +144,7 @@ def test_vllm_routes_with_the_openai_sdk_and_plain_http(server: Server) -> None:
     cards = {model.id: model for model in client.models.list()}
     assert cards[SPARE].parent == "base" and cards["base"].parent is None
     (stored,) = server.store.glob(f"runs/{STACK}/run-{SPARE}/adapter")
-    assert cards[SPARE].root == str(stored) and cards[SPARE].run_id == f"run-{SPARE}"
+    assert cards[SPARE].root == f"runs/{STACK}/run-{SPARE}/adapter" and cards[SPARE].run_id == f"run-{SPARE}"
     assert cards[SPARE].adapter_sha256 == read_run_record((stored.parent / "run.json").read_text(), "run.json").adapter_sha256
     answer = client.chat.completions.create(model=SPARE, messages=[{"role": "user", "content": "hi"}], max_tokens=3,
                                             temperature=0.0)

@@ -55,7 +55,7 @@ def test_the_store_copy_is_served_and_checked(store, tmp_path: Path) -> None:
     runs = stored_runs(root, STACK)
     entry = stored_adapter(runs, root, STACK, "desk-a", "run-a", **base)
     assert Path(entry.adapter_dir) == root / "runs" / STACK / "run-a" / "adapter"
-    assert entry.adapter_sha256 == runs["run-a"][0].adapter_sha256
+    assert entry.adapter_sha256 == runs.readable["run-a"][0].adapter_sha256
 
     (root / "runs" / STACK / "run-b" / "adapter" / "adapter_model.safetensors").write_bytes(b"B" * 63 + b"C")
     with pytest.raises(RegistryError, match="changed since stored"):
@@ -67,7 +67,8 @@ def test_the_store_copy_is_served_and_checked(store, tmp_path: Path) -> None:
         item.unlink()
     stored.rmdir()
     stored.symlink_to(outside)
-    with pytest.raises(RegistryError, match="outside the run store"):
+    (outside / "adapter_config.json").unlink()  # refused before anything behind the link is read (issue 54, item 6)
+    with pytest.raises(RegistryError, match="is a symbolic link, which may lead outside the run store .*refused unread"):
         stored_adapter(runs, root, STACK, "desk-a", "run-a", **base)
 
 
@@ -78,6 +79,16 @@ def test_lora_path_maps_only_a_stored_adapter_folder(store, tmp_path: Path) -> N
     assert run_of_path(runs, root, STACK, str(root / "runs" / STACK / "run-b" / "adapter" / ".." / "adapter")) == "run-b"
     assert run_of_path(runs, root, STACK, str(tmp_path / "trained" / "run-b")) is None
     assert run_of_path(runs, root, STACK, str(root / "runs" / STACK / "run-b")) is None
+
+
+def test_lora_path_relative_to_the_store_is_the_form_the_docs_show(store, monkeypatch, tmp_path: Path) -> None:
+    """Issue 54, item 6: `lora_path: "runs/local/R2/adapter"` (docs/evaluation-and-serving.md) is the store's
+    folder, whatever the server's working directory."""
+    root, _ = store
+    monkeypatch.chdir(tmp_path / "trained")
+    runs = stored_runs(root, STACK)
+    assert run_of_path(runs, root, STACK, f"runs/{STACK}/run-b/adapter") == "run-b"
+    assert run_of_path(runs, root, STACK, "run-b/adapter") is None
 
 
 def test_a_server_reads_the_runs_of_its_own_stack_only(store, tmp_path: Path) -> None:
@@ -91,7 +102,7 @@ def test_a_server_reads_the_runs_of_its_own_stack_only(store, tmp_path: Path) ->
                  fake_adapter(tmp_path / "cluster-trained" / "run-c", b"C" * 64), 4, stack="cluster")
 
     local = stored_runs(root, STACK)
-    assert set(local) == {"run-a", "run-b"} and set(stored_runs(root, "cluster")) == {"run-a", "run-c"}
+    assert set(local.readable) == {"run-a", "run-b"} and set(stored_runs(root, "cluster").readable) == {"run-a", "run-c"}
     entry = stored_adapter(local, root, STACK, "desk-a", "run-a", **base)
     assert (entry.stack, Path(entry.adapter_dir)) == (STACK, root / "runs" / STACK / "run-a" / "adapter")
     assert (Path(entry.adapter_dir) / "adapter_model.safetensors").read_bytes() == b"A" * 64
@@ -111,9 +122,35 @@ def test_a_server_reads_the_runs_of_its_own_stack_only(store, tmp_path: Path) ->
 
 
 def test_a_run_index_in_another_stacks_folder_is_refused(store) -> None:
-    root, _ = store
+    root, base = store
     moved = root / "runs" / "cluster" / "run-a"
     moved.parent.mkdir(parents=True)
     (root / "runs" / STACK / "run-a").rename(moved)
-    with pytest.raises(RegistryError, match=r"names stack 'local' and run 'run-a', but lies in runs/cluster/run-a/"):
-        stored_runs(root, "cluster")
+    runs = stored_runs(root, "cluster")
+    assert runs.readable == {} and "names stack 'local' and run 'run-a', but lies in runs/cluster/run-a/" in runs.damaged["run-a"]
+    with pytest.raises(RegistryError, match=r"stored run 'run-a' is damaged: .*lies in runs/cluster/run-a/"):
+        stored_adapter(runs, root, "cluster", "desk-a", "run-a", **base)
+
+
+def test_one_damaged_run_leaves_the_others_loadable(store) -> None:
+    """Issue 54, item 2: a truncated run.json beside healthy runs made every load fail naming the damaged run."""
+    root, base = store
+    index = root / "runs" / STACK / "run-b" / "run.json"
+    index.write_bytes(index.read_bytes()[:40])
+    runs = stored_runs(root, STACK)
+    assert set(runs.readable) == {"run-a"} and set(runs.damaged) == {"run-b"} and str(index) in runs.damaged["run-b"]
+    assert stored_adapter(runs, root, STACK, "desk-a", "run-a", **base).run_id == "run-a"
+    with pytest.raises(RegistryError, match=f"stored run 'run-b' is damaged: {index}"):
+        stored_adapter(runs, root, STACK, "desk-b", "run-b", **base)
+    with pytest.raises(RegistryError, match="stored run 'run-b' is damaged"):
+        run_of_path(runs, root, STACK, f"runs/{STACK}/run-b/adapter")
+    with pytest.raises(UnknownRun, match=r"\(stored: \['run-a'\]; damaged: \['run-b'\]\)"):
+        stored_adapter(runs, root, STACK, "desk-z", "run-z", **base)
+
+
+def test_a_long_run_id_is_quoted_cut(store) -> None:
+    """Issue 54, item 8: a 10,000-character name is not echoed whole."""
+    root, base = store
+    with pytest.raises(UnknownRun) as unknown:
+        stored_adapter(stored_runs(root, STACK), root, STACK, "desk-z", "r" * 10_000, **base)
+    assert "... (10000 characters)" in str(unknown.value) and len(str(unknown.value)) < 500

@@ -17,15 +17,20 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 MODEL_NAME = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9._-]{{0,{MODEL_NAME_MAX - 1}}}$")
 
 
+def shown(text: str, limit: int = 80) -> str:
+    """`text` quoted for a message, at most its first `limit` characters (and its length when cut)."""
+    return repr(text[:limit]) + (f"... ({len(text)} characters)" if len(text) > limit else "")
+
+
 def model_name_problem(name: str) -> str | None:
     """Why `name` cannot be a served model id (too long, or characters beyond letters, digits, `.`, `_`, `-`),
     quoting at most its first 80 characters; None when it can."""
     if MODEL_NAME.match(name):
         return None
-    shown = repr(name[:80]) + (f"... ({len(name)} characters)" if len(name) > 80 else "")
+    shown_name = shown(name)
     if len(name) > MODEL_NAME_MAX:
-        return f"is {len(name)} characters long; a model name has at most {MODEL_NAME_MAX}: {shown}"
-    return f"must start with a letter or digit and hold only letters, digits, '.', '_' and '-': {shown}"
+        return f"is {len(name)} characters long; a model name has at most {MODEL_NAME_MAX}: {shown_name}"
+    return f"must start with a letter or digit and hold only letters, digits, '.', '_' and '-': {shown_name}"
 
 
 class ServeConfig(BaseModel):

@@ -187,19 +187,28 @@ def engine_budget(base: Path, cfg: ServeConfig, engine: str) -> TokenBudget | No
     return token_budget(base, cfg.model_copy(update={"continuous_batching": False}))
 
 
+def card_root(folder: Path, cfg: ServeConfig) -> str:
+    """A card's `root` without the server's absolute paths: a stored adapter's folder within the run store (the
+    `lora_path` a load accepts), any other folder by its name."""
+    try:
+        return folder.resolve().relative_to(Path(cfg.runs_store).resolve()).as_posix()
+    except ValueError:
+        return folder.name
+
+
 def adapter_route(entry: AdapterEntry, url: str, base: Path, cfg: ServeConfig, engine: str) -> Route:
     """An adapter's route on a multi-adapter engine (the engine knows it by its public name); its card names the
     base as parent and the adapter folder as root, as vLLM's does. The gateway counts its prompts with the base's
     tokenizer."""
     budget = engine_budget(base, cfg, engine)
     return Route(entry.name, url, entry.name, "adapter", str(base) if budget else None, budget, entry,
-                 root=entry.adapter_dir, parent=cfg.base_name, engine=engine)
+                 root=card_root(Path(entry.adapter_dir), cfg), parent=cfg.base_name, engine=engine)
 
 
 def base_route(base: Path, url: str, cfg: ServeConfig, engine: str) -> Route:
     budget = engine_budget(base, cfg, engine)
-    return Route(cfg.base_name, url, cfg.base_name, "base", str(base) if budget else None, budget, root=str(base),
-                 engine=engine)
+    return Route(cfg.base_name, url, cfg.base_name, "base", str(base) if budget else None, budget,
+                 root=card_root(base, cfg), engine=engine)
 
 
 def lora_modules(adapters: list[AdapterEntry], base_name: str) -> list[str]:
@@ -215,7 +224,9 @@ def plan_peft(run: RunConfig, cfg: ServeConfig, adapters: list[AdapterEntry]) ->
     argv = [sys.executable, "-m", "workloads.serve.lora_engine", "--base", str(base), "--base-name", cfg.base_name,
             "--host", "127.0.0.1", "--port", str(port), "--dtype", cfg.dtype, "--device", cfg.device,
             "--max-batch", str(cfg.max_batch), "--max-loras", str(max(cfg.max_loras, len(adapters))),
-            "--max-tokens", str(cfg.max_tokens_limit), "--lora-modules", *lora_modules(adapters, cfg.base_name)]
+            "--max-tokens", str(cfg.max_tokens_limit),
+            *(["--runs-store", cfg.runs_store, "--stack", cfg.stack] if cfg.stack else []),
+            "--lora-modules", *lora_modules(adapters, cfg.base_name)]
     url = f"http://127.0.0.1:{port}"
     routes = [adapter_route(entry, url, base, cfg, "peft") for entry in adapters]
     if cfg.serve_base:

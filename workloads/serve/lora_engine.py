@@ -26,7 +26,7 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,10 +35,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from documents.run_manifest import model_hash
+from documents.sections.serve import shown
 from workloads.common.chat_template import prompt_ids
 from workloads.serve.continuous import RunningBatch
 from workloads.serve.engine_key import ENGINE_KEY_ENV, require_engine_key
 from workloads.serve.gateway import error
+from workloads.serve.registry import RegistryError, run_of_path, stored_adapter, stored_runs
 from workloads.serve.request import RequestError, parse_chat_request
 from workloads.serve.stacked_lora import StackedLora, unstackable
 
@@ -278,94 +281,153 @@ async def completion_events(generation: Generation, public: str, include_usage: 
         generation.cancelled.set()
 
 
-def build_app(worker: Worker, base_name: str, default_max_tokens: int = 256) -> FastAPI:
-    engine = worker.engine
+StoreCheck = Callable[[str], str | None]
+"""why a folder asked for at runtime cannot be loaded (not a stored run's adapter, changed files), else None"""
+
+
+def store_check(store: Path, stack: str, base: Path) -> StoreCheck:
+    """The run store's rules, checked by the engine itself (not only by the gateway): a runtime load is a stored
+    run's adapter folder of `stack`, trained on `base`, whose files hash to what the store recorded."""
+    digest = model_hash(base)
+
+    def check(path: str) -> str | None:
+        try:
+            runs = stored_runs(store, stack)
+            run_id = run_of_path(runs, store, stack, path)
+            if run_id is None:
+                return f"{shown(path)} is not a stored run's adapter folder in {store}: refused"
+            stored_adapter(runs, store, stack, run_id, run_id, digest["sha256"], digest["path"])
+        except RegistryError as problem:
+            return str(problem)
+        return None
+
+    return check
+
+
+@dataclass(frozen=True)
+class EngineApp:
+    """What the engine's routes share (app.state.engine)."""
+
+    worker: Worker
+    base_name: str
+    default_max_tokens: int
+    check: StoreCheck | None
+
+    @property
+    def loaded(self) -> list[str]:
+        return [self.base_name, *sorted(self.worker.engine.adapters)]
+
+
+def engine_of(request: Request) -> EngineApp:
+    return request.app.state.engine
+
+
+async def read_json(request: Request) -> dict[str, Any] | None:
+    try:
+        document = json.loads(await request.body())
+    except ValueError:
+        return None
+    return document if isinstance(document, dict) else None
+
+
+async def health(request: Request) -> Any:
+    worker = engine_of(request).worker
+    if worker.failure or not worker.thread.is_alive():
+        return JSONResponse({"status": "failed", "error": worker.failure}, status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
+async def models(request: Request) -> Any:
+    return JSONResponse({"object": "list", "data": [{"id": n, "object": "model"} for n in engine_of(request).loaded]})
+
+
+async def generation_of(state: EngineApp, body: dict[str, Any], name: str) -> Generation:
+    """The request as the worker's queue takes it: the prompt rendered with the chat template, sampling settings."""
+    messages = [{**m, "content": m["content"] if isinstance(m.get("content"), str)
+                 else "".join(str(p.get("text", "")) for p in m.get("content") or [])} for m in body["messages"]]
+    temperature = body.get("temperature")
+    return Generation(
+        prompt_ids=await run_in_threadpool(state.worker.engine.prompt_ids, messages),
+        adapter=BASE_ROW if name == state.base_name else name,
+        max_tokens=int(body.get("max_tokens") or state.default_max_tokens),
+        temperature=1.0 if temperature is None else float(temperature),
+        top_p=float(body.get("top_p") or 1.0), seed=body.get("seed"), events=asyncio.Queue(),
+        loop=asyncio.get_running_loop(), ignore_eos=bool(body.get("ignore_eos")),
+    )
+
+
+async def collected(events: AsyncIterator[str], name: str) -> Any:
+    """One chat.completion document from the generation's stream events."""
+    text, finish, usage = [], None, None
+    async for line in events:
+        payload = line[5:].strip()
+        if payload == "[DONE]":
+            break
+        chunk = json.loads(payload)
+        if "error" in chunk:
+            return error(500, chunk["error"]["message"], "engine_error")
+        usage = chunk.get("usage") or usage
+        for choice in chunk.get("choices") or []:
+            text.append(choice["delta"].get("content") or "")
+            finish = choice.get("finish_reason") or finish
+    return JSONResponse({"object": "chat.completion", "model": name, "usage": usage, "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "".join(text)}, "finish_reason": finish}]})
+
+
+async def chat(request: Request) -> Any:
+    state = engine_of(request)
+    body = await read_json(request)
+    if body is None or not isinstance(body.get("messages"), list):
+        return error(400, "body must be a JSON object with messages", "invalid_request")
+    try:
+        parse_chat_request(body)
+    except RequestError as problem:
+        return error(problem.status, str(problem), problem.code)
+    name = body.get("model")
+    if name not in state.loaded:
+        return error(404, f"model {name!r} is not loaded; loaded: {state.loaded}", "model_not_found")
+    generation = await generation_of(state, body, name)
+    state.worker.inbox.put(generation)
+    events = completion_events(generation, name, bool((body.get("stream_options") or {}).get("include_usage")))
+    if body.get("stream"):
+        return StreamingResponse(events, media_type="text/event-stream")
+    return await collected(events, name)
+
+
+async def command(state: EngineApp, action: str, name: Any, path: Any) -> Any:
+    if not isinstance(name, str) or not name or (action == "load" and not isinstance(path, str)):
+        return error(400, "lora_name (and lora_path to load) must be strings", "invalid_request")
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    state.worker.commands.put(Command(action, name, path, done, loop))
+    problem = await done
+    if problem:
+        return error(400, problem, "invalid_adapter")
+    return PlainTextResponse(f"adapter {name!r} {action}ed")
+
+
+async def load_lora_adapter(request: Request) -> Any:
+    state = engine_of(request)
+    body = await read_json(request) or {}
+    path = body.get("lora_path")
+    if state.check is not None and isinstance(path, str) and (problem := await run_in_threadpool(state.check, path)):
+        return error(400, problem, "not_stored")
+    return await command(state, "load", body.get("lora_name"), path)
+
+
+async def unload_lora_adapter(request: Request) -> Any:
+    body = await read_json(request) or {}
+    return await command(engine_of(request), "unload", body.get("lora_name"), None)
+
+
+def build_app(worker: Worker, base_name: str, default_max_tokens: int = 256, check: StoreCheck | None = None) -> FastAPI:
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
-
-    async def read_json(request: Request) -> dict[str, Any] | None:
-        try:
-            document = json.loads(await request.body())
-        except ValueError:
-            return None
-        return document if isinstance(document, dict) else None
-
-    @app.get("/health")
-    async def health() -> Any:
-        if worker.failure or not worker.thread.is_alive():
-            return JSONResponse({"status": "failed", "error": worker.failure}, status_code=503)
-        return JSONResponse({"status": "ok"})
-
-    @app.get("/v1/models")
-    async def models() -> Any:
-        names = [base_name, *sorted(engine.adapters)]
-        return JSONResponse({"object": "list", "data": [{"id": n, "object": "model"} for n in names]})
-
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> Any:
-        body = await read_json(request)
-        if body is None or not isinstance(body.get("messages"), list):
-            return error(400, "body must be a JSON object with messages", "invalid_request")
-        try:
-            parse_chat_request(body)
-        except RequestError as problem:
-            return error(problem.status, str(problem), problem.code)
-        name = body.get("model")
-        if name != base_name and name not in engine.adapters:
-            return error(404, f"model {name!r} is not loaded; loaded: {[base_name, *sorted(engine.adapters)]}",
-                         "model_not_found")
-        messages = [{**m, "content": m["content"] if isinstance(m.get("content"), str)
-                     else "".join(str(p.get("text", "")) for p in m.get("content") or [])} for m in body["messages"]]
-        loop = asyncio.get_running_loop()
-        temperature = body.get("temperature")
-        generation = Generation(
-            prompt_ids=await run_in_threadpool(engine.prompt_ids, messages),
-            adapter=BASE_ROW if name == base_name else name,
-            max_tokens=int(body.get("max_tokens") or default_max_tokens),
-            temperature=1.0 if temperature is None else float(temperature),
-            top_p=float(body.get("top_p") or 1.0), seed=body.get("seed"), events=asyncio.Queue(), loop=loop,
-            ignore_eos=bool(body.get("ignore_eos")),
-        )
-        worker.inbox.put(generation)
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        events = completion_events(generation, name, include_usage)
-        if body.get("stream"):
-            return StreamingResponse(events, media_type="text/event-stream")
-        text, finish, usage = [], None, None
-        async for line in events:
-            payload = line[5:].strip()
-            if payload == "[DONE]":
-                break
-            chunk = json.loads(payload)
-            if "error" in chunk:
-                return error(500, chunk["error"]["message"], "engine_error")
-            usage = chunk.get("usage") or usage
-            for choice in chunk.get("choices") or []:
-                text.append(choice["delta"].get("content") or "")
-                finish = choice.get("finish_reason") or finish
-        return JSONResponse({"object": "chat.completion", "model": name, "usage": usage, "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": "".join(text)}, "finish_reason": finish}]})
-
-    async def command(action: str, name: Any, path: Any) -> Any:
-        if not isinstance(name, str) or not name or (action == "load" and not isinstance(path, str)):
-            return error(400, "lora_name (and lora_path to load) must be strings", "invalid_request")
-        loop = asyncio.get_running_loop()
-        done = loop.create_future()
-        worker.commands.put(Command(action, name, path, done, loop))
-        problem = await done
-        if problem:
-            return error(400, problem, "invalid_adapter")
-        return PlainTextResponse(f"adapter {name!r} {action}ed")
-
-    @app.post("/v1/load_lora_adapter")
-    async def load_lora_adapter(request: Request) -> Any:
-        body = await read_json(request) or {}
-        return await command("load", body.get("lora_name"), body.get("lora_path"))
-
-    @app.post("/v1/unload_lora_adapter")
-    async def unload_lora_adapter(request: Request) -> Any:
-        body = await read_json(request) or {}
-        return await command("unload", body.get("lora_name"), None)
-
+    app.state.engine = EngineApp(worker, base_name, default_max_tokens, check)
+    app.add_api_route("/health", health, methods=["GET"])
+    app.add_api_route("/v1/models", models, methods=["GET"])
+    app.add_api_route("/v1/chat/completions", chat, methods=["POST"])
+    app.add_api_route("/v1/load_lora_adapter", load_lora_adapter, methods=["POST"])
+    app.add_api_route("/v1/unload_lora_adapter", unload_lora_adapter, methods=["POST"])
     return app
 
 
@@ -395,6 +457,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-batch", type=int, default=16)
     parser.add_argument("--max-loras", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=256, help="a request without max_tokens gets this many")
+    parser.add_argument("--runs-store", type=Path, help="with --stack: runtime loads only of this store's adapters")
+    parser.add_argument("--stack", help="the stack whose stored runs may be loaded at runtime")
     args = parser.parse_args(argv)
     import uvicorn
 
@@ -402,7 +466,8 @@ def main(argv: list[str] | None = None) -> None:
     engine = AdapterModel(args.base, parse_lora_modules(args.lora_modules), args.dtype, device, args.max_loras)
     worker = Worker(engine, args.max_batch)
     worker.thread.start()
-    app = build_app(worker, args.base_name, args.max_tokens)
+    check = store_check(args.runs_store, args.stack, args.base) if args.runs_store and args.stack else None
+    app = build_app(worker, args.base_name, args.max_tokens, check)
     if key := os.environ.get(ENGINE_KEY_ENV):
         require_engine_key(app, key)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

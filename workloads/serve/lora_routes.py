@@ -18,7 +18,7 @@ from pathlib import Path
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from documents.sections.serve import MODEL_NAME
+from documents.sections.serve import MODEL_NAME, shown
 from workloads.serve.budget import PromptCounter
 from workloads.serve.gateway import (BodyErrors, Gateway, Refused, admin_denied, engine_admin, gateway_of,
                                      string_fields)
@@ -50,7 +50,7 @@ def run_id_of(gateway: Gateway, lora_path: str) -> str:
         return lora_path
     run_id = gateway.adapter_host.run_of_path(lora_path)
     if run_id is None:
-        raise Refused(400, f"lora_path {lora_path!r} is not a stored run's adapter folder in the run store "
+        raise Refused(400, f"lora_path {shown(lora_path)} is not a stored run's adapter folder in the run store "
                            "(give a run id, or runs/<stack>/<run_id>/adapter in the store): refused", "BadRequestError")
     return run_id
 
@@ -65,7 +65,7 @@ async def load_lora_adapter(request: Request) -> Response:
         body = await string_fields(request, LOAD_FIELDS, vllm_body_errors(LOAD_FIELDS))
         name = body["lora_name"]
         if not MODEL_NAME.match(name):
-            raise Refused(400, f"lora_name must match {MODEL_NAME.pattern}, got {name!r}", "InvalidUserInput")
+            raise Refused(400, f"lora_name must match {MODEL_NAME.pattern}, got {shown(name)}", "InvalidUserInput")
         if name in gateway.routes:
             raise Refused(400, f"The lora adapter '{name}' has already been loaded.", "InvalidUserInput")
         try:
@@ -95,7 +95,7 @@ async def unload_lora_adapter(request: Request) -> Response:
         return vllm_error(refused)
     route = gateway.routes.get(name)
     if route is None or route.adapter is None or gateway.adapter_host is None:
-        return vllm_error(Refused(404, f"The lora adapter '{name}' cannot be found.", "NotFoundError"))
+        return vllm_error(Refused(404, f"The lora adapter {shown(name)} cannot be found.", "NotFoundError"))
     del gateway.routes[name]
     try:
         await engine_admin(gateway, "/v1/unload_lora_adapter", {"lora_name": route.upstream})

@@ -10,6 +10,7 @@ within one stack, and the same id may be another stack's run too.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from pathlib import Path
 
 from documents.adapter_registry import AdapterEntry, EvalSummary, adapter_sha256
@@ -19,7 +20,7 @@ from documents.names import checked_name
 from documents.run_config import RunConfig
 from documents.run_manifest import RUN_MANIFEST_NAME, RunManifest, load_run_manifest, model_hash, read_run_manifest
 from documents.run_record import RunIndex, read_run_record
-from documents.sections.serve import model_name_problem
+from documents.sections.serve import model_name_problem, shown
 
 RUN_INDEX_NAME = "run.json"
 STORED_MANIFEST = f"train/{RUN_MANIFEST_NAME}"
@@ -55,28 +56,41 @@ class OtherStackRun(RegistryError):
     """The run id is stored for another stack only."""
 
 
-def stored_runs(store_dir: Path, stack: str | None) -> dict[str, tuple[RunIndex, RunManifest]]:
-    """Run id -> (index, manifest) for every run of `stack` with a run manifest in a store folder
-    (`runs/<stack>/<run_id>/`); each index must name the stack and run id its folder does."""
+@dataclass(frozen=True)
+class StoredRuns:
+    """The runs of one stack in a store folder: the readable ones, and the damaged ones with why (one damaged run
+    is refused by name; it does not make every other run unusable)."""
+
+    readable: dict[str, tuple[RunIndex, RunManifest]]
+    damaged: dict[str, str]
+
+
+def stored_runs(store_dir: Path, stack: str | None) -> StoredRuns:
+    """Every run of `stack` with a run manifest in a store folder (`runs/<stack>/<run_id>/`); each index must name
+    the stack and run id its folder does, else the run is listed as damaged, as one that cannot be read."""
     if stack is None:
         raise RegistryError("this server does not know which stack it serves, and the run store keeps runs per "
                             "stack (runs/<stack>/<run_id>): start it with --stack NAME (the pipeline's serve job "
                             "does) or set serve.stack")
     found: dict[str, tuple[RunIndex, RunManifest]] = {}
+    damaged: dict[str, str] = {}
     for index_file in sorted((store_dir / "runs" / stack).glob(f"*/{RUN_INDEX_NAME}")):
         manifest_file = index_file.parent / STORED_MANIFEST
         if not manifest_file.is_file():
             continue
+        run_id = index_file.parent.name
         try:
             index = read_run_record(index_file.read_bytes(), str(index_file))
             manifest = read_run_manifest(manifest_file.read_bytes(), str(manifest_file))
         except (DocumentError, OSError) as exc:
-            raise RegistryError(str(exc)) from None
-        if (index.stack, index.run_id) != (stack, index_file.parent.name):
-            raise RegistryError(f"{index_file}: names stack {index.stack!r} and run {index.run_id!r}, but lies in "
-                                f"runs/{stack}/{index_file.parent.name}/: refused")
-        found[index.run_id] = (index, manifest)
-    return found
+            damaged[run_id] = str(exc)
+            continue
+        if (index.stack, index.run_id) != (stack, run_id):
+            damaged[run_id] = (f"{index_file}: names stack {index.stack!r} and run {index.run_id!r}, but lies in "
+                               f"runs/{stack}/{run_id}/")
+            continue
+        found[run_id] = (index, manifest)
+    return StoredRuns(found, damaged)
 
 
 def stacks_holding(store_dir: Path, run_id: str) -> list[str]:
@@ -156,22 +170,28 @@ def resolve_adapters(run: RunConfig, wanted: dict[str, str], store_dir: Path, st
     return [stored_adapter(runs, store_dir, stack, name, run_id, base_sha, base_path) for name, run_id in wanted.items()]
 
 
-def stored_adapter(runs: dict[str, tuple[RunIndex, RunManifest]], store_dir: Path, stack: str | None, name: str,
-                   run_id: str, base_sha: str, base_path: str) -> AdapterEntry:
+def stored_adapter(runs: StoredRuns, store_dir: Path, stack: str | None, name: str, run_id: str, base_sha: str,
+                   base_path: str) -> AdapterEntry:
     """The stored run's adapter under `name`: the store's own copy (`runs/<stack>/<run_id>/adapter`), its hash as
     the run index records it, checked against the served base and the files; a run of another stack is
-    refused, naming that stack."""
-    if run_id not in runs:
+    refused, naming that stack, and a damaged run naming why."""
+    if run_id in runs.damaged:
+        raise RegistryError(f"adapter {name!r}: stored run {run_id!r} is damaged: {runs.damaged[run_id]}")
+    if run_id not in runs.readable:
         if others := stacks_holding(store_dir, run_id):
             raise other_stack(name, run_id, others, store_dir, stack)
-        raise UnknownRun(f"adapter {name!r}: no run {run_id!r} of stack {stack!r} in {store_dir} "
-                         f"(stored: {sorted(runs) or 'none'})")
-    index, manifest = runs[run_id]
+        damaged = f"; damaged: {sorted(runs.damaged)}" if runs.damaged else ""
+        raise UnknownRun(f"adapter {name!r}: no run {shown(run_id)} of stack {stack!r} in {store_dir} "
+                         f"(stored: {sorted(runs.readable) or 'none'}{damaged})")
+    index, manifest = runs.readable[run_id]
     entry = adapter_entry(name, run_id, manifest, index)
     if index.adapter_sha256 is None:
         raise RegistryError(f"adapter {name!r}: stored run {run_id!r} holds no adapter files in {store_dir} "
                             "(stored before adapters were kept with the run: upload it again)")
     folder = store_dir / "runs" / index.stack / run_id / STORED_ADAPTER
+    if folder.is_symlink():
+        raise RegistryError(f"adapter {name!r}: {folder} is a symbolic link, which may lead outside the run store "
+                            f"({store_dir}): refused unread")
     entry = entry.model_copy(update={"adapter_dir": str(folder), "adapter_sha256": index.adapter_sha256})
     return verified(check_base(entry, base_sha, base_path), [store_dir])
 
@@ -193,15 +213,17 @@ def verified(entry: AdapterEntry, roots: list[Path]) -> AdapterEntry:
     return entry.model_copy(update={"adapter_sha256": found})
 
 
-def run_of_path(runs: dict[str, tuple[RunIndex, RunManifest]], store_dir: Path, stack: str | None,
-                path: str) -> str | None:
-    """The id of the stored run of `stack` whose adapter folder in the store is `path` (vLLM's lora_path), else
-    None; another stack's adapter folder is refused, naming that stack."""
-    wanted = Path(path).resolve()
-    for run_id, (index, _) in runs.items():
+def run_of_path(runs: StoredRuns, store_dir: Path, stack: str | None, path: str) -> str | None:
+    """The id of the stored run of `stack` whose adapter folder in the store is `path` (vLLM's lora_path; a
+    relative path is the store's, `runs/<stack>/<run_id>/adapter` as the docs show), else None; another stack's
+    adapter folder is refused, naming that stack, and a damaged run's naming why."""
+    wanted = (store_dir / path).resolve()
+    for run_id, (index, _) in runs.readable.items():
         if (store_dir / "runs" / index.stack / run_id / STORED_ADAPTER).resolve() == wanted:
             return run_id
     stored = (store_dir / "runs").resolve()
+    if wanted.name == STORED_ADAPTER and wanted.parent.parent.name == stack and wanted.parent.name in runs.damaged:
+        raise RegistryError(f"stored run {wanted.parent.name!r} is damaged: {runs.damaged[wanted.parent.name]}")
     if wanted.name == STORED_ADAPTER and wanted.parent.parent.parent == stored and (wanted.parent / RUN_INDEX_NAME).is_file():
         raise other_stack(None, wanted.parent.name, [wanted.parent.parent.name], store_dir, stack)
     return None
