@@ -20,6 +20,7 @@ from cluster_fixtures import Cluster
 from slurm_jobs import job_field, release_requeued, wait_for
 
 from infra.commands.cli import main as ftstack
+from infra.config import load_stack_config
 from infra.pipeline.slurm import SlurmClient, SlurmWaitTimeout
 from infra.pipeline.transport import LocalTransport
 from workloads.checks.node_states import parse_sinfo
@@ -80,6 +81,8 @@ def test_idle_nodes_power_down_a_job_powers_them_up_and_a_lost_node_requeues_and
         local_cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run_config = Path(__file__).resolve().parents[1] / "workloads" / "configs" / "cluster.json"
     local_cluster.stack_file(tmp_path / "stacks", "power", run_config)
+    # the job asks for its nodes' CPUs, as the pipeline's jobs do: each node is then allocated, not mixed
+    cpus = load_stack_config("power", tmp_path / "stacks").cluster.cpus_per_node
     work = local_cluster.jail / "power-test" / uuid.uuid4().hex[:8]
     work.mkdir(parents=True)
     node_work = f"{local_cluster.jail_root}/{work.relative_to(local_cluster.jail)}"
@@ -95,8 +98,8 @@ def test_idle_nodes_power_down_a_job_powers_them_up_and_a_lost_node_requeues_and
         assert f"power saving: {len(local_cluster.workers)}" in shown and f"{local_cluster.workers[0]} (idle, powered down)" in shown
 
         with power_agent_paused(local_cluster):
-            job = subprocess.run(["sbatch", "--parsable", "--nodes=2", f"--output={node_work}/job.log",
-                                  str(work / "counter.sh"), f"{node_work}/count"],
+            job = subprocess.run(["sbatch", "--parsable", "--nodes=2", f"--cpus-per-task={cpus}",
+                                  f"--output={node_work}/job.log", str(work / "counter.sh"), f"{node_work}/count"],
                                  capture_output=True, text=True, env=env, check=True).stdout.strip().split(";")[0]
             wait_for(lambda: "powering_up" in _states(local_cluster).values(), 60, "the job to power the nodes up", log)
             assert "powering up" in _status(local_cluster, tmp_path / "stacks", "power", capsys)
