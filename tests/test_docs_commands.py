@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cluster_fixtures import START, Cluster
 from docs_blocks import CONVENTION, MARKERS, PAGES, ROOT, Block, command_lines, read_blocks
 from slurm_jobs import job_field
 
@@ -29,15 +30,20 @@ ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
 ALL_BLOCKS = [block for page in PAGES for block in read_blocks(page)]
 
 
+SET_BY_TESTS = ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "SLURM_CONF", "FT_", "SLURM_", "PYTEST_", "HF_",
+                "LOCAL_CLUSTER_", "FTSTACK_", "PULUMI_")
+
+
 def new_shell_env() -> dict[str, str]:
-    """A login shell's environment: this process's PATH without the venv, none of the variables a test or an
-    activated venv sets (SLURM_CONF, VIRTUAL_ENV, PYTHONPATH, FT_*)."""
+    """This machine's environment as a new login shell has it (its certificates and package mirrors included),
+    less what a test, pytest or an activated venv set: the venv off PATH, no SLURM_CONF, VIRTUAL_ENV, PYTHONPATH,
+    FT_*. The workers' one-thread cap (tests/conftest.py) stays: it is not the reader's, but keeps the suite's CPU
+    where it was."""
     venv_bin = Path(sys.executable).parent.resolve()
-    path = [p for p in os.environ.get("PATH", "/usr/bin:/bin").split(":") if p and Path(p).resolve() != venv_bin]
-    kept = {k: os.environ[k] for k in ("HOME", "USER", "LOGNAME", "LANG", "TERM", "TMPDIR", "CI") if k in os.environ}
-    # the workers' one-thread cap (tests/conftest.py) is not the reader's, but keeps the suite's CPU where it was
-    kept |= {k: os.environ[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if k in os.environ}
-    return kept | {"PATH": ":".join(path)}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(SET_BY_TESTS)}
+    env["PATH"] = ":".join(p for p in os.environ.get("PATH", "/usr/bin:/bin").split(":")
+                           if p and Path(p).resolve() != venv_bin)
+    return env
 
 
 def server_address(block: Block) -> tuple[str, str]:
@@ -161,7 +167,7 @@ def test_page_commands_run_as_written(page: Path, slurm: str) -> None:
 
 @pytest.mark.cluster
 @pytest.mark.slow
-def test_rehearsal_cluster_commands_run_as_written(local_cluster) -> None:  # noqa: ANN001 (cluster_fixtures.Cluster)
+def test_rehearsal_cluster_commands_run_as_written(local_cluster: Cluster) -> None:
     """README's and docs/pipeline.md's rehearsal-cluster blocks, each page in its own new shell; they name the
     cluster at its default address, so they run on the cluster the fixture started at the default prefix."""
     if local_cluster.prefix != "ftc":
@@ -169,10 +175,15 @@ def test_rehearsal_cluster_commands_run_as_written(local_cluster) -> None:  # no
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(message)
         pytest.skip(message)
-    for page in PAGES:
-        blocks = page_blocks(page, cluster=True)
-        if blocks:
-            assert_ran(run_in_new_shell(blocks, timeout=3600), page.name)
+    try:
+        for page in PAGES:
+            blocks = page_blocks(page, cluster=True)
+            if blocks:
+                assert_ran(run_in_new_shell(blocks, timeout=3600), page.name)
+    finally:
+        # docs/pipeline.md ends with `stop`: the later tests of this worker get the fixture's cluster back
+        restarted = local_cluster.script("start", *START, timeout=900)
+        assert restarted.returncode == 0, restarted.stderr[-2000:]
 
 
 def test_plan_json_keys_and_policy_count_are_the_pages() -> None:
