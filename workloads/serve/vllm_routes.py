@@ -103,7 +103,10 @@ async def version(request: Request) -> Response:
     urls = vllm_urls(gateway)
     if not urls:
         return error(404, "no vLLM engine behind this endpoint", "not_found")
-    answer = await gateway.client.get(f"{urls[0]}/version", timeout=10.0)
+    try:
+        answer = await gateway.client.get(f"{urls[0]}/version", timeout=10.0)
+    except httpx.HTTPError as exc:
+        return error(502, f"the vLLM engine is unreachable: {type(exc).__name__}", "engine_unreachable")
     return JSONResponse(answer.json(), status_code=answer.status_code)
 
 
@@ -114,7 +117,10 @@ async def metrics(request: Request) -> Response:
     urls = vllm_urls(gateway)
     if not urls:
         return error(404, "no vLLM engine behind this endpoint: no vllm:* series", "not_found")
-    texts = [(await gateway.client.get(f"{url}/metrics", timeout=10.0)).text for url in urls]
+    try:
+        texts = [(await gateway.client.get(f"{url}/metrics", timeout=10.0)).text for url in urls]
+    except httpx.HTTPError as exc:
+        return error(502, f"a vLLM engine is unreachable: {type(exc).__name__}", "engine_unreachable")
     return PlainTextResponse("".join(texts), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
