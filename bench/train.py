@@ -192,6 +192,7 @@ def length_sample(dataset_dir: Path, rows: int, out: Path) -> Path:
 
 def load_run(options: argparse.Namespace) -> Any:
     from documents.run_config import load_run_config, parse_run_config
+    from documents.sections.train import MAX_STEPS
 
     run = load_run_config(options.config)
     data = run.model_dump(mode="json")
@@ -203,7 +204,7 @@ def load_run(options: argparse.Namespace) -> Any:
     if options.steps:
         train.update({"max_steps": options.steps, "save_steps": options.steps * 10})
     else:
-        train.update({"max_steps": None, "epochs": options.epochs, "save_steps": 10**9})
+        train.update({"max_steps": None, "epochs": options.epochs, "save_steps": MAX_STEPS})
     train.update({"eval_steps": None, "logging_steps": 1})
     return parse_run_config({**data, "train": train}, options.config)
 
