@@ -54,24 +54,27 @@ def server_address(block: Block) -> tuple[str, str]:
 
 
 def server_script(block: Block) -> str:
-    """Start the server block in a session of its own, wait until its address accepts a connection (failing if
-    it exits first or the address is taken before it starts), then stop the session with SIGTERM."""
+    """Start the server block in a session of its own and wait until its address accepts a connection (failing if
+    it exits first, or if the address is taken before it starts). It keeps running, as in the reader's other
+    terminal, for the page's later blocks (the chat UI needs the server); the page's end stops it (SIGTERM)."""
     host, port = server_address(block)
     probe = f"(exec 3<>/dev/tcp/{host}/{port}) 2>/dev/null"
     return (f"if {probe}; then echo '{host}:{port} is taken before {block.where} starts' >&2; exit 1; fi\n"
-            f"setsid bash -c {shlex.quote(block.text)} &\nserver=$!\n"
+            f"setsid bash -c {shlex.quote(block.text)} &\nservers=\"$! $servers\"\n"
             f"for _ in $(seq 900); do {probe} && break; "
-            f"kill -0 $server 2>/dev/null || {{ echo '{block.where} exited before listening' >&2; exit 1; }}; "
+            f"kill -0 $! 2>/dev/null || {{ echo '{block.where} exited before listening' >&2; exit 1; }}; "
             f"sleep 1; done\n"
-            f"{probe} || {{ kill -TERM -- -$server; echo '{block.where}: nothing on {host}:{port}' >&2; exit 1; }}\n"
-            f"kill -TERM -- -$server\nwait $server || true\n")
+            f"{probe} || {{ echo '{block.where}: nothing on {host}:{port}' >&2; exit 1; }}\n")
+
+
+STOP_SERVERS = "servers=''\ntrap 'for s in $servers; do kill -TERM -- -$s 2>/dev/null; done; wait' EXIT\n"
 
 
 def run_in_new_shell(blocks: list[Block], timeout: float) -> subprocess.CompletedProcess[str]:
     """The blocks one after another in one `bash`, from the repository root; stops at the first failing command
-    (each block's start is echoed to standard error, so a failure names its block). A server block is started,
-    reached and stopped (`server_script`)."""
-    script = "set -eo pipefail\n" + "".join(
+    (each block's start is echoed to standard error, so a failure names its block). A server block is started and
+    reached (`server_script`); the servers stop when the page ends."""
+    script = "set -eo pipefail\n" + STOP_SERVERS + "".join(
         f"echo '>>> {b.where}' >&2\n" + (server_script(b) if b.need == "server" else f"{b.text}\n") for b in blocks)
     return subprocess.run(["bash", "-c", script], cwd=ROOT, env=new_shell_env(), capture_output=True, text=True,
                           timeout=timeout)
@@ -157,7 +160,12 @@ def test_page_commands_run_as_written(page: Path, slurm: str) -> None:
     proc = run_in_new_shell(page_blocks(page, cluster=False), timeout=3600)
     assert_ran(proc, page.name)
     states = wait_for_jobs(proc.stdout, Path(slurm))
-    assert all(state == "COMPLETED" for state in states.values()), f"{page.name}: jobs ended {states}"
+    logs = {job: ROOT / f"slurm-{job}.out" for job in states}  # sbatch's default log, in the submit directory
+    failed = {job: state for job, state in states.items() if state != "COMPLETED"}
+    assert not failed, f"{page.name}: jobs ended {failed}\n" + "\n".join(
+        f"{logs[job]}:\n{logs[job].read_text(errors='replace')[-2000:]}" for job in failed if logs[job].is_file())
+    for log in logs.values():
+        log.unlink(missing_ok=True)
     if page.name == "README.md":
         again = subprocess.run(["make", "demo"], cwd=ROOT, env=new_shell_env(), capture_output=True, text=True,
                                timeout=900)
