@@ -113,7 +113,8 @@ def test_ephemeral_workers_reach_the_nodeset_and_slurm_config(stack, size) -> No
     true, initialNumberEphemeralNodes rendered whenever the key is given (0 included); the SlurmCluster's
     slurmConfig.suspendTime (operator default 1000000000, i.e. never) is what powers idle workers down."""
     releases = plan(stack)
-    (nodeset,) = releases["nodesets"].values["nodesets"]
+    nodeset, housekeeping = releases["nodesets"].values["nodesets"]
+    assert housekeeping["name"] == "housekeeping" and "ephemeralNodes" not in housekeeping
     assert (nodeset["replicas"], nodeset["ephemeralNodes"], nodeset["initialNumberEphemeralNodes"]) == (size, True, 0)
     assert "ephemeralTopologyWaitTimeout" not in nodeset
     assert releases["slurm-cluster"].values["slurmConfig"] == {"suspendTime": 600}

@@ -208,7 +208,7 @@ def test_helm_values_in_releases(run_stack) -> None:
     assert [(m["name"], m["mountPath"]) for m in login["volumes"]["jailSubMounts"]] == [
         ("data", "/mnt/data"), ("chkpt", "/mnt/chkpt"), ("model", "/mnt/model"), ("home", "/home"),
     ]
-    (nodeset,) = releases["nodesets"].inputs["values"]["nodesets"]
+    nodeset, _ = releases["nodesets"].inputs["values"]["nodesets"]
     assert nodeset["replicas"] == 5 and nodeset["slurmd"]["resources"]["gpu"] == 2
     storage = releases["slurm-cluster-storage"].inputs["values"]["volume"]
     assert [(s["name"], s["size"]) for s in storage["jailSubMounts"]] == [

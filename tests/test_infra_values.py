@@ -81,12 +81,14 @@ def test_nodesets_and_slurmd_resources_fit_the_preset() -> None:
     # 2gpu-64vcpu-384gb, 558 GiB disk: (64-1) vCPU - 0.5 daemonsets - 1 munge; floor(384*0.95) - 2 - 4 - 1 GiB;
     # floor(558*0.85) - 48 reserve - 5 munge - 64 spool emptyDir
     assert (res.gpus, res.cpu_m, res.memory_gib, res.ephemeral_gib) == (2, 61_500, 357, 357)
-    (ns,) = nodesets_values(demo, specs("demo"))["nodesets"]
+    ns, housekeeping = nodesets_values(demo, specs("demo"))["nodesets"]
+    assert housekeeping["name"] == "housekeeping" and housekeeping["slurmd"]["resources"] == {
+        "cpu": "1000m", "memory": "6Gi", "ephemeralStorage": "16Gi"}
     assert ns["slurmd"]["resources"] == {"cpu": f"{res.cpu_m}m", "memory": f"{res.memory_gib}Gi",
                                          "ephemeralStorage": f"{res.ephemeral_gib}Gi", "gpu": 2}
     assert ns["gpu"] == {"enabled": True, "nvidia": {"gdrCopyEnabled": False}}
     assert [m["mountPath"] for m in ns["slurmd"]["volumes"]["jailSubMounts"]] == ["/mnt/data", "/mnt/chkpt", "/mnt/model", "/home"]
-    (h100,) = nodesets_values(load_stack_config("h100"), specs("h100"))["nodesets"]
+    h100, _ = nodesets_values(load_stack_config("h100"), specs("h100"))["nodesets"]
     assert h100["gpu"]["nvidia"]["gdrCopyEnabled"] is True and h100["slurmd"]["resources"]["gpu"] == 8
 
 
@@ -150,8 +152,9 @@ def test_controller_spool_and_mariadb_use_the_filesystems_created_for_them() -> 
 
 
 def test_worker_spool_is_a_bounded_volume_source() -> None:
-    (ns,) = nodesets_values(load_stack_config("demo"), specs("demo"))["nodesets"]
+    ns, housekeeping = nodesets_values(load_stack_config("demo"), specs("demo"))["nodesets"]
     assert ns["slurmd"]["volumes"]["spool"] == {"emptyDir": {"sizeLimit": "64Gi"}}
+    assert housekeeping["slurmd"]["volumes"]["spool"] == {"emptyDir": {"sizeLimit": "8Gi"}}
 
 
 def test_kruise_does_not_render_the_namespace_the_release_creates() -> None:
@@ -189,14 +192,14 @@ def test_cpu_topologies_are_the_references() -> None:
 def test_worker_values_follow_the_reference_install() -> None:
     """flux_release_nodesets.yaml.tftpl: static is CPUs, Boards, SocketsPerBoard, CoresPerSocket, ThreadsPerCore and
     Gres joined by spaces; enableHostUserNamespace true; slurm-scripts at /opt/slurm_scripts/ and in jail.upper."""
-    (ns,) = nodesets_values(load_stack_config("h100"), specs("h100"))["nodesets"]
+    ns, _ = nodesets_values(load_stack_config("h100"), specs("h100"))["nodesets"]
     assert ns["nodeConfig"]["static"] == ("CPUs=128 Boards=1 SocketsPerBoard=2 CoresPerSocket=32 ThreadsPerCore=2 "
                                           "Gres=gpu:nvidia_h100_80gb_hbm3:8")
     assert ns["enableHostUserNamespace"] is True
     cfg = load_stack_config("demo")
     assert cfg.soperator
     v5 = cfg.model_copy(update={"soperator": cfg.soperator.model_copy(update={"version": "5.0.0"})})
-    (ns5,) = nodesets_values(v5, specs("demo"))["nodesets"]
+    ns5, _ = nodesets_values(v5, specs("demo"))["nodesets"]
     names = {m["volumeSource"]["configMap"]["name"] for m in ns5["slurmd"]["volumes"]["customVolumeMounts"]
              if "configMap" in m["volumeSource"]}
     assert names == {"soperator-slurm-scripts"}  # 5.0.0 templates/_helpers.tpl:28-30: <clusterName>-slurm-scripts

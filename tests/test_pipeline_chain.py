@@ -9,10 +9,13 @@ import pytest
 import yaml
 
 from documents.run_config import load_run_config
+from documents.soperator_values import SoperatorValues
 from infra.catalog import parse_preset
 from infra.config import EnvironmentConfig, StackConfig, load_stack_config
 from infra.pipeline.chain import CHAIN, JobSpec, code_hash, code_location_for, pipeline_jobs, stage_fingerprint
 from infra.program.mocks import run_under_mocks
+from infra.soperator.render import slurm_conf_lines
+from infra.soperator.values import operator_values
 
 REPO = Path(__file__).resolve().parents[1]
 KEY = {"pipelineSshPrivateKey": "-----BEGIN OPENSSH PRIVATE KEY-----\nnot-a-key\n-----END OPENSSH PRIVATE KEY-----"}
@@ -80,7 +83,7 @@ def _jobs(stack: StackConfig) -> dict[str, JobSpec]:
 
 
 def _cpu_args(job: JobSpec) -> list[str]:
-    return [a for a in job.extra_args if a.startswith(("--cpus-per-", "--constraint="))]
+    return [a for a in job.extra_args if a.startswith("--cpus-per-")]
 
 
 def test_every_cloud_job_asks_for_its_share_of_the_workers_cpus() -> None:
@@ -97,17 +100,33 @@ def test_every_cloud_job_asks_for_its_share_of_the_workers_cpus() -> None:
         assert _cpu_args(jobs[stage]) == [f"--cpus-per-task={vcpus}"], stage
 
 
-def test_the_environment_build_goes_to_a_cpu_worker_set_where_there_is_one() -> None:
-    demo = load_stack_config("demo", REPO / "stacks")
-    demo = demo.model_copy(update={"pipeline": demo.pipeline.model_copy(update={
+@pytest.mark.parametrize("stack", ["dev", "demo", "h100"])
+def test_the_environment_build_lands_on_a_cpu_node_of_the_system_group(stack: str) -> None:
+    """Issue 52: housekeeping never wakes a GPU set. The environment job asks for the housekeeping partition; the
+    slurm.conf Soperator 4.1.7 renders from the stack's values (infra/soperator/render.py) puts only CPU nodes in it,
+    their pods pinned to the system node group, which has no GPU; and Soperator's hidden partition, where the active
+    checks send a GPU job to every node, leaves them out."""
+    cfg = load_stack_config(stack, REPO / "stacks")
+    cfg = cfg.model_copy(update={"pipeline": cfg.pipeline.model_copy(update={
         "environment": EnvironmentConfig(source="index")})})
-    gpu_set = demo.nodes.workers[0]
-    assert _cpu_args(_jobs(demo)["environment"]) == [f"--cpus-per-task={parse_preset(gpu_set.preset).vcpus}"]
-    cpu_set = gpu_set.model_copy(update={"name": "cpu", "platform": "cpu-d3", "preset": "16vcpu-64gb", "size": 1})
-    with_cpus = demo.model_copy(update={"nodes": demo.nodes.model_copy(update={"workers": [gpu_set, cpu_set]})})
-    jobs = _jobs(with_cpus)
-    assert _cpu_args(jobs["environment"]) == ["--constraint=cpu", "--cpus-per-task=16"]
-    assert _cpu_args(jobs["train"]) == [f"--cpus-per-task={parse_preset(gpu_set.preset).vcpus}"]
+    args = _jobs(cfg)["environment"].extra_args
+    partition = next(a.split("=", 1)[1] for a in args if a.startswith("--partition="))
+    values = operator_values(cfg)
+    rendered = slurm_conf_lines(SoperatorValues.model_validate(
+        {"namespace": cfg.slurm_namespace, "slurmCluster": values.slurm_cluster, "nodesets": values.nodesets}))
+    partitions = {line.split()[0].removeprefix("PartitionName="): line.split()[1].removeprefix("Nodes=")
+                  for line in rendered if line.startswith("PartitionName=")}
+    nodesets = {line.split()[0].removeprefix("NodeSet="): line.split()[1].removeprefix("Nodes=")
+                for line in rendered if line.startswith("NodeSet=")}
+    assert partitions[partition] == "housekeeping" and partition not in partitions["hidden"].split(",")
+    nodes = [line for line in rendered if line.startswith("NodeName=housekeeping-")]
+    assert nodes and nodesets["housekeeping"] == "housekeeping-0"
+    assert all("Gres=" not in line and "Feature=cpu," in line and " CPUs=1" in line for line in nodes)
+    assert "--cpus-per-task=1" in args
+    housekeeping = next(n for n in values.nodesets if n["name"] == "housekeeping")
+    selector = housekeeping["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert selector["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["system"]
+    assert cfg.nodes.system.platform.startswith("cpu-") and housekeeping["gpu"] == {"enabled": False}
 
 
 def test_cluster_jobs_ask_for_the_cpus_per_node_and_local_ones_for_none() -> None:

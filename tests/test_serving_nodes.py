@@ -86,8 +86,8 @@ def test_the_charts_get_structured_partitions_over_a_serving_nodeset(tmp_path: P
     by_name = {p["name"]: p for p in partitions["partitions"]}
     assert by_name["main"]["nodeSetRefs"] == ["worker"] and "Default=YES" in by_name["main"]["config"]
     assert by_name["serve"]["nodeSetRefs"] == ["worker-serve"] and "Default=NO" in by_name["serve"]["config"]
-    assert by_name["hidden"]["isAll"] is True
-    assert {(n["name"], n["replicas"]) for n in nodesets} == {("worker", 4), ("worker-serve", 1)}
+    assert by_name["hidden"]["nodeSetRefs"] == ["worker", "worker-serve"]
+    assert {(n["name"], n["replicas"]) for n in nodesets} == {("worker", 4), ("worker-serve", 1), ("housekeeping", 1)}
     serving = next(n for n in nodesets if n["name"] == "worker-serve")
     assert "ephemeralNodes" not in serving and next(n for n in nodesets if n["name"] == "worker")["ephemeralNodes"]
     referenced = {ref for p in partitions["partitions"] for ref in p.get("nodeSetRefs", [])}
@@ -99,7 +99,7 @@ def test_the_charts_get_structured_partitions_over_a_serving_nodeset(tmp_path: P
 def test_without_reserved_workers_there_is_no_serving_partition() -> None:
     cfg = load_stack_config("demo")
     values = slurm_cluster_values(cfg, list(layout(cfg).node_groups), "alloc", SIZES)
-    assert [p["name"] for p in values["partitionConfiguration"]["partitions"]] == ["main", "hidden"]
+    assert [p["name"] for p in values["partitionConfiguration"]["partitions"]] == ["main", "hidden", "housekeeping"]
 
 
 def run_config(engine: str = "peft") -> Any:

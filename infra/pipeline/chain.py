@@ -25,11 +25,12 @@ from documents.evaluator_report import report_name
 from documents.metrics import METRICS_NAME
 from documents.run_config import RunConfig, RunPaths
 from infra.catalog import cpu_topology, get_platform, get_preset
-from infra.config import StackConfig, WorkerSet
+from infra.config import StackConfig
 from infra.environment.plan import EnvironmentPlan, environment_plan
 from infra.pipeline.bundle import PACKAGE, bundle_files
 from infra.pipeline.time_limits import stage_time_limits
 from infra.sizing.fit import train_nodes
+from infra.soperator.values import HOUSEKEEPING, HOUSEKEEPING_SLURMD
 from infra.sizing.workers import worker_shape
 from workloads.common.job_metrics import TEXTFILE_DIR_ENV
 
@@ -202,23 +203,17 @@ def worker_cpus(stack: StackConfig) -> int:
     return cpu_topology(first.platform, first.preset).cpus
 
 
-def cpu_worker_set(stack: StackConfig) -> WorkerSet | None:
-    """The first worker set without GPUs (its NodeSet's feature is `cpu`), where housekeeping runs."""
-    workers = stack.nodes.workers if stack.nodes is not None else []
-    return next((w for w in workers if get_preset(w.platform, w.preset).gpus == 0), None)
-
-
 def _cpus(stage: Stage, stack: StackConfig) -> list[str]:
     """The CPUs a job asks for (Soperator 4.1.7 allocates cores, CR_Core_Memory, confined by cgroup's ConstrainCores,
     and renders no DefCpuPerGPU: a job that asks nothing gets one CPU, configmap.go:351, 537). Readiness's tasks (one
     per GPU) share their node's CPUs, eval takes its GPU's share; train's one task per node (its torchrun runs the
-    node's ranks), prepare, serve and publish take every CPU of their node. The environment build runs on a CPU
-    worker set where the stack has one (`--constraint=cpu`, the feature of its nodes' lines, configmap.go:151-154),
-    so it never wakes a GPU set; without one it takes a training node, which train wakes next anyway."""
+    node's ranks), prepare, serve and publish take every CPU of their node. On a Nebius stack the environment build
+    runs in the housekeeping partition, on the system nodes' slurmd (infra/soperator/values.py), so it never wakes a
+    GPU set; on an existing cluster it takes a worker."""
     if stack.target == "local":
         return []
-    if stage == "environment" and (cpu_set := cpu_worker_set(stack)) is not None:
-        return ["--constraint=cpu", f"--cpus-per-task={cpu_topology(cpu_set.platform, cpu_set.preset).cpus}"]
+    if stage == "environment" and stack.target == "nebius":
+        return [f"--partition={HOUSEKEEPING}", f"--cpus-per-task={HOUSEKEEPING_SLURMD.cpu_m // 1000}"]
     cpus = worker_cpus(stack)
     _, gpus = worker_shape(stack)
     if gpus and stage == "readiness":

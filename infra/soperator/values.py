@@ -482,6 +482,13 @@ HIDDEN_PARTITION_CONFIG = "Default=NO PriorityTier=10 PreemptMode=OFF Hidden=YES
 SERVING_PARTITION_CONFIG = "Default=NO PriorityTier=10 MaxTime=INFINITE State=UP OverSubscribe=NO"
 """main and hidden as Soperator 4.1.7 writes its default partitions (internal/render/common/configmap.go:384-385),
 the training one over the training NodeSets; the serving one never shared by two jobs."""
+HOUSEKEEPING = "housekeeping"
+"""The NodeSet and partition of the pipeline's housekeeping (the environment build): one slurmd on the system nodes,
+which exist anyway, so that housekeeping never wakes an elastic GPU set nor pays for a VM of its own."""
+HOUSEKEEPING_SLURMD = Budget(1000, 6, 16)
+"""slurmd's CPU (millicores), memory and ephemeral storage (GiB) on a system node: an environment build with uv."""
+HOUSEKEEPING_SPOOL_GIB = 8
+HOUSEKEEPING_PARTITION_CONFIG = "Default=NO PriorityTier=10 MaxTime=INFINITE State=UP OverSubscribe=YES"
 
 
 def partition_values(cfg: StackConfig) -> dict[str, Any]:
@@ -489,18 +496,22 @@ def partition_values(cfg: StackConfig) -> dict[str, Any]:
     .yaml.tftpl ``partitionConfiguration.configType: structured``), since Soperator 4.1.7 writes a NodeSet's
     ``NodeName=`` lines only then (internal/render/common/configmap.go:369-372; the default branch, 381-383, writes
     two ``Nodes=ALL`` partitions and no node, so slurmd finds no line for itself). The main partition over every
-    training NodeSet, Soperator's hidden one over all nodes, and with workers reserved for serving the serving one
-    over the serving NodeSet. Nothing without worker sets."""
+    training NodeSet; Soperator's hidden one over every worker NodeSet but housekeeping (not ``isAll``, as the
+    reference sends it: the active checks with ``eachWorkerJobs`` submit a GPU job to every responding node of
+    ``hidden``, images/slurm_check_job/slurm_submit_jobs.sh:5,23 at 4.1.7, and one on a CPU node fails the check);
+    the housekeeping one over its NodeSet; with workers reserved for serving, the serving one over the serving
+    NodeSet. Nothing without worker sets."""
     if cfg.nodes is None or not cfg.nodes.workers:
         return {}
     training = [w.name for w in cfg.nodes.workers]
+    serving = [serving_nodeset_name(cfg.nodes.workers[0].name)] if cfg.serving_on else []
     partitions: list[dict[str, Any]] = [
         {"name": cfg.serving.training_partition, "nodeSetRefs": training, "config": MAIN_PARTITION_CONFIG},
-        {"name": SERVING_HIDDEN, "isAll": True, "config": HIDDEN_PARTITION_CONFIG},
+        {"name": SERVING_HIDDEN, "nodeSetRefs": training + serving, "config": HIDDEN_PARTITION_CONFIG},
+        {"name": HOUSEKEEPING, "nodeSetRefs": [HOUSEKEEPING], "config": HOUSEKEEPING_PARTITION_CONFIG},
     ]
-    if cfg.serving_on:
-        serving = serving_nodeset_name(cfg.nodes.workers[0].name)
-        partitions.append({"name": cfg.serving.partition, "nodeSetRefs": [serving], "config": SERVING_PARTITION_CONFIG})
+    if serving:
+        partitions.append({"name": cfg.serving.partition, "nodeSetRefs": serving, "config": SERVING_PARTITION_CONFIG})
     return {"partitionConfiguration": {"configType": "structured", "partitions": partitions}}
 
 
@@ -519,11 +530,39 @@ def worker_nodesets(cfg: StackConfig, spec: NodeGroupSpec) -> list[dict[str, Any
     return [training, {**serving, "name": serving_nodeset_name(spec.name), "replicas": reserved}]
 
 
+def housekeeping_nodeset(cfg: StackConfig, system: NodeGroupSpec) -> dict[str, Any]:
+    """The housekeeping NodeSet (``HOUSEKEEPING``): one slurmd of ``HOUSEKEEPING_SLURMD`` on the system nodes, which
+    mount the jail and its submounts like the workers; its node line states the CPUs its pod gets."""
+    fits(system, "the housekeeping slurmd, its munge and spool", HOUSEKEEPING_SLURMD, WORKER_MUNGE,
+         Budget(0, 0, HOUSEKEEPING_SPOOL_GIB))
+    base = nodeset_values(cfg, system)
+    cpus = HOUSEKEEPING_SLURMD.cpu_m // 1000
+    volumes = {**base["slurmd"]["volumes"], "spool": {"emptyDir": {"sizeLimit": f"{HOUSEKEEPING_SPOOL_GIB}Gi"}},
+               "sharedMemorySize": "1Gi"}
+    return {**base, "name": HOUSEKEEPING, "replicas": 1,
+            "nodeConfig": {"features": ["cpu", HOUSEKEEPING], "static": f"CPUs={cpus}", "dynamic": NODE_EXTRA},
+            "slurmd": {"resources": HOUSEKEEPING_SLURMD.values(), "volumes": volumes}}
+
+
+def fits(spec: NodeGroupSpec, what: str, *pods: Budget) -> None:
+    """``pods`` fit beside each other on one node of ``spec``, or a ValueError naming the preset."""
+    budget = node_budget(spec)
+    cpu, memory, disk = (sum(getattr(p, field) for p in pods) for field in ("cpu_m", "memory_gib", "ephemeral_gib"))
+    if cpu > budget.cpu_m or memory > budget.memory_gib or disk > budget.ephemeral_gib:
+        raise ValueError(f"nodes.{spec.role}.preset {spec.preset}: {what} need {cpu}m CPU, {memory} GiB and {disk} GiB "
+                         f"of disk on one node, which offers {budget.cpu_m}m, {budget.memory_gib} GiB and "
+                         f"{budget.ephemeral_gib} GiB; choose a larger preset")
+
+
 def nodesets_values(cfg: StackConfig, specs: list[NodeGroupSpec]) -> dict[str, Any]:
-    """The NodeSets of every worker set; ``clusterName`` where the pinned chart needs it (5.0)."""
+    """The NodeSets of every worker set, then housekeeping on the system nodes; ``clusterName`` where the pinned
+    chart needs it (5.0)."""
     sop = cfg.soperator
     assert sop is not None
-    values: dict[str, Any] = {"nodesets": [n for s in specs if s.role == "worker" for n in worker_nodesets(cfg, s)]}
+    workers = [n for s in specs if s.role == "worker" for n in worker_nodesets(cfg, s)]
+    system = _role(specs, "system")
+    housekeeping = [housekeeping_nodeset(cfg, system)] if workers and system is not None else []
+    values: dict[str, Any] = {"nodesets": workers + housekeeping}
     if chart_contract.admits("soperator", sop.version, "nodesets", "clusterName"):
         values["clusterName"] = cfg.slurm_cluster_name
     return values
