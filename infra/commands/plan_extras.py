@@ -147,9 +147,16 @@ def _comparison(cfg: StackConfig, run: RunConfig | None, inputs: PriceInputs) ->
 def environment_text(section: Environment, plan: EnvironmentPlan) -> str:
     """The environment the first job builds, as the plan shows it."""
     wheels = f"{section.wheels_bytes / 1e9:.2f} GB of wheels" if section.wheels_bytes else "wheel size unknown"
-    return (f"Environment: lock {section.lock_hash} (locks/requirements-{plan.lock}.txt, Python {plan.python_version}, "
+    text = (f"Environment: lock {section.lock_hash} (locks/requirements-{plan.lock}.txt, Python {plan.python_version}, "
             f"{plan.platform}), source {section.source}{' ' + section.image if section.image else ''}, {wheels}; "
             f"built by the first job into {plan.folder}")
+    serving = plan.serving
+    if serving is None:
+        return text
+    return (f"{text}\nServing environment: vLLM {serving.vllm_version}, lock {serving.lock_hash} "
+            f"(locks/requirements-{serving.lock}.txt, Python {serving.python_version}, {serving.platform}), source "
+            f"{serving.source}; built by the first job, when the pipeline serves (pipeline.serve or ftstack run "
+            f"--serve), into {serving.folder}; the serve job's FT_VLLM_PYTHON={serving.python}")
 
 
 def plan_extras(cfg: StackConfig, result: MockRun, args: argparse.Namespace) -> PlanExtras:

@@ -12,15 +12,24 @@ from pydantic import BaseModel, ConfigDict
 
 from documents.environment_manifest import EnvironmentManifest
 from documents.stack_outputs import Environment
-from infra.config import StackConfig
-from infra.environment.lock import TARGETS, WHEEL_PLATFORM, Target, lock_hash, verify_lock
+from infra.config import EnvironmentConfig, StackConfig
+from infra.environment.lock import TARGETS, WHEEL_PLATFORM, Target, lock_hash, pins, verify_lock
+from infra.environment.serving_lock import SERVE_TARGETS, ServeTarget
 from infra.environment.source import environment_key
+from infra.sizing.workers import worker_shape
 
 SOURCES_DIR = "sources"
+SERVING_LOCK = "serve-jail"
+"""the serving lock's target the cluster's serving environment is built from (infra.environment.serving_lock)."""
 
 
-class EnvironmentPlan(BaseModel):
-    """The environment of a stack: its key, folder and interpreter on the cluster, and how it is built."""
+def lock_target(name: str) -> Target | ServeTarget:
+    """A lock target by name: the workloads' (local, jail) or the serving lock's (serve-local, serve-jail)."""
+    return TARGETS[name] if name in TARGETS else SERVE_TARGETS[name]
+
+
+class _BuiltEnvironment(BaseModel):
+    """An environment the environment stage builds: its key, folder and interpreter on the cluster, and how."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -56,6 +65,40 @@ class EnvironmentPlan(BaseModel):
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
+class ServingEnvironmentPlan(_BuiltEnvironment):
+    """vLLM's environment (the serving lock's jail target), beside the workloads' one under the same root."""
+
+    vllm_version: str
+    """the vLLM version its lock pins: what readiness finds importing vLLM from it."""
+
+
+class EnvironmentPlan(_BuiltEnvironment):
+    """The environment of a stack, and on a stack with GPU workers the serving environment its serve job uses."""
+
+    serving: ServingEnvironmentPlan | None = None
+    """Built by the same job when the chain serves (`build_fingerprint`, infra.pipeline.chain.environment_job)."""
+
+    def build_fingerprint(self, serve: bool) -> str:
+        """The environment job's fingerprint: the workloads' environment, and the serving one where it is built."""
+        if not (serve and self.serving is not None):
+            return self.fingerprint
+        payload = f"{self.fingerprint}+{self.serving.fingerprint}"
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def serving_plan(stack: StackConfig, config: EnvironmentConfig, root: str) -> ServingEnvironmentPlan | None:
+    """The serving environment of a stack whose workers have GPUs (where `serve.engine: auto` picks vLLM); None on
+    CPU workers, where serving stays on the peft engine of the workloads' environment."""
+    if worker_shape(stack)[1] == 0:
+        return None
+    target = SERVE_TARGETS[SERVING_LOCK]
+    return ServingEnvironmentPlan(
+        key=environment_key(target), lock_hash=lock_hash(target.file), lock=SERVING_LOCK, source=config.source,
+        image=config.image, python_version=target.python, platform=WHEEL_PLATFORM[target.platform], root=root,
+        base_python=stack.pipeline.python, vllm_version=pins(target.file.read_text())["vllm"],
+    )
+
+
 def environment_plan(stack: StackConfig) -> EnvironmentPlan | None:
     """The stack's environment (None on the local stack: the repository's venv, from the same lock); LockError when
     the lock is not the one `make lock` wrote for this pyproject."""
@@ -70,7 +113,7 @@ def environment_plan(stack: StackConfig) -> EnvironmentPlan | None:
     return EnvironmentPlan(
         key=environment_key(target), lock_hash=lock_hash(target.file), lock=config.lock, source=config.source,
         image=config.image, python_version=target.python, platform=WHEEL_PLATFORM[target.platform], root=str(root),
-        base_python=stack.pipeline.python,
+        base_python=stack.pipeline.python, serving=serving_plan(stack, config, str(root)),
     )
 
 
@@ -95,8 +138,14 @@ def wheels_bytes(target: Target) -> int:
 
 
 def environment_section(plan: EnvironmentPlan, built: EnvironmentManifest | None = None) -> Environment:
-    """The stack outputs' environment: the plan's lock and source, with the build's size and time once built."""
+    """The stack outputs' environment: the plan's lock and source, with the build's size and time once built, and
+    the serving environment's lock, vLLM version and folder where the stack has one."""
+    serving = plan.serving
     return Environment(key=plan.key, lock_hash=plan.lock_hash, source=plan.source, image=plan.image,
                        wheels_bytes=wheels_bytes(TARGETS[plan.lock]),
                        size_bytes=built.size_bytes if built else None,
-                       build_seconds=built.build_seconds if built else None)
+                       build_seconds=built.build_seconds if built else None,
+                       serving_key=serving.key if serving else None,
+                       serving_lock_hash=serving.lock_hash if serving else None,
+                       serving_vllm_version=serving.vllm_version if serving else None,
+                       serving_python=serving.python if serving else None)

@@ -22,13 +22,14 @@ from pathlib import Path
 from infra.environment.lock import (
     PURE_SDISTS, TARGETS, WHEEL_PLATFORM, LockError, Target, lock_hash, normalize, refuse_wheel_gaps,
 )
+from infra.environment.serving_lock import ServeTarget
 
 SOURCE_SPEC = "source.json"
 INSTALL_FILE = "requirements.txt"
 WHEELS = "wheels"
 
 
-def environment_key(target: Target) -> str:
+def environment_key(target: Target | ServeTarget) -> str:
     """`<lock hash>-cp<XY>-<platform>`: the environment's folder name on the cluster."""
     return f"{lock_hash(target.file)}-cp{target.python.replace('.', '')}-{WHEEL_PLATFORM[target.platform]}"
 
@@ -67,7 +68,7 @@ def manylinux_platforms(platform: str) -> list[str]:
             for tag in (f"manylinux_2_{minor}_{arch}", *([f"{legacy[minor]}_{arch}"] if minor in legacy else []))]
 
 
-def target_flags(target: Target) -> list[str]:
+def target_flags(target: Target | ServeTarget) -> list[str]:
     """pip download's flags for wheels of the target's Python and platform, whatever this machine's are."""
     return [*(arg for tag in manylinux_platforms(WHEEL_PLATFORM[target.platform]) for arg in ("--platform", tag)),
             "--python-version", target.python, "--implementation", "cp", "--only-binary=:all:"]
@@ -78,6 +79,11 @@ def _pip_download(files: dict[str, dict], dest: Path, tmp: Path, flags: list[str
     the Python and platform wheels are for (none for source archives)."""
     requirements = tmp / "download.txt"
     requirements.write_text("".join(f"{name} @ {f['url']} --hash=sha256:{f['sha256']}\n" for name, f in files.items()))
+    _pip_download_file(requirements, dest, flags)
+
+
+def _pip_download_file(requirements: Path, dest: Path, flags: list[str]) -> None:
+    """pip download of a hashed requirements file, without dependencies; LockError with pip's last line."""
     proc = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--require-hashes",
                            "--no-build-isolation", "--disable-pip-version-check", *flags, "-d", str(dest), "-r",
                            str(requirements)], capture_output=True, text=True)
@@ -130,12 +136,30 @@ def wheelhouse(target: Target, cache_root: Path) -> Path:
     return folder
 
 
-def stage_source(target: Target, kind: str, dest: Path, *, cache_root: Path, image: str | None = None) -> str:
+def serving_wheelhouse(target: ServeTarget, cache_root: Path) -> Path:
+    """`cache_root/<key>` for a serving lock target: each pinned package's wheel for the target's Python and
+    platform, picked by pip from the index by the requirements file's hashes (the serving lock has no PEP 751 file
+    naming URLs); its install file is the lock itself. Downloaded once, reused while the lock is unchanged."""
+    folder = cache_root / environment_key(target)
+    if (folder / INSTALL_FILE).is_file():
+        return folder
+    cache_root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".wheelhouse-", dir=cache_root) as tmp_name:
+        stage = Path(tmp_name) / "stage"
+        (stage / WHEELS).mkdir(parents=True)
+        _pip_download_file(target.file, stage / WHEELS, target_flags(target))
+        shutil.copyfile(target.file, stage / INSTALL_FILE)
+        stage.rename(folder)
+    return folder
+
+
+def stage_source(target: Target | ServeTarget, kind: str, dest: Path, *, cache_root: Path,
+                 image: str | None = None) -> str:
     """Fill dest with what the cluster needs to build the environment; returns the key."""
     key = environment_key(target)
     dest.mkdir(parents=True, exist_ok=True)
     if kind == "wheelhouse":
-        house = wheelhouse(target, cache_root)
+        house = wheelhouse(target, cache_root) if isinstance(target, Target) else serving_wheelhouse(target, cache_root)
         shutil.copyfile(house / INSTALL_FILE, dest / INSTALL_FILE)
         (dest / WHEELS).mkdir()
         for wheel in (house / WHEELS).iterdir():

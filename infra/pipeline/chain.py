@@ -305,7 +305,10 @@ def pipeline_jobs(
         env.update(container_env(location.environment.image, used))
     limits = stage_time_limits(run.time_limits, train_hours)
     jobs = ([environment_job(location.environment, results_dir, run.name, location.code_root,
-                             _cpus("environment", stack), limits["environment"])] if location.environment else [])
+                             _cpus("environment", stack), limits["environment"], serve="serve" in stages)]
+            if location.environment else [])
+    serving = location.environment.serving if location.environment is not None and "serve" in stages else None
+    vllm = {"FT_VLLM_PYTHON": serving.python} if serving is not None else {}
     for stage in stages:
         jobs.append(JobSpec(
             stage=stage,
@@ -313,7 +316,7 @@ def pipeline_jobs(
             args=[config_arg, *(_readiness_expectations(stack) if stage == "readiness" else []),
                   *(_serving_args(stage, stack, paths) if stack.serving_on else []),
                   *(["--stack", stack.stack] if stage == "serve" else [])],
-            env=env,
+            env={**env, **vllm} if stage in ("readiness", "serve") else env,
             extra_args=_extra_args(stage, stack, run),
             depends_on=list(depends_on(stage, stack)) or (["environment"] if location.environment else []),
             fingerprint=stage_fingerprint(stage, code, run, data_sha256,
@@ -340,16 +343,18 @@ def container_env(image: str, folders: list[str]) -> dict[str, str]:
 
 
 def environment_job(plan: EnvironmentPlan, results_dir: str, run_name: str, code_root: str, cpus: list[str],
-                    time_limit_minutes: int | None = None) -> JobSpec:
+                    time_limit_minutes: int | None = None, serve: bool = False) -> JobSpec:
     """The first stage: build the environment on one node (`cpus`: the CPUs it asks for, and where) from the shipped
-    lock (every later job waits for it and runs its interpreter); its fingerprint is the environment's key and
-    source, so a second run keeps it."""
+    lock (every later job waits for it and runs its interpreter), and when the chain serves (`serve`) on a stack with
+    a serving environment, vLLM's after it (the serve job's FT_VLLM_PYTHON); its fingerprint is the environments'
+    keys and source, so a second run keeps it."""
     container = container_env(plan.image, [code_root, plan.root]) if plan.image else {}
+    serving = [plan.serving.source_dir] if serve and plan.serving is not None else []
     return JobSpec(
-        stage="environment", script=f"{PACKAGE}/jobs/environment.sbatch", args=[plan.source_dir, plan.root],
+        stage="environment", script=f"{PACKAGE}/jobs/environment.sbatch", args=[plan.source_dir, plan.root, *serving],
         env={"FT_PYTHON": plan.base_python, **container},
         extra_args=["--nodes=1", *cpus], depends_on=[],
-        fingerprint=plan.fingerprint, output=f"{results_dir}/logs/{run_name}-environment-%j.out",
+        fingerprint=plan.build_fingerprint(serve), output=f"{results_dir}/logs/{run_name}-environment-%j.out",
         results_path=plan.folder, time_limit_minutes=time_limit_minutes,
     )
 

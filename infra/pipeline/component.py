@@ -54,6 +54,7 @@ class Pipeline(pulumi.ComponentResource):
         self.bundle_hash = bundle.content_hash
         shipped = [EnvironmentSource(
             f"{name}-environment-source", plan=args.environment, repo_root=args.repo_root, transport=args.transport,
+            serve=any(job.stage == "serve" for job in args.jobs),
             opts=pulumi.ResourceOptions(parent=self, depends_on=args.depends_on),
         )] if args.environment is not None else []
         self.jobs = {}

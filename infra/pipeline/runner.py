@@ -141,7 +141,7 @@ def submit_chain(
     if state.data_source is not None:
         progress(f"data {run.data.source}: sha256 {state.data_source.sha256[:16]} ({state.data_source.size} bytes)")
     if location.environment is not None:
-        shipped = ship_source(channel, location.environment, repo_root)
+        shipped = ship_source(channel, location.environment, repo_root, serve=serve)
         progress(f"environment {location.environment.key} ({location.environment.source}): lock "
                  f"{'shipped to' if shipped['shipped'] else 'already at'} {shipped['source_dir']}")
     bundle = upload_bundle(channel, repo_root, location.code_root)

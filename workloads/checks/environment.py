@@ -1,5 +1,6 @@
 """Readiness checks of the workloads' environment on a node: the imports the workloads make, the versions the lock
-names, torch's CUDA build against the stack's CUDA version, bitsandbytes' CUDA kernels and NCCL.
+names, torch's CUDA build against the stack's CUDA version, bitsandbytes' CUDA kernels and NCCL; and where the job
+names a serving environment ($FT_VLLM_PYTHON, a chain that serves on GPUs), vLLM imported from it at its lock's versions.
 
 The lock is the copy the environment stage keeps beside the interpreter (`<sys.prefix>/requirements.txt`); an
 interpreter without one (the local stack's repository venv) has its versions reported as skipped.
@@ -10,8 +11,11 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.metadata
+import json
+import os
 import re
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -20,6 +24,18 @@ from documents.readiness_report import CheckResult
 
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s\\;]+)", re.M)
 PROJECT_PACKAGES = {"workloads", "documents"}
+SERVING_PYTHON_ENV = "FT_VLLM_PYTHON"
+SERVING_IMPORT_TIMEOUT_S = 600
+SERVING_QUERY = """
+import importlib.metadata, json, re, sys
+import vllm
+found = {}
+for distribution in importlib.metadata.distributions():
+    if distribution.metadata["Name"]:
+        found.setdefault(re.sub(r"[-_.]+", "-", distribution.metadata["Name"]).lower(), distribution.version)
+print(json.dumps({"prefix": sys.prefix, "vllm": vllm.__version__, "packages": found}))
+"""
+"""Run by the serving environment's interpreter: vLLM imported, and each distribution's version as import finds it."""
 
 
 def normalize(name: str) -> str:
@@ -118,8 +134,32 @@ def cuda_checks(expect_cuda: str | None, gpus: bool, allow_cpu: bool) -> list[Ch
     return checks
 
 
+def serving_check(python: str) -> CheckResult:
+    """vLLM imports in the serving environment whose interpreter is `python`, and every package there is at the
+    version of the serving lock the environment stage kept beside it (`<prefix>/requirements.txt`)."""
+    name = "serving_environment"
+    try:
+        proc = subprocess.run([python, "-c", SERVING_QUERY], capture_output=True, text=True,
+                              timeout=SERVING_IMPORT_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return _check(name, False, f"{python}: {error}")
+    if proc.returncode != 0:
+        tail = [line for line in proc.stderr.splitlines() if line.strip()][-1:] or ["(no output)"]
+        return _check(name, False, f"vLLM does not import with {python}: {tail[0][:300]}")
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    lock_file = Path(found["prefix"]) / LOCK_COPY_NAME
+    if not lock_file.is_file():
+        return _check(name, None, f"vLLM {found['vllm']} imports with {python}; no lock beside it ({lock_file}): not "
+                      "an environment the pipeline built", found["vllm"])
+    mismatches = version_mismatches(locked_versions(lock_file.read_text()), found["packages"])
+    return _check(name, not mismatches, "; ".join(mismatches) or f"vLLM {found['vllm']} imports with {python}, every "
+                  f"package at the version of {lock_file}", found["vllm"])
+
+
 def environment_checks(code_dir: Path, expect_cuda: str | None, gpus: bool, allow_cpu: bool) -> list[CheckResult]:
-    """Every environment check of this node."""
+    """Every environment check of this node, the serving environment's where the job names one."""
     optional = frozenset({"vllm", "liger_kernel", "pynvml", "playwright", "triton"})
+    serving = os.environ.get(SERVING_PYTHON_ENV)
     return [import_check(third_party_imports(code_dir), optional),
-            versions_check(Path(sys.prefix) / LOCK_COPY_NAME), *cuda_checks(expect_cuda, gpus, allow_cpu)]
+            versions_check(Path(sys.prefix) / LOCK_COPY_NAME), *cuda_checks(expect_cuda, gpus, allow_cpu),
+            *([serving_check(serving)] if serving else [])]

@@ -1,8 +1,9 @@
 """Build the workloads' environment on a cluster node from a shipped lock (the `environment` stage).
 
-    python -m workloads.environment.build --source DIR --root DIR
+    python -m workloads.environment.build --source DIR [--source DIR ...] --root DIR
 
-Run by the cluster's bare Python (standard library only). DIR of --source holds what the operator's machine
+Each --source is built in turn (the workloads' environment, then on a stack that serves on GPUs vLLM's serving
+environment from the serving lock), each into its own folder under the same root. Run by the cluster's bare Python (standard library only). DIR of --source holds what the operator's machine
 shipped (infra.environment.source): `source.json` (key, source kind, target Python and platform),
 `requirements.txt` (the lock, hashes), and for the wheelhouse source `wheels/` (every locked wheel and uv's).
 The environment is `<root>/<key>`: built under `<root>/.<key>.tmp-<pid>` and renamed when complete, with its
@@ -160,11 +161,13 @@ def build(source: Path, root: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--source", type=Path, required=True, help="the shipped lock (and wheelhouse)")
+    parser.add_argument("--source", type=Path, required=True, action="append",
+                        help="the shipped lock (and wheelhouse); repeated, one environment each")
     parser.add_argument("--root", type=Path, required=True, help="folder of the environments, in the shared jail")
     args = parser.parse_args(argv)
     try:
-        build(args.source, args.root)
+        for source in args.source:
+            build(source, args.root)
     except BuildFailed as error:
         print(f"environment: {error}", file=sys.stderr)
         return 1
