@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from infra.environment import lock
+from infra.environment import lock, serving_lock
 from infra.environment.lock import TARGETS
-from infra.environment.source import INSTALL_FILE, WHEELS, _blocks, manylinux_platforms, wheelhouse
+from infra.environment.source import INSTALL_FILE, WHEELS, _blocks, manylinux_platforms, serving_wheelhouse, wheelhouse
 
 PACKAGES = ("markupsafe", "annotated-types")
 """A C extension (a 23 kB cp312 manylinux wheel in the jail lock) and a pure-Python wheel."""
@@ -59,3 +59,20 @@ def test_pip_is_given_every_glibc_tag_the_target_accepts() -> None:
     for legacy, minor in (("manylinux2014", 17), ("manylinux2010", 12), ("manylinux1", 5)):
         assert tags.index(f"{legacy}_x86_64") == tags.index(f"manylinux_2_{minor}_x86_64") + 1
     assert len(tags) == (28 - 5 + 1) + 3
+
+
+def test_the_serving_wheelhouse_holds_the_serving_lock_s_wheels_for_the_jail(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 53: the serving lock (no PEP 751 file) gets its wheels by its own hashes, for cp312 manylinux_2_28 from
+    this Python 3.11, on a two-package cut of locks/requirements-serve-jail.txt; its install file is the lock."""
+    target = serving_lock.SERVE_TARGETS["serve-jail"]
+    blocks = _blocks(target.file.read_text())
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    (locks / target.file.name).write_text("".join(blocks[name] for name in PACKAGES))
+    monkeypatch.setattr(serving_lock, "LOCK_DIR", locks)
+    house = serving_wheelhouse(target, tmp_path / "cache")
+    names = sorted(wheel.name for wheel in (house / WHEELS).iterdir())
+    assert [name.split("-")[0].lower() for name in names] == ["annotated_types", "markupsafe"]
+    assert re.fullmatch(r"markupsafe-[\d.]+-cp312-cp312-.*manylinux_2_28_x86_64\.whl", names[1]), names
+    assert (house / INSTALL_FILE).read_text() == (locks / target.file.name).read_text()
