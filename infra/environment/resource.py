@@ -60,8 +60,8 @@ class EnvironmentSourceProvider(ResourceProvider):
     serving environment's source too)."""
 
     def create(self, props: dict[str, Any]) -> CreateResult:
-        outs = ship_source(open_transport(props["transport"]), EnvironmentPlan(**props["plan"]), Path(props["repo_root"]),
-                           bool(props.get("serve")))
+        outs = ship_source(open_transport(props["transport"]), EnvironmentPlan(**props["plan"]),
+                           Path(props["repo_root"]), bool(props.get("serve")))
         return CreateResult(id_=props["plan"]["key"], outs={**props, **outs})
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
@@ -69,8 +69,8 @@ class EnvironmentSourceProvider(ResourceProvider):
         return DiffResult(changes=bool(changed), replaces=[], delete_before_replace=False)
 
     def update(self, _id: str, _olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
-        outs = ship_source(open_transport(news["transport"]), EnvironmentPlan(**news["plan"]), Path(news["repo_root"]),
-                           bool(news.get("serve")))
+        outs = ship_source(open_transport(news["transport"]), EnvironmentPlan(**news["plan"]),
+                           Path(news["repo_root"]), bool(news.get("serve")))
         return UpdateResult(outs={**news, **outs})
 
     def delete(self, _id: str, _props: dict[str, Any]) -> None:

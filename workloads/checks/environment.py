@@ -1,6 +1,7 @@
 """Readiness checks of the workloads' environment on a node: the imports the workloads make, the versions the lock
 names, torch's CUDA build against the stack's CUDA version, bitsandbytes' CUDA kernels and NCCL; and where the job
-names a serving environment ($FT_VLLM_PYTHON, a chain that serves on GPUs), vLLM imported from it at its lock's versions.
+names a serving environment ($FT_VLLM_PYTHON, a chain that serves on GPUs), vLLM imported from it at its lock's
+versions.
 
 The lock is the copy the environment stage keeps beside the interpreter (`<sys.prefix>/requirements.txt`); an
 interpreter without one (the local stack's repository venv) has its versions reported as skipped.
