@@ -18,7 +18,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from transformers import (
@@ -474,5 +474,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def exit_rank(code: int) -> NoReturn:
+    """End a rank of a multi-process run without the interpreter's finalization. Its gloo process group outlives
+    `destroy_process_group` once torch._dynamo is imported (peft and bitsandbytes import it; see the readiness check,
+    workloads/checks/gpu.py), and a gloo worker thread that drops Python objects while the interpreter finalizes is
+    ended by pthread_exit across a C++ frame: std::terminate, the rank aborts after its work is done, and srun's
+    --kill-on-bad-exit kills the job's other ranks (a rehearsal training job ended 137 that way after saving its
+    adapter). Everything the rank writes is closed by then; the logs are flushed here."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        exit_rank(code)
+    sys.exit(code)
