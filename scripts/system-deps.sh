@@ -7,8 +7,9 @@
 #   prometheus, prometheus-node-exporter
 #                      metrics store and node exporter of the local and cluster stacks (scripts/local-monitoring.sh);
 #                      run as plain processes by that script, never as the system services
+#   jq                 the JSON filter docs/evaluation-and-serving.md's commands pipe into (run as written by the tests)
 set -euo pipefail
-packages=(slurm-wlm munge openssh-server chromium iproute2 procps prometheus prometheus-node-exporter)
+packages=(slurm-wlm munge openssh-server chromium iproute2 procps prometheus prometheus-node-exporter jq)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
