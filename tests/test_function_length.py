@@ -1,5 +1,5 @@
 """No function over 60 lines in infra/, workloads/train/ and workloads/serve/ (issue 51): a stage is named steps, as
-torchtune's recipes keep a trainer's setup apart from its loop. The exceptions are named here with the reason."""
+torchtune's recipes keep a trainer's setup apart from its loop. None needed an exception."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("infra", "workloads/train", "workloads/serve")
 LIMIT = 60
-EXCEPTIONS: dict[str, str] = {}
-"""`path:function` -> why it stays longer than LIMIT."""
 
 
 def long_functions() -> dict[str, int]:
@@ -28,13 +26,8 @@ def long_functions() -> dict[str, int]:
 
 
 def test_no_function_over_sixty_lines() -> None:
-    over = {name: lines for name, lines in long_functions().items() if name not in EXCEPTIONS}
-    assert not over, f"functions over {LIMIT} lines (split them into named steps, or name and argue an exception): {over}"
-
-
-def test_every_exception_is_still_needed() -> None:
-    stale = sorted(set(EXCEPTIONS) - set(long_functions()))
-    assert not stale, f"no longer over {LIMIT} lines, remove from EXCEPTIONS: {stale}"
+    over = long_functions()
+    assert not over, f"functions over {LIMIT} lines (split them into named steps): {over}"
 
 
 def test_the_trainer_is_named_steps() -> None:

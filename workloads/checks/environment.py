@@ -22,20 +22,14 @@ from pathlib import Path
 
 from documents.environment_manifest import LOCK_COPY_NAME
 from documents.readiness_report import CheckResult
+from workloads.environment.build import INSTALLED_VERSIONS
 
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s\\;]+)", re.M)
 PROJECT_PACKAGES = {"workloads", "documents"}
 SERVING_PYTHON_ENV = "FT_VLLM_PYTHON"
 SERVING_IMPORT_TIMEOUT_S = 600
-SERVING_QUERY = """
-import importlib.metadata, json, re, sys
-import vllm
-found = {}
-for distribution in importlib.metadata.distributions():
-    if distribution.metadata["Name"]:
-        found.setdefault(re.sub(r"[-_.]+", "-", distribution.metadata["Name"]).lower(), distribution.version)
-print(json.dumps({"prefix": sys.prefix, "vllm": vllm.__version__, "packages": found}))
-"""
+SERVING_QUERY = ("import sys\nimport vllm\n" + INSTALLED_VERSIONS
+                 + 'print(json.dumps({"prefix": sys.prefix, "vllm": vllm.__version__, "packages": found}))\n')
 """Run by the serving environment's interpreter: vLLM imported, and each distribution's version as import finds it."""
 
 

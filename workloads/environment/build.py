@@ -32,15 +32,16 @@ from pathlib import Path
 MANIFEST = "environment.json"
 LOCK_COPY = "requirements.txt"
 INSTALL_TIMEOUT_S = 3600
-INSTALLED_CODE = """
+INSTALLED_VERSIONS = """
 import importlib.metadata, json, re
 found = {}
 for distribution in importlib.metadata.distributions():
     if distribution.metadata["Name"]:
         found.setdefault(re.sub(r"[-_.]+", "-", distribution.metadata["Name"]).lower(), distribution.version)
-print(json.dumps(found))
 """
-"""Run by the new environment's interpreter: each distribution's version as import finds it (first on sys.path)."""
+"""Code for another interpreter: `found`, each distribution's version as import finds it (first on sys.path)."""
+INSTALLED_CODE = INSTALLED_VERSIONS + "print(json.dumps(found))\n"
+"""Run by the new environment's interpreter: INSTALLED_VERSIONS printed as JSON."""
 
 
 class BuildFailed(RuntimeError):
