@@ -230,3 +230,40 @@ def test_max_tokens_left_out_runs_to_the_end_of_the_context(vllm_server: VllmSer
     assert reply.status_code == 200, reply.text
     usage = reply.json()["usage"]
     assert usage["prompt_tokens"] == prompt and usage["prompt_tokens"] + usage["completion_tokens"] == 1024
+
+
+def test_the_peft_engines_series_are_vllms_own(vllm_server: VllmServer) -> None:
+    """Issue 53, item 4: every `vllm:*` family the peft engine exports (workloads.serve.engine_metrics, what its
+    /metrics renders; tests/test_serve_engine_metrics.py holds the real engine to exactly these) is one of this
+    real vLLM's, with vLLM's type, help text, label names and values, and bucket boundaries (--max-model-len 1024
+    sets the token counts')."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from workloads.serve.engine_metrics import EngineMetrics
+
+    def families(text: str) -> dict:
+        return {family.name: family for family in text_string_to_metric_families(text)
+                if family.name.startswith("vllm:") and not family.name.endswith("_created")}
+
+    def labels(family: object) -> dict[str, set[str]]:
+        found: dict[str, set[str]] = {}
+        for sample in family.samples:
+            for name, value in sample.labels.items():
+                found.setdefault(name, set()).add(value)
+        return found
+
+    def shape(family: object) -> set[tuple[str, frozenset[str]]]:
+        return {(sample.name, frozenset(sample.labels)) for sample in family.samples}
+
+    assert vllm_server.chat("base", max_tokens=2).status_code == 200  # vLLM sets lora_requests_info at a step
+    vllm = families(httpx.get(f"{vllm_server.url}/metrics", headers=vllm_server.headers, timeout=30).text)
+    peft = families(EngineMetrics("base", 1024, 4).render("")[0].decode())
+    assert len(peft) >= 20 and not set(peft) - set(vllm), sorted(set(peft) - set(vllm))
+    for name, ours in peft.items():
+        theirs = vllm[name]
+        assert (ours.type, ours.documentation) == (theirs.type, theirs.documentation), name
+        assert shape(ours) == shape(theirs), name
+        mine, vllms = labels(ours), labels(theirs)
+        for label in ("model_name", "engine", "le", "max_lora"):
+            assert mine.get(label) == vllms.get(label), (name, label)
+        assert mine.get("finished_reason", set()) <= vllms.get("finished_reason", set()), name

@@ -7,17 +7,22 @@ per layer) with an attention mask and each row's own positions. Joining requests
 forward, their first token sampled and sent at once, then their cache is padded to the batch's length (or the
 batch's to theirs) and appended; a finished or cancelled row is dropped from the cache, and the columns no row
 uses any more are cut off the left. Sampling is one set of tensor operations for all rows (temperature, top-p,
-the exponential race for a draw); text is detokenized incrementally (vLLM's prefix/read offsets).
+the exponential race for a draw); text is detokenized incrementally (vLLM's prefix/read offsets). With an
+EngineMetrics (workloads.serve.engine_metrics) the batch reports each request's start, tokens and end to it before
+the request hears of them, so a scrape after a reply counts that reply.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
+
+from workloads.serve.engine_metrics import EngineMetrics
 
 
 class Request(Protocol):
@@ -108,11 +113,13 @@ FINISHED = ("stop", "length")
 
 class RunningBatch:
     """The rows being decoded and their shared KV cache. `forward(input_ids, mask, positions, cache, names)`
-    runs the model (names: each row's adapter) and returns (last-position logits, cache)."""
+    runs the model (names: each row's adapter) and returns (last-position logits, cache). With `metrics`, requests
+    carry their RequestTimes (`times`)."""
 
     def __init__(self, forward: Callable[..., tuple[torch.Tensor, Any]], tokenizer: Any, eos: set[int], pad: int,
-                 device: str) -> None:
+                 device: str, metrics: EngineMetrics | None = None) -> None:
         self.forward, self.tokenizer, self.eos, self.pad, self.device = forward, tokenizer, eos, pad, device
+        self.metrics = metrics
         self.rows: list[Row] = []
         self.cache: Any = None
         self.mask = torch.zeros((0, 0), dtype=torch.long)
@@ -126,11 +133,17 @@ class RunningBatch:
 
     def join(self, requests: Sequence[Request]) -> None:
         """Prefill `requests` together, send each its first token, and add the rows still going to the batch."""
+        if self.metrics is not None:
+            now = time.monotonic()
+            for request in requests:
+                self.metrics.scheduled(request, now)
         ids, mask, positions = left_padded([r.prompt_ids for r in requests], self.pad)
         logits, cache = self.forward(ids.to(self.device), mask.to(self.device), positions.to(self.device), None,
                                      [r.adapter for r in requests])
         rows = [Row(r, torch.Generator().manual_seed(r.seed) if r.seed is not None else None) for r in requests]
         tokens = self.sample(logits, rows)
+        if self.metrics is not None:
+            self.metrics.iteration(sum(len(r.prompt_ids) for r in requests), len(rows))
         if self.cache is None:
             self.cache, self.mask, self.positions, self.last = cache, mask, positions[:, -1:] + 1, tokens[:, None]
             self.rows = rows
@@ -153,6 +166,8 @@ class RunningBatch:
                                           self.positions.to(self.device), self.cache,
                                           [row.request.adapter for row in self.rows])
         tokens = self.sample(logits, self.rows)
+        if self.metrics is not None:
+            self.metrics.iteration(0, len(self.rows))
         self.positions = self.positions + 1
         self.last = tokens[:, None]
         self.advance(tokens.tolist(), offset=0)
@@ -164,17 +179,18 @@ class RunningBatch:
 
     def advance(self, tokens: list[int], offset: int) -> None:
         """Send the rows from `offset` on their new token's text; drop the rows that ended or were cancelled."""
-        ended = []
+        ended, now = [], time.monotonic()
         for i, token in enumerate(tokens, start=offset):
             row = self.rows[i]
             request = row.request
             if request.cancelled.is_set():
                 ended.append(i)
+                self.ended(row, "abort", now)
                 continue
-            finish = None
-            if token in self.eos and not request.ignore_eos:
-                finish = "stop"
-            else:
+            finish = "stop" if token in self.eos and not request.ignore_eos else None
+            if self.metrics is not None:
+                self.metrics.token(request, now, counted=finish is None)
+            if finish is None:
                 row.produced.append(token)
                 text, row.prefix_offset, row.read_offset = next_text(self.tokenizer, row.produced, row.prefix_offset,
                                                                      row.read_offset)
@@ -183,10 +199,15 @@ class RunningBatch:
                 if len(row.produced) >= request.max_tokens:
                     finish = "length"
             if finish:
+                self.ended(row, finish, now)
                 request.emit(("done", finish, len(request.prompt_ids), len(row.produced)))
                 ended.append(i)
         if ended:
             self.drop(ended)
+
+    def ended(self, row: Row, reason: str, now: float) -> None:
+        if self.metrics is not None:
+            self.metrics.finished(row.request, reason, len(row.produced), now)
 
     def drop(self, indexes: list[int]) -> None:
         keep = [i for i in range(len(self.rows)) if i not in set(indexes)]
@@ -204,5 +225,7 @@ class RunningBatch:
             self.mask = self.mask[:, unused:]
 
     def fail(self, message: str) -> None:
+        now = time.monotonic()
         for row in self.rows:
+            self.ended(row, "error", now)
             row.request.emit(("error", message))

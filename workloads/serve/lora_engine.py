@@ -7,9 +7,11 @@ Unlike `transformers serve` (one model per process, so one merged copy per fine-
 base once, adds each adapter with peft's `load_adapter`, and decodes every running request in one batch, each
 row with its own adapter (the adapters stacked per layer, workloads.serve.stacked_lora; `__base__` for the base)
 and its own sampling settings. It speaks the subset of vLLM's API the gateway uses: streamed chat completions,
-/health, /v1/models, and the dynamic LoRA routes `/v1/load_lora_adapter` and `/v1/unload_lora_adapter`. It listens on
-loopback only and, like vLLM with `--api-key`, answers `/v1` only with the launch's engine key
-(workloads.serve.engine_key); the gateway is the public face (API key, limits, admin routes).
+/health, /v1/models, the dynamic LoRA routes `/v1/load_lora_adapter` and `/v1/unload_lora_adapter`, and /metrics
+(vLLM's `vllm:*` series that hold here, workloads.serve.engine_metrics). It listens on loopback only and, like vLLM
+with `--api-key`, answers `/v1` only with the launch's engine key (workloads.serve.engine_key); /health and
+/metrics stay open as vLLM's do (its key guards /v1 only). The gateway is the public face (API key, limits, admin
+routes).
 
 Batching is continuous (workloads.serve.continuous): requests join the running batch and leave it between two
 decode steps. Adapter loads and unloads run between two steps as well; an unload waits only while a running or
@@ -32,13 +34,15 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from documents.run_manifest import model_hash
 from documents.sections.serve import shown
 from workloads.common.chat_template import prompt_ids
+from workloads.serve.budget import model_context
 from workloads.serve.continuous import RunningBatch
+from workloads.serve.engine_metrics import VLLM_DEFAULT_MAX_LEN, EngineMetrics, RequestTimes
 from workloads.serve.engine_key import ENGINE_KEY_ENV, require_engine_key
 from workloads.serve.gateway import error
 from workloads.serve.registry import RegistryError, run_of_path, stored_adapter, stored_runs
@@ -64,6 +68,8 @@ class Generation:
     loop: asyncio.AbstractEventLoop
     ignore_eos: bool = False
     cancelled: threading.Event = field(default_factory=threading.Event)
+    times: RequestTimes = field(default_factory=RequestTimes.now)
+    """queued (now), started, first and last token: the metrics' timings"""
 
     def emit(self, event: tuple) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
@@ -165,13 +171,17 @@ class Worker:
     """The thread that owns the model: between two decode steps of the running batch it runs adapter commands and
     lets waiting requests join (up to `max_batch` rows); finished rows leave at once."""
 
-    def __init__(self, engine: AdapterModel, max_batch: int) -> None:
-        self.engine, self.max_batch = engine, max_batch
+    def __init__(self, engine: AdapterModel, max_batch: int, metrics: EngineMetrics) -> None:
+        self.engine, self.max_batch, self.metrics = engine, max_batch, metrics
         self.inbox: queue.Queue[Generation] = queue.Queue()
         self.commands: queue.Queue[Command] = queue.Queue()
         self.waiting_unloads: list[Command] = []
         self.thread = threading.Thread(target=self.run, name="adapter-engine", daemon=True)
         self.failure: str | None = None
+        self.batch = RunningBatch(engine.forward, engine.tokenizer, engine.eos, engine.pad, engine.device, metrics)
+        self.joining = 0
+        """requests taken from the inbox and being prefilled (running, as vLLM counts them)"""
+        metrics.watch(running=lambda: len(self.batch.rows) + self.joining, waiting=self.inbox.qsize)
 
     def run(self) -> None:
         try:
@@ -182,22 +192,32 @@ class Worker:
             raise
 
     def serve(self) -> None:
-        engine = self.engine
-        batch = RunningBatch(engine.forward, engine.tokenizer, engine.eos, engine.pad, engine.device)
+        batch = self.batch
         while True:
             self.run_commands(batch.adapters)
             joining = self.take(self.max_batch - len(batch.rows), wait=not batch.rows)
+            self.joining = len(joining)
             try:
                 if joining:
                     batch.join(joining)
+                self.joining = 0
                 if batch.rows:
                     batch.step()
             except Exception as exc:
                 message = f"{type(exc).__name__}: {exc}"
                 batch.fail(message)
                 for row in joining:
+                    if not any(running.request is row for running in batch.rows):
+                        self.metrics.unscheduled("error")
                     row.emit(("error", message))
                 raise
+            if joining or batch.rows:
+                self.report_adapters(batch.adapters)
+
+    def report_adapters(self, running: set[str]) -> None:
+        """vLLM's lora_requests_info after a step: the adapters running and waiting (the base's rows are none)."""
+        waiting = {row.adapter for row in list(self.inbox.queue) if not row.cancelled.is_set()}
+        self.metrics.adapters(running - {BASE_ROW}, waiting - {BASE_ROW})
 
     def take(self, room: int, wait: bool) -> list[Generation]:
         """Up to `room` waiting requests (waiting a moment for the first when the batch is empty); a request for
@@ -209,6 +229,7 @@ class Worker:
             except queue.Empty:
                 break
             if row.cancelled.is_set():
+                self.metrics.unscheduled("abort")
                 continue
             if row.adapter != BASE_ROW and row.adapter not in self.engine.adapters:
                 row.emit(("error", f"adapter {row.adapter!r} is not loaded"))
@@ -415,6 +436,12 @@ async def load_lora_adapter(request: Request) -> Any:
     return await command(state, "load", body.get("lora_name"), path)
 
 
+async def metrics(request: Request) -> Response:
+    """vLLM's series (workloads.serve.engine_metrics) in the format the scraper's Accept header asks for."""
+    body, media_type = engine_of(request).worker.metrics.render(request.headers.get("accept", ""))
+    return Response(body, media_type=media_type)
+
+
 async def unload_lora_adapter(request: Request) -> Any:
     body = await read_json(request) or {}
     return await command(engine_of(request), "unload", body.get("lora_name"), None)
@@ -425,6 +452,7 @@ def build_app(worker: Worker, base_name: str, default_max_tokens: int = 256, che
     app.state.engine = EngineApp(worker, base_name, default_max_tokens, check)
     app.add_api_route("/health", health, methods=["GET"])
     app.add_api_route("/v1/models", models, methods=["GET"])
+    app.add_api_route("/metrics", metrics, methods=["GET"])
     app.add_api_route("/v1/chat/completions", chat, methods=["POST"])
     app.add_api_route("/v1/load_lora_adapter", load_lora_adapter, methods=["POST"])
     app.add_api_route("/v1/unload_lora_adapter", unload_lora_adapter, methods=["POST"])
@@ -464,7 +492,8 @@ def main(argv: list[str] | None = None) -> None:
 
     device = "cpu" if args.device == "auto" else args.device
     engine = AdapterModel(args.base, parse_lora_modules(args.lora_modules), args.dtype, device, args.max_loras)
-    worker = Worker(engine, args.max_batch)
+    metrics = EngineMetrics(args.base_name, model_context(args.base) or VLLM_DEFAULT_MAX_LEN, engine.max_loras)
+    worker = Worker(engine, args.max_batch, metrics)
     worker.thread.start()
     check = store_check(args.runs_store, args.stack, args.base) if args.runs_store and args.stack else None
     app = build_app(worker, args.base_name, args.max_tokens, check)

@@ -3,12 +3,14 @@
     POST /v1/completions   text completion (lm-eval's `local-completions`, `client.completions.create`)
     POST /tokenize         POST /detokenize
     GET  /version          the engine's version (open, as vLLM's)
-    GET  /metrics          every vLLM engine's Prometheus series (`vllm:*`), API key required when one is set
+    GET  /metrics          the engine's Prometheus series (`vllm:*`), API key required when one is set: vLLM's own,
+                           or the peft engine's under vLLM's names (workloads.serve.engine_metrics)
 
-A model served by another engine gets a 400 naming its engine; with no vLLM engine behind the gateway, /version
-and /metrics answer 404. Bodies are validated as chat's are: the API key, the size limit, the model name (mapped
-to the engine's), `max_tokens` within the configured limit (left out: the limit; vLLM counts the prompt against
-its context itself and refuses what overflows it).
+A model served by another engine gets a 400 naming its engine; with no vLLM engine behind the gateway /version
+answers 404, and /metrics with neither a vLLM nor a peft engine (`transformers serve` exports no such series).
+Bodies are validated as chat's are: the API key, the size limit, the model name (mapped to the engine's),
+`max_tokens` within the configured limit (left out: the limit; vLLM counts the prompt against its context itself
+and refuses what overflows it).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from workloads.serve.gateway import (Gateway, Refused, Route, denied, engine_ans
                                      gateway_of, read_body)
 
 VLLM = "vllm"
+METRICS_ENGINES = (VLLM, "peft")
+"""the engines whose /metrics has vLLM's series"""
 
 
 async def vllm_body(gateway: Gateway, request: Request, what: str) -> tuple[Route, dict[str, Any]]:
@@ -94,13 +98,13 @@ async def detokenize(request: Request) -> Response:
     return await passthrough(request, "/detokenize")
 
 
-def vllm_urls(gateway: Gateway) -> list[str]:
-    return sorted({route.url for route in gateway.routes.values() if route.engine == VLLM})
+def engine_urls(gateway: Gateway, engines: tuple[str, ...] = (VLLM,)) -> list[str]:
+    return sorted({route.url for route in gateway.routes.values() if route.engine in engines})
 
 
 async def version(request: Request) -> Response:
     gateway = gateway_of(request)
-    urls = vllm_urls(gateway)
+    urls = engine_urls(gateway)
     if not urls:
         return error(404, "no vLLM engine behind this endpoint", "not_found")
     try:
@@ -114,13 +118,14 @@ async def metrics(request: Request) -> Response:
     gateway = gateway_of(request)
     if refusal := denied(gateway, request):
         return refusal
-    urls = vllm_urls(gateway)
+    urls = engine_urls(gateway, METRICS_ENGINES)
     if not urls:
-        return error(404, "no vLLM engine behind this endpoint: no vllm:* series", "not_found")
+        return error(404, "no vllm:* series: the engines behind this endpoint are transformers serve, which exports "
+                          "none (engines vllm and peft do)", "not_found")
     try:
         texts = [(await gateway.client.get(f"{url}/metrics", timeout=10.0)).text for url in urls]
     except httpx.HTTPError as exc:
-        return error(502, f"a vLLM engine is unreachable: {type(exc).__name__}", "engine_unreachable")
+        return error(502, f"an engine is unreachable: {type(exc).__name__}", "engine_unreachable")
     return PlainTextResponse("".join(texts), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
