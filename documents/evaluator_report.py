@@ -114,6 +114,11 @@ class EvaluatorReport(_Document):
     settings: EvalSettings
     data: dict[str, TokenizeLosses] | None = None
     """rows read, kept, truncated and dropped by reason when the train and test splits were tokenized."""
+    inputs_sha256: str | None = None
+    """digest of what the figures were measured on (workloads/eval/reuse.py): run config, model and test files,
+    device; a later evaluation of the same inputs reuses this report's figures."""
+    measured_by_job: str | None = None
+    """the job that measured these figures, when this report reuses an earlier one's (else this report's job)."""
 
 
 def report_name(job_id: str) -> str:

@@ -24,6 +24,13 @@ from cluster_fixtures import START, Cluster
 from docs_blocks import CONVENTION, MARKERS, PAGES, ROOT, Block, command_lines, read_blocks
 from slurm_jobs import job_field
 
+from documents.evaluator_report import read_evaluator_report
+from documents.metrics import read_metrics
+from documents.run_config import load_run_config
+from documents.run_manifest import read_run_manifest
+from documents.run_record import RunIndex
+from infra.runs.store import list_runs, local_store, read_run_file
+
 SUBMITTED = re.compile(r"^Submitted batch job (\d+)$", re.MULTILINE)
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
          "DEADLINE"}
@@ -167,10 +174,47 @@ def test_page_commands_run_as_written(page: Path, slurm: str) -> None:
     for log in logs.values():
         log.unlink(missing_ok=True)
     if page.name == "README.md":
+        stored = the_demo_run_stored_and_reported()
         again = subprocess.run(["make", "demo"], cwd=ROOT, env=new_shell_env(), capture_output=True, text=True,
                                timeout=900)
         assert again.returncode == 0, again.stderr[-3000:]
         assert "submitted job" not in again.stderr, f"a second make demo submitted:\n{again.stderr[-3000:]}"
+        assert the_demo_run_stored_and_reported() == stored, "an unchanged demo is stored once, with the same results"
+
+
+def the_demo_run_stored_and_reported() -> RunIndex:
+    """`make demo`'s run as the README says it ends: the four stages COMPLETED in the stack's outputs, which carry
+    the evaluation's figures; the run stored once under .local/artifacts with its config, training metrics,
+    manifest, loss chart, evaluator report and chart, outputs and adapter; the manifest and metrics those of the
+    run config's training (workloads/configs/local.json: steps, processes, logging). Returns the stored run."""
+    outputs = json.loads((ROOT / ".local/pipeline/local-outputs.json").read_text())
+    stages = ["prepare", "readiness", "train", "eval"]
+    assert outputs["pipeline_stages"] == stages
+    assert {outputs[f"pipeline_{stage}_state"] for stage in stages} == {"COMPLETED"}
+    assert all(isinstance(outputs[f"pipeline_{stage}_elapsed_s"], int) for stage in stages)
+    job_ids = {stage: outputs[f"pipeline_{stage}_job_id"] for stage in stages}
+    store = local_store(ROOT)
+    [stored] = [run for run in list_runs(store, "local") if run.job_ids == job_ids]
+    report_name = f"eval/evaluator_{job_ids['eval']}.json"
+    assert set(stored.files) == {"config/local.json", "train/metrics.jsonl", "train/run_manifest.json",
+                                 "train/loss.png", report_name, report_name.replace(".json", ".png"), "outputs.json",
+                                 "adapter/adapter_config.json", "adapter/adapter_model.safetensors"}
+    evaluation = read_evaluator_report(read_run_file(store, "local", stored.run_id, report_name), report_name)
+    assert evaluation.job_id == job_ids["eval"] and evaluation.finetuned_kind == "merged"
+    assert outputs["eval_perplexity_base"] == evaluation.base_model.perplexity == stored.perplexity_base
+    assert outputs["eval_tokens_per_second_finetuned"] == evaluation.finetuned_model.tokens_per_second > 0
+    assert json.loads(read_run_file(store, "local", stored.run_id, "outputs.json")) == outputs
+
+    train = load_run_config(ROOT / "workloads/configs/local.json").train
+    manifest = read_run_manifest(read_run_file(store, "local", stored.run_id, "train/run_manifest.json"), "manifest")
+    assert manifest.status == "completed" and manifest.global_step == train.max_steps
+    assert manifest.world_size == train.procs_per_node
+    records = read_metrics(read_run_file(store, "local", stored.run_id, "train/metrics.jsonl"), "metrics")
+    losses = [r for r in records if r.loss is not None]
+    assert [r.step for r in losses] == list(range(train.logging_steps, train.max_steps + 1, train.logging_steps))
+    assert stored.train_loss_final == losses[-1].loss
+    assert (ROOT / ".local/work/outputs/local/merged/model.safetensors").is_file()
+    return stored
 
 
 @pytest.mark.cluster

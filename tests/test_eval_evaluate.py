@@ -12,14 +12,15 @@ import pytest
 from eval_fixtures import ROOT
 
 from documents.evaluator_report import Comparison, EvaluatorReport, SideReport
+from workloads.eval.reuse import current_report, inputs_sha256
 
 pytestmark = pytest.mark.slow
 
 
-def _run_cli(config_path, job_id: str) -> subprocess.CompletedProcess:
+def _run_cli(config_path, job_id: str, *extra: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "SLURM_JOB_ID": job_id, "HF_HUB_OFFLINE": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "workloads.eval.evaluate", "--config", str(config_path)],
+        [sys.executable, "-m", "workloads.eval.evaluate", "--config", str(config_path), *extra],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
     )
 
@@ -28,7 +29,7 @@ def _run_cli(config_path, job_id: str) -> subprocess.CompletedProcess:
 def report(trained_run, tmp_path_factory):
     config = tmp_path_factory.mktemp("evalcfg") / "run.json"
     config.write_text(trained_run.model_dump_json())
-    done = _run_cli(config, "4242")
+    done = _run_cli(config, "4242", "--force")  # measured, whatever other tests' jobs evaluated on trained_run
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout), trained_run
 
@@ -81,3 +82,34 @@ def test_missing_test_split_is_named(trained_run, tmp_path) -> None:
     done = _run_cli(config, "1")
     assert done.returncode == 2
     assert str(tmp_path / "nodata") in done.stderr and done.stdout == ""
+
+
+def test_an_unchanged_evaluation_reuses_the_report_and_a_changed_input_does_not(report, tmp_path) -> None:
+    """Same inputs: the figures of the earlier job under the new job's id, nothing measured (no model is loaded,
+    so no progress line); a touched model file, another eval section or another device is another digest."""
+    document, run = report
+    config = tmp_path / "run.json"
+    config.write_text(run.model_dump_json())
+    again = _run_cli(config, "4243")
+    assert again.returncode == 0, again.stderr[-3000:]
+    reused = json.loads(again.stdout)
+    assert reused["measured_by_job"] == "4242" and reused["job_id"] == "4243"
+    assert {k: v for k, v in reused.items() if k not in ("job_id", "measured_by_job")} == {
+        k: v for k, v in document.items() if k not in ("job_id", "measured_by_job")}
+    assert "perplexity" not in again.stderr and "reused" in again.stderr
+    assert json.loads((run.results_dir / "evaluator_4243.json").read_text()) == reused
+
+    digest = document["inputs_sha256"]
+    assert inputs_sha256(run, "merged", "cpu", "float32") == digest
+    assert current_report(run.results_dir, digest).measured_by_job in (None, "4242")
+    other_eval = run.model_copy(update={"eval": run.eval.model_copy(update={"num_prompts": run.eval.num_prompts + 1})})
+    assert inputs_sha256(other_eval, "merged", "cpu", "float32") != digest
+    assert inputs_sha256(run, "merged", "cuda", "float32") != digest
+    weights = next(run.merged_dir.glob("*.safetensors"))
+    stat = weights.stat()
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    try:
+        assert inputs_sha256(run, "merged", "cpu", "float32") != digest
+        assert current_report(run.results_dir, inputs_sha256(run, "merged", "cpu", "float32")) is None
+    finally:
+        os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))

@@ -1,6 +1,8 @@
 """Compare the base and the fine-tuned model on the test split; JSON on stdout and in <results>/evaluator_<jobid>.json.
 
     python -m workloads.eval.evaluate --config workloads/configs/local.json | jq .comparison
+
+A report measured on the same inputs (workloads/eval/reuse.py) is reused, not measured again; --force measures.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from workloads.eval.chart import write_chart
 from workloads.eval.generation import Prompt, generate_all, read_prompts
 from workloads.eval.metrics import answer_scores, compare, text_scores
 from workloads.eval.perplexity import assistant_perplexity, load_tokenized
+from workloads.eval.reuse import current_report, inputs_sha256
 
 log = logging.getLogger("workloads.eval")
 
@@ -106,13 +109,27 @@ def data_losses(run: RunConfig) -> dict[str, TokenizeLosses] | None:
     return losses
 
 
-def evaluate(run: RunConfig, job_id: str, job_metrics: JobMetricsFile | None = None) -> EvaluatorReport:
-    """Both sides measured; each side's generation speed goes to `job_metrics` as it is known."""
-    from transformers import AutoTokenizer
-
+def evaluate(run: RunConfig, job_id: str, job_metrics: JobMetricsFile | None = None,
+             force: bool = False) -> EvaluatorReport:
+    """Both sides measured, each side's generation speed going to `job_metrics` as it is known; or, unless `force`,
+    the figures of the newest report measured on the same inputs, under this job's id."""
     cfg = run.eval or EvalConfig()
     kind = finetuned_kind(run, cfg.finetuned)
     device, dtype = resolve_device_dtype(cfg)
+    digest = inputs_sha256(run, kind, device, str(dtype).removeprefix("torch."))
+    earlier = None if force else current_report(run.results_dir, digest)
+    if earlier is not None:
+        measured_by = earlier.measured_by_job or earlier.job_id
+        log.info("inputs unchanged since job %s's evaluation: its figures reused (--force measures again)", measured_by)
+        return earlier.model_copy(update={"job_id": job_id, "measured_by_job": measured_by})
+    return measured_report(run, job_id, kind, device, dtype, job_metrics).model_copy(update={"inputs_sha256": digest})
+
+
+def measured_report(run: RunConfig, job_id: str, kind: str, device: str, dtype: torch.dtype,
+                    job_metrics: JobMetricsFile | None) -> EvaluatorReport:
+    from transformers import AutoTokenizer
+
+    cfg = run.eval or EvalConfig()
     tokenizer = AutoTokenizer.from_pretrained(run.base_model_dir)
     dataset = load_tokenized(run.test_tokenized_dir, cfg.perplexity_rows)
     prompts = read_prompts(dataset, run.test_jsonl, cfg.num_prompts)
@@ -150,13 +167,14 @@ def evaluate(run: RunConfig, job_id: str, job_metrics: JobMetricsFile | None = N
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=os.environ.get("FT_CONFIG"), required="FT_CONFIG" not in os.environ)
+    parser.add_argument("--force", action="store_true", help="measure even when a report of the same inputs exists")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     try:
         run = load_run_config(args.config)
         job_metrics = JobMetricsFile.from_env("eval", run.name)
         with ProcessSampler(job_metrics):
-            report = evaluate(run, os.environ.get("SLURM_JOB_ID") or "local", job_metrics)
+            report = evaluate(run, os.environ.get("SLURM_JOB_ID") or "local", job_metrics, args.force)
         path = write_report(report, run.results_dir)
         if (run.eval or EvalConfig()).chart:
             write_chart(report, path.with_suffix(".png"))
