@@ -23,8 +23,10 @@ from workloads.serve.process import start_launcher, stop_launcher
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def train_adapter(base_dir: Path, train_dir: Path, adapter_dir: Path, merged_dir: Path, steps: int) -> None:
-    """A short real LoRA run (AdamW on assistant-only labels), then the adapter is saved and merged by workloads.train.export."""
+def train_adapter(base_dir: Path, train_dir: Path, adapter_dir: Path, merged_dir: Path | None, steps: int,
+                  rank: int = 8, seed: int = 0) -> None:
+    """A short real LoRA run (AdamW on assistant-only labels), then the adapter is saved and, given a folder, merged
+    by workloads.train.export."""
     import torch
     from datasets import load_from_disk
     from peft import LoraConfig, get_peft_model
@@ -32,10 +34,10 @@ def train_adapter(base_dir: Path, train_dir: Path, adapter_dir: Path, merged_dir
 
     from workloads.train.export import merge_adapter
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     data = load_from_disk(str(train_dir))
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-    lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "o_proj"], task_type="CAUSAL_LM")
+    lora = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "v_proj", "o_proj"], task_type="CAUSAL_LM")
     model = get_peft_model(model, lora)
     optim = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-3)
     batch = 4
@@ -51,7 +53,8 @@ def train_adapter(base_dir: Path, train_dir: Path, adapter_dir: Path, merged_dir
         optim.step()
         optim.zero_grad()
     model.save_pretrained(adapter_dir)
-    merge_adapter(adapter_dir, base_dir, merged_dir)
+    if merged_dir is not None:
+        merge_adapter(adapter_dir, base_dir, merged_dir)
 
 
 def eval_run_config(root: Path, base: Path) -> RunConfig:

@@ -26,10 +26,24 @@ set -euo pipefail
 """
 
 
+def as_in_a_terminal() -> None:
+    """SIGINT as a shell's foreground command has it (default action, not blocked), whatever the pytest worker
+    that starts the command ignores or blocks: Python keeps an inherited SIG_IGN (so `nohup ... &` stays immune to
+    Ctrl-C), and a blocked signal stays blocked across exec."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def ftstack(repo: Path, *args: str, env: dict[str, str] | None = None, **kwargs) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "infra.commands.cli", *args], cwd=repo, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=as_in_a_terminal,
                             env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, **kwargs)
+
+
+def signal_masks(pid: int) -> str:
+    """The process's ignored, blocked and caught signal masks (hex, bit 1 is SIGINT) from /proc."""
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return " ".join(line for line in lines if line.startswith(("SigBlk", "SigIgn", "SigCgt", "State")))
 
 
 def finished(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, str, str]:
@@ -115,8 +129,13 @@ def test_second_run_of_a_stack_says_who_holds_it_and_ctrl_c_leaves_jobs_running(
         assert f"pid {first.pid}" in err and "ftstack run" in err, err
         assert json.loads(state.read_text())["stages"]["train"]["outs"]["job_id"] == train_job
 
+        masks = signal_masks(first.pid)
         first.send_signal(signal.SIGINT)
-        code, _, err = finished(first, timeout=120)
+        try:
+            code, _, err = finished(first, timeout=120)
+        except subprocess.TimeoutExpired as slow:
+            first.kill()
+            pytest.fail(f"ftstack run --wait still running 120 s after SIGINT ({masks}); stderr:\n{slow.stderr}")
         assert code == 130 and "Traceback" not in err, err
         assert "keep running" in err and "ftstack run --stack guard --wait" in err and "ftstack status" in err, err
         squeue = subprocess.run(["squeue", "-h", "-j", train_job, "-o", "%T"], capture_output=True, text=True,
