@@ -273,3 +273,11 @@ def test_the_peft_engines_series_are_vllms_own(vllm_server: VllmServer) -> None:
         for label in ("model_name", "engine", "le", "max_lora"):
             assert mine.get(label) == vllms.get(label), (name, label)
         assert mine.get("finished_reason", set()) <= vllms.get("finished_reason", set()), name
+
+
+def test_vllms_own_metrics_are_open_without_its_key(vllm_server: VllmServer) -> None:
+    """What the peft engine copies (tests/test_serve_engine_metrics.py::test_the_engines_metrics_are_open_like_vllms):
+    the real vLLM started with --api-key answers /metrics without it, and /v1 not."""
+    assert httpx.get(f"{vllm_server.engine_url}/v1/models", timeout=30).status_code == 401
+    reply = httpx.get(f"{vllm_server.engine_url}/metrics", timeout=30)
+    assert reply.status_code == 200 and "vllm:num_requests_running" in reply.text

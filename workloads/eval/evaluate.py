@@ -116,16 +116,20 @@ def evaluate(run: RunConfig, job_id: str, job_metrics: JobMetricsFile | None = N
     cfg = run.eval or EvalConfig()
     kind = finetuned_kind(run, cfg.finetuned)
     device, dtype = resolve_device_dtype(cfg)
-    digest = inputs_sha256(run, kind, device, str(dtype).removeprefix("torch."))
+    digest = inputs_sha256(run, kind, device, dtype_name(dtype))
     earlier = None if force else current_report(run.results_dir, digest)
     if earlier is not None:
         measured_by = earlier.measured_by_job or earlier.job_id
         log.info("inputs unchanged since job %s's evaluation: its figures reused (--force measures again)", measured_by)
         return earlier.model_copy(update={"job_id": job_id, "measured_by_job": measured_by})
-    return measured_report(run, job_id, kind, device, dtype, job_metrics).model_copy(update={"inputs_sha256": digest})
+    return measured_report(run, job_id, kind, device, dtype, digest, job_metrics)
 
 
-def measured_report(run: RunConfig, job_id: str, kind: str, device: str, dtype: torch.dtype,
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def measured_report(run: RunConfig, job_id: str, kind: str, device: str, dtype: torch.dtype, digest: str,
                     job_metrics: JobMetricsFile | None) -> EvaluatorReport:
     from transformers import AutoTokenizer
 
@@ -151,7 +155,7 @@ def measured_report(run: RunConfig, job_id: str, kind: str, device: str, dtype: 
         comparison=Comparison.model_validate(compare(sides["base"], sides["finetuned"])),
         settings=EvalSettings(
             device=device,
-            dtype=str(dtype).removeprefix("torch."),
+            dtype=dtype_name(dtype),
             test_rows_perplexity=len(dataset),
             prompts=len(prompts),
             max_new_tokens=cfg.max_new_tokens,
@@ -161,6 +165,7 @@ def measured_report(run: RunConfig, job_id: str, kind: str, device: str, dtype: 
             numeric_tolerance=cfg.numeric_tolerance,
         ),
         data=data_losses(run),
+        inputs_sha256=digest,
     )
 
 

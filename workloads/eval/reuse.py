@@ -21,8 +21,8 @@ from documents.run_config import RunConfig
 def file_stats(folder: Path) -> list[tuple[str, int, int]]:
     """(path under the folder, size, mtime in ns) of each regular file, sorted; one entry for a single file."""
     files = [folder] if folder.is_file() else sorted(p for p in folder.rglob("*") if p.is_file())
-    return [(str(p.relative_to(folder)) if p != folder else p.name, p.stat().st_size, p.stat().st_mtime_ns)
-            for p in files]
+    stats = [(p, p.stat()) for p in files]
+    return [(str(p.relative_to(folder)) if p != folder else p.name, st.st_size, st.st_mtime_ns) for p, st in stats]
 
 
 def inputs_sha256(run: RunConfig, kind: str, device: str, dtype: str) -> str:
