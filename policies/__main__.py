@@ -21,6 +21,7 @@ from pulumi_policy import (  # noqa: E402
 
 from infra.config import from_pulumi_config, load_run, load_stack_config  # noqa: E402
 from policies import rules  # noqa: E402
+from policies.analyzer_secrets import keep_secrets_secret  # noqa: E402
 
 
 def _stack_config():
@@ -50,6 +51,7 @@ def _validator(spec: rules.PolicySpec):
     return validate
 
 
+keep_secrets_secret()
 PolicyPack(
     name="soperator-finetune",
     enforcement_level=EnforcementLevel.MANDATORY,
