@@ -17,6 +17,7 @@ from documents.run_config import ConfigError, parse_run_config
 from workloads.train import checkpoints
 from workloads.train.config import resolve_precision, train_paths
 from workloads.train.finetune import main, train_run
+from workloads.train.launch import main as launch
 from documents.run_manifest import RunManifest
 from documents.metrics import load_metrics
 from workloads.train.preemption import INTERRUPTED_EXIT, STOP_FILE_ENV
@@ -131,6 +132,7 @@ def test_stop_then_resume_skips_corrupt_checkpoint(
     assert train_run(run) == INTERRUPTED_EXIT
     assert sorted(p.name for p in run.checkpoints_dir.iterdir()) == ["checkpoint-1"]
     assert json.loads((run.train_run_dir / "run_manifest.json").read_text())["status"] == "interrupted"
+    assert launch(["--config", str(write_config(run, tmp_path / "run.json")), "--stopped"]) == 0
     stop.unlink()
 
     good = run.checkpoints_dir / "checkpoint-1"

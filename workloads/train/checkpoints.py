@@ -4,6 +4,7 @@ file and its size, renamed into place; resume picks the newest one that still ma
 from __future__ import annotations
 
 import logging
+import os
 import re
 import shutil
 from pathlib import Path
@@ -106,6 +107,56 @@ def latest_complete(root: Path, fingerprint: str | None = None) -> Path | None:
             return folder
         log.warning("skipping checkpoint %s: %s", folder, reason)
     return None
+
+
+SAVE_FAILED_EXIT = 74
+"""sysexits' EX_IOERR: a checkpoint could not be written. Not 75 (EX_TEMPFAIL, stopped with a checkpoint, what the
+train job requeues on): a requeued job would fail at the same save again."""
+
+
+class SaveFailed(RuntimeError):
+    """A checkpoint could not be written; the message names the folder, its filesystem and the free space."""
+
+
+def filesystem(path: Path) -> tuple[str, str]:
+    """(mount point, type) of the filesystem holding `path`: the longest mount point of /proc/self/mounts above it."""
+    real, best = os.path.realpath(path), ("/", "unknown")
+    try:
+        lines = Path("/proc/self/mounts").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return best
+    for line in lines:
+        fields = line.split()
+        mount = fields[1].replace("\\040", " ") if len(fields) > 2 else ""
+        inside = real == mount or real.startswith(mount.rstrip("/") + "/")
+        if mount and inside and len(mount) >= len(best[0]):
+            best = (mount, fields[2])
+    return best
+
+
+def _size(count: int) -> str:
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024:
+            return f"{count} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
+def save_failure(root: Path, step: int, error: BaseException | None) -> SaveFailed:
+    """The one-line error for a save of checkpoint-<step> under `root` that failed with `error` (None: on another
+    rank): the folder, its filesystem and the space left there when it failed."""
+    mount, kind = filesystem(root)
+    try:
+        usage = shutil.disk_usage(root)
+        space = f"{_size(usage.free)} free of {_size(usage.total)}"
+    except OSError as unknown:
+        space = f"free space unknown ({unknown.strerror})"
+    cause = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}" if error else "an error on another rank"
+    return SaveFailed(
+        f"cannot write {PREFIX}{step} in {root}: filesystem {mount} ({kind}) has {space}; the save failed with "
+        f"{cause}. The staging folder is removed and the previous checkpoint kept: free space there or set "
+        "train.checkpoint_dir on a larger filesystem, then rerun")
 
 
 def publish(staged: Path, root: Path, step: int, fingerprint: str | None = None) -> Path:

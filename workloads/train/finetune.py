@@ -69,7 +69,7 @@ from workloads.train.metrics_callback import MetricsCallback, TokenCounter
 from workloads.train.model_shapes import ModelShape, shape_from_model_folder
 from workloads.train.parallelism import BadShardSize
 from workloads.train.placement import Hardware, Placement, decide_placement
-from workloads.train.preemption import INTERRUPTED_EXIT, STOP_FILE_ENV, PreemptionCallback, StopRequest
+from workloads.train.preemption import INTERRUPTED_EXIT, STOP_FILE_ENV, PreemptionCallback, StopRequest, any_rank
 from workloads.train.sizing import DoesNotFit, plan_batches
 
 log = logging.getLogger("workloads.train.finetune")
@@ -117,16 +117,32 @@ class FinetuneTrainer(Trainer):
             shutil.rmtree(staging, ignore_errors=True)
         self.accelerator.wait_for_everyone()
         self.args.output_dir = str(staging)
+        failure: Exception | None = None
         try:
             super()._save_checkpoint(model, trial)
+        except Exception as error:  # noqa: BLE001 - a full disk: OSError, SafetensorError or torch's RuntimeError
+            failure = error
         finally:
             self.args.output_dir = str(root)
-        self.accelerator.wait_for_everyone()
+        self._all_saved(root, step, failure)
         if self.args.should_save:
-            target = checkpoints.publish(staging / f"{checkpoints.PREFIX}{step}", root, step, self.fingerprint)
-            checkpoints.prune(root, self.keep, self.fingerprint)
-            log.info("checkpoint %s saved", target)
-        self.accelerator.wait_for_everyone()
+            try:
+                target = checkpoints.publish(staging / f"{checkpoints.PREFIX}{step}", root, step, self.fingerprint)
+                checkpoints.prune(root, self.keep, self.fingerprint)
+                log.info("checkpoint %s saved", target)
+            except OSError as error:
+                failure = error
+        self._all_saved(root, step, failure)
+
+    def _all_saved(self, root: Path, step: int, failure: Exception | None) -> None:
+        """Return when every rank's part of checkpoint-<step> is written; else, on every rank, remove the staging
+        folder and raise SaveFailed (the previous checkpoints stay)."""
+        if not any_rank(failure is not None):
+            return
+        error = checkpoints.save_failure(root, step, failure)
+        if self.args.should_save:
+            shutil.rmtree(root / f"{checkpoints.STAGING}{step}", ignore_errors=True)
+        raise error from failure
 
 
 def load_model(model_dir: Path, train: TrainConfig, precision: str, local_rank: int,
@@ -472,6 +488,9 @@ def main(argv: list[str] | None = None) -> int:
     except (checkpoints.CannotResume, BadShardSize) as error:
         print(f"finetune: {error}", file=sys.stderr)
         return 2
+    except checkpoints.SaveFailed as error:
+        print(f"finetune: {error}", file=sys.stderr)
+        return checkpoints.SAVE_FAILED_EXIT
 
 
 def exit_rank(code: int) -> NoReturn:

@@ -1,6 +1,7 @@
 """Shell settings for the train job: processes per node, checkpoint folder, NCCL/gloo network environment.
 
     eval "$(python -m workloads.train.launch --config RUN.json)"
+    python -m workloads.train.launch --config RUN.json --stopped   # 0: the last attempt stopped with a checkpoint
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import sys
 from pathlib import Path
 
 from documents.run_config import ConfigError, load_run_config
+from documents.run_manifest import RUN_MANIFEST_NAME, load_run_manifest
 from documents.sections.train import TrainConfig
 from workloads.train.config import require_train, train_paths
 
@@ -40,9 +42,18 @@ def launch_environment(train: TrainConfig, gpus: int, cpus_on_node: int) -> dict
     return env
 
 
+def stopped_with_checkpoint(run_dir: Path) -> bool:
+    """The run's last attempt stopped on request after its checkpoint was saved (status interrupted), the one end
+    the train job requeues on: a failed save or a crash leaves the attempt running, and a requeue would loop."""
+    manifest = load_run_manifest(run_dir / RUN_MANIFEST_NAME)
+    return manifest is not None and manifest.status == "interrupted"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", required=True)
+    parser.add_argument("--stopped", action="store_true",
+                        help="exit 0 when the last attempt stopped with a checkpoint (requeue), else 1")
     options = parser.parse_args(argv)
     try:
         run = load_run_config(options.config)
@@ -50,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError) as error:
         print(f"launch: {error}", file=sys.stderr)
         return 2
+    if options.stopped:
+        return 0 if stopped_with_checkpoint(train_paths(run).run_dir) else 1
     gpus = gpu_count()
     cpus = int(os.environ.get("SLURM_CPUS_ON_NODE") or os.cpu_count() or 1)
     paths = train_paths(run)

@@ -18,6 +18,16 @@ STOP_FILE_ENV = "FT_STOP_FILE"
 INTERRUPTED_EXIT = 75
 
 
+def any_rank(flag: bool) -> bool:
+    """True on every rank when `flag` is true on any (an all-reduce; the flag itself in a single process)."""
+    value = torch.tensor([1.0 if flag else 0.0])
+    if dist.is_available() and dist.is_initialized():
+        if dist.get_backend() == "nccl":
+            value = value.cuda()
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return value.item() > 0
+
+
 class StopRequest:
     """Set by a signal or by the presence of a stop file."""
 
@@ -44,12 +54,7 @@ class PreemptionCallback(TrainerCallback):
         self.stopped_at: int | None = None
 
     def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201 - TrainerCallback signature
-        flag = torch.tensor([1.0 if self.request.requested() else 0.0])
-        if dist.is_available() and dist.is_initialized():
-            if dist.get_backend() == "nccl":
-                flag = flag.cuda()
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if flag.item() > 0 and state.global_step < state.max_steps:
+        if any_rank(self.request.requested()) and state.global_step < state.max_steps:
             control.should_save = True
             control.should_training_stop = True
             self.stopped_at = state.global_step
