@@ -1,10 +1,16 @@
 """Every NodeSet and SlurmCluster value the reference install sends has a row in docs/infra.md's parity tables.
 
-The reference is a pinned copy of the solutions library's flux_release_nodesets.yaml.tftpl and
-terraform_fluxcd_values.yaml.tftpl (tests/data/reference/, commit in its README). Their keys are read from the YAML
-lines of the templates (Terraform directives skipped), as paths under ``nodesets[]`` and under
-``slurmCluster.overrideValues`` of the values document the second one holds; a table row covers a path when one of
-the row's backticked paths is a prefix of it.
+The reference is nebius/nebius-solutions-library's soperator/modules/slurm/templates/helm_values/
+flux_release_nodesets.yaml.tftpl (the NodeSets, helm-nodesets ``nodesets[]``) and terraform_fluxcd_values.yaml.tftpl
+(the soperator-fluxcd values; their ``slurmCluster.overrideValues`` are helm-slurm-cluster's) at commit
+37723db758e28088d8e1dc5f8c2ad04a6fbe150e, read from the pinned upstream folder (tests/upstream_files.py:
+``../shared/upstream/reference/``, or ``FT_UPSTREAM``). Of that file's 13 stored revisions this is the one whose values
+match Soperator 4.1.7: it mounts the ConfigMap ``slurm-scripts``, the name helm/slurm-cluster 4.1.7 gives it
+(templates/slurm-scripts-cm.yaml:5); a later revision (ecc5cec6) mounts ``${cluster_name}-slurm-scripts``, 5.0's name.
+
+Their keys are read from the YAML lines of the templates (Terraform directives skipped), as paths under
+``nodesets[]`` and under ``slurmCluster.overrideValues`` of the values document the second one holds; a table row
+covers a path when one of the row's backticked paths is a prefix of it.
 """
 
 from __future__ import annotations
@@ -12,9 +18,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from upstream_files import upstream_file
+
 REPO = Path(__file__).resolve().parents[1]
-TEMPLATE = REPO / "tests/data/reference/flux_release_nodesets.yaml.tftpl"
-FLUX_VALUES = REPO / "tests/data/reference/terraform_fluxcd_values.yaml.tftpl"
+REFERENCE = "reference/nebius-solutions-library-37723db7/soperator/modules/slurm/templates/helm_values"
+TEMPLATE = f"{REFERENCE}/flux_release_nodesets.yaml.tftpl"
+FLUX_VALUES = f"{REFERENCE}/terraform_fluxcd_values.yaml.tftpl"
 DOC = REPO / "docs/infra.md"
 TABLE_INTRO = "NodeSet values (`helm-nodesets` `nodesets[]`):"
 CLUSTER_TABLE_INTRO = "SlurmCluster values (`helm-slurm-cluster`, the reference's `slurmCluster.overrideValues`):"
@@ -101,7 +110,7 @@ def test_template_keys_follow_indentation_lists_and_skip_directives() -> None:
 
 
 def test_the_pinned_template_is_read_whole() -> None:
-    leaves = nodeset_leaves(TEMPLATE.read_text())
+    leaves = nodeset_leaves(upstream_file(TEMPLATE).read_text())
     # values the issue names, each a leaf the reference sends
     for path in ("nodeConfig.static", "enableHostUserNamespace", "slurmd.volumes.customVolumeMounts.mountPath",
                  "customInitContainers.command", "tolerations.effect", "configMapRefSupervisord"):
@@ -112,17 +121,17 @@ def test_the_pinned_template_is_read_whole() -> None:
 def test_every_reference_nodeset_value_has_a_row_in_the_parity_table() -> None:
     rows = table_paths(DOC.read_text())
     assert ("nodeConfig", "static") in rows
-    assert uncovered(nodeset_leaves(TEMPLATE.read_text()), rows) == []
+    assert uncovered(nodeset_leaves(upstream_file(TEMPLATE).read_text()), rows) == []
 
 
 def test_a_value_missing_from_the_table_is_named() -> None:
-    leaves = nodeset_leaves(TEMPLATE.read_text())
+    leaves = nodeset_leaves(upstream_file(TEMPLATE).read_text())
     rows = [r for r in table_paths(DOC.read_text()) if r != ("enableHostUserNamespace",)]
     assert uncovered(leaves, rows) == ["enableHostUserNamespace"]
 
 
 def test_every_reference_slurm_cluster_value_has_a_row_in_the_parity_table() -> None:
-    leaves = cluster_leaves(FLUX_VALUES.read_text())
+    leaves = cluster_leaves(upstream_file(FLUX_VALUES).read_text())
     for path in ("partitionConfiguration.configType", "populateJail.k8sNodeFilterName",
                  "slurmNodes.login.customInitContainers.name", "sConfigController.node.size"):
         assert tuple(path.split(".")) in leaves, path
