@@ -134,3 +134,29 @@ def test_cli_help_and_error_exit(tmp_path: Path) -> None:
                             cwd=ROOT, capture_output=True, text=True)
     assert failed.returncode == 1
     assert "error: dir:/no/such: folder not found" in failed.stderr
+
+
+def test_a_gguf_file_is_parsed_once_inside_the_conversion_and_anew_outside(tmp_path: Path) -> None:
+    import gguf
+    import numpy as np
+
+    from workloads.model.prepare import gguf_read_once
+
+    path = tmp_path / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(2)
+    writer.add_tensor("token_embd.weight", np.arange(12, dtype=np.float32).reshape(3, 4))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    own = gguf.GGUFReader
+    with gguf_read_once():
+        first = gguf.GGUFReader(str(path))
+        assert gguf.GGUFReader(str(path)) is first
+        assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2)
+    assert gguf.GGUFReader is own and gguf.GGUFReader(str(path)) is not first
+    assert first.get_tensor(0).data.tolist() == np.arange(12, dtype=np.float32).reshape(3, 4).tolist()
+    with pytest.raises(ValueError), gguf_read_once():
+        raise ValueError("a failed conversion")
+    assert gguf.GGUFReader is own

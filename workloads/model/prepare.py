@@ -7,10 +7,13 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import shutil
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +33,21 @@ class PrepareError(RuntimeError):
     """Preparation failed; nothing was written at the target."""
 
 
+@contextmanager
+def gguf_read_once() -> Iterator[None]:
+    """transformers parses a GGUF file's metadata (the whole vocabulary) anew for each of the tokenizer, the config
+    and the model (four parses of SmolLM2's file) and builds gguf's tensor-name map once per module (397): inside
+    this block both are built once (their readers only read)."""
+    import gguf
+
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    gguf.GGUFReader, gguf.get_tensor_name_map = functools.cache(reader), functools.cache(name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
+
+
 def _from_gguf(source: ModelSource, tmp: Path, dtype: str) -> dict[str, Any]:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -37,9 +55,10 @@ def _from_gguf(source: ModelSource, tmp: Path, dtype: str) -> dict[str, Any]:
     path = gguf_path(source)
     log.info("loading %s (dequantizing GGUF tensors)", path)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
-        loaded = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name)
+        with gguf_read_once():
+            tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+            config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+            loaded = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name)
     except Exception as error:
         raise SourceError(f"{source}: cannot read GGUF file {path}: {error}") from None
     if hasattr(config, "quantization_config"):
