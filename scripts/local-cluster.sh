@@ -26,9 +26,10 @@
 #                                finds its NodeName line by its hostname, or exits); prometheus-node-exporter on
 #                                :9100 reading <dir>/monitoring/textfile/<node>, the folder a TaskProlog gives the
 #                                node's jobs for their metrics (an Epilog cleans up)
-# slurm.conf's node and partition lines are those Soperator 4.1.7 renders from the values (python -m
-# infra.soperator.rehearsal writes <dir>/etc/values.yaml, nodes.conf, pods and slurmd.args); a worker the values
-# give no NodeName line fails the start as it fails on the cloud. The hosts file names each node by its pod name
+# slurm.conf's node and partition lines are those Soperator 4.1.7 renders from the SlurmCluster and NodeSet custom
+# resources Helm makes of the values (python -m infra.soperator.rehearsal writes <dir>/etc/values.yaml,
+# custom-resources.yaml, nodes.conf, pods and slurmd.args); a worker the values give no NodeName line fails the start
+# as it fails on the cloud. The hosts file names each node by its pod name
 # and by the address Soperator gives it (<pod>.<cluster>-nodeset-svc.<namespace>.svc.cluster.local).
 # Each node also has its own UTS namespace (hostname = node name) and mount namespace in which the cluster's
 # hosts file is /etc/hosts, its config folder is /etc/slurm and the jail (<dir>/jail on this machine's shared
@@ -176,7 +177,7 @@ write_config() {
   mv "$ETC/hosts.tmp" "$ETC/hosts"
   cat >"$CONF.tmp" <<EOF
 # Written by scripts/local-cluster.sh; edits are overwritten on start. Nodes and partitions: Soperator 4.1.7's
-# rendering of $ETC/values.yaml (infra/soperator/render.py).
+# rendering of $ETC/custom-resources.yaml, Helm's of $ETC/values.yaml (infra/soperator/render.py).
 ClusterName=$PREFIX
 SlurmctldHost=$CTL($SUBNET.2)
 SlurmctldPort=$CTLD_PORT
@@ -299,7 +300,8 @@ start_slurmd() {
       die "slurmd of $node exited ($(tail -n 1 "$LOG/slurmd-$node.start")): slurm.conf has no NodeName line for it." \
         "Soperator 4.1.7 writes node lines only with partitionConfiguration.configType structured" \
         "(internal/render/common/configmap.go:369-386), and a worker's slurmd (no -Z) finds its node there or exits:" \
-        "this worker would never join Slurm on the cloud either. The values: $ETC/values.yaml"
+        "this worker would never join Slurm on the cloud either. The values: $ETC/values.yaml; what Helm made of" \
+        "them: $ETC/custom-resources.yaml"
     die "slurmd did not start in $node: $(tail -n 1 "$LOG/slurmd-$node.start"); see $LOG/slurmd-$node.log"
   fi
   wait_pidfile "$RUN/slurmd-$node.pid" "slurmd of $node" "$LOG/slurmd-$node.log"

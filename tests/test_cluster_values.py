@@ -1,7 +1,8 @@
-"""The rehearsal cluster obeys the operator's rules: started from Soperator values whose rendering
-(infra/soperator/render.py) gives a worker no node line, that worker's slurmd (no -Z) exits and the start fails
-saying why, as the worker never joins Slurm on the cloud; a NodeSet without `nodeConfig.static` registers with the
-one CPU Slurm assumes, so a job asking the stack's CPUs per node is refused. One worker, no pipeline: seconds."""
+"""The rehearsal cluster obeys the operator's rules: started from Soperator values whose custom resources, as Helm
+renders them, give a worker no node line (infra/soperator/render.py), that worker's slurmd (no -Z) exits and the
+start fails saying why, as the worker never joins Slurm on the cloud; a NodeSet without `nodeConfig.static`
+registers with the one CPU Slurm assumes, so a job asking the stack's CPUs per node is refused. One worker, no
+pipeline: seconds."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from documents.soperator_values import PartitionConfiguration, SoperatorValues, write_soperator_values
+from documents.soperator_values import SoperatorValues, write_soperator_values
 from infra.soperator.rehearsal import cluster_stack_values, read_stack
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,21 +38,22 @@ def run(base: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
 
 
-def stack_values(**change: object) -> SoperatorValues:
-    """The `cluster` stack's values for one worker, with `change` made to its SlurmCluster or its NodeSet."""
+def stack_values(*, partitions: dict | None = None, static: str | None = None) -> SoperatorValues:
+    """The `cluster` stack's values for one worker, with its SlurmCluster's `partitionConfiguration` or its NodeSet's
+    `nodeConfig.static` replaced."""
     values = cluster_stack_values(read_stack(ROOT / "stacks" / "Pulumi.cluster.yaml", nodes=1, serving_nodes=0))
-    cluster = values.slurm_cluster
-    if "partition_configuration" in change:
-        cluster = cluster.model_copy(update={"partition_configuration": change["partition_configuration"]})
+    cluster = dict(values.slurm_cluster)
+    if partitions is not None:
+        cluster["partitionConfiguration"] = partitions
     nodeset = values.nodesets[0]
-    if "static" in change:
-        nodeset = nodeset.model_copy(update={"node_config": nodeset.node_config.model_copy(update={"static": ""})})
+    if static is not None:
+        nodeset = {**nodeset, "nodeConfig": {**nodeset["nodeConfig"], "static": static}}
     return values.model_copy(update={"slurm_cluster": cluster, "nodesets": [nodeset]})
 
 
 def test_default_partitions_give_the_worker_no_node_line_and_it_never_joins(cluster_dir: Path, tmp_path: Path) -> None:
     values = tmp_path / "values.yaml"
-    write_soperator_values(values, stack_values(partition_configuration=PartitionConfiguration()))
+    write_soperator_values(values, stack_values(partitions={}))  # the chart's default: configType default
     started = run(cluster_dir, "start", "--values", str(values))
     assert started.returncode == 1
     assert ("slurmd of worker-0 exited (slurmd: fatal: Unable to determine this slurmd's NodeName): slurm.conf has no "
@@ -65,7 +67,7 @@ def test_default_partitions_give_the_worker_no_node_line_and_it_never_joins(clus
 def test_a_nodeset_without_static_joins_with_one_cpu_and_the_stacks_cpus_cannot_be_placed(
         cluster_dir: Path, tmp_path: Path) -> None:
     stack = stack_values()
-    cpus = int(stack.nodesets[0].node_config.static.split()[0].removeprefix("CPUs="))
+    cpus = int(stack.nodesets[0]["nodeConfig"]["static"].split()[0].removeprefix("CPUs="))
     assert cpus > 1, "the cluster stack's nodes must have more than one CPU for this check"
     values = tmp_path / "values.yaml"
     write_soperator_values(values, stack_values(static=""))
