@@ -14,7 +14,8 @@ from infra.catalog import parse_preset
 from infra.config import EnvironmentConfig, StackConfig, load_stack_config
 from infra.pipeline.chain import CHAIN, JobSpec, code_hash, code_location_for, pipeline_jobs, stage_fingerprint
 from infra.program.mocks import run_under_mocks
-from infra.soperator.render import slurm_conf_lines
+from infra.soperator.helm_render import kube_version, mirror_beside
+from infra.soperator.render import custom_resources, slurm_conf_lines
 from infra.soperator.values import operator_values
 
 REPO = Path(__file__).resolve().parents[1]
@@ -103,17 +104,18 @@ def test_every_cloud_job_asks_for_its_share_of_the_workers_cpus() -> None:
 @pytest.mark.parametrize("stack", ["dev", "demo", "h100"])
 def test_the_environment_build_lands_on_a_cpu_node_of_the_system_group(stack: str) -> None:
     """Issue 52: housekeeping never wakes a GPU set. The environment job asks for the housekeeping partition; the
-    slurm.conf Soperator 4.1.7 renders from the stack's values (infra/soperator/render.py) puts only CPU nodes in it,
-    their pods pinned to the system node group, which has no GPU; and Soperator's hidden partition, where the active
-    checks send a GPU job to every node, leaves them out."""
+    slurm.conf Soperator 4.1.7 renders from the custom resources Helm makes of the stack's values
+    (infra/soperator/render.py) puts only CPU nodes in it, their pods pinned to the system node group, which has no
+    GPU; and Soperator's hidden partition, where the active checks send a GPU job to every node, leaves them out."""
     cfg = load_stack_config(stack, REPO / "stacks")
     cfg = cfg.model_copy(update={"pipeline": cfg.pipeline.model_copy(update={
         "environment": EnvironmentConfig(source="index")})})
     args = _jobs(cfg)["environment"].extra_args
     partition = next(a.split("=", 1)[1] for a in args if a.startswith("--partition="))
     values = operator_values(cfg)
-    rendered = slurm_conf_lines(SoperatorValues.model_validate(
-        {"namespace": cfg.slurm_namespace, "slurmCluster": values.slurm_cluster, "nodesets": values.nodesets}))
+    rendered = slurm_conf_lines(custom_resources(SoperatorValues.model_validate(
+        {"namespace": cfg.slurm_namespace, "slurmCluster": values.slurm_cluster, "nodesets": values.nodesets}),
+        cfg.soperator, mirror=mirror_beside(REPO), kube_version=kube_version(cfg.nebius.k8s_version)))
     partitions = {line.split()[0].removeprefix("PartitionName="): line.split()[1].removeprefix("Nodes=")
                   for line in rendered if line.startswith("PartitionName=")}
     nodesets = {line.split()[0].removeprefix("NodeSet="): line.split()[1].removeprefix("Nodes=")
