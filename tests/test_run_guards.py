@@ -46,7 +46,7 @@ def signal_masks(pid: int) -> str:
     return " ".join(line for line in lines if line.startswith(("SigBlk", "SigIgn", "SigCgt", "State")))
 
 
-def finished(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, str, str]:
+def finished(proc: subprocess.Popen, timeout: float | None = 300) -> tuple[int, str, str]:
     out, err = proc.communicate(timeout=timeout)
     return proc.returncode, out, err
 
@@ -117,9 +117,8 @@ def test_second_run_of_a_stack_says_who_holds_it_and_ctrl_c_leaves_jobs_running(
     repo = make_repo(tmp_path, train_body="sleep 600")
     first = ftstack(repo, "run", "--stack", "guard", "--wait", env={"SLURM_CONF": slurm})
     state = repo / ".local" / "pipeline" / "guard.json"
-    deadline = time.monotonic() + 300
     while not (state.exists() and "eval" in json.loads(state.read_text()).get("stages", {})):
-        assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+        assert first.poll() is None, first.communicate()
         time.sleep(0.5)
     train_job = json.loads(state.read_text())["stages"]["train"]["outs"]["job_id"]
     try:
@@ -129,13 +128,10 @@ def test_second_run_of_a_stack_says_who_holds_it_and_ctrl_c_leaves_jobs_running(
         assert f"pid {first.pid}" in err and "ftstack run" in err, err
         assert json.loads(state.read_text())["stages"]["train"]["outs"]["job_id"] == train_job
 
-        masks = signal_masks(first.pid)
+        # waited for however long the machine takes: were it deaf to SIGINT, pytest's timeout shows these masks
+        print(f"ftstack run --wait before SIGINT: {signal_masks(first.pid)}")
         first.send_signal(signal.SIGINT)
-        try:
-            code, _, err = finished(first, timeout=120)
-        except subprocess.TimeoutExpired as slow:
-            first.kill()
-            pytest.fail(f"ftstack run --wait still running 120 s after SIGINT ({masks}); stderr:\n{slow.stderr}")
+        code, _, err = finished(first, timeout=None)
         assert code == 130 and "Traceback" not in err, err
         assert "keep running" in err and "ftstack run --stack guard --wait" in err and "ftstack status" in err, err
         squeue = subprocess.run(["squeue", "-h", "-j", train_job, "-o", "%T"], capture_output=True, text=True,
