@@ -7,7 +7,9 @@ secrets; ``infra/soperator/component.py`` turns them into the Kubernetes Secret 
 
 from __future__ import annotations
 
+import hashlib
 import secrets
+import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +47,46 @@ class _PasswordProvider(ResourceProvider):
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         return DiffResult(changes=olds.get("name") != news.get("name"), replaces=["name"] if olds.get("name") != news.get("name") else [])
+
+
+K8UP_CRDS_SHA256 = {"4.8.3": "391a8ee489f0e6a5601d1fc514ead59c53c33185f909a706022a599173c95805"}
+"""sha256 of k8up's CRDs (release asset ``k8up-crd.yaml`` of k8up-io/k8up's release ``k8up-<chart version>``) per k8up
+chart version: the chart ships none (its README: "CRDs need to be installed separately"), and its operator reconciles
+them (Schedule, Backup, Prune, ... of group k8up.io)."""
+
+
+def k8up_crds_url(version: str) -> str:
+    """The CRDs the k8up chart's README installs for ``version``."""
+    return f"https://github.com/k8up-io/k8up/releases/download/k8up-{version}/k8up-crd.yaml"
+
+
+def k8up_crds_sha256(version: str) -> str:
+    if version not in K8UP_CRDS_SHA256:
+        raise ValueError(f"soperator.k8upVersion {version}: the sha256 of its k8up-crd.yaml is not pinned; known for "
+                         f"{', '.join(K8UP_CRDS_SHA256)} (infra/nebius/backups.py K8UP_CRDS_SHA256)")
+    return K8UP_CRDS_SHA256[version]
+
+
+class _DigestProvider(ResourceProvider):
+    """Downloads ``url`` at create and refuses it unless its sha256 is the pinned one; a change of either replaces it."""
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        with urllib.request.urlopen(props["url"], timeout=120) as response:  # noqa: S310 (an https release asset)
+            digest = hashlib.sha256(response.read()).hexdigest()
+        if digest != props["sha256"]:
+            raise ValueError(f"{props['url']}: sha256 {digest}, pinned {props['sha256']}")
+        return CreateResult(id_=digest, outs=props)
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        changed = [key for key in ("url", "sha256") if olds.get(key) != news.get(key)]
+        return DiffResult(changes=bool(changed), replaces=changed)
+
+
+class VerifiedDownload(DynamicResource):
+    """A file on the web whose sha256 is checked before anything that reads it from the same URL is created."""
+
+    def __init__(self, name: str, url: str, sha256: str, opts: pulumi.ResourceOptions | None = None):
+        super().__init__(_DigestProvider(), name, {"url": url, "sha256": sha256}, opts)
 
 
 class RepositoryPassword(DynamicResource):

@@ -8,11 +8,13 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.monitoring import releases as mon
+from infra.nebius import backups
 from infra.nebius.backups import BackupCredentials, RepositoryPassword
 from infra.soperator import helm_values
 from infra.soperator.values import BACKUP_SECRET, STORAGE_CLASS, ReleaseSpec
 
 BACKUP_RELEASE = "soperator-backup-config"
+K8UP_RELEASE = "k8up"
 
 
 @dataclass
@@ -56,6 +58,8 @@ class Soperator(pulumi.ComponentResource):
                 if args.backup_credentials is None:
                     raise ValueError(f"release {BACKUP_RELEASE}: no backup credentials given")
                 after.append(self._backup_secret(name, spec.namespace, args.backup_credentials, provider, after))
+            if spec.key == K8UP_RELEASE:
+                after.append(self._k8up_crds(name, spec.version, provider, after))
             if spec.key == mon.METRICS:
                 after.append(self._grafana_secret(name, spec.namespace, provider, after))
             self.releases[spec.key] = self._release(name, spec, provider, after)
@@ -76,6 +80,16 @@ class Soperator(pulumi.ComponentResource):
             },
             opts=pulumi.ResourceOptions(parent=self, provider=provider, depends_on=after),
         )
+
+    def _k8up_crds(self, name: str, version: str, provider: k8s.Provider,
+                   after: list[pulumi.Resource]) -> k8s.yaml.v2.ConfigFile:
+        """k8up's CRDs from its release asset, after its sha256 is checked (server-side applied: pulumi-kubernetes'
+        default, as the chart's README applies them; the podconfigs CRD is too large for client-side apply)."""
+        url = backups.k8up_crds_url(version)
+        digest = backups.VerifiedDownload(f"{name}-k8up-crds-digest", url, backups.k8up_crds_sha256(version),
+                                          opts=pulumi.ResourceOptions(parent=self))
+        return k8s.yaml.v2.ConfigFile(f"{name}-k8up-crds", file=url, opts=pulumi.ResourceOptions(
+            parent=self, provider=provider, depends_on=[*after, digest]))
 
     def _grafana_secret(self, name: str, namespace: str, provider: k8s.Provider,
                         after: list[pulumi.Resource]) -> k8s.core.v1.Secret:

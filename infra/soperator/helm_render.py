@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +30,24 @@ import yaml
 
 from infra.soperator import helm_values
 
+
+
+class _ManifestLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """YAML 1.1's safe loader without the ``=`` "value" tag, which a CRD's enum ``- =`` would hit (it is a string)."""
+
+
+_ManifestLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:value"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_ManifestLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9]+[eE][-+]?[0-9]+$"), list("-+0123456789"))
+"""A number such as ``1e+07`` (Helm prints a large whole value so) is a float to YAML 1.2 and the API server's
+YAML-to-JSON conversion; YAML 1.1 without the dot reads it as a string."""
 MIRROR_ENV = "FT_CHART_MIRROR"
 HELM_ENV = "FT_HELM"
 CRD_KIND = "CustomResourceDefinition"
+RELEASE_TYPE = "kubernetes:helm.sh/v3:Release"
 
 
 class HelmRenderError(RuntimeError):
@@ -81,6 +98,12 @@ class Rendered:
     release: HelmRelease
     manifest: str
     objects: tuple[dict[str, Any], ...]
+    sources: tuple[str, ...]
+    """Each object's template (``# Source:``), e.g. ``helm-soperator-crds/crds/slurmcluster-crd.yaml``."""
+
+    def crd_folder(self) -> frozenset[int]:
+        """Indexes of the objects of the chart's ``crds/`` folders, which Helm installs before its templates."""
+        return frozenset(i for i, source in enumerate(self.sources) if "/crds/" in f"/{source}")
 
     def api_versions(self) -> list[str]:
         """``group/version`` and ``group/version/Kind`` of every version its CRDs serve."""
@@ -91,6 +114,11 @@ class Rendered:
                 group_version = f"{spec.get('group')}/{served.get('name')}"
                 found += [group_version, f"{group_version}/{spec.get('names', {}).get('kind')}"]
         return found
+
+
+def releases_in(resources: Iterable[Any]) -> list[HelmRelease]:
+    """The Helm releases among a run's recorded resources (``type``, ``inputs``), in registration (install) order."""
+    return [HelmRelease.from_inputs(r.inputs) for r in resources if r.type == RELEASE_TYPE]
 
 
 def chart_mirror(setting: str | None = None) -> Path | None:
@@ -149,7 +177,13 @@ def _template_command(release: HelmRelease, mirror: Path | None, kube_version: s
 
 def render(release: HelmRelease, *, mirror: Path | None, kube_version: str,
            api_versions: Iterable[str] = ()) -> Rendered:
-    """``helm template`` of one release; a HelmRenderError with Helm's message when it does not render."""
+    """``helm template`` of one release; a HelmRenderError with Helm's message when it does not render. Renders are
+    kept for the process (a release and its inputs render the same; callers must not change the objects)."""
+    return _render(release, mirror, kube_version, tuple(sorted(set(api_versions))))
+
+
+@cache
+def _render(release: HelmRelease, mirror: Path | None, kube_version: str, api_versions: tuple[str, ...]) -> Rendered:
     with tempfile.TemporaryDirectory(prefix="ft-helm-") as tmp:
         command = _template_command(release, mirror, kube_version, api_versions, Path(tmp))
         done = subprocess.run(command, capture_output=True, text=True)
@@ -157,8 +191,22 @@ def render(release: HelmRelease, *, mirror: Path | None, kube_version: str,
         where = release.chart if mirror is None else f"{release.package_name} from {mirror}"
         raise HelmRenderError(f"release {release.name} ({where} {release.version}): "
                               f"{done.stderr.strip() or done.stdout.strip()}")
-    objects = tuple(doc for doc in yaml.safe_load_all(done.stdout) if isinstance(doc, dict))
-    return Rendered(release, done.stdout, objects)
+    found = documents(done.stdout)
+    return Rendered(release, done.stdout, tuple(d for _, d in found), tuple(s for s, _ in found))
+
+
+def documents(manifest: str) -> list[tuple[str, dict[str, Any]]]:
+    """(source template, object) of each non-empty document of a manifest (``helm template``'s output)."""
+    return list(_documents(manifest))
+
+
+def _documents(manifest: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(source template, object) of each non-empty document of a ``helm template`` output."""
+    for chunk in re.split(r"^---[ \t]*$", manifest, flags=re.M):
+        source = re.search(r"^# Source: (.+)$", chunk, re.M)
+        document = yaml.load(chunk, Loader=_ManifestLoader)
+        if isinstance(document, dict):
+            yield (source[1].strip() if source else ""), document
 
 
 def render_stack(releases: Sequence[HelmRelease], *, mirror: Path | None, kube_version: str,

@@ -1,0 +1,170 @@
+"""Every release of every cloud stack rendered with the real Helm (v3.17.3 from the lock's wheel) exactly as the program
+passes it under the mocks (chart, version, namespace, values over the deletion ``value_yaml_files``, skipCrds), from
+the pinned chart packages in ../shared/upstream/charts (or FT_CHART_MIRROR); each stack's objects are checked in
+install order as the API server would take them (infra/soperator/manifest_checks.py)."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.config import load_stack_config
+from infra.nebius import backups
+from infra.program.mocks import SECRET, MockRun, run_under_mocks
+from infra.soperator import helm_render, manifest_checks
+from infra.soperator.helm_render import HelmRelease, HelmRenderError, Rendered
+from infra.soperator.manifest_checks import Unit
+
+REPO = Path(__file__).resolve().parents[1]
+CLOUD_STACKS = ("demo", "dev", "h100")
+MIRROR = helm_render.mirror_beside(REPO)
+"""FT_CHART_MIRROR, else ../shared/upstream/charts; None pulls each chart from its repository."""
+UPSTREAM_CRDS = REPO.parent / "shared" / "upstream" / "crds"
+CONFIG_FILE = "kubernetes:yaml/v2:ConfigFile"
+DYNAMIC = "pulumi-python:dynamic:Resource"
+K8S_OBJECTS = ("kubernetes:core/v1:Secret", "kubernetes:storage.k8s.io/v1:StorageClass")
+
+
+def kube_version(stack: str) -> str:
+    cfg = load_stack_config(stack)
+    assert cfg.nebius is not None
+    return helm_render.kube_version(cfg.nebius.k8s_version)
+
+
+def k8up_crds(run: MockRun, config_file: Any) -> tuple[dict[str, Any], ...]:
+    """The CRDs a ConfigFile of k8up's release asset applies: the pinned upstream file, once its sha256 is the one
+    the program's digest check (the ConfigFile's dependency) holds the download to."""
+    (digest,) = [run.by_urn(urn) for urn in config_file.dependencies if run.by_urn(urn).type == DYNAMIC]
+    assert digest.inputs["url"] == config_file.inputs["file"]
+    version = config_file.inputs["file"].split("/download/k8up-")[1].split("/")[0]
+    assert config_file.inputs["file"] == backups.k8up_crds_url(version)
+    assert crds_sha256(version) == digest.inputs["sha256"], "the pinned sha256 is not the asset's"
+    return crds_objects(version)
+
+
+@cache
+def crds_sha256(version: str) -> str:
+    return hashlib.sha256((UPSTREAM_CRDS / f"k8up-{version}.yaml").read_bytes()).hexdigest()
+
+
+@cache
+def crds_objects(version: str) -> tuple[dict[str, Any], ...]:
+    return tuple(obj for _, obj in helm_render.documents((UPSTREAM_CRDS / f"k8up-{version}.yaml").read_text()))
+
+
+def plain(inputs: dict[str, Any]) -> dict[str, Any]:
+    """A recorded Kubernetes resource's inputs as the object it creates (a Secret's data, which the mocks record as
+    ``[secret]``, left out)."""
+    return {k: v for k, v in inputs.items() if not k.startswith("__") and v != SECRET}
+
+
+def install_units(stack: str, run: MockRun) -> list[tuple[Unit, Rendered | None]]:
+    """The stack's releases rendered in install order, each seeing the CRDs installed before it, with the program's
+    other Kubernetes objects where they are registered."""
+    units: list[tuple[Unit, Rendered | None]] = []
+    api_versions: list[str] = []
+    for resource in run.resources:
+        if resource.type == helm_render.RELEASE_TYPE:
+            release = HelmRelease.from_inputs(resource.inputs)
+            done = helm_render.render(release, mirror=MIRROR, kube_version=kube_version(stack),
+                                      api_versions=api_versions)
+            api_versions += done.api_versions()
+            units.append((Unit(f"release {release.name}", release.namespace, done.objects, done.crd_folder()), done))
+        elif resource.type == CONFIG_FILE:
+            objects = k8up_crds(run, resource)
+            api_versions += Rendered(HelmRelease("", "", "", "", {}), "", objects, ()).api_versions()
+            units.append((Unit(f"resource {resource.name}", "default", objects), None))
+        elif resource.type in K8S_OBJECTS:
+            units.append((Unit(f"resource {resource.name}", "default", (plain(resource.inputs),)), None))
+    return units
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict[str, MockRun]:
+    return {stack: run_under_mocks(load_stack_config(stack), {"pipelineSshPrivateKey": "key"}) for stack in CLOUD_STACKS}
+
+
+@pytest.fixture(scope="module")
+def units(runs) -> dict[str, list[tuple[Unit, Rendered | None]]]:
+    return {stack: install_units(stack, run) for stack, run in runs.items()}
+
+
+@pytest.mark.parametrize("stack", CLOUD_STACKS)
+def test_every_release_renders_and_the_api_server_takes_every_object(stack, units) -> None:
+    found = manifest_checks.check_stack(stack, [unit for unit, _ in units[stack]], kube_version(stack))
+    assert [str(f) for f in found] == []
+    rendered = [done for _, done in units[stack] if done is not None]
+    assert {"slurm-cluster", "nodesets", "soperator"} <= {d.release.name for d in rendered}
+    assert all(d.objects for d in rendered)
+
+
+@pytest.mark.parametrize("stack", ["demo", "h100"])
+def test_k8ups_crds_are_installed_before_the_backup_schedule(stack, runs, units) -> None:
+    """k8up's chart 4.8.3 ships no CRDs; helm-soperator-backup-config renders a k8up.io/v1 Schedule."""
+    names = [unit.name for unit, _ in units[stack]]
+    crds = next(i for i, n in enumerate(names) if n.endswith("-k8up-crds"))
+    assert crds < names.index("release k8up") < names.index("release soperator-backup-config")
+    schedule = [o for o in units[stack][names.index("release soperator-backup-config")][0].objects
+                if o["kind"] == "Schedule"]
+    assert schedule and schedule[0]["apiVersion"] == "k8up.io/v1"
+    k8up = next(r for r in runs[stack].of_type(helm_render.RELEASE_TYPE) if r.inputs["name"] == "k8up")
+    assert any(runs[stack].by_urn(urn).type == CONFIG_FILE for urn in k8up.dependencies)
+
+
+def _demo_units(units, release: str, change) -> list[str]:
+    """demo's findings after ``change`` edits one rendered object of ``release`` (a copy)."""
+    changed = []
+    for unit, _ in units["demo"]:
+        if unit.name == f"release {release}":
+            objects = copy.deepcopy(list(unit.objects))
+            change(objects)
+            unit = Unit(unit.name, unit.namespace, tuple(objects), unit.crd_folder)
+        changed.append(unit)
+    return [str(f) for f in manifest_checks.check_stack("demo", changed, kube_version("demo"))]
+
+
+def _cr(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    return next(o for o in objects if o["kind"] == kind)
+
+
+def test_a_misspelled_key_a_wrong_type_and_an_uninstalled_crd_are_each_reported(units) -> None:
+    misspelled = _demo_units(units, "slurm-cluster", lambda o: _cr(o, "SlurmCluster")["spec"].update(
+        slurmNodez={"a": 1}))
+    assert misspelled == ["demo: release slurm-cluster: slurm.nebius.ai/v1 SlurmCluster soperator/soperator: "
+                          "spec.slurmNodez: pruned: not in the CRD's schema"]
+    wrong_type = _demo_units(units, "nodesets", lambda o: _cr(o, "NodeSet")["spec"].update(replicas="five"))
+    assert len(wrong_type) == 1 and wrong_type[0].startswith("demo: release nodesets: slurm.nebius.ai/v1alpha1 NodeSet")
+    assert wrong_type[0].endswith("spec.replicas: 'five' is not of type 'integer'")
+    uninstalled = _demo_units(units, "nodesets", lambda o: o.append(
+        {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}}))
+    assert uninstalled == ["demo: release nodesets: example.com/v1 Widget soperator/w: kind: no CRD for "
+                           "Widget.example.com is installed before this unit"]
+    built_in = _demo_units(units, "nodesets", lambda o: _cr(o, "PriorityClass").update(valu=1))
+    assert len(built_in) == 1 and "PriorityClass" in built_in[0] and "'valu' was unexpected" in built_in[0]
+
+
+def test_a_schedule_without_k8ups_crds_is_reported(units) -> None:
+    without = [unit for unit, _ in units["demo"] if not unit.name.endswith("-k8up-crds")]
+    found = [str(f) for f in manifest_checks.check_stack("demo", without, kube_version("demo"))]
+    assert found == ["demo: release soperator-backup-config: k8up.io/v1 Schedule soperator/soperator-jail: kind: "
+                     "no CRD for Schedule.k8up.io is installed before this unit"]
+
+
+def test_an_object_two_releases_render_is_reported(units) -> None:
+    twice = [unit for unit, _ in units["demo"]]
+    twice.append(next(u for u in twice if u.name == "release nodesets"))
+    twice[-1] = Unit("release nodesets-again", twice[-1].namespace, twice[-1].objects)
+    found = [str(f) for f in manifest_checks.check_stack("demo", twice, kube_version("demo"))]
+    assert found and all(f.startswith("demo: release nodesets-again: ") and f.endswith("also created by release "
+                                                                                      "nodesets") for f in found)
+
+
+def test_a_missing_chart_names_the_chart_and_its_source(tmp_path) -> None:
+    release = HelmRelease("k8up", "k8up", "4.8.3", "k8up-system", {}, repo="https://k8up-io.github.io/k8up")
+    with pytest.raises(HelmRenderError, match=rf"^chart k8up 4\.8\.3: no k8up-4\.8\.3\.tgz in the chart mirror {tmp_path}$"):
+        helm_render.render(release, mirror=tmp_path, kube_version="1.36.0")
