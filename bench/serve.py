@@ -1,6 +1,6 @@
 """Serving benchmark: base against fine-tuned, at concurrency 1 and 16, through the real endpoint.
 
-Starts the server itself (python -m workloads.serve.launch) for each path:
+Starts the server itself (python -m workloads.serve.launcher.launch) for each path:
   1. merged:       base + merged fine-tuned model, each in `transformers serve` with continuous batching;
   2. adapter-4bit: the base loaded in 4-bit NF4 with the LoRA adapter left unmerged (the seed's setup);
   3. adapters:     one peft engine with the base and N adapters (distinct random LoRA weights registered as
@@ -40,20 +40,21 @@ import subprocess
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-sys.path.insert(0, str(ROOT / "tests"))  # adapter_runs: adapters registered as stored runs, shared with the tests
+sys.path.insert(0, str(ROOT / "tests"))  # adapter_runs (stored-run adapters), serve_process: shared with the tests
 
 from adapter_runs import STACK, register_run, save_adapter  # noqa: E402
+from serve_process import free_port, start_launcher, stop_launcher  # noqa: E402
 
-from documents.run_config import load_run_config, parse_run_config  # noqa: E402
+from documents.run_config import RunConfig, load_run_config, parse_run_config  # noqa: E402
 from infra.runs.store import LocalStore  # noqa: E402
 from workloads.eval.generation import read_prompts  # noqa: E402
 from workloads.eval.perplexity import load_tokenized  # noqa: E402
-from workloads.serve.client import stream_chat  # noqa: E402
-from workloads.serve.process import free_port, start_launcher, stop_launcher  # noqa: E402
+from workloads.serve.clients.openai_client import stream_chat  # noqa: E402
 
 TARGET_RATIO = 0.95
 MEMORY_TARGET = 1.25
@@ -178,7 +179,7 @@ def make_adapter_runs(base: Path, work: Path, count: int) -> dict[str, Path]:
         name = f"desk-{i + 1}"
         adapters[name] = work / "adapters" / name
         save_adapter(base, adapters[name], rank=8, seed=100 + i)
-        register_run(store, work / "runs", f"run-{name}", base, adapters[name], 8)
+        register_run(store, work / "run_dirs", f"run-{name}", base, adapters[name], 8)
     return adapters
 
 
@@ -192,7 +193,7 @@ def merged_copy(base: Path, adapter: Path, out: Path) -> Path:
 def memory_comparison(base: Path, adapters: dict[str, Path], work: Path, timeout_s: float) -> dict:
     """Resident memory: base alone, base + every adapter in one peft engine, and a process per fine-tune."""
     def peft_argv(port: int, names: list[str]) -> list[str]:
-        return [sys.executable, "-m", "workloads.serve.lora_engine", "--base", str(base), "--port", str(port),
+        return [sys.executable, "-m", "workloads.serve.engine.server", "--base", str(base), "--port", str(port),
                 "--dtype", "float32", "--lora-modules", *[json.dumps({"name": n, "path": str(adapters[n])}) for n in names]]
 
     def transformers_argv(folder: Path, port: int) -> list[str]:
@@ -263,7 +264,7 @@ def adapters_figures(args: argparse.Namespace, base: Path, tokenizer, work: Path
         "serve": {"engine": "peft", "device": "cpu", "dtype": "float32", "runs_store": str(work / "store"),
                   "stack": STACK, "max_batch": args.clients},
     }, "bench/serve.py")
-    config = work / "run.json"
+    config = work / "run_config.json"
     config.write_text(run.model_dump_json())
     env = {k: v for k, v in os.environ.items() if k != "FT_API_KEY"}
     flags = [a for name in adapters for a in ("--adapter", f"{name}=run-{name}")]
@@ -327,7 +328,7 @@ def vllm_side(args: argparse.Namespace, run, config: Path, adapters: dict[str, P
         stop_launcher(proc)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(ROOT / "workloads" / "configs" / "local.json"))
     parser.add_argument("--paths", nargs="+", choices=("merged", "adapter-4bit", "adapters"),
@@ -345,30 +346,16 @@ def main(argv: list[str] | None = None) -> int:
                              "environment (.venv-vllm/bin/python, made by make vllm-venv)")
     parser.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
                         help="every request generates --max-tokens tokens (default; vLLM's benchmark does the same)")
-    args = parser.parse_args(argv)
-    global IGNORE_EOS
-    IGNORE_EOS = args.ignore_eos
-    started_load = load_average()
+    return parser.parse_args(argv)
 
-    from transformers import AutoTokenizer
 
-    run = load_run_config(args.config)
-    base = args.base or run.base_model_dir
-    tokenizer = AutoTokenizer.from_pretrained(base)
-    report: dict = {"max_tokens": args.max_tokens, "ignore_eos": args.ignore_eos}
-    if "adapters" in args.paths:
-        report["adapters"] = bench_adapters(args, base, tokenizer)
-    paths = [p for p in args.paths if p != "adapters"]
-    if not paths:
-        report["load_average"] = {"start": started_load, "end": load_average()}
-        print(json.dumps(report, indent=2))
-        return 0
+def bench_paths(args: argparse.Namespace, run: RunConfig, paths: list[str], tokenizer: Any) -> dict[str, dict]:
+    """Each merged/adapter-4bit path's server (the first one also serving the base) measured at each concurrency."""
     prompts = [[{"role": "user", "content": p.input}] for p in
                read_prompts(load_tokenized(run.test_tokenized_dir, 16), run.test_jsonl, 16)]
     work = Path(tempfile.mkdtemp(prefix="bench-serve-"))
-    config = work / "run.json"
+    config = work / "run_config.json"
     config.write_text(run.model_dump_json())
-
     results: dict[str, dict] = {}
     for path in paths:
         with_base = "base" not in results
@@ -386,13 +373,13 @@ def main(argv: list[str] | None = None) -> int:
                 }
         finally:
             stop_launcher(proc)
+    return results
 
-    levels = [str(c) for c in args.concurrency]
-    report |= {"settings": {"max_tokens": args.max_tokens, "concurrency": args.concurrency,
-                                 "requests": args.requests, "single_requests": args.single_requests,
-                                 "engine": "transformers serve --continuous-batching", "device": (run.serve.device if run.serve else "auto"),
-                                 "target_ratio": TARGET_RATIO},
-                    "results": results, "ratios": {}}
+
+def path_ratios(results: dict[str, dict], levels: list[str]) -> dict[str, Any]:
+    """Each fine-tuned path over the base at each level (throughput, TTFT, TPOT, the target met), and batched
+    over single."""
+    ratios: dict[str, Any] = {}
     for key in [k for k in results if k != "base"]:
         entry: dict = {}
         for c in levels:
@@ -405,14 +392,38 @@ def main(argv: list[str] | None = None) -> int:
         if len(levels) > 1:
             entry["batched_over_single_finetuned"] = ratio(results[key][levels[-1]]["throughput_tokens_per_second"],
                                                            results[key][levels[0]]["throughput_tokens_per_second"])
-        report["ratios"][key] = entry
+        ratios[key] = entry
     if len(levels) > 1:
-        report["ratios"]["batched_over_single_base"] = ratio(results["base"][levels[-1]]["throughput_tokens_per_second"],
-                                                             results["base"][levels[0]]["throughput_tokens_per_second"])
+        ratios["batched_over_single_base"] = ratio(results["base"][levels[-1]]["throughput_tokens_per_second"],
+                                                   results["base"][levels[0]]["throughput_tokens_per_second"])
+    return ratios
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    global IGNORE_EOS
+    IGNORE_EOS = args.ignore_eos
+    started_load = load_average()
+
+    from transformers import AutoTokenizer
+
+    run = load_run_config(args.config)
+    base = args.base or run.base_model_dir
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    report: dict = {"max_tokens": args.max_tokens, "ignore_eos": args.ignore_eos}
+    if "adapters" in args.paths:
+        report["adapters"] = bench_adapters(args, base, tokenizer)
+    paths = [p for p in args.paths if p != "adapters"]
+    if paths:
+        results = bench_paths(args, run, paths, tokenizer)
+        report |= {"settings": {"max_tokens": args.max_tokens, "concurrency": args.concurrency,
+                                "requests": args.requests, "single_requests": args.single_requests,
+                                "engine": "transformers serve --continuous-batching",
+                                "device": (run.serve.device if run.serve else "auto"), "target_ratio": TARGET_RATIO},
+                   "results": results, "ratios": path_ratios(results, [str(c) for c in args.concurrency])}
     report["load_average"] = {"start": started_load, "end": load_average()}
     print(json.dumps(report, indent=2))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

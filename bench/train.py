@@ -436,7 +436,7 @@ def run_arms(arms: list[str], options: argparse.Namespace, forwarded: list[str])
     return {**results, **ratios(results)}
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", default=str(ROOT / "workloads" / "configs" / "local.json"))
     parser.add_argument("--rows", type=int, default=48,
@@ -460,6 +460,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--build-base-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--build-mixed-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--mixed-out", help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     options = parser.parse_args(argv)
     if options.steps is not None and not 1 <= options.warmup < options.steps:
         parser.error("--warmup must be at least 1 and below --steps")
@@ -501,6 +506,12 @@ def main(argv: list[str] | None = None) -> int:
         if not (options.model_dir and options.tokenizer):
             parser.error("--random-base needs --model-dir and --tokenizer")
         prepare_random_base(options.random_base, Path(options.model_dir), Path(options.tokenizer))
+    return bench(options, arms, datasets, train, argv)
+
+
+def bench(options: argparse.Namespace, arms: list[str], datasets: list[str], train: dict[str, Any],
+          argv: list[str] | None) -> int:
+    """Every arm on every data set, each in a process of its own; the JSON printed (and written to --out)."""
     window = (f"steps after {options.warmup} of {options.steps}" if options.steps else
               f"pass {options.epochs} of {options.epochs} over {options.rows} rows across the length distribution")
     results: dict[str, Any] = {"config": options.config, "timed": window, "steps": options.steps,

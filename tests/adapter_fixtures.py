@@ -84,7 +84,7 @@ def adapter_flags(names: list[str]) -> list[str]:
 @contextmanager
 def adapter_server(runs: AdapterRuns, work: Path, names: list[str], key: str | None = "adapter-test-key",
                    extra_env: dict[str, str] | None = None) -> Iterator[AdapterServer]:
-    """`python -m workloads.serve.launch` serving the base and `names` (stored runs) from one engine process."""
+    """`python -m workloads.serve.launcher.launch` serving the base and `names` (stored runs) from one engine process."""
     work.mkdir(parents=True, exist_ok=True)
     proc, url, log = start_server(runs.run, work, key, adapter_flags(names), timeout_s=300, env=extra_env)
     try:

@@ -18,7 +18,7 @@ import pytest
 from file_lock import exclusive
 
 from documents.run_config import RunConfig, parse_run_config
-from workloads.serve.process import start_launcher, stop_launcher
+from serve_process import start_launcher, stop_launcher
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -115,7 +115,7 @@ class Served:
 
 def start_server(run: RunConfig, work: Path, api_key: str | None, extra: list[str] | None = None,
                  timeout_s: float = 600.0, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str, Path]:
-    """`python -m workloads.serve.launch` as a real process; returns it once /health answers 200."""
+    """`python -m workloads.serve.launcher.launch` as a real process; returns it once /health answers 200."""
     config = work / "run.json"
     config.write_text(run.model_dump_json())
     env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}

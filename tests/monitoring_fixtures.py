@@ -12,7 +12,7 @@ from typing import TypeVar
 
 import pytest
 
-from workloads.serve.process import free_port
+from serve_process import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 T = TypeVar("T")

@@ -11,7 +11,7 @@ from template_fixtures import model_folder
 
 from workloads.common.chat_template import prompt_ids, template_options
 from workloads.data.tokenize import _encode
-from workloads.serve.budget import PromptCounter
+from workloads.serve.gateway.prompt_counter import PromptCounter
 
 CHAT = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "What does a bond pay?"},
         {"role": "assistant", "content": "Fixed coupons, then the principal at maturity."}]
@@ -66,7 +66,7 @@ def test_engines_that_render_prompts_themselves_are_told_to_turn_thinking_off(
 
     from documents.run_config import parse_run_config
     from documents.sections.serve import ServeConfig
-    from workloads.serve.engines import plan_transformers
+    from workloads.serve.launcher.engine_plan import plan_transformers
 
     for template, expected in ((qwen3_template_dir, {"enable_thinking": False}), (smollm2_base_dir, None)):
         root = tmp_path / template.name
@@ -91,8 +91,8 @@ def test_transformers_serve_renders_the_prompt_training_rendered(qwen3_template_
     from transformers import AutoTokenizer
 
     from documents.sections.serve import ServeConfig
-    from workloads.serve.engines import transformers_argv
-    from workloads.serve.process import free_port, stop_launcher
+    from workloads.serve.launcher.engine_plan import transformers_argv
+    from serve_process import free_port, stop_launcher
 
     folder = model_folder(qwen3_template_dir, tiny_model_dir, tmp_path / "qwen3-tiny")
     tokenizer = AutoTokenizer.from_pretrained(folder)

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from eval_fixtures import ROOT
 
-from workloads.serve.process import free_port
+from serve_process import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -26,10 +26,10 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 
 @contextmanager
 def chat_ui(api: str, api_key: str, log: Path, max_tokens: int) -> Iterator[str]:
-    """`workloads.serve.chat` against `api` on a free loopback port, until it answers; its URL."""
+    """`workloads.serve.clients.chat_ui` against `api` on a free loopback port, until it answers; its URL."""
     port = free_port()
     env = {**os.environ, "FT_API_KEY": api_key, "GRADIO_ANALYTICS_ENABLED": "False"}
-    proc = subprocess.Popen([sys.executable, "-m", "workloads.serve.chat", "--api", api, "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "workloads.serve.clients.chat_ui", "--api", api, "--port", str(port),
                              "--max-tokens", str(max_tokens)], cwd=ROOT, env=env, stdout=log.open("w"),
                             stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"

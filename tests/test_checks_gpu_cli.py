@@ -13,7 +13,7 @@ import torch
 
 from infra.pipeline.slurm import SlurmClient, SlurmJobFailed
 from workloads.checks import gpu, measure
-from workloads.serve.process import free_port
+from serve_process import free_port
 from documents.readiness_report import ReadinessReport
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -117,7 +117,7 @@ def _assert_in_image(options: list[str], env: dict[str, str]) -> None:
 
 @pytest.mark.parametrize(("script", "module"), [
     ("prepare.sbatch", "workloads.prepare"), ("eval.sbatch", "workloads.eval.evaluate"),
-    ("serve.sbatch", "workloads.serve.launch"), ("readiness.sbatch", "workloads.checks.gpu"),
+    ("serve.sbatch", "workloads.serve.launcher.launch"), ("readiness.sbatch", "workloads.checks.gpu"),
 ])
 def test_each_single_step_job_puts_its_python_step_in_the_image(script: str, module: str,
                                                                 shim: dict[str, str], tmp_path: Path) -> None:

@@ -91,7 +91,7 @@ def test_a_chat_is_priced_at_the_output_the_server_allows() -> None:
     """One setting (issue 42, item 10): serve.max_tokens_limit caps a reply and is the output a chat is priced at;
     its default is seed 000's 2K output."""
     from documents.sections.serve import ServeConfig
-    from workloads.serve.gateway import Limits
+    from workloads.serve.gateway.state import Limits
 
     cfg = load_stack_config("demo")
     run = load_run(cfg)

@@ -14,9 +14,9 @@ import httpx
 import pytest
 from eval_fixtures import ROOT
 
-from documents.run_config import RunConfig
 from documents.evaluator_report import EvaluatorReport
-from workloads.serve.process import free_port
+from documents.run_config import RunConfig
+from serve_process import free_port
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

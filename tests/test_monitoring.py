@@ -20,7 +20,7 @@ from infra.monitoring.prometheus import Point, PrometheusError, query, query_ran
 from infra.monitoring.view import job_metrics_view
 from monitoring_fixtures import Monitoring, eventually
 from workloads.common.job_metrics import TEXTFILE_DIR_ENV, JobFigures, JobMetricsFile, ProcessSampler
-from workloads.serve.process import free_port
+from serve_process import free_port
 from documents.metrics import MetricsRecord
 from workloads.train.metrics_export import record_figures
 

@@ -14,11 +14,11 @@ from documents.adapter_registry import AdapterEntry
 from documents.run_config import parse_run_config
 from documents.sections.serve import ServeConfig
 from workloads.serve.auth import AccessError, bearer_matches, is_loopback, require_key_beyond_loopback
-from workloads.serve.chat import check_exposure
-from workloads.serve.engines import plan_transformers, plan_vllm
-from workloads.serve.gateway import rename_sse_line
+from workloads.serve.clients.chat_ui import check_exposure
+from workloads.serve.gateway.relay import rename_sse_line
+from workloads.serve.launcher.engine_plan import plan_transformers, plan_vllm
+from workloads.serve.launcher.vllm_install import VllmInstall
 from workloads.serve.registry import current_run_adapter
-from workloads.serve.vllm_install import VllmInstall
 
 
 @pytest.mark.parametrize("host,loopback", [("127.0.0.1", True), ("localhost", True), ("::1", True),
@@ -54,14 +54,14 @@ def test_launch_cli_refuses_public_host_without_key(tmp_path) -> None:
     config.write_text(json.dumps({"name": "x", "paths": {"root": str(tmp_path)}, "model": {"source": "dir:/nope"},
                                   "data": {"source": "sample", "rows": 4}, "serve": {"host": "0.0.0.0"}}))
     env = {k: v for k, v in os.environ.items() if k != "FT_API_KEY"}
-    done = subprocess.run([sys.executable, "-m", "workloads.serve.launch", "--config", str(config)],
+    done = subprocess.run([sys.executable, "-m", "workloads.serve.launcher.launch", "--config", str(config)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "no API key" in done.stderr
 
 
 def test_chat_cli_refuses_share_without_login() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FT_CHAT_")}
-    done = subprocess.run([sys.executable, "-m", "workloads.serve.chat", "--api", "http://127.0.0.1:9/v1", "--share"],
+    done = subprocess.run([sys.executable, "-m", "workloads.serve.clients.chat_ui", "--api", "http://127.0.0.1:9/v1", "--share"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "FT_CHAT_USER" in done.stderr
 

@@ -16,7 +16,7 @@ import pytest
 from adapter_fixtures import ADAPTERS, SPARE, AdapterRuns, AdapterServer, adapter_server
 from eval_fixtures import ROOT
 
-from workloads.serve.process import free_port
+from serve_process import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -166,7 +166,7 @@ def test_an_adapter_of_another_base_is_refused_at_start(adapter_runs, tmp_path) 
     config = tmp_path / "run.json"
     config.write_text(adapter_runs.run.model_dump_json())
     done = subprocess.run(
-        [sys.executable, "-m", "workloads.serve.launch", "--config", str(config), "--port", str(free_port()),
+        [sys.executable, "-m", "workloads.serve.launcher.launch", "--config", str(config), "--port", str(free_port()),
          "--adapter", f"{NAMES[0]}=run-{NAMES[0]}", "--adapter", f"desk-foreign={adapter_runs.foreign_run}"],
         cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr
@@ -387,7 +387,7 @@ def test_sigterm_ends_requests_in_flight_like_openai(adapter_runs, tmp_path) -> 
 def test_ignore_eos_reaches_the_peft_engine(multi) -> None:
     """Issue 42, item 12: the gateway forwards vLLM's `ignore_eos` to the engines that take it; the reply has
     max_tokens tokens by the engine's own count, streamed or not."""
-    from workloads.serve.client import stream_chat
+    from workloads.serve.clients.openai_client import stream_chat
 
     body = {"model": NAMES[0], "messages": [{"role": "user", "content": PROMPTS[0]}], "max_tokens": 9,
             "temperature": 0.0, "ignore_eos": True}

@@ -1,4 +1,4 @@
-"""The CPU engine's continuous batching (workloads.serve.continuous): vectorized sampling against the
+"""The CPU engine's continuous batching (workloads.serve.engine.batching): vectorized sampling against the
 distribution it must draw from, incremental detokenization against a whole decode, and rows that join and leave
 a running batch answering as when each runs alone (the tiny model, real LoRA adapters, in process)."""
 
@@ -12,8 +12,8 @@ import pytest
 import torch
 from adapter_fixtures import ADAPTERS, AdapterRuns
 
-from workloads.serve.continuous import RunningBatch, next_text, sample
-from workloads.serve.lora_engine import BASE_ROW, AdapterModel
+from workloads.serve.engine.batching import RunningBatch, next_text, sample
+from workloads.serve.engine.server import BASE_ROW, AdapterModel
 
 NAMES = list(ADAPTERS)
 

@@ -10,9 +10,9 @@ from fastapi.testclient import TestClient
 
 from documents.adapter_registry import AdapterEntry
 from documents.sections.serve import ServeConfig
-from workloads.serve.app import build_gateway
-from workloads.serve.engines import adapter_route, base_route
-from workloads.serve.gateway import AdapterHost
+from workloads.serve.gateway.app import build_gateway
+from workloads.serve.gateway.state import AdapterHost
+from workloads.serve.launcher.engine_plan import adapter_route, base_route
 
 KEY = "echo-key"
 LONG = "x" * 10_000

@@ -23,7 +23,7 @@ from eval_fixtures import children, start_server, stop_server
 
 from documents.run_config import RunConfig
 from documents.run_record import read_run_record
-from workloads.serve.process import free_port
+from serve_process import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from documents.run_config import load_run_config
-from workloads.serve.engines import choose_engine
-from workloads.serve.launch import parse_args, serve_config
+from workloads.serve.launcher.engine_plan import choose_engine
+from workloads.serve.launcher.launch import parse_args, serve_config
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"

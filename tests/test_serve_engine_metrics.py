@@ -22,10 +22,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from documents.run_config import parse_run_config
 from documents.sections.serve import ServeConfig
 from infra.runs.store import LocalStore
-from workloads.serve.app import build_gateway
-from workloads.serve.engine_metrics import EngineMetrics
-from workloads.serve.engines import base_route
-from workloads.serve.process import free_port
+from workloads.serve.engine.metrics import EngineMetrics
+from workloads.serve.gateway.app import build_gateway
+from workloads.serve.launcher.engine_plan import base_route
+from serve_process import free_port
 
 pytestmark = pytest.mark.slow
 

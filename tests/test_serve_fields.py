@@ -31,7 +31,7 @@ def test_fields_that_set_the_server_are_refused_on_every_engine(field: str) -> N
 @pytest.mark.parametrize("field,value", [("stop", ["\n"]), ("logprobs", True), ("top_logprobs", 2),
                                          ("response_format", {"type": "json_object"}), ("frequency_penalty", 0.5)])
 def test_openai_fields_the_peft_engine_ignores_are_refused_there(field: str, value: object) -> None:
-    """workloads.serve.lora_engine reads model, messages, max_tokens, temperature, top_p, seed, ignore_eos, stream
+    """workloads.serve.engine.server reads model, messages, max_tokens, temperature, top_p, seed, ignore_eos, stream
     and stream_options only."""
     assert field in PEFT_UNSUPPORTED
     request = parse_chat_request({**BASE, field: value})

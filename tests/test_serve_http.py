@@ -55,7 +55,7 @@ def test_ignore_eos_generates_max_tokens_whatever_the_model_says(served) -> None
     """Issue 42, item 12: a benchmark compares equal output lengths (vLLM's `ignore_eos`). transformers serve
     refuses a field it does not know (422), so the gateway gives it a generation config without an
     end-of-sequence token; a value that is no boolean is refused by name."""
-    from workloads.serve.client import stream_chat
+    from workloads.serve.clients.openai_client import stream_chat
 
     url, headers = f"{served.api}/chat/completions", {"Authorization": f"Bearer {served.api_key}"}
     body = {"model": "base", "messages": [{"role": "user", "content": "Reply with one word: is the sky blue?"}],

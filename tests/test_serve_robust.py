@@ -19,7 +19,7 @@ import pytest
 from eval_fixtures import children, start_server, stop_server
 
 from documents.run_config import RunConfig
-from workloads.serve.process import free_port
+from serve_process import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""The CPU engine's stacked adapters (workloads/serve/stacked_lora.py, issue 40 item 4): a batch whose rows use
+"""The CPU engine's stacked adapters (workloads/serve/engine/stacked_lora.py, issue 40 item 4): a batch whose rows use
 different adapters, of different ranks, scalings and target layers, gives each row what peft gives that row alone
 with only its adapter loaded (or none, for a base row); loads and unloads restack; an adapter beyond plain LoRA
 (DoRA) is refused at load."""
@@ -12,8 +12,8 @@ import pytest
 import torch
 from adapter_runs import save_adapter
 
-from workloads.serve.continuous import left_padded
-from workloads.serve.lora_engine import BASE_ROW, AdapterModel
+from workloads.serve.engine.batching import left_padded
+from workloads.serve.engine.server import BASE_ROW, AdapterModel
 
 ADAPTERS = {  # name: (rank, alpha, target modules, DoRA)
     "narrow": (4, 8, ("q_proj", "v_proj"), False),

@@ -24,8 +24,8 @@ from vllm_fixtures import VLLM_PYTHON
 
 from documents.run_config import RunConfig, parse_run_config
 from infra.runs.store import LocalStore
-from workloads.serve.process import free_port
-from workloads.serve.vllm_install import VllmInstall
+from serve_process import free_port
+from workloads.serve.launcher.vllm_install import VllmInstall
 
 pytestmark = pytest.mark.slow
 
@@ -239,13 +239,13 @@ def test_max_tokens_left_out_runs_to_the_end_of_the_context(vllm_server: VllmSer
 
 
 def test_the_peft_engines_series_are_vllms_own(vllm_server: VllmServer) -> None:
-    """Issue 53, item 4: every `vllm:*` family the peft engine exports (workloads.serve.engine_metrics, what its
+    """Issue 53, item 4: every `vllm:*` family the peft engine exports (workloads.serve.engine.metrics, what its
     /metrics renders; tests/test_serve_engine_metrics.py holds the real engine to exactly these) is one of this
     real vLLM's, with vLLM's type, help text, label names and values, and bucket boundaries (--max-model-len 1024
     sets the token counts')."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    from workloads.serve.engine_metrics import EngineMetrics
+    from workloads.serve.engine.metrics import EngineMetrics
 
     def families(text: str) -> dict:
         return {family.name: family for family in text_string_to_metric_families(text)

@@ -15,9 +15,9 @@ from vllm_fixtures import vllm_parse
 from documents.adapter_registry import AdapterEntry
 from documents.run_config import RunConfig, parse_run_config
 from documents.sections.serve import ServeConfig
-from workloads.serve.engines import plan_vllm
+from workloads.serve.launcher.engine_plan import plan_vllm
+from workloads.serve.launcher.vllm_install import VllmInstall
 from workloads.serve.request import VLLM_FIELDS
-from workloads.serve.vllm_install import VllmInstall
 
 ADAPTER_SETS = {"empty": [], "one": [16], "many": [8, 16, 16]}
 OLD_EMPTY_LAUNCH = ["--model", "/m", "--enable-lora", "--lora-modules", "--max-loras", "1"]

@@ -12,7 +12,7 @@ from peft import LoraConfig, get_peft_model
 from torch.distributed.fsdp import FSDPModule
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from workloads.serve.process import free_port
+from serve_process import free_port
 from workloads.train import sharding
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from workloads.serve.vllm_install import VllmInstall, VllmMissing, find_vllm
+from workloads.serve.launcher.vllm_install import VllmInstall, VllmMissing, find_vllm
 
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"

@@ -12,6 +12,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from documents.base import DocumentError
 from documents.evaluator_report import read_evaluator_report
 from documents.metrics import METRICS_NAME, read_metrics
+from documents.run_store import stack_key
 from documents.stack_outputs import StackOutputs, parse_stack_outputs, read_stack_outputs
 from infra.config import StackConfig, StackConfigError, load_stack_config
 from infra.dashboard import build, write_dashboard
@@ -75,7 +76,7 @@ def latest_run(store: ArtifactStore, stack: str, run_id: str | None) -> tuple[St
             raise RunNotFoundError(f"run {run_id!r} of stack {stack!r} is damaged: {hit.reason}")
         runs = [r for r in runs if r.run_id == run_id]
         if not runs:
-            raise RunNotFoundError(f"run {run_id!r} of stack {stack!r} not found in {store.describe(f'runs/{stack}/')}")
+            raise RunNotFoundError(f"run {run_id!r} of stack {stack!r} not found in {store.describe(stack_key(stack))}")
     if not runs:
         return None, listing.damaged
     index = runs[-1]

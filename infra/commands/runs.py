@@ -16,6 +16,7 @@ from documents.base import DocumentError
 from documents.metrics import METRICS_NAME, read_metrics
 from documents.run_manifest import read_run_manifest
 from documents.run_record import RunIndex
+from documents.run_store import INDEX_NAME, MANIFEST_KEY, stack_key
 from documents.throughput import measure_run
 from infra.config import StackConfigError, load_stack_config
 from infra.config import find_repo_root
@@ -28,7 +29,7 @@ from infra.runs.store import (
     scan_runs,
     store_for_stack,
 )
-from workloads.serve.registry import STORED_MANIFEST, RegistryError, adapter_entry
+from workloads.serve.registry import RegistryError, adapter_entry
 
 COLUMNS = ("run", "started", "finished", "ppl base", "ppl tuned", "ppl gain %", "tokens/s/device",
            "train measured/priced", "cost $", "jobs")
@@ -38,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "runs",
         help="list past pipeline runs of a stack (perplexity base/fine-tuned, tokens/s, cost)",
-        description="Reads runs/<stack>/*/run.json from the stack's artifacts store (.local/artifacts for the "
+        description=f"Reads {stack_key('<stack>')}*/{INDEX_NAME} from the stack's artifacts store (.local/artifacts for the "
         "local stack, the artifacts bucket for cloud stacks).",
     )
     parser.add_argument("--stack", required=True, help="stack name (stacks/Pulumi.<stack>.yaml)")
@@ -59,11 +60,11 @@ def adapter_entries(store: ArtifactStore, stack: str, runs: list[RunIndex]
     manifest cannot be read (listed as damaged, the others stay usable)."""
     entries, damaged = [], []
     for index in runs:
-        if STORED_MANIFEST not in index.files:
+        if MANIFEST_KEY not in index.files:
             continue
-        key = f"{run_prefix(stack, index.run_id)}/{STORED_MANIFEST}"
+        key = f"{run_prefix(stack, index.run_id)}/{MANIFEST_KEY}"
         try:
-            manifest = read_run_manifest(read_run_file(store, stack, index.run_id, STORED_MANIFEST),
+            manifest = read_run_manifest(read_run_file(store, stack, index.run_id, MANIFEST_KEY),
                                          store.describe(key))
             entries.append(adapter_entry(index.run_id, index.run_id, manifest, index))
         except RegistryError:
@@ -103,11 +104,11 @@ def own_speeds(store: ArtifactStore, stack: str, runs: list[RunIndex]) -> dict[s
     speeds: dict[str, float | None] = {}
     for index in runs:
         job = index.job_ids.get("train")
-        if job is None or not {STORED_METRICS, STORED_MANIFEST} <= set(index.files):
+        if job is None or not {STORED_METRICS, MANIFEST_KEY} <= set(index.files):
             continue
         try:
             records = read_metrics(read_run_file(store, stack, index.run_id, STORED_METRICS), STORED_METRICS)
-            manifest = read_run_manifest(read_run_file(store, stack, index.run_id, STORED_MANIFEST), STORED_MANIFEST)
+            manifest = read_run_manifest(read_run_file(store, stack, index.run_id, MANIFEST_KEY), MANIFEST_KEY)
             measured = measure_run([r for r in records if r.job_id in (None, job)], manifest, gpu_model=None,
                                    stack=stack, run_id=index.run_id, source="ftstack runs")
         except (ArtifactError, DocumentError):
@@ -159,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.json:
         print(json.dumps([r.model_dump() for r in runs], indent=2))
     elif not runs:
-        where = store.describe(f"runs/{args.stack}/")
+        where = store.describe(stack_key(args.stack))
         print(f"no {'readable ' if damaged else ''}runs of stack {args.stack!r} in {where}")
     else:
         print(format_table(runs, own_speeds(store, args.stack, runs)))

@@ -7,11 +7,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from documents.run_store import stack_key
 from infra.config import StackConfig
 from infra.cost.price import PriceInputs
 from infra.runs.store import (
     ARTIFACTS_BUCKET_ENV,
-    RUNS_PREFIX,
     ArtifactError,
     ArtifactStore,
     latest_throughput,
@@ -24,7 +24,7 @@ CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 
 def runs_of(store: ArtifactStore, stack: str) -> str:
     """How the source line names where a stack's runs are stored."""
-    return store.describe(f"{RUNS_PREFIX}/{stack}/")
+    return store.describe(stack_key(stack))
 
 
 def artifacts_bucket(cfg: StackConfig) -> str | None:

@@ -1,8 +1,9 @@
-"""Run artifacts: a run's config, manifest, metrics, evaluator JSON and charts under `runs/<stack>/<run-id>/`.
+"""The run store: a run's config, manifest, metrics, evaluator JSON, charts and adapter, in the layout
+documents.run_store owns (one folder per run, its index written last).
 
-Two stores share one layout: `S3Store` (Nebius Object Storage through boto3) for cloud stacks and
-`LocalStore` (a directory, `.local/artifacts` by default) for the local stack. Each run also gets a
-small `run.json` index with its key figures, which `ftstack runs` lists.
+Two stores share that layout: `S3Store` (Nebius Object Storage through boto3) for cloud stacks and
+`LocalStore` (a directory, `.local/artifacts` by default) for the local stack. Each run's index holds its key
+figures, which `ftstack runs` lists.
 """
 
 from __future__ import annotations
@@ -21,16 +22,15 @@ from documents.atomic import atomic_file
 from documents.base import DocumentError
 from documents.evaluator_report import read_evaluator_report
 from documents.metrics import METRICS_NAME, read_metrics
-from documents.names import checked_name
 from documents.run_config import load_run_config
 from documents.run_manifest import RUN_MANIFEST_NAME, load_run_manifest
-from documents.run_record import RunIndex, read_run_record, write_run_record
+from documents.run_record import RunIndex, read_run_record
+from documents.run_store import (ADAPTER_DIR, INDEX_NAME, checked_run_key, is_index_key, run_id_of_key, stack_key,
+                                 write_run)
 from documents.stack_outputs import StackOutputs, write_stack_outputs
 from documents.throughput import ThroughputCheck, ThroughputMeasurement
 from infra.nebius.object_storage import nebius_s3_endpoint
 
-RUNS_PREFIX = "runs"
-INDEX_NAME = "run.json"
 LOCAL_ARTIFACTS_DIR = Path(".local/artifacts")
 
 
@@ -214,12 +214,10 @@ class UploadResult:
 
 
 def run_prefix(stack: str, run_id: str) -> str:
-    for label, value in (("stack name", stack), ("run id", run_id)):
-        try:
-            checked_name(value, label)
-        except ValueError as error:
-            raise ArtifactError(str(error)) from None
-    return f"{RUNS_PREFIX}/{stack}/{run_id}"
+    try:
+        return checked_run_key(stack, run_id)
+    except ValueError as error:
+        raise ArtifactError(str(error)) from None
 
 
 def _read_text(path: Path) -> str:
@@ -266,7 +264,7 @@ def adapter_files(train_run_dir: Path) -> dict[str, Path]:
     folder = Path(manifest.adapter)
     if not all((folder / name).is_file() for name in ADAPTER_FILES):
         return {}
-    return {f"adapter/{name}": folder / name for name in ADAPTER_FILES}
+    return {f"{ADAPTER_DIR}/{name}": folder / name for name in ADAPTER_FILES}
 
 
 def build_index(
@@ -290,7 +288,7 @@ def build_index(
     except DocumentError as exc:
         raise ArtifactError(str(exc)) from None
     final_loss = next((r.loss for r in reversed(records) if r.loss is not None), None)
-    adapter = files.get(f"adapter/{ADAPTER_FILES[0]}")
+    adapter = files.get(f"{ADAPTER_DIR}/{ADAPTER_FILES[0]}")
     return RunIndex(
         stack=stack,
         run_id=run_id,
@@ -311,19 +309,6 @@ def build_index(
     )
 
 
-def upload_files(store: ArtifactStore, prefix: str, files: Mapping[str, Path]) -> tuple[list[str], dict[str, str]]:
-    """Upload every file (each with the store's own retries); collect failures instead of stopping."""
-    uploaded: list[str] = []
-    failures: dict[str, str] = {}
-    for name, path in sorted(files.items()):
-        try:
-            store.put_file(f"{prefix}/{name}", path)
-            uploaded.append(name)
-        except (ArtifactError, OSError) as exc:
-            failures[name] = f"{path}: {exc}"
-    return uploaded, failures
-
-
 def upload_run(
     store: ArtifactStore,
     stack: str,
@@ -341,7 +326,8 @@ def upload_run(
     throughput: ThroughputMeasurement | None = None,
     throughput_check: ThroughputCheck | None = None,
 ) -> UploadResult:
-    """Copy one run's artifacts to `runs/<stack>/<run-id>/` and write its `run.json` index last.
+    """Copy one run's artifacts into its folder of the store, each file with the store's own retries and every
+    failure collected instead of stopping, then write its index last (documents.run_store.write_run).
 
     The run's name comes from the run config; `train_run_dir`/`results_dir` (folders fetched from a cluster)
     default to the run config's own locations on this machine. Raises
@@ -357,22 +343,19 @@ def upload_run(
     index = build_index(
         stack, run_id, files, job_ids, job_states, cost_usd, started_at, finished_at, run_name, job_durations_s
     )
-    uploaded, failures = upload_files(store, prefix, files)
+    contents: dict[str, Path | bytes] = dict(sorted(files.items()))
     if outputs is not None:
-        try:
-            store.put_bytes(f"{prefix}/outputs.json", write_stack_outputs(outputs).encode())
-            uploaded.append("outputs.json")
-        except ArtifactError as exc:
-            failures["outputs.json"] = str(exc)
-    if failures:
-        raise ArtifactUploadError(store.describe(prefix), failures, uploaded)
-    index = index.model_copy(update={"files": sorted(uploaded), "throughput": throughput,
-                                     "throughput_check": throughput_check})
+        contents["outputs.json"] = write_stack_outputs(outputs).encode()
     try:
-        store.put_bytes(f"{prefix}/{INDEX_NAME}", write_run_record(index).encode())
+        done = write_run(store.put_file, store.put_bytes, stack, run_id, contents,
+                         lambda written: index.model_copy(update={"files": sorted(written), "throughput": throughput,
+                                                                  "throughput_check": throughput_check}),
+                         caught=(ArtifactError, OSError))
     except ArtifactError as exc:
-        raise ArtifactUploadError(store.describe(prefix), {INDEX_NAME: str(exc)}, uploaded) from exc
-    return UploadResult(prefix=prefix, store=store.describe(prefix), uploaded=sorted(uploaded), index=index)
+        raise ArtifactUploadError(store.describe(prefix), {INDEX_NAME: str(exc)}, list(contents)) from exc
+    if done.failed:
+        raise ArtifactUploadError(store.describe(prefix), done.failed, done.written)
+    return UploadResult(prefix=prefix, store=store.describe(prefix), uploaded=sorted(done.written), index=done.index)
 
 
 def latest_throughput(store: ArtifactStore, stack: str) -> ThroughputMeasurement | None:
@@ -398,7 +381,7 @@ class RunListing:
 
 
 def _read_index(store: ArtifactStore, stack: str, key: str) -> RunIndex | DamagedRun:
-    run_id = key.split("/")[2]
+    run_id = run_id_of_key(key)
     try:
         index = read_run_record(store.get_bytes(key), store.describe(key))
     except (ArtifactError, DocumentError) as exc:
@@ -412,9 +395,7 @@ def _read_index(store: ArtifactStore, stack: str, key: str) -> RunIndex | Damage
 def scan_runs(store: ArtifactStore, stack: str) -> RunListing:
     """Every run of `stack` that has a `run.json`; one that cannot be read is listed as damaged, the others stay
     usable."""
-    prefix = f"{RUNS_PREFIX}/{stack}/"
-    read = [_read_index(store, stack, key) for key in store.list_keys(prefix)
-            if key.count("/") == 3 and key.endswith("/" + INDEX_NAME)]
+    read = [_read_index(store, stack, key) for key in store.list_keys(stack_key(stack)) if is_index_key(key)]
     runs = [r for r in read if isinstance(r, RunIndex)]
     return RunListing(runs=sorted(runs, key=lambda r: (r.started_at or r.uploaded_at, r.run_id)),
                       damaged=[r for r in read if isinstance(r, DamagedRun)])

@@ -15,6 +15,20 @@ SWITCHES = {"enable_thinking": False, "thinking": False}
 """template variables that turn reasoning on, and the value every stage renders with."""
 
 
+def load_chat_tokenizer(folder: Path, error: type[Exception]) -> Any:
+    """The tokenizer saved in a model folder, which must load and carry a chat template (`error` naming the folder
+    and what is wrong): the one load both the model's preparation and tokenization make."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+    except Exception as problem:
+        raise error(f"{folder}: tokenizer does not load: {problem}") from None
+    if not tokenizer.chat_template:
+        raise error(f"{folder}: tokenizer has no chat template")
+    return tokenizer
+
+
 def template_options(tokenizer: Any) -> dict[str, bool]:
     """The switches the tokenizer's chat template reads, at their SWITCHES value (none for other templates)."""
     template = tokenizer.chat_template

@@ -182,14 +182,18 @@ def convert(
         return _convert(Path(input_path), Path(output), max_bad_fraction, limit, tuple(keep))
 
 
-def _convert(input_path: Path, output: Path, max_bad_fraction: float, limit: int | None,
-             keep: tuple[str, ...]) -> ConvertReport:
+def _check_options(output: Path, max_bad_fraction: float, keep: tuple[str, ...]) -> None:
     if not 0.0 <= max_bad_fraction <= 1.0:
         raise ConvertError(f"max_bad_fraction must be within [0, 1], got {max_bad_fraction}")
     if output.is_dir():
         raise ConvertError(f"{output}: is a folder; the output is the .jsonl file to write")
     if clash := [c for c in keep if c == "messages"]:
         raise ConvertError(f"cannot keep a column named {clash[0]!r} (the conversation's own field)")
+
+
+def _convert(input_path: Path, output: Path, max_bad_fraction: float, limit: int | None,
+             keep: tuple[str, ...]) -> ConvertReport:
+    _check_options(output, max_bad_fraction, keep)
     params = {"max_bad_fraction": max_bad_fraction, "limit": limit, **({"keep": list(keep)} if keep else {})}
     if input_path.is_file() and is_current(output, "convert", {"input": input_path}, params):
         try:

@@ -23,7 +23,7 @@ from documents.atomic import atomic_dir, os_errors_as
 from documents.chat_row import ChatRowError, read_chat_rows
 from documents.prepare_summary import TokenizeLosses
 from documents.stage_manifest import MANIFEST_NAME, StageManifest, read_stage_manifest, write_manifest
-from workloads.common.chat_template import render
+from workloads.common.chat_template import load_chat_tokenizer, render
 from workloads.data.freshness import build_manifest, is_current
 from workloads.data.shorten import Messages, cap_context, fit_context, token_count
 
@@ -171,16 +171,9 @@ def encode_batch(
 
 
 def load_tokenizer(model: Path) -> Any:
-    from transformers import AutoTokenizer
-
     if not model.is_dir():
         raise TokenizeError(f"{model}: model folder not found")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(model)
-    except Exception as error:
-        raise TokenizeError(f"{model}: tokenizer does not load: {error}") from None
-    if not tokenizer.chat_template:
-        raise TokenizeError(f"{model}: tokenizer has no chat template")
+    tokenizer = load_chat_tokenizer(model, TokenizeError)
     if not tokenizer.is_fast:
         raise TokenizeError(f"{model}: needs a fast tokenizer (offsets locate the assistant tokens)")
     if not tokenizer.eos_token:

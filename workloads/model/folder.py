@@ -7,6 +7,8 @@ from pathlib import Path
 
 from safetensors import safe_open
 
+from workloads.common.chat_template import load_chat_tokenizer
+
 
 class ModelFolderError(ValueError):
     """A model folder that is not a usable safetensors model with tokenizer and chat template."""
@@ -41,11 +43,4 @@ def weight_stats(files: list[Path]) -> tuple[int, str]:
 
 def check_tokenizer(folder: Path) -> None:
     """The folder's tokenizer loads and carries a chat template."""
-    from transformers import AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(folder)
-    except Exception as error:
-        raise ModelFolderError(f"{folder}: tokenizer does not load: {error}") from None
-    if not tokenizer.chat_template:
-        raise ModelFolderError(f"{folder}: tokenizer has no chat template")
+    load_chat_tokenizer(folder, ModelFolderError)

@@ -2,7 +2,7 @@
 environment (never on its command line), sent by the gateway on every call, checked by every engine.
 
 vLLM reads it as VLLM_API_KEY (what `--api-key` sets) and then refuses every `/v1` request without it; the CPU
-engine (workloads.serve.lora_engine) reads ENGINE_KEY_ENV and refuses the same way. `/health` stays open for the
+engine (workloads.serve.engine.server) reads ENGINE_KEY_ENV and refuses the same way. `/health` stays open for the
 supervisor's probe, as in vLLM. A process on the node that skips the gateway gets 401.
 """
 

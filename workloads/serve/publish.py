@@ -33,7 +33,8 @@ from documents.evaluator_report import EvaluatorReport, read_evaluator_report, r
 from documents.publication import LoadOutcome, Publication, write_publication
 from documents.run_config import ConfigError, RunConfig, load_run_config
 from documents.run_manifest import RUN_MANIFEST_NAME
-from documents.run_record import RunIndex, write_run_record
+from documents.run_record import RunIndex
+from documents.run_store import ADAPTER_DIR, MANIFEST_KEY, adapter_folder, run_folder, write_run
 from documents.sections.serve import ServeConfig
 from workloads.serve.auth import AccessError, api_key_from_file
 
@@ -66,23 +67,29 @@ def gate(report: EvaluatorReport, cfg: ServeConfig) -> str | None:
 
 
 def store_run(run: RunConfig, report: EvaluatorReport, store: Path, stack: str, run_id: str, eval_job: str) -> Path:
-    """The run's adapter, manifest and index under `runs/<stack>/<run_id>/` of the store, the index written last."""
-    folder = store / "runs" / stack / run_id
-    (folder / "adapter").mkdir(parents=True, exist_ok=True)
-    (folder / "train").mkdir(parents=True, exist_ok=True)
-    for name in ADAPTER_FILES:
-        shutil.copyfile(run.adapter_dir / name, folder / "adapter" / name)
-    shutil.copyfile(run.train_run_dir / RUN_MANIFEST_NAME, folder / "train" / RUN_MANIFEST_NAME)
-    base, tuned = report.base_model.perplexity, report.finetuned_model.perplexity
-    index = RunIndex(
-        stack=stack, run_id=run_id, run_name=run.name, uploaded_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        job_ids={"eval": eval_job}, perplexity_base=base, perplexity_finetuned=tuned,
-        perplexity_improvement_pct=report.comparison.perplexity,
-        files=sorted([*(f"adapter/{n}" for n in ADAPTER_FILES), f"train/{RUN_MANIFEST_NAME}"]),
-        adapter_sha256=adapter_sha256(folder / "adapter"),
-    )
-    write_text_atomic(folder / "run.json", write_run_record(index))
-    return folder
+    """The run's adapter and manifest in its folder of the store, then its index with the adapter's hash, last
+    (documents.run_store.write_run); the run's folder."""
+
+    def put_file(key: str, source: Path) -> None:
+        (store / key).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, store / key)
+
+    def put_bytes(key: str, data: bytes) -> None:
+        write_text_atomic(store / key, data.decode())
+
+    def index(files: list[str]) -> RunIndex:
+        return RunIndex(
+            stack=stack, run_id=run_id, run_name=run.name,
+            uploaded_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), job_ids={"eval": eval_job},
+            perplexity_base=report.base_model.perplexity, perplexity_finetuned=report.finetuned_model.perplexity,
+            perplexity_improvement_pct=report.comparison.perplexity, files=sorted(files),
+            adapter_sha256=adapter_sha256(adapter_folder(store, stack, run_id)),
+        )
+
+    files = {**{f"{ADAPTER_DIR}/{name}": run.adapter_dir / name for name in ADAPTER_FILES},
+             MANIFEST_KEY: run.train_run_dir / RUN_MANIFEST_NAME}
+    write_run(put_file, put_bytes, stack, run_id, files, index)
+    return run_folder(store, stack, run_id)
 
 
 def gateway_url(run: RunConfig, wait_s: float) -> str:

@@ -1,8 +1,8 @@
 """Adapters of stored runs, by name: which runs have one, what base each was trained on, and the set one server
 serves (refusing an adapter of another base).
 
-The run store's layout (`runs/<stack>/<run_id>/run.json`, the run manifest under `train/`) is read from a
-folder here (the local store, or the cluster's shared filesystem); `ftstack adapters` lists the same entries
+The run store's layout (documents.run_store: a folder per run of a stack, its index, its run manifest and its
+adapter's copy) is read from a folder here (the local store, or the cluster's shared filesystem); `ftstack adapters` lists the same entries
 from any store through `adapter_entry`. A server reads the runs of its own stack only: a run id names a run
 within one stack, and the same id may be another stack's run too.
 """
@@ -20,11 +20,9 @@ from documents.names import checked_name
 from documents.run_config import RunConfig
 from documents.run_manifest import RUN_MANIFEST_NAME, RunManifest, load_run_manifest, model_hash, read_run_manifest
 from documents.run_record import RunIndex, read_run_record
+from documents.run_store import (ADAPTER_DIR, INDEX_NAME, MANIFEST_KEY, adapter_folder, index_files, indexes_of_run,
+                                 run_key, runs_folder)
 from documents.sections.serve import model_name_problem, shown
-
-RUN_INDEX_NAME = "run.json"
-STORED_MANIFEST = f"train/{RUN_MANIFEST_NAME}"
-STORED_ADAPTER = "adapter"
 
 
 class RegistryError(ValueError):
@@ -66,16 +64,16 @@ class StoredRuns:
 
 
 def stored_runs(store_dir: Path, stack: str | None) -> StoredRuns:
-    """Every run of `stack` with a run manifest in a store folder (`runs/<stack>/<run_id>/`); each index must name
+    """Every run of `stack` with a run manifest in a store folder (its runs' folders); each index must name
     the stack and run id its folder does, else the run is listed as damaged, as one that cannot be read."""
     if stack is None:
         raise RegistryError("this server does not know which stack it serves, and the run store keeps runs per "
-                            "stack (runs/<stack>/<run_id>): start it with --stack NAME (the pipeline's serve job "
-                            "does) or set serve.stack")
+                            f"stack ({run_key('<stack>', '<run_id>')}): start it with --stack NAME (the pipeline's "
+                            "serve job does) or set serve.stack")
     found: dict[str, tuple[RunIndex, RunManifest]] = {}
     damaged: dict[str, str] = {}
-    for index_file in sorted((store_dir / "runs" / stack).glob(f"*/{RUN_INDEX_NAME}")):
-        manifest_file = index_file.parent / STORED_MANIFEST
+    for index_file in index_files(store_dir, stack):
+        manifest_file = index_file.parent / MANIFEST_KEY
         if not manifest_file.is_file():
             continue
         run_id = index_file.parent.name
@@ -87,7 +85,7 @@ def stored_runs(store_dir: Path, stack: str | None) -> StoredRuns:
             continue
         if (index.stack, index.run_id) != (stack, run_id):
             damaged[run_id] = (f"{index_file}: names stack {index.stack!r} and run {index.run_id!r}, but lies in "
-                               f"runs/{stack}/{run_id}/")
+                               f"{run_key(stack, run_id)}/")
             continue
         found[run_id] = (index, manifest)
     return StoredRuns(found, damaged)
@@ -99,13 +97,13 @@ def stacks_holding(store_dir: Path, run_id: str) -> list[str]:
         checked_name(run_id, "run id")
     except ValueError:
         return []
-    return sorted(index.parent.parent.name for index in (store_dir / "runs").glob(f"*/{run_id}/{RUN_INDEX_NAME}"))
+    return sorted(index.parent.parent.name for index in indexes_of_run(store_dir, run_id))
 
 
 def other_stack(name: str | None, run_id: str, stacks: list[str], store_dir: Path, stack: str | None) -> OtherStackRun:
     adapter = f"adapter {name!r}: " if name else ""
     return OtherStackRun(f"{adapter}run {run_id!r} is a run of stack {', '.join(map(repr, stacks))} "
-                         f"(runs/{stacks[0]}/{run_id} in {store_dir}), and this server serves stack {stack!r}: "
+                         f"({run_key(stacks[0], run_id)} in {store_dir}), and this server serves stack {stack!r}: "
                          "refused (serve it from a server of that stack)")
 
 
@@ -172,7 +170,7 @@ def resolve_adapters(run: RunConfig, wanted: dict[str, str], store_dir: Path, st
 
 def stored_adapter(runs: StoredRuns, store_dir: Path, stack: str | None, name: str, run_id: str, base_sha: str,
                    base_path: str) -> AdapterEntry:
-    """The stored run's adapter under `name`: the store's own copy (`runs/<stack>/<run_id>/adapter`), its hash as
+    """The stored run's adapter under `name`: the store's own copy (documents.run_store.adapter_folder), its hash as
     the run index records it, checked against the served base and the files; a run of another stack is
     refused, naming that stack, and a damaged run naming why."""
     if run_id in runs.damaged:
@@ -188,7 +186,7 @@ def stored_adapter(runs: StoredRuns, store_dir: Path, stack: str | None, name: s
     if index.adapter_sha256 is None:
         raise RegistryError(f"adapter {name!r}: stored run {run_id!r} holds no adapter files in {store_dir} "
                             "(stored before adapters were kept with the run: upload it again)")
-    folder = store_dir / "runs" / index.stack / run_id / STORED_ADAPTER
+    folder = adapter_folder(store_dir, index.stack, run_id)
     if folder.is_symlink():
         raise RegistryError(f"adapter {name!r}: {folder} is a symbolic link, which may lead outside the run store "
                             f"({store_dir}): refused unread")
@@ -215,16 +213,16 @@ def verified(entry: AdapterEntry, roots: list[Path]) -> AdapterEntry:
 
 def run_of_path(runs: StoredRuns, store_dir: Path, stack: str | None, path: str) -> str | None:
     """The id of the stored run of `stack` whose adapter folder in the store is `path` (vLLM's lora_path; a
-    relative path is the store's, `runs/<stack>/<run_id>/adapter` as the docs show), else None; another stack's
+    relative path is the store's, as the docs show), else None; another stack's
     adapter folder is refused, naming that stack, and a damaged run's naming why."""
     wanted = (store_dir / path).resolve()
     for run_id, (index, _) in runs.readable.items():
-        if (store_dir / "runs" / index.stack / run_id / STORED_ADAPTER).resolve() == wanted:
+        if adapter_folder(store_dir, index.stack, run_id).resolve() == wanted:
             return run_id
-    stored = (store_dir / "runs").resolve()
-    if wanted.name == STORED_ADAPTER and wanted.parent.parent.name == stack and wanted.parent.name in runs.damaged:
+    stored = runs_folder(store_dir).resolve()
+    if wanted.name == ADAPTER_DIR and wanted.parent.parent.name == stack and wanted.parent.name in runs.damaged:
         raise RegistryError(f"stored run {wanted.parent.name!r} is damaged: {runs.damaged[wanted.parent.name]}")
-    if wanted.name == STORED_ADAPTER and wanted.parent.parent.parent == stored and (wanted.parent / RUN_INDEX_NAME).is_file():
+    if wanted.name == ADAPTER_DIR and wanted.parent.parent.parent == stored and (wanted.parent / INDEX_NAME).is_file():
         raise other_stack(None, wanted.parent.name, [wanted.parent.parent.name], store_dir, stack)
     return None
 

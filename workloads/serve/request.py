@@ -42,7 +42,7 @@ how the server renders or schedules a request, which is the server's to set: ref
 
 PEFT_UNSUPPORTED = ("stop", "logprobs", "top_logprobs", "response_format", "tools", "tool_choice",
                     "frequency_penalty", "presence_penalty")
-"""OpenAI fields the peft engine (workloads.serve.lora_engine) does not act on: refused there, never ignored."""
+"""OpenAI fields the peft engine (workloads.serve.engine.server) does not act on: refused there, never ignored."""
 
 
 class ChatRequest(BaseModel):

@@ -1,19 +1,19 @@
 """One base model in memory, many LoRA adapters on it, one OpenAI-compatible process (the CPU engine).
 
-    FT_ENGINE_KEY=... python -m workloads.serve.lora_engine --base DIR --base-name base --port 8100 \
+    FT_ENGINE_KEY=... python -m workloads.serve.engine.server --base DIR --base-name base --port 8100 \
         --lora-modules '{"name": "desk-a", "path": "DIR"}' ...
 
 Unlike `transformers serve` (one model per process, so one merged copy per fine-tune), this engine loads the
 base once, adds each adapter with peft's `load_adapter`, and decodes every running request in one batch, each
-row with its own adapter (the adapters stacked per layer, workloads.serve.stacked_lora; `__base__` for the base)
+row with its own adapter (the adapters stacked per layer, workloads.serve.engine.stacked_lora; `__base__` for the base)
 and its own sampling settings. It speaks the subset of vLLM's API the gateway uses: streamed chat completions,
 /health, /v1/models, the dynamic LoRA routes `/v1/load_lora_adapter` and `/v1/unload_lora_adapter`, and /metrics
-(vLLM's `vllm:*` series that hold here, workloads.serve.engine_metrics). It listens on loopback only and, like vLLM
+(vLLM's `vllm:*` series that hold here, workloads.serve.engine.metrics). It listens on loopback only and, like vLLM
 with `--api-key`, answers `/v1` only with the launch's engine key (workloads.serve.engine_key); /health and
 /metrics stay open as vLLM's do (its key guards /v1 only). The gateway is the public face (API key, limits, admin
 routes).
 
-Batching is continuous (workloads.serve.continuous): requests join the running batch and leave it between two
+Batching is continuous (workloads.serve.engine.batching): requests join the running batch and leave it between two
 decode steps. Adapter loads and unloads run between two steps as well; an unload waits only while a running or
 waiting request still uses that adapter, so it never cuts a generation short.
 """
@@ -40,14 +40,14 @@ from starlette.concurrency import run_in_threadpool
 from documents.run_manifest import model_hash
 from documents.sections.serve import shown
 from workloads.common.chat_template import prompt_ids
-from workloads.serve.budget import model_context
-from workloads.serve.continuous import RunningBatch
-from workloads.serve.engine_metrics import VLLM_DEFAULT_MAX_LEN, EngineMetrics, RequestTimes
+from workloads.serve.engine.batching import RunningBatch
+from workloads.serve.engine.metrics import VLLM_DEFAULT_MAX_LEN, EngineMetrics, RequestTimes
+from workloads.serve.engine.stacked_lora import StackedLora, unstackable
 from workloads.serve.engine_key import ENGINE_KEY_ENV, require_engine_key
-from workloads.serve.gateway import error
+from workloads.serve.http_shared import error
 from workloads.serve.registry import RegistryError, run_of_path, stored_adapter, stored_runs
 from workloads.serve.request import RequestError, parse_chat_request
-from workloads.serve.stacked_lora import StackedLora, unstackable
+from workloads.serve.token_budget import model_context
 
 BASE_ROW = "__base__"
 """peft's adapter name for a row that runs the bare base."""
@@ -152,7 +152,7 @@ class AdapterModel:
         self.model.delete_adapter(name)
 
     def restack(self) -> None:
-        """After a load or unload: the adapters stacked for one pass per batch (workloads.serve.stacked_lora)."""
+        """After a load or unload: the adapters stacked for one pass per batch (workloads.serve.engine.stacked_lora)."""
         if self.adapters:
             self.stacked.rebuild(self.model, sorted(self.adapters))
         else:
@@ -437,7 +437,7 @@ async def load_lora_adapter(request: Request) -> Any:
 
 
 async def metrics(request: Request) -> Response:
-    """vLLM's series (workloads.serve.engine_metrics) in the format the scraper's Accept header asks for."""
+    """vLLM's series (workloads.serve.engine.metrics) in the format the scraper's Accept header asks for."""
     body, media_type = engine_of(request).worker.metrics.render(request.headers.get("accept", ""))
     return Response(body, media_type=media_type)
 

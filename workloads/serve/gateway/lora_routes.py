@@ -13,15 +13,14 @@ the run store. Both need the gateway's API key (as the /admin routes do).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from documents.run_store import ADAPTER_DIR, run_key
 from documents.sections.serve import MODEL_NAME, shown
-from workloads.serve.budget import PromptCounter
-from workloads.serve.gateway import (BodyErrors, Gateway, Refused, admin_denied, engine_admin, gateway_of,
-                                     string_fields)
+from workloads.serve.gateway.adapter_ops import BodyErrors, load_served, served_adapter, string_fields, unload_served
+from workloads.serve.gateway.state import Gateway, admin_denied, gateway_of
+from workloads.serve.http_shared import Refused
 
 LOAD_FIELDS = ("lora_name", "lora_path")
 UNLOAD_FIELDS = ("lora_name",)
@@ -51,7 +50,8 @@ def run_id_of(gateway: Gateway, lora_path: str) -> str:
     run_id = gateway.adapter_host.run_of_path(lora_path)
     if run_id is None:
         raise Refused(400, f"lora_path {shown(lora_path)} is not a stored run's adapter folder in the run store "
-                           "(give a run id, or runs/<stack>/<run_id>/adapter in the store): refused", "BadRequestError")
+                           f"(give a run id, or {run_key('<stack>', '<run_id>')}/{ADAPTER_DIR} in the store): refused",
+                      "BadRequestError")
     return run_id
 
 
@@ -69,19 +69,12 @@ async def load_lora_adapter(request: Request) -> Response:
         if name in gateway.routes:
             raise Refused(400, f"The lora adapter '{name}' has already been loaded.", "InvalidUserInput")
         try:
-            entry = gateway.adapter_host.resolve(name, run_id_of(gateway, body["lora_path"]))
-        except LookupError as missing:
-            raise Refused(404, str(missing).strip("'\""), "NotFoundError") from None
+            run_id = run_id_of(gateway, body["lora_path"])
         except ValueError as problem:
             raise Refused(400, str(problem), "BadRequestError") from None
-        await engine_admin(gateway, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": entry.adapter_dir})
+        await load_served(gateway, name, run_id, not_found="NotFoundError", refused="BadRequestError")
     except Refused as refused:
         return vllm_error(refused)
-    route = gateway.adapter_host.route(entry)
-    if route.tokenizer and route.budget:
-        gateway.counters.setdefault(route.tokenizer, PromptCounter(Path(route.tokenizer)))
-    gateway.routes[name] = route
-    gateway.on_change()
     return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
 
 
@@ -93,16 +86,12 @@ async def unload_lora_adapter(request: Request) -> Response:
         name = (await string_fields(request, UNLOAD_FIELDS, vllm_body_errors(UNLOAD_FIELDS)))["lora_name"]
     except Refused as refused:
         return vllm_error(refused)
-    route = gateway.routes.get(name)
-    if route is None or route.adapter is None or gateway.adapter_host is None:
+    if (route := served_adapter(gateway, name)) is None:
         return vllm_error(Refused(404, f"The lora adapter {shown(name)} cannot be found.", "NotFoundError"))
-    del gateway.routes[name]
     try:
-        await engine_admin(gateway, "/v1/unload_lora_adapter", {"lora_name": route.upstream})
+        await unload_served(gateway, name, route)
     except Refused as refused:
-        gateway.routes[name] = route
         return vllm_error(Refused(500, str(refused), "InternalServerError"))
-    gateway.on_change()
     return PlainTextResponse(f"Success: LoRA adapter '{name}' removed successfully.")
 
 

@@ -1,4 +1,6 @@
-"""How many tokens one request may hold (prompt plus reply), counted by the gateway before an engine sees it.
+"""How many tokens one request may hold (prompt plus reply): the model's context and, when its size is fixed, the
+engine's KV cache. The launcher plans each route's budget from it; the gateway counts prompts against it
+(workloads.serve.gateway.prompt_counter); the CPU engine reads the model's context from it. No HTTP.
 
 A `transformers serve` engine's continuous-batching worker dies for good on a request its KV cache cannot
 hold; a prompt past the model's context is garbage at best. The gateway counts the prompt with the model's
@@ -7,15 +9,12 @@ own tokenizer and chat template and refuses what does not fit with a 400.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from documents.base import DocumentError
 from documents.hf_files import read_decoder_config
 from documents.sections.serve import ServeConfig
-from workloads.common.chat_template import prompt_ids
 
 # transformers' continuous batching pages hold 256 tokens (ContinuousBatchingConfig.page_size); the engines are
 # started without --cb-block-size, so --cb-num-blocks N is a cache of N x 256 tokens.
@@ -48,23 +47,3 @@ def token_budget(folder: Path, cfg: ServeConfig) -> TokenBudget | None:
         limits.append(TokenBudget(cfg.cb_num_blocks * CB_PAGE_TOKENS,
                                   f"the engine's KV cache ({cfg.cb_num_blocks} blocks of {CB_PAGE_TOKENS} tokens)"))
     return min(limits, key=lambda b: b.tokens) if limits else None
-
-
-class PromptCounter:
-    """Counts a conversation's prompt tokens with the served model's tokenizer and chat template."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self._tokenizer: Any = None
-        self._lock = threading.Lock()
-
-    def _load(self) -> Any:
-        with self._lock:
-            if self._tokenizer is None:
-                from transformers import AutoTokenizer
-
-                self._tokenizer = AutoTokenizer.from_pretrained(self.folder)
-            return self._tokenizer
-
-    def count(self, messages: list[dict[str, str]]) -> int:
-        return len(prompt_ids(self._load(), messages))

@@ -1,6 +1,6 @@
 """Start the engine processes (supervised) and the gateway in front of them; stops the engines when the gateway exits.
 
-    FT_API_KEY=... python -m workloads.serve.launch --config workloads/configs/local.json [--host 0.0.0.0]
+    FT_API_KEY=... python -m workloads.serve.launcher.launch --config workloads/configs/local.json [--host 0.0.0.0]
         [--adapter NAME=RUN_ID ...] [--runs-store .local/artifacts] [--stack local] [--resume] [--start-empty]
 
 With no adapter named (flags or serve.adapters) it serves the base and the run's own fine-tune; with --start-empty
@@ -32,11 +32,15 @@ from documents.run_config import ConfigError, RunConfig, load_run_config
 from documents.sections.serve import ServeConfig
 from workloads.serve.auth import (AccessError, api_key_from_env, api_key_from_file, is_loopback,
                                   require_key_beyond_loopback)
-from workloads.serve.engines import (EnginePlan, adapter_route, check_rank, choose_engine, plan_peft, plan_transformers,
-                                     plan_vllm, vllm_python)
 from workloads.serve.engine_key import engine_env, new_engine_key
-from workloads.serve.app import build_gateway
-from workloads.serve.gateway import AdapterHost, Gateway, Limits
+from workloads.serve.gateway.app import build_gateway
+from workloads.serve.gateway.served_report import ServedReporter
+from workloads.serve.gateway.served_restore import persisted_set, recheck, resync
+from workloads.serve.gateway.state import AdapterHost, Gateway, Limits
+from workloads.serve.launcher.engine_plan import (EnginePlan, adapter_route, check_rank, choose_engine, plan_peft,
+                                                  plan_transformers, plan_vllm, vllm_python)
+from workloads.serve.launcher.supervise import EngineError, Supervisor
+from workloads.serve.launcher.vllm_install import find_vllm
 from workloads.serve.registry import (
     RegistryError,
     parse_adapter_flags,
@@ -47,10 +51,6 @@ from workloads.serve.registry import (
     stored_adapter,
     stored_runs,
 )
-from workloads.serve.served import ServedReporter
-from workloads.serve.served_sync import persisted_set, recheck, resync
-from workloads.serve.supervise import EngineError, Supervisor
-from workloads.serve.vllm_install import find_vllm
 
 
 @contextmanager

@@ -1,4 +1,4 @@
-"""Run the serving launcher (`python -m workloads.serve.launch`) as a child process: start it on free
+"""Run the serving launcher (`python -m workloads.serve.launcher.launch`) as a child process: start it on free
 loopback ports, wait until /health answers, and stop it the way Slurm does (SIGTERM to its group)."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def start_launcher(config: Path, args: Sequence[str], env: Mapping[str, str], lo
     """Start the launcher for `config` on a free port; return it and its base URL once /health is 200.
     A launcher that exits or stays unhealthy is stopped and reported with the tail of `log`."""
     port = free_port()
-    argv = [sys.executable, "-m", "workloads.serve.launch", "--config", str(config), "--host", "127.0.0.1",
+    argv = [sys.executable, "-m", "workloads.serve.launcher.launch", "--config", str(config), "--host", "127.0.0.1",
             "--port", str(port), "--backend-port", str(free_port()), *args]
     proc = subprocess.Popen(argv, cwd=cwd, env=dict(env), stdout=log.open("w"), stderr=subprocess.STDOUT,
                             start_new_session=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 from documents.adapter_registry import SERVED_SET_NAME, ServedSet, write_served_set
 from documents.atomic import write_text_atomic
 from workloads.common.job_metrics import JobFigures, JobMetricsFile
-from workloads.serve.gateway import Gateway
+from workloads.serve.gateway.state import Gateway
 
 log = logging.getLogger("workloads.serve")
 

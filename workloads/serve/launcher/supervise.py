@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 
 import httpx
 
-from workloads.serve.engines import EnginePlan
+from workloads.serve.launcher.engine_plan import EnginePlan
 
 POLL_S = 2.0
 MAX_BACKOFF_S = 30.0

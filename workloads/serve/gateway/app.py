@@ -1,5 +1,6 @@
-"""The gateway app: the public routes over one shared `Gateway` (workloads.serve.gateway), vLLM's runtime LoRA
-routes (workloads.serve.lora_routes) and its other routes (workloads.serve.vllm_routes) beside them."""
+"""The gateway app: the public routes (workloads.serve.gateway.chat_routes) over one shared `Gateway`
+(workloads.serve.gateway.state), the admin routes for adapters (admin_routes), vLLM's runtime LoRA routes
+(lora_routes) and its other routes (vllm_routes) beside them."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ from pathlib import Path
 import httpx
 from fastapi import FastAPI
 
-from workloads.serve.budget import PromptCounter
 from workloads.serve.engine_key import engine_headers
-from workloads.serve.gateway import (AdapterHost, Gateway, Limits, Route, chat_completions, health, list_models,
-                                     load_adapter, unload_adapter)
-from workloads.serve.lora_routes import add_lora_routes
-from workloads.serve.vllm_routes import add_vllm_routes
+from workloads.serve.gateway.admin_routes import add_admin_routes
+from workloads.serve.gateway.chat_routes import chat_completions, health, list_models
+from workloads.serve.gateway.lora_routes import add_lora_routes
+from workloads.serve.gateway.prompt_counter import PromptCounter
+from workloads.serve.gateway.state import AdapterHost, Gateway, Limits
+from workloads.serve.gateway.vllm_routes import add_vllm_routes
+from workloads.serve.route import Route
 
 
 def build_gateway(routes: list[Route], api_key: str | None, limits: Limits = Limits(), timeout_s: float = 600.0,
@@ -40,8 +43,7 @@ def build_gateway(routes: list[Route], api_key: str | None, limits: Limits = Lim
     app.add_api_route("/health", health, methods=["GET"])
     app.add_api_route("/v1/models", list_models, methods=["GET"])
     app.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"])
-    app.add_api_route("/admin/adapters", load_adapter, methods=["POST"])
-    app.add_api_route("/admin/adapters/{name}", unload_adapter, methods=["DELETE"])
+    add_admin_routes(app)
     add_lora_routes(app)
     add_vllm_routes(app)
     return app

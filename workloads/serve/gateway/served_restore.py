@@ -21,7 +21,7 @@ import httpx
 from documents.adapter_registry import AdapterEntry, ServedSet, adapter_sha256, read_served_set
 from documents.base import DocumentError
 from workloads.serve.engine_key import engine_headers
-from workloads.serve.gateway import Gateway
+from workloads.serve.gateway.state import Gateway
 
 log = logging.getLogger("workloads.serve")
 

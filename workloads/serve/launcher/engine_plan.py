@@ -3,7 +3,7 @@ with LoRA on GPU, the peft engine on CPU), or `transformers serve` per model.
 
 vLLM serves the base weights and the adapters (`--enable-lora`, one `--lora-modules` entry each) from one
 process under their names, and loads or unloads adapters at runtime (VLLM_ALLOW_RUNTIME_LORA_UPDATING) when the
-gateway's admin route asks. The peft engine (workloads.serve.lora_engine) does the same on CPU.
+gateway's admin route asks. The peft engine (workloads.serve.engine.server) does the same on CPU.
 transformers serve runs one continuous-batching model per process (switching models inside one process stops
 and restarts its batching worker), so base and the merged fine-tune each get their own process: a full model
 copy per fine-tune, kept for the run's own merged model only.
@@ -25,9 +25,9 @@ from documents.hf_files import read_adapter_config, write_adapter_config
 from documents.run_config import RunConfig
 from documents.sections.serve import VLLM_LORA_RANKS, ServeConfig
 from workloads.common.chat_template import folder_options
-from workloads.serve.budget import TokenBudget, token_budget
-from workloads.serve.gateway import Route
-from workloads.serve.vllm_install import FLAG_SINCE, VllmInstall, VllmMissing, find_vllm
+from workloads.serve.launcher.vllm_install import FLAG_SINCE, VllmInstall, VllmMissing, find_vllm
+from workloads.serve.route import Route
+from workloads.serve.token_budget import TokenBudget, token_budget
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "generation_config.json", "config.json")
@@ -218,10 +218,10 @@ def lora_modules(adapters: list[AdapterEntry], base_name: str) -> list[str]:
 
 
 def plan_peft(run: RunConfig, cfg: ServeConfig, adapters: list[AdapterEntry]) -> list[EnginePlan]:
-    """One CPU process: the base once, every adapter on it (workloads.serve.lora_engine)."""
+    """One CPU process: the base once, every adapter on it (workloads.serve.engine.server)."""
     base = require_folder(run.base_model_dir, "config.json", "prepare")
     port = cfg.backend_port
-    argv = [sys.executable, "-m", "workloads.serve.lora_engine", "--base", str(base), "--base-name", cfg.base_name,
+    argv = [sys.executable, "-m", "workloads.serve.engine.server", "--base", str(base), "--base-name", cfg.base_name,
             "--host", "127.0.0.1", "--port", str(port), "--dtype", cfg.dtype, "--device", cfg.device,
             "--max-batch", str(cfg.max_batch), "--max-loras", str(max(cfg.max_loras, len(adapters))),
             "--max-tokens", str(cfg.max_tokens_limit),

@@ -1,5 +1,5 @@
 """Continuous batching for the CPU engine: one running batch that requests join and leave between decode steps,
-each row with its own adapter (the engine's stacked adapters, workloads.serve.stacked_lora).
+each row with its own adapter (the engine's stacked adapters, workloads.serve.engine.stacked_lora).
 
 Transformers' own continuous batching packs every request into one row, where per-row adapters cannot ride, so
 the batch is kept here: left-padded rows over one KV cache (`DynamicCache`, `[rows, heads, time, dim]`
@@ -8,7 +8,7 @@ forward, their first token sampled and sent at once, then their cache is padded 
 batch's to theirs) and appended; a finished or cancelled row is dropped from the cache, and the columns no row
 uses any more are cut off the left. Sampling is one set of tensor operations for all rows (temperature, top-p,
 the exponential race for a draw); text is detokenized incrementally (vLLM's prefix/read offsets). With an
-EngineMetrics (workloads.serve.engine_metrics) the batch reports each request's start, tokens and end to it before
+EngineMetrics (workloads.serve.engine.metrics) the batch reports each request's start, tokens and end to it before
 the request hears of them, so a scrape after a reply counts that reply.
 """
 
@@ -22,11 +22,11 @@ from typing import Any, Protocol
 
 import torch
 
-from workloads.serve.engine_metrics import EngineMetrics
+from workloads.serve.engine.metrics import EngineMetrics
 
 
 class Request(Protocol):
-    """What a batch row needs of a request (workloads.serve.lora_engine.Generation)."""
+    """What a batch row needs of a request (workloads.serve.engine.server.Generation)."""
 
     prompt_ids: list[int]
     adapter: str

@@ -1,7 +1,7 @@
 """A Gradio chat over any OpenAI-compatible endpoint: pick a served model (the base or an adapter), stream the
 answer, see its timing; or ask two models the same question side by side, each answer with its timing.
 
-    python -m workloads.serve.chat --api http://127.0.0.1:8000/v1 [--api-key KEY | env FT_API_KEY]
+    python -m workloads.serve.clients.chat_ui --api http://127.0.0.1:8000/v1 [--api-key KEY | env FT_API_KEY]
 
 Listens on 127.0.0.1. `--share` (a public gradio.live link) and any non-loopback `--host` need login
 credentials in FT_CHAT_USER and FT_CHAT_PASSWORD; without them the UI refuses to start.
@@ -17,7 +17,7 @@ import threading
 from collections.abc import Iterator
 
 from workloads.serve.auth import AccessError, is_loopback
-from workloads.serve.client import EndpointError, list_models, stream_chat
+from workloads.serve.clients.openai_client import EndpointError, list_models, stream_chat
 
 TIMING_PREFIX = "⏱ time to first token"
 

@@ -4,7 +4,7 @@
     POST /tokenize         POST /detokenize
     GET  /version          the engine's version (open, as vLLM's)
     GET  /metrics          the engine's Prometheus series (`vllm:*`), API key required when one is set: vLLM's own,
-                           or the peft engine's under vLLM's names (workloads.serve.engine_metrics)
+                           or the peft engine's under vLLM's names (workloads.serve.engine.metrics)
 
 A model served by another engine gets a 400 naming its engine; with no vLLM engine behind the gateway /version
 answers 404, and /metrics with neither a vLLM nor a peft engine (`transformers serve` exports no such series).
@@ -22,8 +22,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from documents.text_input import TextInputError, load_json
-from workloads.serve.gateway import (Gateway, Refused, Route, denied, engine_answer, engine_unavailable, error, forward,
-                                     gateway_of, read_body)
+from workloads.serve.gateway.relay import engine_answer, engine_unavailable, forward, read_body
+from workloads.serve.gateway.state import Gateway, denied, gateway_of
+from workloads.serve.http_shared import Refused, error
+from workloads.serve.route import Route
 
 VLLM = "vllm"
 METRICS_ENGINES = (VLLM, "peft")

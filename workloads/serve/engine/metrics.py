@@ -1,7 +1,7 @@
 """The peft engine's Prometheus series under vLLM's own names, types, label names and bucket boundaries (vLLM
 0.32's `PrometheusStatLogger`, vllm/v1/metrics/loggers.py; buckets from vllm/v1/metrics/buckets.py), so that a
 dashboard built on a vLLM engine reads the peft engine unchanged. One registry per engine, served at the engine's
-`GET /metrics` and relayed by the gateway's (workloads.serve.vllm_routes).
+`GET /metrics` and relayed by the gateway's (workloads.serve.gateway.vllm_routes).
 
 Exported, each meaning what it means in vLLM, with labels `model_name` (the served base's name, as vLLM's
 `--served-model-name`) and `engine` ("0": one engine core):
@@ -126,7 +126,7 @@ class RequestTimes:
 
 
 class Timed(Protocol):
-    """What the metrics read of a request (workloads.serve.lora_engine.Generation)."""
+    """What the metrics read of a request (workloads.serve.engine.server.Generation)."""
 
     prompt_ids: list[int]
     max_tokens: int
