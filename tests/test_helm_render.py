@@ -168,3 +168,23 @@ def test_a_missing_chart_names_the_chart_and_its_source(tmp_path) -> None:
     release = HelmRelease("k8up", "k8up", "4.8.3", "k8up-system", {}, repo="https://k8up-io.github.io/k8up")
     with pytest.raises(HelmRenderError, match=rf"^chart k8up 4\.8\.3: no k8up-4\.8\.3\.tgz in the chart mirror {tmp_path}$"):
         helm_render.render(release, mirror=tmp_path, kube_version="1.36.0")
+
+
+def test_a_chart_mirror_is_what_every_release_installs_from(tmp_path, monkeypatch) -> None:
+    """FT_CHART_MIRROR (or the stack's soperator.chartMirror) replaces every release's repository by its package;
+    a package the mirror lacks stops the program naming the chart and the mirror."""
+    assert MIRROR is not None
+    monkeypatch.setenv(helm_render.MIRROR_ENV, str(MIRROR))
+    run = run_under_mocks(load_stack_config("dev"), {"pipelineSshPrivateKey": "key"})
+    releases = helm_render.releases_in(run.resources)
+    assert releases and all(Path(r.chart).parent == MIRROR and r.repo is None for r in releases)
+    nodesets = next(r for r in releases if r.name == "nodesets")
+    assert nodesets.chart == str(MIRROR / "helm-nodesets-4.1.7.tgz")
+    done = helm_render.render(nodesets, mirror=None, kube_version=kube_version("dev"))
+    assert {o["kind"] for o in done.objects} == {"NodeSet", "PriorityClass"}
+    cfg = load_stack_config("dev")
+    assert cfg.soperator is not None
+    empty = cfg.model_copy(update={"soperator": cfg.soperator.model_copy(update={"chart_mirror": str(tmp_path)})})
+    with pytest.raises(Exception, match=rf"chart cert-manager v1\.19\.1: no cert-manager-v1\.19\.1\.tgz in the chart "
+                                        rf"mirror {tmp_path}"):
+        run_under_mocks(empty, {"pipelineSshPrivateKey": "key"})

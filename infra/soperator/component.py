@@ -10,7 +10,7 @@ import pulumi_kubernetes as k8s
 from infra.monitoring import releases as mon
 from infra.nebius import backups
 from infra.nebius.backups import BackupCredentials, RepositoryPassword
-from infra.soperator import helm_values
+from infra.soperator import helm_render, helm_values
 from infra.soperator.values import BACKUP_SECRET, STORAGE_CLASS, ReleaseSpec
 
 BACKUP_RELEASE = "soperator-backup-config"
@@ -27,6 +27,9 @@ class SoperatorArgs:
     """Resources that must exist before anything is installed (the node groups, GPU/network operators)."""
     backup_credentials: BackupCredentials | None = None
     """Keys k8up writes the jail backups with; required when the releases include the backup schedule."""
+    chart_mirror: str | None = None
+    """Folder of ``<name>-<version>.tgz`` chart packages to install from (the stack's ``soperator.chartMirror``);
+    unset: ``FT_CHART_MIRROR``, else each release's repository."""
 
 
 class Soperator(pulumi.ComponentResource):
@@ -52,6 +55,7 @@ class Soperator(pulumi.ComponentResource):
         )
         self.releases = {}
         self.grafana_admin_password = None
+        self._mirror = helm_render.chart_mirror(args.chart_mirror)
         for spec in args.releases:
             after: list[pulumi.Resource] = [self.releases[key] for key in spec.depends_on] or [storage_class]
             if spec.key == BACKUP_RELEASE:
@@ -107,13 +111,17 @@ class Soperator(pulumi.ComponentResource):
     def _release(
         self, name: str, spec: ReleaseSpec, provider: k8s.Provider, after: list[pulumi.Resource]
     ) -> k8s.helm.v3.Release:
+        chart, repo = spec.chart, spec.repo
+        if self._mirror is not None:
+            chart = str(helm_render.mirrored_package(helm_render.package_name(spec.chart), spec.version, self._mirror))
+            repo = None
         return k8s.helm.v3.Release(
             f"{name}-{spec.key}",
             k8s.helm.v3.ReleaseArgs(
                 name=spec.name,
-                chart=spec.chart,
+                chart=chart,
                 version=spec.version,
-                repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=spec.repo) if spec.repo else None,
+                repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=repo) if repo else None,
                 namespace=spec.namespace,
                 create_namespace=True,
                 values=spec.values,

@@ -71,8 +71,7 @@ class HelmRelease:
 
     @property
     def package_name(self) -> str:
-        """The chart's name as its package is named (``oci://.../helm-nodesets`` -> ``helm-nodesets``)."""
-        return self.chart.rstrip("/").rsplit("/", 1)[-1]
+        return package_name(self.chart)
 
     @classmethod
     def from_inputs(cls, inputs: Mapping[str, Any]) -> HelmRelease:
@@ -114,6 +113,11 @@ class Rendered:
                 group_version = f"{spec.get('group')}/{served.get('name')}"
                 found += [group_version, f"{group_version}/{spec.get('names', {}).get('kind')}"]
         return found
+
+
+def package_name(chart: str) -> str:
+    """A chart's name as its package is named (``oci://.../helm-nodesets`` -> ``helm-nodesets``)."""
+    return chart.rstrip("/").rsplit("/", 1)[-1]
 
 
 def releases_in(resources: Iterable[Any]) -> list[HelmRelease]:
