@@ -324,6 +324,10 @@ class SoperatorConfig(_Model):
     mariadb_operator_version: str = "25.10.2"
     k8up_version: str = "4.8.3"
     registry: str = "cr.eu-north1.nebius.cloud/soperator"
+    chart_mirror: str | None = Field(
+        None, description="Folder of chart packages (`<name>-<version>.tgz`) every release installs from instead of "
+        "its repository (an air-gapped install); unset: the environment variable FT_CHART_MIRROR, else the repositories.",
+    )
     slurm_cluster_name: str = Field(
         "soperator", pattern=r"^[a-z][a-z0-9-]{0,40}$",
         description="Name of the SlurmCluster; Soperator 4.1.7's active checks reach only `soperator` "

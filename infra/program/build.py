@@ -110,6 +110,7 @@ def build_soperator(
         kubeconfig=config, releases=releases,
         depends_on=[*cluster.node_groups.values(), *cluster.applications.values()],
         backup_credentials=backup_access.credentials if backup_access is not None else None,
+        chart_mirror=cfg.soperator.chart_mirror if cfg.soperator is not None else None,
     ))
 
 
