@@ -7,7 +7,7 @@ writers, three models:
 | --- | --- | --- |
 | data stages (sample, fetch, convert, split, tokenize) | ``StageManifest`` | the same stage (skip when current), evaluation (tokenize losses) |
 | base-model preparation (``workloads.model.prepare``) | ``ModelManifest`` | preparation (skip when prepared), the run manifest (weights hash) |
-| adapter merge (``workloads.train.export``) | ``MergedManifest`` | a person |
+| adapter merge (``workloads.train.export``) | ``MergedManifest`` | evaluation (reuse of a report), a person |
 
 A manifest that cannot be read is treated as absent by the stage that would skip on it (the stage runs again);
 ``read_*`` raise ``DocumentError`` naming the file and the field.
@@ -125,6 +125,18 @@ def load_model_manifest(path: Path) -> ModelManifest | None:
     """The prepared model's manifest at `path`, None when absent or unreadable."""
     try:
         return read_model_manifest(path.read_bytes(), str(path))
+    except (OSError, DocumentError):
+        return None
+
+
+def read_merged_manifest(text: str | bytes, origin: str) -> MergedManifest:
+    return parse(MergedManifest, text, origin, "merged model manifest")
+
+
+def load_merged_manifest(path: Path) -> MergedManifest | None:
+    """The exported model's manifest at `path`, None when absent or unreadable."""
+    try:
+        return read_merged_manifest(path.read_bytes(), str(path))
     except (OSError, DocumentError):
         return None
 

@@ -86,7 +86,8 @@ def test_missing_test_split_is_named(trained_run, tmp_path) -> None:
 
 def test_an_unchanged_evaluation_reuses_the_report_and_a_changed_input_does_not(report, tmp_path) -> None:
     """Same inputs: the figures of the earlier job under the new job's id, nothing measured (no model is loaded,
-    so no progress line); a touched model file, another eval section or another device is another digest."""
+    so no progress line); a model exported from another adapter (its manifest's hash), another eval section or another
+    device is another digest; a model file touched (time only) is not (issue 64 item 4)."""
     document, run = report
     config = tmp_path / "run.json"
     config.write_text(run.model_dump_json())
@@ -109,7 +110,16 @@ def test_an_unchanged_evaluation_reuses_the_report_and_a_changed_input_does_not(
     stat = weights.stat()
     os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
     try:
+        assert inputs_sha256(run, "merged", "cpu", "float32") == digest
+    finally:
+        os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    manifest = run.merged_dir / "manifest.json"
+    saved = manifest.read_bytes()
+    exported = json.loads(saved)
+    exported["adapter"]["sha256"] = "0" * 64
+    manifest.write_text(json.dumps(exported))
+    try:
         assert inputs_sha256(run, "merged", "cpu", "float32") != digest
         assert current_report(run.results_dir, inputs_sha256(run, "merged", "cpu", "float32")) is None
     finally:
-        os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+        manifest.write_bytes(saved)
