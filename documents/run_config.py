@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from documents.sections.eval import EvalConfig
 from documents.sections.readiness import ReadinessConfig
 from documents.sections.serve import ServeConfig
+from documents.sections.strict import Count, Flag, Number, RunPath
 from documents.sections.time_limits import TimeLimitsConfig
 from documents.sections.train import MAX_LENGTH, TrainConfig
 from documents.text_input import TextInputError, load_json
@@ -21,6 +22,8 @@ ROOT_ENV = "FT_ROOT"
 MODEL_SOURCE = re.compile(r"^(gguf|hub|dir):(.+)$")
 DATA_SOURCE = re.compile(r"^(sample|sample:qa|file:.+|hub:[^/\s]+/[^/\s]+)$")
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+DATA_FILE_SUFFIXES = (".parquet", ".json", ".jsonl")
+"""what convert reads (workloads/data/convert.py)"""
 MAX_ROWS = 1_000_000_000
 """a thousand times Finance-Instruct-500k: more is a typo"""
 
@@ -37,11 +40,11 @@ class PathsConfig(_Section):
     """Where a run reads and writes. Relative paths resolve against `root`; env FT_ROOT overrides `root`."""
 
     root: str = Field(".", description="base for relative paths; relative itself to the working directory")
-    model_dir: str = Field("model", description="prepared base models (<model_dir>/base)")
-    data_dir: str = Field("data", description="raw data, conversations, splits, tokenized datasets")
-    checkpoint_dir: str = Field("checkpoints", description="training checkpoints (<checkpoint_dir>/<name>)")
-    output_dir: str = Field("outputs", description="adapters, merged models, training run records")
-    results_dir: str = Field("results", description="evaluation results and charts")
+    model_dir: RunPath = Field("model", description="prepared base models (<model_dir>/base)")
+    data_dir: RunPath = Field("data", description="raw data, conversations, splits, tokenized datasets")
+    checkpoint_dir: RunPath = Field("checkpoints", description="training checkpoints (<checkpoint_dir>/<name>)")
+    output_dir: RunPath = Field("outputs", description="adapters, merged models, training run records")
+    results_dir: RunPath = Field("results", description="evaluation results and charts")
 
 
 class ModelConfig(_Section):
@@ -66,26 +69,28 @@ class DataConfig(_Section):
 
     source: str = Field("sample", description="sample (synthetic conversations) | sample:qa (synthetic long-context "
                         "QA) | file:PATH (.parquet/.json/.jsonl) | hub:ORG/NAME")
-    rows: int | None = Field(None, gt=0, le=MAX_ROWS,
+    rows: Count | None = Field(None, gt=0, le=MAX_ROWS,
                              description="rows to generate (sample) or keep from the start (file/hub)")
-    seed: int = Field(0, ge=0, description="seed for the generator and the shuffle")
-    split_ratio: float = Field(0.9, gt=0.0, lt=1.0, description="fraction of rows in the train split")
-    shuffle: bool = Field(True, description="shuffle before splitting")
-    max_length: int = Field(512, ge=16, le=MAX_LENGTH, description="token limit per conversation")
+    seed: Count = Field(0, ge=0, description="seed for the generator and the shuffle")
+    split_ratio: Number = Field(0.9, gt=0.0, lt=1.0, description="fraction of rows in the train split")
+    shuffle: Flag = Field(True, description="shuffle before splitting")
+    max_length: Count = Field(512, ge=16, le=MAX_LENGTH, description="token limit per conversation")
     group_by: str | None = Field(None, description="column whose rows stay on one side of the split (e.g. doc_id)")
     overlong: Literal["context", "truncate", "drop"] = Field(
         "context", description="longer conversations: context (shorten the context, keep the answer), truncate "
         "(cut the end), drop")
-    max_lost_fraction: float = Field(0.05, ge=0.0, le=1.0,
+    max_lost_fraction: Number = Field(0.05, ge=0.0, le=1.0,
                                      description="tokenize fails when more than this share of rows is dropped")
-    max_bad_fraction: float = Field(0.01, ge=0.0, le=1.0, description="convert fails above this share of bad rows")
-    num_proc: int = Field(1, ge=1, le=1024, description="CPU processes for tokenization")
+    max_bad_fraction: Number = Field(0.01, ge=0.0, le=1.0, description="convert fails above this share of bad rows")
+    num_proc: Count = Field(1, ge=1, le=1024, description="CPU processes for tokenization")
 
     @field_validator("source")
     @classmethod
     def _source(cls, value: str) -> str:
         if not DATA_SOURCE.match(value):
             raise ValueError(f"must be sample, sample:qa, file:PATH or hub:ORG/NAME, got {value!r}")
+        if value.startswith("file:") and Path(value[len("file:"):]).suffix.lower() not in DATA_FILE_SUFFIXES:
+            raise ValueError(f"{value!r}: a data file must be {', '.join(DATA_FILE_SUFFIXES)}")
         return value
 
     @model_validator(mode="after")

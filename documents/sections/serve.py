@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from documents.names import StackName
+from documents.sections.strict import Count, Flag, Number
 from documents.sections.train import LoraSettings
 
 MODEL_NAME_MAX = 64
@@ -43,55 +44,55 @@ class ServeConfig(BaseModel):
                             "per request); transformers: `transformers serve`, a merged copy per fine-tune"
     )
     host: str = Field("127.0.0.1", description="gateway listen address; beyond loopback an API key is required")
-    port: int = Field(8000, ge=1, le=65535, description="gateway port")
-    backend_port: int = Field(8100, ge=1024, le=65000, description="first loopback port for engine processes")
-    serve_base: bool = Field(True, description="also serve the base model (name `base_name`)")
+    port: Count = Field(8000, ge=1, le=65535, description="gateway port")
+    backend_port: Count = Field(8100, ge=1024, le=65000, description="first loopback port for engine processes")
+    serve_base: Flag = Field(True, description="also serve the base model (name `base_name`)")
     base_name: str = Field("base", description="model id of the base model in /v1/models")
     finetuned_name: str = Field("finetuned", description="model id of the fine-tuned model in /v1/models")
     adapters: dict[str, str] = Field(
         default_factory=dict, description="name -> stored run id of each adapter to serve (none: the run's own, "
                                           "as `finetuned_name`); `--adapter NAME=RUN_ID` adds to it")
     runs_store: str = Field(".local/artifacts", description="the run store folder the adapters' runs are read from")
-    publish_min_perplexity_improvement_pct: float = Field(
+    publish_min_perplexity_improvement_pct: Number = Field(
         0.0, description="the publish job's gate: a fine-tune is loaded into the running server when its eval "
                          "measured at least this perplexity improvement over the base (%, the report's comparison)")
     stack: StackName | None = Field(
         None, description="the stack this server serves: stored runs are read from runs/<stack>/ of the store only "
                           "(the pipeline's serve job passes --stack; without one, stored runs are refused)")
-    max_loras: int = Field(8, ge=1, description="adapters one server holds at most (vLLM --max-cpu-loras)")
-    max_loras_per_batch: int = Field(
+    max_loras: Count = Field(8, ge=1, description="adapters one server holds at most (vLLM --max-cpu-loras)")
+    max_loras_per_batch: Count = Field(
         4, ge=1, description="vLLM --max-loras: adapters one batch mixes (a GPU slot each); at most max_loras")
-    max_lora_rank: int = Field(
+    max_lora_rank: Count = Field(
         LoraSettings.model_fields["r"].default,
         description="vLLM --max-lora-rank: the largest adapter rank the server takes, at start or loaded later "
                     "(default the rank training produces); an adapter over it is refused, naming both")
     vllm_python: str | None = Field(
         None, description="the serving environment's interpreter, which holds vLLM (None: the launcher's own); "
                           "vLLM's version and command are read from it")
-    max_batch: int = Field(16, ge=1, description="peft engine: requests decoded together")
+    max_batch: Count = Field(16, ge=1, description="peft engine: requests decoded together")
     api_key_env: str = Field("FT_API_KEY", description="environment variable holding the API key (never the key)")
-    continuous_batching: bool = Field(True, description="transformers engine: continuous batching")
-    cb_num_blocks: int | None = Field(None, gt=0, description="KV cache blocks per engine (None: from memory)")
-    cb_max_batch_tokens: int | None = Field(None, gt=0, description="tokens per batch (None: from memory)")
-    cb_max_memory_percent: float | None = Field(
+    continuous_batching: Flag = Field(True, description="transformers engine: continuous batching")
+    cb_num_blocks: Count | None = Field(None, gt=0, description="KV cache blocks per engine (None: from memory)")
+    cb_max_batch_tokens: Count | None = Field(None, gt=0, description="tokens per batch (None: from memory)")
+    cb_max_memory_percent: Number | None = Field(
         None, gt=0.0, le=1.0,
         description="share of free memory for the KV cache; on CPU 0.1 per engine unless blocks are given",
     )
     device: str = Field("auto", description="transformers engine: device (auto, cpu, cuda:0)")
     dtype: str = Field("auto", description="transformers engine: dtype (auto, float32, bfloat16, float16)")
     vllm_args: list[str] = Field(default_factory=list, description="extra arguments for `vllm serve`")
-    startup_timeout_s: float = Field(600.0, gt=0, description="how long to wait for the engines to be healthy")
-    max_tokens_limit: int = Field(
+    startup_timeout_s: Number = Field(600.0, gt=0, description="how long to wait for the engines to be healthy")
+    max_tokens_limit: Count = Field(
         2000, gt=0, description="largest max_tokens a request may ask for; a request without one gets this much "
                                 "(or what its prompt leaves of the model's context or KV cache); also the output "
                                 "tokens a chat is priced at (seed 000: 2K output)",
     )
-    max_body_bytes: int = Field(1 << 20, gt=0, description="largest request body; a larger one gets 413")
-    max_engine_restarts: int = Field(
+    max_body_bytes: Count = Field(1 << 20, gt=0, description="largest request body; a larger one gets 413")
+    max_engine_restarts: Count = Field(
         3, ge=0, description="restarts (with backoff) of an engine that exits or whose worker dies; one more "
                              "failure ends the launcher non-zero, so Slurm sees the job fail",
     )
-    shutdown_grace_s: float = Field(
+    shutdown_grace_s: Number = Field(
         10.0, gt=0, description="on SIGTERM: seconds for requests in flight, then as long for the engines before SIGKILL",
     )
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from documents.sections.strict import Count, Number
+
 MAX_MINUTES = 366 * 24 * 60
 """The longest limit a stage may have: a year (Slurm takes up to 0xfffffffe minutes, slurm.h `time_limit`, uint32;
 no job here runs for more than days, so a larger figure is a typo)."""
@@ -17,20 +19,20 @@ no job here runs for more than days, so a larger figure is a typo)."""
 class TimeLimitsConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    environment_minutes: int = Field(60, ge=1, le=MAX_MINUTES,
+    environment_minutes: Count = Field(60, ge=1, le=MAX_MINUTES,
                                      description="building the environment from the lock on one node")
-    prepare_minutes: int = Field(120, ge=1, le=MAX_MINUTES,
+    prepare_minutes: Count = Field(120, ge=1, le=MAX_MINUTES,
                                  description="model download and conversion, data convert, split, tokenize")
-    readiness_minutes: int = Field(30, ge=1, le=MAX_MINUTES, description="the readiness checks on every worker")
-    train_minutes: int | None = Field(None, ge=1, le=MAX_MINUTES,
+    readiness_minutes: Count = Field(30, ge=1, le=MAX_MINUTES, description="the readiness checks on every worker")
+    train_minutes: Count | None = Field(None, ge=1, le=MAX_MINUTES,
                                       description="training's limit; null: from the training estimate")
-    train_default_minutes: int = Field(360, ge=1, le=MAX_MINUTES,
+    train_default_minutes: Count = Field(360, ge=1, le=MAX_MINUTES,
                                        description="training's limit where the cost model has no estimate")
-    train_margin: float = Field(1.5, ge=1.0, le=10.0, description="factor on the estimated training wall time")
-    train_overhead_minutes: int = Field(30, ge=0, le=MAX_MINUTES,
+    train_margin: Number = Field(1.5, ge=1.0, le=10.0, description="factor on the estimated training wall time")
+    train_overhead_minutes: Count = Field(30, ge=0, le=MAX_MINUTES,
                                         description="added to the estimate: model load, checkpoints, merge")
-    eval_minutes: int = Field(120, ge=1, le=MAX_MINUTES, description="the evaluation of base and fine-tuned model")
-    publish_minutes: int = Field(15, ge=1, le=MAX_MINUTES,
+    eval_minutes: Count = Field(120, ge=1, le=MAX_MINUTES, description="the evaluation of base and fine-tuned model")
+    publish_minutes: Count = Field(15, ge=1, le=MAX_MINUTES,
                                  description="loading a passed fine-tune into the running server")
-    serve_minutes: int | None = Field(None, ge=1, le=MAX_MINUTES,
+    serve_minutes: Count | None = Field(None, ge=1, le=MAX_MINUTES,
                                       description="the server's limit; null: none (it runs until stopped)")

@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from documents.sections.strict import Count, Flag, Number, RunPath
+
 Precision = Literal["auto", "bf16", "fp16", "fp32"]
 Method = Literal["qlora", "lora", "full"]
 Parallelism = Literal["auto", "ddp", "fsdp", "hsdp"]
@@ -26,9 +28,9 @@ class _Section(BaseModel):
 class LoraSettings(_Section):
     """The LoRA adapter trained on top of the frozen (optionally quantized) base."""
 
-    r: int = Field(16, ge=1, description="adapter rank")
-    alpha: int = Field(32, ge=1, description="scaling numerator (scale = alpha / r)")
-    dropout: float = Field(0.05, ge=0.0, lt=1.0, description="dropout on the adapter input")
+    r: Count = Field(16, ge=1, description="adapter rank")
+    alpha: Count = Field(32, ge=1, description="scaling numerator (scale = alpha / r)")
+    dropout: Number = Field(0.05, ge=0.0, lt=1.0, description="dropout on the adapter input")
     target_modules: list[str] = Field(default_factory=lambda: list(DEFAULT_TARGETS), min_length=1)
 
 
@@ -68,11 +70,11 @@ class TrainConfig(_Section):
     """QLoRA, LoRA or full fine-tuning of the prepared base on the tokenized train split. Paths default to the run
     config's derived locations; relative ones resolve against the run root."""
 
-    model_dir: str | None = Field(None, description="base safetensors folder (default <model_dir>/base)")
-    dataset_dir: str | None = Field(None, description="tokenized train folder (default <data_dir>/tokenized/train)")
-    eval_dataset_dir: str | None = Field(None, description="tokenized eval folder (default the test split if present)")
-    output_dir: str | None = Field(None, description="run records and adapter (default <output_dir>/<name>)")
-    checkpoint_dir: str | None = Field(None, description="checkpoints (default <checkpoint_dir>/<name>)")
+    model_dir: RunPath | None = Field(None, description="base safetensors folder (default <model_dir>/base)")
+    dataset_dir: RunPath | None = Field(None, description="tokenized train folder (default <data_dir>/tokenized/train)")
+    eval_dataset_dir: RunPath | None = Field(None, description="tokenized eval folder (default the test split if present)")
+    output_dir: RunPath | None = Field(None, description="run records and adapter (default <output_dir>/<name>)")
+    checkpoint_dir: RunPath | None = Field(None, description="checkpoints (default <checkpoint_dir>/<name>)")
     method: Method = Field("qlora", description="qlora: a LoRA adapter on a 4/8-bit base; lora: a LoRA adapter on the "
                            "unquantized base; full: every weight trained (fp32 master weights, AdamW)")
     quantization: Literal["4bit", "8bit", "none"] = Field(
@@ -82,7 +84,7 @@ class TrainConfig(_Section):
         "over all ranks (full shard by decoder layer); hsdp: fsdp within groups of hsdp_shard_size ranks, each group a "
         "replica of the others (gradients all-reduced across the groups); auto: ddp while a replica fits "
         "memory_fraction of the GPU, else fsdp (auto never picks hsdp)")
-    hsdp_shard_size: int | None = Field(
+    hsdp_shard_size: Count | None = Field(
         None, ge=1, description="hsdp: ranks each replica is sharded over; must divide the world size (default the "
         "ranks per node, torchrun's LOCAL_WORLD_SIZE: shard within a node, replicate across nodes)")
     offload: Literal["auto", "none", "params"] = Field(
@@ -90,44 +92,44 @@ class TrainConfig(_Section):
         "memory, copied to the GPU layer by layer; the optimizer steps on the CPU); auto: only when nothing else "
         "fits the GPUs the run has; none: never")
     lora: LoraSettings = LoraSettings()
-    learning_rate: float = Field(2e-4, gt=0.0, lt=1.0)
+    learning_rate: Number = Field(2e-4, gt=0.0, lt=1.0)
     lr_scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = "cosine"
-    warmup_steps: int = Field(0, ge=0, le=MAX_STEPS)
-    weight_decay: float = Field(0.0, ge=0.0)
-    max_grad_norm: float = Field(1.0, gt=0.0)
-    epochs: float = Field(1.0, gt=0.0, le=MAX_EPOCHS, description="passes over the data; ignored when max_steps is set")
-    max_steps: int | None = Field(None, ge=1, le=MAX_STEPS, description="optimizer steps; overrides epochs")
-    micro_batch_size: int = Field(4, ge=1, le=MAX_BATCH,
+    warmup_steps: Count = Field(0, ge=0, le=MAX_STEPS)
+    weight_decay: Number = Field(0.0, ge=0.0)
+    max_grad_norm: Number = Field(1.0, gt=0.0)
+    epochs: Number = Field(1.0, gt=0.0, le=MAX_EPOCHS, description="passes over the data; ignored when max_steps is set")
+    max_steps: Count | None = Field(None, ge=1, le=MAX_STEPS, description="optimizer steps; overrides epochs")
+    micro_batch_size: Count = Field(4, ge=1, le=MAX_BATCH,
                                   description="sequences' worth of tokens per device per forward")
-    gradient_accumulation_steps: int = Field(1, ge=1, le=MAX_BATCH)
-    micro_batch_tokens: int | Literal["auto"] | None = Field(
+    gradient_accumulation_steps: Count = Field(1, ge=1, le=MAX_BATCH)
+    micro_batch_tokens: Count | Literal["auto"] | None = Field(
         None, description="packed micro-batches (batching packed, or auto when it chooses packing): tokens per "
         "micro-batch (every micro-batch has exactly this many); auto: sized from the memory estimate to "
         "memory_fraction of the GPU, keeping micro_batch_size x gradient_accumulation_steps x max_length tokens per "
         "step through accumulation; default micro_batch_size x max_length")
-    memory_fraction: float = Field(0.9, gt=0.0, le=1.0, description="share of GPU memory `auto` sizing may plan for")
-    fused_loss: bool = Field(False, description="fused linear + cross-entropy (Liger, CUDA): no logits tensor")
-    kbit_upcast: bool = Field(
+    memory_fraction: Number = Field(0.9, gt=0.0, le=1.0, description="share of GPU memory `auto` sizing may plan for")
+    fused_loss: Flag = Field(False, description="fused linear + cross-entropy (Liger, CUDA): no logits tensor")
+    kbit_upcast: Flag = Field(
         False, description="4/8-bit base: upcast the frozen norms, embeddings and LM head to fp32 (peft's "
         "prepare_model_for_kbit_training), which makes the residual stream and MLP fp32; off keeps them in the "
         "compute dtype: about half the activation memory and traffic")
-    max_length: int | None = Field(None, ge=16, le=MAX_LENGTH, description="longest sequence (default data.max_length)")
+    max_length: Count | None = Field(None, ge=16, le=MAX_LENGTH, description="longest sequence (default data.max_length)")
     batching: Literal["auto", "packed", "grouped"] = Field(
         "auto", description="packed: sequences concatenated, attention kept within each; grouped: padded "
         "micro-batches of similar lengths; auto: the one predicted cheaper per real token from the data's lengths"
     )
     precision: Precision = Field("auto", description="auto: bf16 if the GPU has it, else fp16; fp32 on CPU")
-    gradient_checkpointing: bool | Literal["auto"] = Field(
+    gradient_checkpointing: Flag | Literal["auto"] = Field(
         True, description="recompute activations in backward; auto: only when needed to fit (GPU), off on CPU")
-    save_steps: int = Field(50, ge=1, le=MAX_STEPS, description="checkpoint every N optimizer steps")
-    save_total_limit: int = Field(3, ge=1, description="complete checkpoints kept")
-    requeue: bool = Field(True, description="on preemption (USR1) checkpoint and requeue the Slurm job; "
+    save_steps: Count = Field(50, ge=1, le=MAX_STEPS, description="checkpoint every N optimizer steps")
+    save_total_limit: Count = Field(3, ge=1, description="complete checkpoints kept")
+    requeue: Flag = Field(True, description="on preemption (USR1) checkpoint and requeue the Slurm job; "
                           "false submits with --no-requeue")
-    eval_steps: int | None = Field(None, ge=1, le=MAX_STEPS, description="evaluate every N steps; none: no evaluation")
-    logging_steps: int = Field(10, ge=1, le=MAX_STEPS)
-    seed: int = Field(42, ge=0)
-    dataloader_workers: int = Field(0, ge=0)
-    procs_per_node: int | None = Field(None, ge=1, description="processes per node (default: GPUs, else 1)")
+    eval_steps: Count | None = Field(None, ge=1, le=MAX_STEPS, description="evaluate every N steps; none: no evaluation")
+    logging_steps: Count = Field(10, ge=1, le=MAX_STEPS)
+    seed: Count = Field(42, ge=0)
+    dataloader_workers: Count = Field(0, ge=0)
+    procs_per_node: Count | None = Field(None, ge=1, description="processes per node (default: GPUs, else 1)")
     network: NetworkConfig = NetworkConfig()
 
     @model_validator(mode="before")

@@ -21,6 +21,7 @@ from infra.environment.plan import check_stack_lock
 from infra.pipeline.ceilings import RunCeilingError, check_run_ceilings
 from infra.pipeline.chain import check_run_config_path
 from infra.pipeline.time_limits import TimeLimitError, train_time_limit
+from infra.run_sources import check_stack_run
 from infra.runs.measured import price_inputs
 from infra.program.mocks import MockResource, MockRun, run_under_mocks
 
@@ -137,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
         if args.run_config:
             cfg = with_run_config(cfg, args.run_config)
         check_stack_lock(cfg)
+        check_stack_run(cfg)
         check_ceilings(cfg)
         result = run_under_mocks(cfg)
     except (ConfigError, LockError, RunCeilingError, TimeLimitError) as exc:
