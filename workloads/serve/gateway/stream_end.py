@@ -19,8 +19,15 @@ class ShuttingDown(Exception):
 
 
 async def until_closing(lines: AsyncIterator[str], closing: asyncio.Event) -> AsyncIterator[str]:
-    """`lines` until they end, or ShuttingDown once `closing` is set (the line being awaited is cancelled)."""
+    """`lines` until they end, or ShuttingDown once `closing` is set (the line being awaited is cancelled).
+
+    Each line is awaited in a task of its own, so when this generator is cancelled or closed (the client hung up:
+    the response's stream is cancelled) a line may be in flight there: that task is cancelled, which ends `lines`
+    inside it (its own `finally` closes the engine's reply, so the engine stops the generation). Closing `lines`
+    from here instead would fail while that task runs it ("already running") and leave the engine's reply open
+    until the garbage collector found it."""
     stop = asyncio.ensure_future(closing.wait())
+    step: asyncio.Future[str] | None = None
     try:
         while True:
             step = asyncio.ensure_future(anext(lines))
@@ -37,7 +44,10 @@ async def until_closing(lines: AsyncIterator[str], closing: asyncio.Event) -> As
             yield line
     finally:
         stop.cancel()
-        await lines.aclose()
+        if step is not None and not step.done():
+            step.cancel()
+        else:
+            await lines.aclose()
 
 
 SHUTDOWN_MESSAGE = "the server is shutting down; this request was stopped at the end of its grace period"
