@@ -28,6 +28,13 @@ SHARED_BY_WORKER = (
     ("trained_run", "trained-run"),
     ("adapter_runs", "adapter-runs"),
 )
+LONGEST_FIRST = ("cluster", "slurm", "tests/test_train_fsdp.py", "trained-run", "tests/test_bench_scripts.py",
+                 "adapter-runs", "tests/test_serve_vllm.py", "tests/test_bench_train.py", "tests/test_train_floor.py")
+"""the groups that take longest, longest first, by the summed junit durations of full runs (2026-11-28 at 87d7712,
+stop 58's note: cluster 1,307 s, slurm 1,254, test_train_fsdp 359, trained-run 309, test_serve_vllm 180; earlier
+runs: test_bench_scripts 323, test_bench_train's one test 125-174, test_train_floor's 134). Handing the longest out
+first (and the short ones last, to fill the workers' ends) is the longest-processing-time rule: no long group is
+left to start late and run alone at the end."""
 GROUPS_KEY = "ft_test_groups_file"
 groups_file_key = pytest.StashKey[Path]()
 
@@ -54,20 +61,20 @@ def borrows(item: pytest.Item, group: str) -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On an xdist worker: the shared groups first, then the groups with a test marked slow, then the rest (the
-    scheduler takes groups in collection order: long groups first leave no long group for the end), within a group
-    the tests that borrow another group's fixture last, and every test's group written for the controller (the
-    same content from every worker, renamed into place)."""
+    """On an xdist worker: the groups of LONGEST_FIRST in its order, then the shared groups, then the groups with a
+    test marked slow, then the rest (the scheduler takes groups in collection order: long groups first leave no long
+    group for the end), within a group the tests that borrow another group's fixture last, and every test's group
+    written for the controller (the same content from every worker, renamed into place)."""
     workerinput: dict[str, Any] | None = getattr(config, "workerinput", None)
     if workerinput is None or GROUPS_KEY not in workerinput:
         return
-    shared = [group for _, group in SHARED_BY_WORKER]
+    first = list(dict.fromkeys([*LONGEST_FIRST, *(group for _, group in SHARED_BY_WORKER)]))
     groups = {item.nodeid: group_of(item) for item in items}
     slow = {groups[item.nodeid] for item in items if item.get_closest_marker("slow")}
 
     def rank(item: pytest.Item) -> tuple[int, bool]:
         group = groups[item.nodeid]
-        order = shared.index(group) if group in shared else len(shared) + (group not in slow)
+        order = first.index(group) if group in first else len(first) + (group not in slow)
         return order, borrows(item, group)
 
     items.sort(key=rank)
