@@ -8,6 +8,7 @@ them as Pulumi secrets (see ``SECRET_KEYS``).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
@@ -356,6 +357,10 @@ class MonitoringConfig(_Model):
     prometheus_crds_version: str = Field("19.1.0", description="prometheus-operator-crds chart (the reference pins 19.1.*).")
 
 
+ENV_ROOT_UNSAFE = re.compile(r"[^A-Za-z0-9._+@,=/-]")
+"""characters an environment root may not hold: whitespace, `#`, quotes, `$` and the rest a shell or a script splits"""
+
+
 class EnvironmentConfig(_Model):
     """The workloads' Python environment on the cluster, built by the pipeline's `environment` stage from the lock
     (locks/, docs/environment.md) into the shared jail, once per lock, Python and platform."""
@@ -377,6 +382,9 @@ class EnvironmentConfig(_Model):
         path = PurePosixPath(value)
         if not path.is_absolute():
             raise ValueError(f"environment.root {value!r} must be an absolute path in the jail")
+        if bad := sorted(set(ENV_ROOT_UNSAFE.findall(value))):
+            raise ValueError(f"environment.root {value!r} holds {', '.join(repr(c) for c in bad)}: it is written into "
+                             "shell commands and job scripts, so only letters, digits and . _ + @ , = - / are taken")
         if ".." in path.parts:
             raise ValueError(f"environment.root {value!r} must not contain '..' (it would leave the folder it names)")
         return str(PurePosixPath("/", *path.parts[1:]))
