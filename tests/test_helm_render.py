@@ -63,24 +63,32 @@ def plain(inputs: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in inputs.items() if not k.startswith("__") and v != SECRET}
 
 
+def unit_name(resource: Any) -> str:
+    return f"release {resource.inputs['name']}" if resource.type == helm_render.RELEASE_TYPE else f"resource {resource.name}"
+
+
 def install_units(stack: str, run: MockRun) -> list[tuple[Unit, Rendered | None]]:
-    """The stack's releases rendered in install order, each seeing the CRDs installed before it, with the program's
-    other Kubernetes objects where they are registered."""
+    """The stack's releases rendered in install order, each seeing the CRDs of the units it waits for, with the
+    program's other Kubernetes objects (k8up's CRDs among them)."""
+    kinds = (helm_render.RELEASE_TYPE, CONFIG_FILE, *K8S_OBJECTS)
+    ordered = [r for r in helm_render.install_order(run.resources) if r.type in kinds]
+    names = {r.name: unit_name(r) for r in ordered}
+    waits = helm_render.depends_on(run.resources)
     units: list[tuple[Unit, Rendered | None]] = []
-    api_versions: list[str] = []
-    for resource in run.resources:
+    served: dict[str, list[str]] = {}
+    for resource in ordered:
+        after = frozenset(names[n] for n in waits[resource.name] if n in names)
         if resource.type == helm_render.RELEASE_TYPE:
             release = HelmRelease.from_inputs(resource.inputs)
             done = helm_render.render(release, mirror=MIRROR, kube_version=kube_version(stack),
-                                      api_versions=api_versions)
-            api_versions += done.api_versions()
-            units.append((Unit(f"release {release.name}", release.namespace, done.objects, done.crd_folder()), done))
-        elif resource.type == CONFIG_FILE:
-            objects = k8up_crds(run, resource)
-            api_versions += Rendered(HelmRelease("", "", "", "", {}), "", objects, ()).api_versions()
-            units.append((Unit(f"resource {resource.name}", "default", objects), None))
-        elif resource.type in K8S_OBJECTS:
-            units.append((Unit(f"resource {resource.name}", "default", (plain(resource.inputs),)), None))
+                                      api_versions=[v for n in after for v in served.get(n, [])])
+            unit, served[unit_name(resource)] = Unit(unit_name(resource), release.namespace, done.objects,
+                                                     done.crd_folder(), after), done.api_versions()
+        else:
+            objects = k8up_crds(run, resource) if resource.type == CONFIG_FILE else (plain(resource.inputs),)
+            served[unit_name(resource)] = Rendered(HelmRelease("", "", "", "", {}), "", objects, ()).api_versions()
+            unit, done = Unit(unit_name(resource), "default", objects, after=after), None
+        units.append((unit, done))
     return units
 
 
@@ -109,6 +117,7 @@ def test_k8ups_crds_are_installed_before_the_backup_schedule(stack, runs, units)
     names = [unit.name for unit, _ in units[stack]]
     crds = next(i for i, n in enumerate(names) if n.endswith("-k8up-crds"))
     assert crds < names.index("release k8up") < names.index("release soperator-backup-config")
+    assert names[crds] in units[stack][names.index("release soperator-backup-config")][0].after
     schedule = [o for o in units[stack][names.index("release soperator-backup-config")][0].objects
                 if o["kind"] == "Schedule"]
     assert schedule and schedule[0]["apiVersion"] == "k8up.io/v1"
@@ -123,7 +132,7 @@ def _demo_units(units, release: str, change) -> list[str]:
         if unit.name == f"release {release}":
             objects = copy.deepcopy(list(unit.objects))
             change(objects)
-            unit = Unit(unit.name, unit.namespace, tuple(objects), unit.crd_folder)
+            unit = Unit(unit.name, unit.namespace, tuple(objects), unit.crd_folder, unit.after)
         changed.append(unit)
     return [str(f) for f in manifest_checks.check_stack("demo", changed, kube_version("demo"))]
 
@@ -143,7 +152,7 @@ def test_a_misspelled_key_a_wrong_type_and_an_uninstalled_crd_are_each_reported(
     uninstalled = _demo_units(units, "nodesets", lambda o: o.append(
         {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}}))
     assert uninstalled == ["demo: release nodesets: example.com/v1 Widget soperator/w: kind: no CRD for "
-                           "Widget.example.com is installed before this unit"]
+                           "Widget.example.com is installed by a unit this one waits for"]
     built_in = _demo_units(units, "nodesets", lambda o: _cr(o, "PriorityClass").update(valu=1))
     assert len(built_in) == 1 and "PriorityClass" in built_in[0] and "'valu' was unexpected" in built_in[0]
 
@@ -152,13 +161,13 @@ def test_a_schedule_without_k8ups_crds_is_reported(units) -> None:
     without = [unit for unit, _ in units["demo"] if not unit.name.endswith("-k8up-crds")]
     found = [str(f) for f in manifest_checks.check_stack("demo", without, kube_version("demo"))]
     assert found == ["demo: release soperator-backup-config: k8up.io/v1 Schedule soperator/soperator-jail: kind: "
-                     "no CRD for Schedule.k8up.io is installed before this unit"]
+                     "no CRD for Schedule.k8up.io is installed by a unit this one waits for"]
 
 
 def test_an_object_two_releases_render_is_reported(units) -> None:
     twice = [unit for unit, _ in units["demo"]]
     twice.append(next(u for u in twice if u.name == "release nodesets"))
-    twice[-1] = Unit("release nodesets-again", twice[-1].namespace, twice[-1].objects)
+    twice[-1] = Unit("release nodesets-again", twice[-1].namespace, twice[-1].objects, after=twice[-1].after)
     found = [str(f) for f in manifest_checks.check_stack("demo", twice, kube_version("demo"))]
     assert found and all(f.startswith("demo: release nodesets-again: ") and f.endswith("also created by release "
                                                                                       "nodesets") for f in found)
@@ -176,7 +185,7 @@ def test_a_chart_mirror_is_what_every_release_installs_from(tmp_path, monkeypatc
     assert MIRROR is not None
     monkeypatch.setenv(helm_render.MIRROR_ENV, str(MIRROR))
     run = run_under_mocks(load_stack_config("dev"), {"pipelineSshPrivateKey": "key"})
-    releases = helm_render.releases_in(run.resources)
+    releases = [release for _, release in helm_render.releases_in(run.resources)]
     assert releases and all(Path(r.chart).parent == MIRROR and r.repo is None for r in releases)
     nodesets = next(r for r in releases if r.name == "nodesets")
     assert nodesets.chart == str(MIRROR / "helm-nodesets-4.1.7.tgz")

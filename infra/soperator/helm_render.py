@@ -13,6 +13,7 @@ release's repository at its pinned version (OCI or HTTP), as ``pulumi up`` fetch
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -120,9 +121,38 @@ def package_name(chart: str) -> str:
     return chart.rstrip("/").rsplit("/", 1)[-1]
 
 
-def releases_in(resources: Iterable[Any]) -> list[HelmRelease]:
-    """The Helm releases among a run's recorded resources (``type``, ``inputs``), in registration (install) order."""
-    return [HelmRelease.from_inputs(r.inputs) for r in resources if r.type == RELEASE_TYPE]
+def install_order(resources: Sequence[Any]) -> list[Any]:
+    """A run's recorded resources (``urn``, ``name``, ``dependencies``) in an order that puts each after everything it
+    depends on, through any resource: by depth in the dependency graph, then by name (the engine registers them in
+    no fixed order, and creates independent ones at once)."""
+    by_urn = {r.urn: r for r in resources}
+    depth: dict[str, int] = {}
+
+    def level(urn: str) -> int:
+        if urn not in depth:
+            depth[urn] = 1 + max((level(d) for d in by_urn[urn].dependencies if d in by_urn), default=-1)
+        return depth[urn]
+
+    return sorted(resources, key=lambda r: (level(r.urn), r.name))
+
+
+def depends_on(resources: Sequence[Any]) -> dict[str, frozenset[str]]:
+    """Each recorded resource's name -> the names of every resource it waits for, directly or through others."""
+    by_urn = {r.urn: r for r in resources}
+    closure: dict[str, frozenset[str]] = {}
+
+    def after(urn: str) -> frozenset[str]:
+        if urn not in closure:
+            direct = [d for d in by_urn[urn].dependencies if d in by_urn]
+            closure[urn] = frozenset(by_urn[d].name for d in direct).union(*(after(d) for d in direct))
+        return closure[urn]
+
+    return {r.name: after(r.urn) for r in resources}
+
+
+def releases_in(resources: Sequence[Any]) -> list[tuple[str, HelmRelease]]:
+    """(resource name, release) of the Helm releases among a run's recorded resources, in install order."""
+    return [(r.name, HelmRelease.from_inputs(r.inputs)) for r in install_order(resources) if r.type == RELEASE_TYPE]
 
 
 def chart_mirror(setting: str | None = None) -> Path | None:
@@ -148,7 +178,10 @@ def mirrored_package(name: str, version: str, mirror: Path) -> Path:
 
 
 def chart_source(release: HelmRelease, mirror: Path | None) -> list[str]:
-    """``helm template``'s chart arguments: the mirror's package, else the chart at its version from its repository."""
+    """``helm template``'s chart arguments: a chart package the release names, else the mirror's package, else the
+    chart at its version from its repository."""
+    if release.chart.endswith(".tgz") and Path(release.chart).is_file():  # the program already took the mirror's
+        return [release.chart]
     if mirror is not None:
         return [str(mirrored_package(release.package_name, release.version, mirror))]
     return [release.chart, "--version", release.version, *(["--repo", release.repo] if release.repo else [])]
@@ -183,7 +216,10 @@ def render(release: HelmRelease, *, mirror: Path | None, kube_version: str,
            api_versions: Iterable[str] = ()) -> Rendered:
     """``helm template`` of one release; a HelmRenderError with Helm's message when it does not render. Renders are
     kept for the process (a release and its inputs render the same; callers must not change the objects)."""
-    return _render(release, mirror, kube_version, tuple(sorted(set(api_versions))))
+    if mirror is not None and not release.chart.endswith(".tgz"):  # one render of a package however it was named
+        package = mirrored_package(release.package_name, release.version, mirror)
+        release = dataclasses.replace(release, chart=str(package), repo=None)
+    return _render(release, None, kube_version, tuple(sorted(set(api_versions))))
 
 
 @cache
@@ -213,15 +249,16 @@ def _documents(manifest: str) -> Iterator[tuple[str, dict[str, Any]]]:
             yield (source[1].strip() if source else ""), document
 
 
-def render_stack(releases: Sequence[HelmRelease], *, mirror: Path | None, kube_version: str,
-                 api_versions: Iterable[str] = ()) -> list[Rendered]:
-    """Every release in install order, each seeing the API versions of the CRDs installed before it (the earlier
-    releases' and ``api_versions``, e.g. a CRD resource of the stack's own)."""
-    known = list(api_versions)
+def render_stack(releases: Sequence[tuple[str, HelmRelease]], *, mirror: Path | None, kube_version: str,
+                 after: Mapping[str, Iterable[str]]) -> list[Rendered]:
+    """Every (resource name, release) in install order, each seeing the API versions of the CRDs of the releases it
+    waits for (``after``: resource name -> the names it waits for, as ``depends_on`` gives them)."""
+    served: dict[str, list[str]] = {}
     rendered = []
-    for release in releases:
+    for name, release in releases:
+        known = [version for before in after.get(name, ()) for version in served.get(before, [])]
         done = render(release, mirror=mirror, kube_version=kube_version, api_versions=known)
-        known += done.api_versions()
+        served[name] = done.api_versions()
         rendered.append(done)
     return rendered
 

@@ -41,6 +41,8 @@ class Unit:
     objects: tuple[dict[str, Any], ...]
     crd_folder: frozenset[int] = frozenset()
     """Indexes of ``objects`` that Helm installs before the rest (the chart's ``crds/`` folder)."""
+    after: frozenset[str] | None = None
+    """The units this one waits for (its dependencies, transitively); None: every earlier unit."""
 
 
 @dataclass(frozen=True)
@@ -110,13 +112,13 @@ def pruned(value: Any, schema: Mapping[str, Any], path: tuple[Any, ...] = ()) ->
 
 @dataclass
 class _Crds:
-    """The CRDs installed so far: (group, kind) -> CRD object."""
+    """CRDs: (group, kind) -> CRD object."""
 
-    known: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    known: dict[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
 
     def add(self, crd: Mapping[str, Any]) -> None:
         spec = crd.get("spec") or {}
-        self.known[(spec.get("group", ""), (spec.get("names") or {}).get("kind", ""))] = dict(crd)
+        self.known[(spec.get("group", ""), (spec.get("names") or {}).get("kind", ""))] = crd
 
 
 def custom_findings(obj: Mapping[str, Any], crd: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -203,6 +205,7 @@ def _unit_findings(stack: str, unit: Unit, crds: _Crds, kube_version: str) -> li
     for index in sorted(unit.crd_folder):
         crds.add(unit.objects[index])
     found = []
+    message = "is installed before this unit" if unit.after is None else "is installed by a unit this one waits for"
     for obj in unit.objects:
         name = object_name(obj, unit.namespace)
         if is_built_in(obj):
@@ -210,21 +213,22 @@ def _unit_findings(stack: str, unit: Unit, crds: _Crds, kube_version: str) -> li
         else:
             key = (group_of(str(obj.get("apiVersion", ""))), str(obj.get("kind", "")))
             crd = crds.known.get(key)
-            problems = ([("kind", f"no CRD for {key[1]}.{key[0]} is installed before this unit")] if crd is None
+            problems = ([("kind", f"no CRD for {key[1]}.{key[0]} {message}")] if crd is None
                         else custom_findings(obj, crd))
         found += [Finding(stack, unit.name, name, where, problem) for where, problem in problems]
-    for obj in unit.objects:
-        if obj.get("kind") == CRD_KIND:
-            crds.add(obj)
     return found
 
 
 def check_stack(stack: str, units: Sequence[Unit], kube_version: str) -> list[Finding]:
     """Every finding of the module docstring for one stack's units in install order."""
-    crds = _Crds()
     found: list[Finding] = []
     owners: dict[str, str] = {}
-    for unit in units:
+    for position, unit in enumerate(units):
+        crds = _Crds()
+        for earlier in units[:position]:
+            if unit.after is None or earlier.name in unit.after:
+                for crd in (o for o in earlier.objects if o.get("kind") == CRD_KIND):
+                    crds.add(crd)
         found += _unit_findings(stack, unit, crds, kube_version)
         for obj in unit.objects:
             name = object_name(obj, unit.namespace)
