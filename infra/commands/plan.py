@@ -24,6 +24,8 @@ from infra.pipeline.time_limits import TimeLimitError, train_time_limit
 from infra.run_sources import check_stack_run
 from infra.runs.measured import price_inputs
 from infra.program.mocks import MockResource, MockRun, run_under_mocks
+from infra.commands import manifests
+from infra.soperator.helm_render import HelmRenderError
 
 _KEY_PROPERTIES = (
     "name", "platform", "preset", "fixedNodeCount", "autoscaling", "type", "sizeGibibytes",
@@ -45,6 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="plan with this run config instead of the stack's pipeline.runConfig (a path under "
                              "workloads/, relative to the repository root, as pipeline.runConfig takes it)")
     plan_extras.add_arguments(parser)
+    manifests.add_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -141,13 +144,20 @@ def run(args: argparse.Namespace) -> int:
         check_stack_run(cfg)
         check_ceilings(cfg)
         result = run_under_mocks(cfg)
-    except (ConfigError, LockError, RunCeilingError, TimeLimitError) as exc:
+    except (HelmRenderError, ConfigError, LockError, RunCeilingError, TimeLimitError) as exc:
         print(f"ftstack plan: {exc}", file=sys.stderr)
         return 2
     extras = plan_extras.plan_extras(cfg, result, args)
+    try:
+        written = manifests.write_manifests(cfg, result, args.manifests) if args.manifests else None
+    except HelmRenderError as exc:
+        print(f"ftstack plan: {exc}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(plan_document(result) | extras.document, indent=2))
     else:
         print(render_text(args.stack, result))
         print(extras.text)
+    if written is not None:
+        print(manifests.manifests_text(written), file=sys.stderr if args.json else sys.stdout)
     return extras.exit_code
