@@ -7,6 +7,11 @@ took in the pytest process itself), largest first. In `kinds` a pytest process c
 
     .venv/bin/python bench/process_cpu.py -- .venv/bin/pytest -n 3 tests/test_train_slurm.py
     make venv && python3 bench/process_cpu.py --log cpu.jsonl -- bash .ci/run      # the whole suite
+    python3 bench/process_cpu.py --from-log cpu.jsonl --junit junit.xml --top 2000 --markdown   # its per-test table
+
+The per-test table puts each test's seconds from pytest's `--junitxml` file (setup, call and teardown; run the
+suite with `PYTEST_ADDOPTS="--junitxml=junit.xml"`) beside its CPU seconds; `--from-log` makes it again from a
+kept `--log` without running anything.
 
 The venv's Pythons record through a .pth file put in its site-packages for the run (tests that set their own
 PYTHONPATH cannot hide it), so make the venv first; other Pythons through PYTHONPATH.
@@ -199,7 +204,38 @@ def tests_by_cpu(records: list[dict], in_pytest: list[dict], top: int) -> list[d
     return sorted(rows.values(), key=lambda row: row["total_cpu_s"], reverse=True)[:top]
 
 
-def main() -> None:
+def junit_nodeid(classname: str, name: str, root: Path) -> str:
+    """pytest's node id of a junit testcase: `tests.test_x.TestY` and `test_z[p]` -> `tests/test_x.py::TestY::test_z[p]`
+    (the longest prefix of the class name that is a file under `root` is the module)."""
+    parts = classname.split(".")
+    for cut in range(len(parts), 0, -1):
+        if (root / Path(*parts[:cut])).with_suffix(".py").is_file():
+            return "::".join(["/".join(parts[:cut]) + ".py", *parts[cut:], name])
+    return "::".join([classname.replace(".", "/") + ".py", name])
+
+
+def junit_seconds(path: Path, root: Path) -> dict[str, float]:
+    """Each testcase's seconds (setup, call and teardown) in a pytest --junitxml file, by node id."""
+    import xml.etree.ElementTree as ElementTree
+
+    return {junit_nodeid(case.get("classname", ""), case.get("name", ""), root): float(case.get("time") or 0)
+            for case in ElementTree.parse(path).getroot().iter("testcase")}
+
+
+def with_junit(tests: list[dict], junit: dict[str, float]) -> list[dict]:
+    """The tests' rows with their junit seconds beside their CPU seconds (None for a test junit does not list)."""
+    return [{**row, "junit_s": round(junit[row["name"]], 1) if row["name"] in junit else None} for row in tests]
+
+
+def markdown_table(tests: list[dict]) -> str:
+    """The per-test table as Markdown: test, junit seconds, CPU seconds (its processes and in pytest), processes."""
+    lines = ["| test | junit s | CPU s | of which in pytest | processes |", "| --- | ---: | ---: | ---: | ---: |"]
+    lines += [f"| `{row['name']}` | {'' if row.get('junit_s') is None else row['junit_s']} | {row['total_cpu_s']} "
+              f"| {row['in_pytest_cpu_s']} | {row['processes']} |" for row in tests]
+    return "\n".join(lines) + "\n"
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--top", type=int, default=25, help="kinds of process and tests listed (default 25)")
     parser.add_argument("--log", type=Path,
@@ -209,11 +245,21 @@ def main() -> None:
                         help="the venv whose Pythons record through a .pth file for the run (default .venv)")
     parser.add_argument("--all-processes", action="store_true",
                         help="also every process by command name, through the kernel's process accounting (root)")
+    parser.add_argument("--from-log", type=Path, metavar="LOG",
+                        help="run nothing: the kinds and tests of an earlier run's --log (machine figures unknown)")
+    parser.add_argument("--junit", type=Path, metavar="FILE",
+                        help="pytest's --junitxml file of the run: each test's seconds beside its CPU (junit_s)")
+    parser.add_argument("--markdown", action="store_true", help="print the per-test table as Markdown, not JSON")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run")
     args = parser.parse_args()
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
-        parser.error("give the command to measure after --")
+    args.command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not args.command and not args.from_log:
+        parser.error("give the command to measure after --, or --from-log LOG")
+    return args
+
+
+def measure(args: argparse.Namespace) -> tuple[dict, list[dict]]:
+    """Run the command with the recorders on: the run's own figures, and the recorded lines."""
     with tempfile.TemporaryDirectory() as scratch:
         log = args.log or Path(scratch) / "processes.jsonl"
         log.unlink(missing_ok=True)
@@ -225,25 +271,43 @@ def main() -> None:
         with venv_hook(args.venv) as pth, kernel_accounting(accounting) if args.all_processes else nullcontext():
             before, started_epoch = live_processes() if args.all_processes else {}, time.time()
             busy, started = machine_busy_seconds(), time.monotonic()
-            returncode = subprocess.run(command, env=env, stdout=sys.stderr).returncode  # stdout: the JSON alone
+            returncode = subprocess.run(args.command, env=env, stdout=sys.stderr).returncode  # stdout: the JSON
             wall, busy = time.monotonic() - started, machine_busy_seconds() - busy
             after = live_processes() if args.all_processes else {}
         every = all_processes(read_accounting(accounting), before, after, started_epoch, busy, args.top) \
             if args.all_processes else None
         lines = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    run = {"command": args.command, "returncode": returncode, "venv_hook": str(pth) if pth else None,
+           "wall_s": round(wall, 1), "machine_busy_cpu_s": round(busy, 1), **({"all_processes": every} if every else {})}
+    return run, lines
+
+
+def main() -> None:
+    args = parse_args()
+    if args.from_log:
+        run = {"from_log": str(args.from_log), "returncode": 0}
+        lines = [json.loads(line) for line in args.from_log.read_text().splitlines()]
+    else:
+        run, lines = measure(args)
     records = [line for line in lines if not line.get("in_pytest")]
     in_pytest = [line for line in lines if line.get("in_pytest")]
     accounted = sum(r["cpu_s"] for r in records)
+    tests = tests_by_cpu(records, in_pytest, args.top)
+    if args.junit:
+        tests = with_junit(tests, junit_seconds(args.junit, Path.cwd()))
+    if args.markdown:
+        sys.stdout.write(markdown_table(tests))
+        sys.exit(run["returncode"])
+    busy = run.get("machine_busy_cpu_s")
+    every = run.pop("all_processes", None)
     print(json.dumps({
-        "command": command, "returncode": returncode, "venv_hook": str(pth) if pth else None, "wall_s": round(wall, 1),
-        "machine_busy_cpu_s": round(busy, 1), "python_processes": len(records),
-        "python_cpu_s": round(accounted, 1), "unaccounted_cpu_s": round(busy - accounted, 1),
+        **run, "python_processes": len(records), "python_cpu_s": round(accounted, 1),
+        "unaccounted_cpu_s": round(busy - accounted, 1) if busy is not None else None,
         "python_processes_importing_torch": sum(r["imported_torch"] for r in records),
         "kinds": summarize(records, args.top, lambda record: process_kind(record["argv"])),
-        "tests": tests_by_cpu(records, in_pytest, args.top),
-        **({"all_processes": every} if every else {}),
+        "tests": tests, **({"all_processes": every} if every else {}),
     }, indent=2))
-    sys.exit(returncode)
+    sys.exit(run["returncode"])
 
 
 if __name__ == "__main__":

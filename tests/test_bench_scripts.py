@@ -226,3 +226,28 @@ def test_bench_serve_adapters_path_at_its_smallest(tiny_model_dir: Path, tmp_pat
     assert all(side["throughput_tokens_per_second"] > 0 and side["output_tokens"] == 2 * 2 for side in sides)
     assert load["equal_output_tokens"] and set(load["tpot_median_s"]) == set(load["ttft_median_s"])
     assert load["issue_40_goal"]["clients"] == 2 and isinstance(load["issue_40_goal"]["met"], bool)
+
+
+def test_bench_process_cpu_puts_junit_seconds_beside_each_tests_cpu(tmp_path: Path) -> None:
+    """The per-test table of a pytest run with --junitxml, made again from the kept log: each test's junit seconds
+    (a test sleeping 0.3 s takes at least that) beside its CPU (one burning 0.5 s), a test in a class included."""
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_burn.py").write_text(
+        f"import time\n\ndef test_burn():\n    exec({BURN!r})\n\nclass TestIdle:\n    def test_sleep(self):\n"
+        "        time.sleep(0.3)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "PYTEST_CURRENT_TEST")}
+    ran = subprocess.run([sys.executable, str(BENCH / "process_cpu.py"), "--log", "cpu.jsonl", "--", sys.executable,
+                          "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml=junit.xml", "tests/test_burn.py"],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    assert ran.returncode == 0, ran.stderr[-4000:]
+    table = [sys.executable, str(BENCH / "process_cpu.py"), "--from-log", "cpu.jsonl", "--junit", "junit.xml"]
+    again = subprocess.run(table, capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    assert again.returncode == 0, again.stderr[-4000:]
+    tests = {test["name"]: test for test in json.loads(again.stdout)["tests"]}
+    assert set(tests) == {"tests/test_burn.py::test_burn", "tests/test_burn.py::TestIdle::test_sleep"}
+    assert tests["tests/test_burn.py::test_burn"]["total_cpu_s"] >= 0.5
+    assert tests["tests/test_burn.py::TestIdle::test_sleep"]["junit_s"] >= 0.3
+    markdown = subprocess.run([*table, "--markdown"], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                              env=env).stdout.splitlines()
+    assert markdown[0].startswith("| test | junit s | CPU s") and len(markdown) == 4
+    assert any(line.startswith("| `tests/test_burn.py::TestIdle::test_sleep` | 0.3") for line in markdown), markdown
