@@ -23,7 +23,7 @@ from documents.soperator_values import (
     read_custom_resources,
 )
 from infra.config import SoperatorConfig
-from infra.soperator.helm_render import CRD_KIND, HelmRelease, render_stack
+from infra.soperator.helm_render import CRD_KIND, HelmRelease, render
 from infra.soperator.values import SOPERATOR_NAMESPACE, chart_ref
 
 _BINARY = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
@@ -65,21 +65,24 @@ def _crd_schemas(objects: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], 
 
 def custom_resources(values: SoperatorValues, soperator: SoperatorConfig | None = None, *, mirror: Path | None,
                      kube_version: str) -> OperatorResources:
-    """The SlurmCluster and NodeSets the operator reads for `values`: helm-soperator-crds, helm-slurm-cluster and
-    helm-nodesets rendered with Helm at `soperator`'s version (from `mirror`, else their registry), as the program
-    installs them (infra/soperator/values.py release_plan), each custom resource with its CRD's defaults."""
+    """The SlurmCluster and NodeSets the operator reads for `values`: helm-soperator-crds, then helm-slurm-cluster
+    and helm-nodesets (seeing its CRDs) rendered with Helm at `soperator`'s version (from `mirror`, else their
+    registry), as the program installs them (infra/soperator/values.py release_plan), each custom resource with its
+    CRD's defaults."""
     sop = soperator or SoperatorConfig()
 
     def release(key: str, namespace: str, chart_values: Mapping[str, Any]) -> HelmRelease:
-        return HelmRelease(key, chart_ref(sop.registry, key), sop.version, namespace, chart_values)
+        return HelmRelease(name=key, chart=chart_ref(sop.registry, key), version=sop.version, namespace=namespace,
+                           values=chart_values)
 
-    rendered = render_stack([release("soperator-crds", SOPERATOR_NAMESPACE, {}),
-                             release("slurm-cluster", values.namespace, values.slurm_cluster),
-                             release("nodesets", values.namespace, {"nodesets": values.nodesets})],
-                            mirror=mirror, kube_version=kube_version)
-    schemas = _crd_schemas(rendered[0].objects)
-    objects = [with_defaults(o, schemas[(o["apiVersion"], o["kind"])]) for done in rendered[1:] for o in done.objects
-               if o.get("kind") in (SLURM_CLUSTER_KIND, NODESET_KIND)]
+    crds = render(release("soperator-crds", SOPERATOR_NAMESPACE, {}), mirror=mirror, kube_version=kube_version)
+    schemas = _crd_schemas(crds.objects)
+    objects = []
+    for done in (render(r, mirror=mirror, kube_version=kube_version, api_versions=crds.api_versions())
+                 for r in (release("slurm-cluster", values.namespace, values.slurm_cluster),
+                           release("nodesets", values.namespace, {"nodesets": values.nodesets}))):
+        objects += [with_defaults(o, schemas[(o["apiVersion"], o["kind"])]) for o in done.objects
+                    if o.get("kind") in (SLURM_CLUSTER_KIND, NODESET_KIND)]
     return read_custom_resources(objects, f"Soperator {sop.version}'s helm-slurm-cluster and helm-nodesets")
 
 
