@@ -3,7 +3,7 @@ parameters on the CPU against a plain copy of the same tensors, printed as JSON.
 
 The method comparison prices that step as 28 B of memory traffic per parameter (AdamW reads the parameter, its
 gradient and both moments, writes the parameter and the moments) at a socket's peak memory bandwidth
-(`infra/cost/method_comparison.py` OFFLOAD_MODEL, `infra/catalog.py` HOST_MEMORY). This shows how close torch's AdamW comes to
+(`infra/cost/method_comparison.py` OFFLOAD_MODEL, `planning/catalog.py` HOST_MEMORY). This shows how close torch's AdamW comes to
 the bandwidth a copy reaches here: `adamw_over_copy` below 1 means the priced step is that much too short.
 """
 

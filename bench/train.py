@@ -78,7 +78,7 @@ def build_random_base(name: str, out: Path, tokenizer_dir: Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
-    from workloads.train.model_shapes import KNOWN
+    from planning.model_shapes import KNOWN
 
     shape = KNOWN[name]
     kind = Qwen3Config if shape.qk_norm else LlamaConfig
@@ -329,7 +329,7 @@ def run_arm(arm: str, options: argparse.Namespace) -> dict[str, Any]:
     from documents.metrics import METRICS_NAME, load_metrics
     from workloads.train.config import train_paths
     from workloads.train.metrics_callback import peak_memory_mb
-    from workloads.train.model_shapes import shape_for_source
+    from planning.model_shapes import shape_for_source
 
     run = load_run(options)
     if arm in OURS:

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from documents.atomic import sha256_file, utc_now, write_text_atomic
 from documents.base import DocumentError, parse
+from documents.run_plan import RunPlan
 from documents.stage_manifest import MANIFEST_NAME, load_model_manifest
 from documents.train_plan import AttentionChoice, BatchingDecision, BatchPlan, ParallelismPlan
 
@@ -85,7 +86,7 @@ class RunManifest(_Document):
     attention: AttentionChoice | None = None
     """attention implementation and kernel the run trained with (workloads/train/attention.py)."""
     batch_plan: BatchPlan | None = None
-    """micro-batch tokens, accumulation and checkpointing the run trained with (workloads/train/sizing.py)."""
+    """micro-batch tokens, accumulation and checkpointing the run trained with (planning/batches.py)."""
     fused_loss: bool = False
     device: str | None = None
     """what rank 0 trained on, as torch names it ('NVIDIA H100 80GB HBM3'), or 'cpu'."""
@@ -101,7 +102,12 @@ class RunManifest(_Document):
     weights only) or a full fine-tune's model (one file's worth plus a tensor); None without FSDP."""
     parallelism: ParallelismPlan | None = None
     """ddp, fsdp or hsdp (shards per replica, replicas), why, and the per-rank memory estimate by part
-    (workloads/train/parallelism.py); absent in manifests written before it was recorded."""
+    (planning/parallelism.py); absent in manifests written before it was recorded."""
+    plan: RunPlan | None = None
+    """the run plan the run was submitted with (the chain's, without its estimate: infra/pipeline/chain.py
+    `job_plan`), or the one the job made when submitted by hand (origin `job`); absent before it was recorded."""
+    plan_differences: list[str] = []
+    """where the job adapted the plan to the hardware it got, with both figures (planning/job_check.py)."""
 
     def json_text(self) -> str:
         return self.model_dump_json(indent=2, by_alias=True) + "\n"

@@ -71,7 +71,7 @@ def planned_batching(configured: Configured) -> Batching:
 
 class ParallelismPlan(BaseModel):
     """How a run spreads over its ranks and the per-rank memory it was chosen from (the run manifest's
-    `parallelism`; decided by workloads.train.parallelism.decide_parallelism)."""
+    `parallelism`; decided by planning.parallelism.decide_parallelism)."""
 
     model_config = ConfigDict(frozen=True)
 

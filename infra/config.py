@@ -27,8 +27,9 @@ from pydantic.alias_generators import to_camel
 from documents.names import StackName, checked_name
 from documents.run_config import RunConfig, load_run_config
 from documents.text_input import TextInputError, load_json, read_utf8
-from infra import catalog
-from infra.cost.price_list import PricingConfig
+from planning import catalog
+from planning.prices import PricingConfig
+from planning.stack import ExistingNodes, PlanStack, PlanWorkerSet
 
 PROJECT = "soperator-finetune"
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -145,7 +146,7 @@ class WorkerSet(NodeSet):
         "gpu-operator: plain image plus the NVIDIA GPU operator (Nebius application).",
     )
     drivers_preset: str | None = Field(
-        None, description="Nebius drivers preset; default: the platform's (infra/catalog.py)."
+        None, description="Nebius drivers preset; default: the platform's (planning/catalog.py)."
     )
     cuda_version: str | None = Field(
         None, pattern=r"^\d+\.\d+\.\d+$",
@@ -611,6 +612,13 @@ class StackConfig(_Model):
         return self.target == "nebius" and self.monitoring.enabled
 
     @property
+    def gpu_workers(self) -> bool:
+        """Whether the training workers have GPUs: the first worker set's preset, or the cluster's gpusPerNode."""
+        if self.cluster is not None:
+            return self.cluster.gpus_per_node > 0
+        return bool(self.nodes and self.nodes.workers and self.nodes.workers[0].shape.gpus)
+
+    @property
     def serving_on(self) -> bool:
         """Whether workers are reserved for serving (serve then runs in its own partition)."""
         return self.serving.nodes > 0
@@ -624,6 +632,18 @@ class StackConfig(_Model):
     def slurm_cluster_name(self) -> str:
         """The SlurmCluster's name (Soperator's, on a nebius stack)."""
         return self.soperator.slurm_cluster_name if self.soperator else self.cluster_name
+
+    def plan_stack(self) -> PlanStack:
+        """What the planner reads of this stack (planning.stack)."""
+        workers = [PlanWorkerSet(name=w.name, platform=w.platform, preset=w.preset, size=w.size,
+                                 preemptible=w.preemptible, elastic=w.elastic, boot_disk_type=w.boot_disk.type,
+                                 boot_disk_gib=w.boot_disk.size_gib) for w in (self.nodes.workers if self.nodes else [])]
+        cluster = (ExistingNodes(nodes=self.cluster.nodes, gpus_per_node=self.cluster.gpus_per_node,
+                                 cpus_per_node=self.cluster.cpus_per_node,
+                                 memory_gib_per_node=self.cluster.memory_gib_per_node) if self.cluster else None)
+        return PlanStack(stack=self.stack, target=self.target, workers=workers, cluster=cluster,
+                         serving_nodes=self.serving.nodes, serving_partition=self.serving.partition,
+                         training_partition=self.serving.training_partition, pricing=self.pricing)
 
 
 def gpu_image_preconditions(k8s_version: str, workers: list[WorkerSet], soperator_version: str) -> None:

@@ -9,7 +9,7 @@ refused: it would land on the jail, not on the volume its name suggests. What la
   and the tokenized splits (``TOKEN_COLUMN_BYTES`` for input_ids, attention_mask and labels, int64 as ``datasets``
   stores Python ints), every row at ``max_length`` tokens.
 - checkpoints (``checkpoint_dir``): ``save_total_limit`` of them; each holds the trainable parameters in fp32 and
-  AdamW's two fp32 moments (12 bytes each: a 70B full fine-tune's is ~790 GiB), as workloads/train/memory.py counts
+  AdamW's two fp32 moments (12 bytes each: a 70B full fine-tune's is ~790 GiB), as planning/memory.py counts
   the trainer's state.
 - exported models (``output_dir``): the adapter (fp32) or a full fine-tune's model (fp32), and the merged bf16 copy
   the export stage writes for serving.
@@ -24,8 +24,8 @@ from pydantic import BaseModel, ConfigDict
 
 from documents.run_config import RunConfig
 from infra.config import StackConfig
-from workloads.train.memory import GIB, inputs_from_run, lora_params
-from workloads.train.model_shapes import ModelShape
+from planning.memory import GIB, inputs_from_run, lora_params
+from planning.model_shapes import ModelShape
 
 JAIL = "jail"
 MNT = PurePosixPath("/mnt")

@@ -12,15 +12,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from infra import catalog
+from planning import catalog
 from infra.config import REPO_ROOT, StackConfig
 from infra.cost.price import CostReport, price_stack
 from infra.cost.render import training_cost_text
 from infra.nebius.layout import layout
 from infra.runs.measured import price_inputs
-from infra.sizing.fit import worker_fits
+from planning.fit import worker_fits
 from infra.storage_fit import storage_use, storage_violations
-from workloads.train.model_shapes import UnknownModel, shape_for_source
+from planning.planner import refusals
+from planning.model_shapes import UnknownModel, shape_for_source
 
 FILESYSTEM = "nebius:index/computeV1Filesystem:ComputeV1Filesystem"
 NODE_GROUP = "nebius:index/mk8sV1NodeGroup:Mk8sV1NodeGroup"
@@ -249,10 +250,22 @@ def model_fits(ctx: Context) -> list[str]:
     except UnknownModel as exc:
         return [str(exc)]
     found = []
-    for fit in worker_fits(ctx.cfg, ctx.run, shape):
+    for fit in worker_fits(ctx.cfg.plan_stack(), ctx.run, shape):
         line = f"{ctx.run.train.method} of {ctx.run.model.source}: {fit.describe()}"
         (ctx.notes if fit.fits else found).append(line)
     return found
+
+
+def plan_accepted(ctx: Context) -> list[str]:
+    """The run's plan (documents/run_plan.py, the one the chain submits) is one the planner accepts: the adapter rank
+    within a set serve.max_lora_rank (else derived from the adapters served), a training time limit within a year."""
+    plan = stack_price(ctx).plan
+    if plan is None:
+        return []
+    if plan.serving is not None:
+        ctx.notes.append(f"serving: engine {plan.serving.engine}, --max-lora-rank {plan.serving.max_lora_rank} "
+                         f"({plan.serving.basis})")
+    return refusals(plan)
 
 
 def storage_fits(ctx: Context) -> list[str]:
@@ -430,6 +443,7 @@ POLICIES: tuple[PolicySpec, ...] = (
     PolicySpec("preset-exists", presets_exist.__doc__ or "", presets_exist),
     PolicySpec("gpu-workers-gpu-preset", gpu_workers_have_gpu_presets.__doc__ or "", gpu_workers_have_gpu_presets),
     PolicySpec("model-fits-gpu", model_fits.__doc__ or "", model_fits),
+    PolicySpec("run-plan-accepted", plan_accepted.__doc__ or "", plan_accepted),
     PolicySpec("storage-fits", storage_fits.__doc__ or "", storage_fits),
     PolicySpec("login-only-public", login_access.__doc__ or "", login_access),
     PolicySpec("data-filesystems-protected", data_protected.__doc__ or "", data_protected, config_schema=_EXEMPT),

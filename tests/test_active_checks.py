@@ -10,8 +10,8 @@ import copy
 import pytest
 
 from infra.config import StackConfig, load_stack_config
-from infra.cost.tco import ONE_OFF, monthly_cost, node_price
-from infra.cost.price_list import PriceBook
+from infra.cost.tco import ONE_OFF, monthly_cost
+from planning.prices import PriceBook, node_price
 from infra.nebius.layout import layout
 from infra.soperator.active_checks import (
     CHECKS_RELEASE,

@@ -57,7 +57,7 @@ def test_h100_row_of_the_measured_model_matches_a_hand_computation():
     """50,000 rows x 0.9 train x 2,048 tokens = 92,160,000 tokens, one pass; Qwen3-14B QLoRA on an H100 was
     measured at the bench's figure for the plan this run config's `auto` sizing makes there (the bench ran that
     very plan: 3,328-token micro-batches, no recomputation), so 92,160,000 / tps / 3,600 GPU-hours at $2.95 an
-    H100-hour on demand and $1.25 preemptible (infra/cost/price_list.py's H100 source), over the stack's 16 GPUs."""
+    H100-hour on demand and $1.25 preemptible (planning/prices.py's H100 source), over the stack's 16 GPUs."""
     c = _compare(_stack("h100", LLAMA70_LORA))
     tps = BENCH_H100_QWEN14_QLORA_AUTO.tokens_per_second_per_device
     gpu_hours = 92_160_000 / tps / 3600
@@ -153,15 +153,15 @@ USABLE_ROWS = [("hub:Qwen/Qwen3-32B", "lora", 2, 3), ("hub:Qwen/Qwen3-14B", "ful
 
 def _ranks_by_hand(source: str, method: str, gpu_gib: float) -> int:
     """Fewest FSDP ranks whose per-rank peak fits 90 % of `gpu_gib`, solved in closed form from the memory
-    formula's terms (workloads/train/memory.py's docstring): the sharded part S (weights, adapter, gradients, Adam
+    formula's terms (planning/memory.py's docstring): the sharded part S (weights, adapter, gradients, Adam
     states, fragmentation on the last two) over n ranks, plus what every rank holds whole, U (root and two decoder
     layers gathered in bf16, activations with their fragmentation, 1 GiB overhead): n = ceil(S / (budget - U)).
     Weights, adapter and gathered bytes come from the shape by hand; the activation terms from the estimate
     (checked against measured tensors in tests/test_memory_estimate.py)."""
     from infra.cost.method_comparison import with_method
-    from workloads.train.memory import estimate
-    from workloads.train.parallelism import fit_inputs
-    from workloads.train.model_shapes import shape_for_source
+    from planning.memory import estimate
+    from planning.parallelism import fit_inputs
+    from planning.model_shapes import shape_for_source
 
     run = with_method(load_run(_stack("demo"), ROOT), source, method)
     shape, inputs = shape_for_source(source), fit_inputs(run)
@@ -218,9 +218,9 @@ def test_the_cpu_optimizer_step_of_a_70b_full_fine_tune_offloaded_to_one_h100_no
     fp32 parameter of the node: 70,553,706,496 x 28 B (AdamW: parameter, gradient and two moments read, three
     written) at the Sapphire Rapids socket's 8 x 4,800 MT/s x 8 B = 307.2 GB/s, 6.4 s, once per optimizer step."""
     from infra.cost.method_comparison import with_method
-    from infra.sizing.time_model import cpu_step_seconds, offload_slowdown
+    from planning.time_model import cpu_step_seconds, offload_slowdown
     from documents.train_plan import BatchPlan
-    from workloads.train.model_shapes import shape_for_source
+    from planning.model_shapes import shape_for_source
 
     params = 70_553_706_496
     shape = shape_for_source("hub:meta-llama/Llama-3.1-70B")

@@ -10,8 +10,8 @@ import pytest
 
 from documents.run_config import RunConfig, load_run_config
 from documents.throughput import ThroughputMeasurement
-from infra import catalog
-from infra.sizing.throughput import estimate_throughput
+from planning import catalog
+from planning.throughput import estimate_throughput
 
 REPO = Path(__file__).resolve().parent.parent
 H100_TFLOPS, H100_TBPS = 989.4, 3.35
@@ -130,8 +130,8 @@ def test_a_full_fine_tune_does_one_more_pass_than_an_adapter():
 def test_a_lora_figure_priced_for_qlora_adds_the_dequantization_time():
     """The reverse: a LoRA figure on the same GPU, model, micro-batch and recomputation, priced for QLoRA, takes the
     dequantization's seconds on top of each micro-batch."""
-    from infra.sizing.throughput import Plan, scale
-    from workloads.train.model_shapes import shape_for_source
+    from planning.throughput import Plan, scale
+    from planning.model_shapes import shape_for_source
 
     shape = shape_for_source("hub:Qwen/Qwen3-14B")
     lora = Plan(gpu_model="NVIDIA H100 SXM", shape=shape, micro_batch_tokens=16_384, recompute=True)

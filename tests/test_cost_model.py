@@ -9,13 +9,13 @@ import pytest
 from documents.metrics import MetricsRecord
 from documents.stack_outputs import parse_stack_outputs
 from infra.config import MonitoringConfig, StackConfig, load_run, load_stack_config
-from infra.cost.tco import chat_scenario, chat_scenarios, monthly_cost, node_price, training_run
+from infra.cost.tco import chat_scenario, chat_scenarios, monthly_cost, training_run
 from infra.cost.price import PriceInputs, price_stack, training_estimate
-from infra.cost.price_list import CATALOG, PriceBook, PriceOverride, PricingConfig
+from planning.prices import CATALOG, PriceBook, PriceOverride, PricingConfig, node_price
 from infra.cost.render import render_table
 from infra.dashboard import build
 from infra.dashboard.render import render_html
-from infra.sizing.run_size import tokenized_tokens
+from planning.run_size import tokenized_tokens
 from infra.program.mocks import run_under_mocks
 
 # seed 000, "Total Cost of Ownership": line key -> (low, high) in whole dollars as printed, except the
@@ -278,8 +278,7 @@ def test_training_cost_uses_the_throughput_measured_for_the_gpu_model(tmp_path):
                   ("NVIDIA H100 SXM", "hub:Qwen/Qwen3-14B", "qlora"))
     assert figure.date and figure.source
     notes: list[str] = []
-    book = PriceBook(cfg.pricing.overrides)
-    estimate, _ = training_estimate(cfg, qlora, book, PriceInputs(), notes)
+    estimate, _ = training_estimate(cfg, qlora, PriceInputs(), notes)
     assert estimate.tokens_per_second_per_gpu == figure.tokens_per_second_per_device
     assert estimate.throughput_source.startswith("borrowed: ") and estimate.throughput_kind == "borrowed"
     assert figure.date in estimate.throughput_source and "H100" in estimate.throughput_source
@@ -289,13 +288,13 @@ def test_training_cost_uses_the_throughput_measured_for_the_gpu_model(tmp_path):
     own = figure.model_copy(update={"tokens_per_second_per_device": 1234.0, "origin": "run", "stack": "h100",
                                     "run_id": "20261125T000000Z-42"})
     notes = []
-    measured, _ = training_estimate(cfg, qlora, book, PriceInputs(training=own, training_read_from="store"), notes)
+    measured, _ = training_estimate(cfg, qlora, PriceInputs(training=own, training_read_from="store"), notes)
     assert measured.tokens_per_second_per_gpu == 1234.0
     assert measured.throughput_source.startswith("measured: ") and "20261125T000000Z-42" in measured.throughput_source
     assert measured.throughput_source.endswith("; read from store")
     assert not any("borrowed" in n for n in notes)
     lora = type(run).model_validate({**data, "train": {**data["train"], "method": "lora", "quantization": "none"}})
-    estimated, _ = training_estimate(cfg, lora, book, PriceInputs(), [])
+    estimated, _ = training_estimate(cfg, lora, PriceInputs(), [])
     assert estimated.throughput_kind == "estimated"
     dequant_s = 3 * 13_212_057_600 * (0.5 + 4 / 64 + 2) / 3.35e12
     without = 16_384 / (16_384 / figure.tokens_per_second_per_device - dequant_s)
@@ -328,10 +327,10 @@ def test_the_training_run_is_sized_from_the_runs_own_prepare_summary(tmp_path):
         "settings": {"max_length": 1024, "overlong": "drop", "max_lost_fraction": 0.2, "max_bad_fraction": 0.01,
                      "group_by": None}})
     notes: list[str] = []
-    estimate, _ = training_estimate(cfg, sized, PriceBook(cfg.pricing.overrides), PriceInputs(prepared=summary), notes)
+    estimate, _ = training_estimate(cfg, sized, PriceInputs(prepared=summary), notes)
     assert (estimate.tokens, estimate.epochs) == (315_000, 2)
     assert "training tokens: 315,000 in 900 train rows, from the run's prepare summary" in notes
-    without, _ = training_estimate(cfg, sized, PriceBook(cfg.pricing.overrides), PriceInputs(), [])
+    without, _ = training_estimate(cfg, sized, PriceInputs(), [])
     assert without.tokens == 10_000 * sized.data.split_ratio * sized.data.max_length
 
 

@@ -12,7 +12,7 @@ from documents.run_record import RunIndex, write_run_record
 from documents.stack_outputs import Cost
 from infra.config import StackConfig, load_run, load_stack_config
 from infra.cost.price import PriceInputs, price_stack
-from infra.cost.price_list import ScheduleAssumptions
+from planning.prices import ScheduleAssumptions
 from infra.runs.measured import price_inputs
 from infra.runs.store import INDEX_NAME, local_store, run_prefix
 
@@ -60,7 +60,7 @@ def test_the_always_on_total_of_the_elastic_demo_stays_seed_000s() -> None:
 
 
 def test_preemptible_workers_pay_the_requeue_overhead_at_the_preemptible_rate() -> None:
-    """h100's workers preemptible: $1.25 per H100 GPU-hour (infra/cost/price_list.py's H100 source), 8 per node; the
+    """h100's workers preemptible: $1.25 per H100 GPU-hour (planning/prices.py's H100 source), 8 per node; the
     stage node-hours grow by the stated requeue overhead, the suspend tail does not."""
     cfg = _with_workers(load_stack_config("h100"), preemptible=True)
     stages = {"readiness": 360.0, "train": 3600.0}

@@ -28,7 +28,9 @@ from documents.evaluator_report import read_evaluator_report
 from documents.metrics import read_metrics
 from documents.run_config import load_run_config
 from documents.run_manifest import read_run_manifest
+from documents.run_plan import read_run_plan
 from documents.run_record import RunIndex
+from infra.pipeline.chain import job_plan
 from infra.runs.store import list_runs, local_store, read_run_file
 
 SUBMITTED = re.compile(r"^Submitted batch job (\d+)$", re.MULTILINE)
@@ -209,6 +211,10 @@ def the_demo_run_stored_and_reported() -> RunIndex:
     manifest = read_run_manifest(read_run_file(store, "local", stored.run_id, "train/run_manifest.json"), "manifest")
     assert manifest.status == "completed" and manifest.global_step == train.max_steps
     assert manifest.world_size == train.procs_per_node
+    planned = subprocess.run([str(ROOT / ".venv/bin/ftstack"), "plan", "--stack", "local", "--json"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=600, check=True)
+    printed = read_run_plan(json.dumps(json.loads(planned.stdout)["run_plan"]), "ftstack plan --stack local --json")
+    assert manifest.plan == job_plan(printed), "the run trained with the plan `ftstack plan` prints (its estimate aside)"
     records = read_metrics(read_run_file(store, "local", stored.run_id, "train/metrics.jsonl"), "metrics")
     losses = [r for r in records if r.loss is not None]
     assert [r.step for r in losses] == list(range(train.logging_steps, train.max_steps + 1, train.logging_steps))

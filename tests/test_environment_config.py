@@ -71,7 +71,7 @@ def test_the_chain_starts_with_the_environment_and_readiness_expects_the_stack_s
     assert [j.stage for j in jobs] == ["environment", "prepare", "readiness", "train", "eval"]
     environment, prepare, readiness = jobs[:3]
     # a Nebius stack builds in the housekeeping partition (infra/soperator/values.py HOUSEKEEPING)
-    assert environment.extra_args[:2] == ["--nodes=1", "--partition=housekeeping"]
+    assert environment.extra_args[:2] == ["--partition=housekeeping", "--nodes=1"]
     assert environment.env == {"FT_PYTHON": "python3"}
     assert environment.args == [f"/home/shared/finetune_env/sources/{environment.results_path.rsplit('/', 1)[1]}",
                                 "/home/shared/finetune_env"]

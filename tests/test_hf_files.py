@@ -10,7 +10,7 @@ import pytest
 from documents.base import DocumentError
 from documents.hf_files import read_adapter_config, read_decoder_config, write_adapter_config
 from workloads.serve.token_budget import model_context
-from workloads.train.model_shapes import shape_for_source
+from planning.model_shapes import shape_for_source
 
 # Qwen3-14B's published config.json, as the hub serves it (the keys this project reads, and a few it does not).
 QWEN3_14B = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 5120,

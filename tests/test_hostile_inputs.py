@@ -18,11 +18,12 @@ DEEP = "[" * 100_000 + "]" * 100_000
 
 
 def new_repo(path: Path) -> Path:
-    """make_repo's stack folder without its empty `documents` and `workloads` packages, so that `ftstack` imports
-    this checkout's (an editable install elsewhere would otherwise fill in the missing modules)."""
+    """make_repo's stack folder without its empty `documents`, `planning` and `workloads` packages, so that `ftstack`
+    imports this checkout's (an editable install elsewhere would otherwise fill in the missing modules)."""
     path.mkdir(parents=True, exist_ok=True)
     repo = make_repo(path)
     shutil.rmtree(repo / "documents")
+    shutil.rmtree(repo / "planning")
     (repo / "workloads" / "__init__.py").unlink()
     return repo
 

@@ -11,7 +11,7 @@ from typing import Any, Callable
 import pytest
 import yaml
 
-from infra import catalog
+from planning import catalog
 from infra.config import (
     PROJECT,
     StackConfigError,

@@ -7,7 +7,7 @@ import base64
 import pytest
 import yaml
 
-from infra import catalog
+from planning import catalog
 from infra.config import load_stack_config
 from infra.nebius.layout import filesystem_specs, layout, node_group_specs
 from infra.nebius.network import login_address

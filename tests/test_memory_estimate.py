@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from workloads.train.memory import (
+from planning.memory import (
     ALL_LINEAR,
     GIB,
     MemoryInputs,
@@ -16,7 +16,7 @@ from workloads.train.memory import (
     layer_activation_bytes_per_token,
     lora_params,
 )
-from workloads.train.model_shapes import KNOWN, ModelShape, UnknownModel, shape_for_source, shape_from_hf_config
+from planning.model_shapes import KNOWN, ModelShape, UnknownModel, shape_for_source, shape_from_hf_config
 
 L40S_GIB = 48
 QWEN14 = KNOWN["Qwen/Qwen3-14B"]
@@ -167,7 +167,7 @@ def test_full_fine_tuning_peak_matches_a_measured_cpu_run(checkpointing):
 
 def test_method_and_settings_from_a_run_config():
     from documents.run_config import parse_run_config
-    from workloads.train.memory import inputs_from_run
+    from planning.memory import inputs_from_run
 
     def run(**train):
         return parse_run_config({"name": "m", "model": {"source": "dir:/m"}, "data": {"source": "sample", "rows": 10, "max_length": 2048},

@@ -1,6 +1,7 @@
-"""Import direction between the packages: policies -> infra -> workloads -> documents, never back. documents/ is the
-bottom layer: it ships to the cluster with the jobs (which have no infra/ there) and is what both sides agree on,
-so it imports nothing else from the project."""
+"""Import direction between the packages: policies -> infra -> workloads -> planning -> documents, never back.
+documents/ is the bottom layer: it ships to the cluster with the jobs (which have no infra/ there) and is what both
+sides agree on, so it imports nothing else from the project; planning/ (the planner) ships with them and sees only
+documents/."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def imported_packages(package: str) -> dict[str, set[str]]:
 
 
 @pytest.mark.parametrize(("package", "forbidden"), [("infra", {"policies"}), ("workloads", {"infra", "policies"}),
-                                                    ("documents", {"infra", "policies", "workloads"})])
+                                                    ("planning", {"infra", "policies", "workloads"}),
+                                                    ("documents", {"infra", "policies", "workloads", "planning"})])
 def test_no_import_points_back_up(package: str, forbidden: set[str]) -> None:
     offenders = {module: sorted(names & forbidden) for module, names in imported_packages(package).items()
                  if names & forbidden}

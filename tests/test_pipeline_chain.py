@@ -10,7 +10,7 @@ import yaml
 
 from documents.run_config import load_run_config
 from documents.soperator_values import SoperatorValues
-from infra.catalog import parse_preset
+from planning.catalog import parse_preset
 from infra.config import EnvironmentConfig, StackConfig, load_stack_config
 from infra.pipeline.chain import CHAIN, JobSpec, code_hash, code_location_for, pipeline_jobs, stage_fingerprint
 from infra.program.mocks import run_under_mocks
@@ -41,8 +41,9 @@ def test_code_hash_ignores_run_configs_but_not_code(tmp_path: Path) -> None:
     pkg = tmp_path / "workloads"
     (pkg / "configs").mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
-    (tmp_path / "documents").mkdir()
-    (tmp_path / "documents" / "__init__.py").write_text("")
+    for shipped in ("documents", "planning"):
+        (tmp_path / shipped).mkdir()
+        (tmp_path / shipped / "__init__.py").write_text("")
     (pkg / "configs" / "a.json").write_text("{}")
     first = code_hash(tmp_path)
     (pkg / "configs" / "a.json").write_text('{"changed": 1}')
@@ -51,7 +52,10 @@ def test_code_hash_ignores_run_configs_but_not_code(tmp_path: Path) -> None:
     second = code_hash(tmp_path)
     assert second != first
     (tmp_path / "documents" / "report.py").write_text("FIELD = 1\n")
-    assert code_hash(tmp_path) != second, "the document models ship with the jobs"
+    third = code_hash(tmp_path)
+    assert third != second, "the document models ship with the jobs"
+    (tmp_path / "planning" / "planner.py").write_text("PLAN = 1\n")
+    assert code_hash(tmp_path) != third, "the planner ships with the jobs (the trainer checks its plan with it)"
 
 
 def test_local_placement_uses_this_repo_and_cloud_uses_the_jail() -> None:

@@ -22,6 +22,8 @@ def _source(root: Path) -> Path:
     (pkg / "__init__.py").write_text("")
     (root / "documents").mkdir()
     (root / "documents" / "__init__.py").write_text("")
+    (root / "planning").mkdir()
+    (root / "planning" / "__init__.py").write_text("")
     (pkg / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"junk")
     jobs = {
         "ok.sbatch": 'echo "ok $* code=$FT_CODE_DIR stage=$STAGE"\n',

@@ -40,6 +40,8 @@ def make_repo(root: Path, fail: str | None = None) -> Path:
     (root / "workloads" / "__init__.py").write_text("")
     (root / "documents").mkdir()
     (root / "documents" / "__init__.py").write_text("")
+    (root / "planning").mkdir()
+    (root / "planning" / "__init__.py").write_text("")
     for stage in ("prepare", "readiness", "train", "eval"):
         body = EVAL_BODY if stage == "eval" else ""
         if stage == fail:

@@ -15,10 +15,10 @@ import pytest
 from infra.config import load_stack_config
 from infra.cost.method_comparison import with_method
 from infra.config import load_run
-from infra.sizing.fit import worker_fits
+from planning.fit import worker_fits
 from policies import rules
 from policies.rules import Context
-from workloads.train.model_shapes import shape_for_source
+from planning.model_shapes import shape_for_source
 
 ROOT = Path(__file__).resolve().parent.parent
 GIB = 1024**3
@@ -53,7 +53,7 @@ def test_70b_lora_with_ddp_forced_on_demo_is_refused_naming_the_reason():
                               "ddp over 10 GPUs")
     assert "does not fit" in message and "one whole replica" in message and "40.5 GiB" in message
     assert "with train.parallelism auto or fsdp: fsdp" in message
-    [fit] = worker_fits(load_stack_config("demo", ROOT / "stacks"), run, shape_for_source(LLAMA70))
+    [fit] = worker_fits(load_stack_config("demo", ROOT / "stacks").plan_stack(), run, shape_for_source(LLAMA70))
     assert fit.placement.plan.per_rank_bytes["base_weights"] == 2 * PARAMS
     assert fit.placement.per_gpu_gib > 2 * PARAMS / GIB > 0.9 * 44.99
 
@@ -61,11 +61,11 @@ def test_70b_lora_with_ddp_forced_on_demo_is_refused_naming_the_reason():
 def test_70b_lora_on_demo_is_accepted_on_one_node_and_shards_over_ten_gpus_where_given_them():
     """Accepted, on one node of 2 with CPU offload (tests/test_train_placement.py works out why: over the 5 nodes'
     Ethernet it is network-bound); over all 10 GPUs, what a job given the 5 nodes would do, it shards without."""
-    from workloads.train.placement import Hardware, decide_placement
+    from planning.placement import Hardware, decide_placement
 
     run = _run("demo", "lora")
     assert rules.model_fits(_ctx("demo", run)) == []
-    [fit] = worker_fits(load_stack_config("demo", ROOT / "stacks"), run, shape_for_source(LLAMA70))
+    [fit] = worker_fits(load_stack_config("demo", ROOT / "stacks").plan_stack(), run, shape_for_source(LLAMA70))
     assert (fit.placement.nodes, fit.placement.plan.offload, fit.set_nodes, fit.fits) == (1, "params", 5, True)
     assert fit.describe().startswith("worker set worker (1 of 5 x 2 NVIDIA L40S")
     spread = decide_placement(run, shape_for_source(LLAMA70), Hardware(gpu_memory_gib=44.99, gpus_per_node=2,
@@ -85,13 +85,13 @@ def test_70b_full_fine_tune_on_h100_names_the_smallest_node_count():
     assert (16 * PARAMS / 24 + GATHERED_BF16) / GIB < 0.9 * 79.19 - 20
     auto = _run("h100", "full")
     assert rules.model_fits(_ctx("h100", auto)) == []  # offload auto: nothing else fits 16 GPUs, offloaded it does
-    [fit] = worker_fits(load_stack_config("h100", ROOT / "stacks"), auto, shape_for_source(LLAMA70))
+    [fit] = worker_fits(load_stack_config("h100", ROOT / "stacks").plan_stack(), auto, shape_for_source(LLAMA70))
     assert (fit.placement.plan.offload, fit.placement.gpus) == ("params", 16)
     run = auto.model_copy(update={"train": auto.train.model_copy(update={"offload": "none"})})
     [message] = rules.model_fits(_ctx("h100", run))
     assert "fsdp over 16 GPUs" in message and "does not fit" in message
     assert "the smallest that fits is 3 node(s), 24 GPUs: fsdp" in message
-    [fit] = worker_fits(load_stack_config("h100", ROOT / "stacks"), run, shape_for_source(LLAMA70))
+    [fit] = worker_fits(load_stack_config("h100", ROOT / "stacks").plan_stack(), run, shape_for_source(LLAMA70))
     assert fit.smallest is not None and fit.smallest.nodes == 3 and fit.smallest.plan.fits
 
 
@@ -106,7 +106,7 @@ def test_shipped_large_run_configs_fit_their_stacks(stack, config, strategy):
     cfg = cfg.model_copy(update={"pipeline": pipeline})
     run = load_run(cfg, ROOT)
     assert rules.model_fits(Context([], cfg, run, {})) == []
-    [fit] = worker_fits(cfg, run, shape_for_source(run.model.source))
+    [fit] = worker_fits(cfg.plan_stack(), run, shape_for_source(run.model.source))
     assert fit.placement.plan.strategy == strategy and fit.fits
 
 
@@ -137,7 +137,7 @@ def test_host_memory_counts_one_base_on_the_first_node_not_one_per_rank():
     """bf16 70B LoRA over 2 x 8 H100s: rank 0 reads the 141.1 GB base, its 7 node-mates one tensor each at most
     (the 128,256 x 8,192 bf16 embedding, 2.1 GB): 146 GB of the 1,600 GiB node, where a copy per rank was 1.13 TB."""
     run = _run("h100", "lora")
-    [fit] = worker_fits(load_stack_config("h100", ROOT / "stacks"), run, shape_for_source(LLAMA70))
+    [fit] = worker_fits(load_stack_config("h100", ROOT / "stacks").plan_stack(), run, shape_for_source(LLAMA70))
     embedding = 128256 * 8192 * 2
     assert fit.placement.host_bytes_per_node == 2 * PARAMS + 7 * embedding
     assert fit.placement.host_fits and fit.fits
@@ -164,7 +164,7 @@ def test_offload_is_chosen_by_auto_only_where_nothing_else_fits():
     """70B LoRA on one demo node (2 L40S): sharded over 2 the bf16 base alone is 65.7 GiB a GPU, over 90 % of 44.99;
     with CPU offload a GPU holds only the gathered root and two layers (7.1 GiB) besides activations. On 3 nodes
     (6 GPUs) it fits without offload, so auto does not offload there."""
-    from workloads.train.placement import Hardware, decide_placement
+    from planning.placement import Hardware, decide_placement
 
     run = _run("demo", "lora")
     node = Hardware(gpu_memory_gib=44.99, gpus_per_node=2, host_memory_gib=384)

@@ -47,7 +47,8 @@ SECRET_KEY = f"{PROJECT}:pipelineSshPrivateKey"
 POLICIES = {
     "filesystem-quota": {"maxTotalGib": ("number", 5120)},
     "monthly-budget": {"maxMonthlyUsd": ("number", 50000)},
-    "preset-exists": {}, "gpu-workers-gpu-preset": {}, "model-fits-gpu": {}, "storage-fits": {},
+    "preset-exists": {}, "gpu-workers-gpu-preset": {}, "model-fits-gpu": {}, "run-plan-accepted": {},
+    "storage-fits": {},
     "login-only-public": {},
     "data-filesystems-protected": {"exemptStacks": ("array", ["dev"])},
     "jail-backed-up": {"exemptStacks": ("array", ["dev"])},

@@ -117,9 +117,10 @@ def test_a_measured_run_replaces_the_estimate_in_every_price_of_the_stack(dev_bu
     assert planned["tokens_per_second_per_gpu"] == pytest.approx(STEP_TPS)
 
 
-PIECES = {"monthly_cost", "chat_scenarios", "chat_scenario", "training_run", "workers_hourly_usd", "node_price",
-          "estimate_throughput", "training_estimate", "training_throughput"}
-"""the cost model's pieces (infra/cost/tco.py), the estimator and price_stack's own helpers."""
+PIECES = {"monthly_cost", "chat_scenarios", "chat_scenario", "training_run", "train_hourly_usd", "node_price",
+          "estimate_throughput", "training_estimate", "training_throughput", "plan_run", "stack_plan"}
+"""the cost model's pieces (infra/cost/tco.py), the planner's (the throughput, the training nodes' hour, the plan)
+and price_stack's own helpers."""
 
 
 def callers(root: Path) -> dict[str, set[str]]:
@@ -127,7 +128,7 @@ def callers(root: Path) -> dict[str, set[str]]:
     import ast
 
     found: dict[str, set[str]] = {}
-    for path in [p for top in ("infra", "policies", "workloads", "bench") for p in (root / top).rglob("*.py")]:
+    for path in [p for top in ("infra", "planning", "policies", "workloads", "bench") for p in (root / top).rglob("*.py")]:
         module = path.relative_to(root).as_posix()
         tree = ast.parse(path.read_text(), module)
         for func in [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
@@ -139,20 +140,19 @@ def callers(root: Path) -> dict[str, set[str]]:
 
 
 def test_price_stack_is_the_only_caller_of_the_cost_models_pieces() -> None:
-    """Outside the model's own arithmetic, every piece is called from price_stack or the helpers only it calls."""
+    """Outside the model's own arithmetic, every piece is called from price_stack or the helpers only it calls; the
+    training run is priced from the run's plan, which one planner makes (planning/planner.py) for every consumer."""
     found = callers(REPO)
-    # sizing reads the throughput the stack is priced with to choose the train job's node count and its time
-    # limit; it prices nothing
-    sizing = {"infra/sizing/fit.py:worker_fits", "infra/sizing/duration.py:estimated_train_hours"}
-    outside = {piece: sites for piece, sites in found.items()
-               if any(not site.startswith(("infra/cost/tco.py:", "infra/cost/price.py:", "infra/sizing/throughput.py:"))
-                      and not (piece == "training_throughput" and site in sizing) for site in sites)}
-    assert not outside, outside
     assert found["monthly_cost"] == found["chat_scenarios"] == {"infra/cost/price.py:price_stack"}
     assert found["training_estimate"] == {"infra/cost/price.py:price_stack"}
-    assert found["training_run"] == found["workers_hourly_usd"] == {"infra/cost/price.py:training_estimate"}
-    assert found["training_throughput"] == {"infra/cost/price.py:training_estimate", *sizing}
-    assert found["estimate_throughput"] == {"infra/sizing/throughput.py:training_throughput"}
+    assert found["training_run"] == {"infra/cost/price.py:training_estimate"}
+    assert found["train_hourly_usd"] == {"planning/planner.py:train_cost"}
+    # the planner reads the throughput the stack is priced with to choose the train job's nodes and its hours
+    assert found["training_throughput"] == {"planning/planner.py:train_cost", "planning/fit.py:worker_fits"}
+    assert found["estimate_throughput"] == {"planning/throughput.py:training_throughput"}
+    assert found["plan_run"] == {"infra/plans.py:stack_plan", "workloads/train/run_plan.py:job_made_plan"}
+    assert found["stack_plan"] <= {"infra/cost/price.py:training_estimate", "infra/cost/price.py:price_stack",
+                                   "infra/pipeline/chain.py:pipeline_jobs"}, found["stack_plan"]
 
 
 @pytest.mark.parametrize("stack", ["demo", "dev"])

@@ -16,7 +16,7 @@ from documents.sections.time_limits import TimeLimitsConfig
 from infra.commands.cli import main as ftstack
 from infra.config import REPO_ROOT, load_run, load_stack_config
 from infra.cost.price import price_stack
-from infra.pipeline.time_limits import TimeLimitError, slurm_duration, train_time_limit
+from planning.time_limits import TimeLimitError, slurm_duration, train_time_limit
 from infra.runs.measured import price_inputs
 
 YEAR = "366-00:00:00"

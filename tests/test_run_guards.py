@@ -60,6 +60,8 @@ def make_repo(root: Path, stack_text: str = STACK, train_body: str = "true") -> 
     (root / "workloads" / "__init__.py").write_text("")
     (root / "documents").mkdir()
     (root / "documents" / "__init__.py").write_text("")
+    (root / "planning").mkdir()
+    (root / "planning" / "__init__.py").write_text("")
     (root / "workloads" / "configs").mkdir()
     for stage in ("prepare", "readiness", "train", "eval"):
         (jobs / f"{stage}.sbatch").write_text(STAGE.format(body=train_body if stage == "train" else "true"))

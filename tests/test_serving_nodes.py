@@ -17,7 +17,7 @@ from infra.config import StackConfigError, load_run, load_stack_config
 from infra.cost.price import price_stack
 from infra.nebius.layout import layout
 from infra.pipeline.chain import CodeLocation, pipeline_jobs
-from infra.sizing.workers import worker_shape
+from planning.workers import worker_shape
 from infra.soperator.chart_contract import contract, violations
 from infra.soperator.values import nodesets_values, slurm_cluster_values
 from workloads.serve import publish
@@ -129,7 +129,7 @@ def test_serve_goes_to_its_partition_after_prepare_and_training_to_the_rest(tmp_
     assert serve_args[5:9] == publish_args[3:] == ["--runs-store", store, "--api-key-file", key]
     assert serve_args[9:] == publish_args[1:3] == ["--stack", "cluster"]
     assert publish_args[1:3] == ["--stack", "cluster"]
-    assert worker_shape(stack) == (1, 0)
+    assert worker_shape(stack.plan_stack()) == (1, 0)
 
 
 def test_a_new_fine_tune_leaves_the_server_on_its_own_node_running(tmp_path: Path) -> None:
@@ -156,7 +156,7 @@ def test_without_reserved_workers_serve_waits_for_training_on_the_shared_nodes()
     assert jobs["serve"].depends_on == ["train"] and jobs["serve"].args == ["workloads/configs/cluster.json",
                                                                                 "--stack", "cluster"]
     assert not any(a.startswith("--partition") for j in jobs.values() for a in j.extra_args)
-    assert worker_shape(stack) == (2, 0)
+    assert worker_shape(stack.plan_stack()) == (2, 0)
 
 
 def test_a_server_that_cannot_load_at_runtime_is_refused_for_a_serving_node(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from infra.commands.cli import main as ftstack
 from infra.config import StackConfig, load_stack_config
 from infra.storage_fit import storage_use, storage_violations
 from policies import rules
-from workloads.train.model_shapes import shape_for_source
+from planning.model_shapes import shape_for_source
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 2**30

@@ -15,10 +15,11 @@ from documents.sections.time_limits import TimeLimitsConfig
 from infra.commands.cli import main
 from infra.config import load_stack_config
 from infra.pipeline.chain import pipeline_jobs, code_location_for
+from infra.plans import stack_plan
 from infra.pipeline.chain import job_arguments
 from infra.pipeline.jobs import SlurmJobProvider, job_inputs, sbatch_extra_args, submit_stage
 from infra.pipeline.slurm import SlurmClient
-from infra.pipeline.time_limits import slurm_duration, stage_time_limits, train_time_limit
+from planning.time_limits import slurm_duration, stage_time_limits, train_time_limit
 from slurm_jobs import job_field
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,10 +53,15 @@ def test_a_bad_limit_names_the_field() -> None:
 
 
 def _chain(stack: str, train_hours: float | None):
+    """The chain submitted from the stack's plan with training estimated at `train_hours`."""
     cfg = load_stack_config(stack, REPO / "stacks")
     run = load_run_config(REPO / cfg.pipeline.run_config)
+    plan = stack_plan(cfg, run)
+    train = plan.stages["train"].model_copy(update={"time_limit_minutes": train_time_limit(run.time_limits,
+                                                                                           train_hours)[0]})
+    plan = plan.model_copy(update={"stages": {**plan.stages, "train": train}})
     return {j.stage: j for j in pipeline_jobs(cfg, run, cfg.pipeline.run_config, "c", code_location_for(cfg, run, REPO),
-                                              serve=True, train_hours=train_hours)}
+                                              serve=True, plan=plan)}
 
 
 def _props(job, **overrides):

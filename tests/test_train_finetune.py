@@ -19,8 +19,14 @@ from workloads.train.config import resolve_precision, train_paths
 from workloads.train.finetune import main, train_run
 from workloads.train.launch import main as launch
 from documents.run_manifest import RunManifest
+from documents.run_plan import PLAN_ENV
+from infra.config import load_stack_config
+from infra.pipeline.chain import job_plan
+from infra.plans import stack_plan
 from documents.metrics import load_metrics
 from workloads.train.preemption import INTERRUPTED_EXIT, STOP_FILE_ENV
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize(
@@ -204,10 +210,21 @@ def test_4bit_frozen_weights_stay_in_the_compute_dtype_unless_upcast(tiny_prepar
     assert lora and all(p.dtype == torch.float32 and p.grad is not None for p in lora)
 
 
-def test_cli_runs_the_config_file(tiny_prepared, tmp_path: Path) -> None:
+def test_cli_runs_the_config_file(tiny_prepared, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job trains with the plan it was submitted with (what the chain gives the train job) and its manifest
+    records it; a job without one (sbatch by hand) makes its own with the same planner and records that."""
     run = with_train(tiny_prepared, tmp_path, max_steps=1, save_steps=1)
+    given = job_plan(stack_plan(load_stack_config("local", ROOT / "stacks"), run))
+    monkeypatch.setenv(PLAN_ENV, given.model_dump_json())
     assert main(["--config", str(write_config(run, tmp_path / "run.json"))]) == 0
     assert (run.adapter_dir / "adapter_config.json").is_file()
+    manifest = RunManifest.model_validate_json((run.train_run_dir / "run_manifest.json").read_text())
+    assert manifest.plan == given and manifest.plan.origin == "planned" and manifest.plan_differences == []
+    monkeypatch.delenv(PLAN_ENV)
+    again = with_train(tiny_prepared, tmp_path / "by-hand", max_steps=1, save_steps=1)
+    assert main(["--config", str(write_config(again, tmp_path / "by-hand.json"))]) == 0
+    made = RunManifest.model_validate_json((again.train_run_dir / "run_manifest.json").read_text()).plan
+    assert made is not None and (made.origin, made.stack, made.run) == ("job", "sbatch", again.name)
 
 
 def test_fused_loss_needs_cuda_and_says_so(tiny_prepared, tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""DDP or FSDP from the memory estimate (workloads/train/parallelism.py), the methods' config, and the estimate
+"""DDP or FSDP from the memory estimate (planning/parallelism.py), the methods' config, and the estimate
 for full fine-tuning and sharding. Expected figures are computed here from the published shapes."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from documents.run_config import ConfigError, parse_run_config
-from workloads.train.memory import GIB, MemoryInputs, estimate
-from workloads.train.model_shapes import KNOWN, ModelShape
-from workloads.train.parallelism import decide_parallelism
+from planning.memory import GIB, MemoryInputs, estimate
+from planning.model_shapes import KNOWN, ModelShape
+from planning.parallelism import decide_parallelism
 
 # meta-llama/Llama-3.1-70B config.json
 LLAMA70 = ModelShape(hidden=8192, layers=80, heads=64, kv_heads=8, head_dim=128, intermediate=28672, vocab=128256,
@@ -191,7 +191,7 @@ def test_hsdp_shard_size_is_configurable_and_must_divide_the_world():
 
 
 def test_hsdp_placement_counts_host_memory_as_fsdp_and_takes_whole_shard_groups():
-    from workloads.train.placement import Hardware, decide_placement
+    from planning.placement import Hardware, decide_placement
 
     node = Hardware(gpu_memory_gib=H100, gpus_per_node=8, host_memory_gib=1600)
     hsdp = decide_placement(_run(method="lora", parallelism="hsdp", hsdp_shard_size=16), LLAMA70, node)

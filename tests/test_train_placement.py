@@ -15,10 +15,10 @@ import pytest
 
 from infra.config import load_stack_config
 from infra.config import load_run
-from infra.sizing.fit import worker_fits
+from planning.fit import worker_fits
 from policies import rules
 from policies.rules import Context
-from workloads.train.model_shapes import shape_for_source
+from planning.model_shapes import shape_for_source
 
 ROOT = Path(__file__).resolve().parent.parent
 H100_REPORTED_GIB = 79.19
@@ -37,10 +37,12 @@ def _stack(config: str):
                                                   ("workloads/configs/h100-llama-3.1-70b-qlora.json", "ddp")])
 def test_plan_policy_and_trainer_place_the_shipped_70b_runs_alike(config, strategy, tmp_path, monkeypatch):
     from workloads.train import finetune
+    from workloads.train import run_plan as job_plan
+    from documents.run_plan import PLAN_ENV
 
     cfg = _stack(config)
     run = load_run(cfg, ROOT)
-    [fit] = worker_fits(cfg, run, shape_for_source(run.model.source))
+    [fit] = worker_fits(cfg.plan_stack(), run, shape_for_source(run.model.source))
     policy = fit.placement.model_dump(mode="json")
     assert rules.model_fits(Context([], cfg, run, {})) == []
 
@@ -54,8 +56,11 @@ def test_plan_policy_and_trainer_place_the_shipped_70b_runs_alike(config, strate
     (model / "config.json").write_text(json.dumps(LLAMA70_CONFIG))
     monkeypatch.setenv("WORLD_SIZE", "16")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
-    monkeypatch.setattr(finetune, "gpu_memory_gib", lambda: H100_REPORTED_GIB)  # no GPU here: what torch reports
-    trainer = finetune.job_placement(run, model).model_dump(mode="json")
+    monkeypatch.setattr(job_plan, "gpu_memory_gib", lambda: H100_REPORTED_GIB)  # no GPU here: what torch reports
+    monkeypatch.delenv(PLAN_ENV, raising=False)  # submitted by hand: the job plans on what it got
+    placed, differences = finetune.job_placement(run, model)
+    trainer = placed.model_dump(mode="json")
+    assert differences == []
 
     ram = {placement.pop("host_memory_gib") for placement in (planned["placement"], policy, trainer)}
     assert ram == {1600, os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30}  # preset's, this machine's
@@ -82,15 +87,15 @@ def _variant(stack: str, method: str):
 
 def _batches(cfg, run, nodes: int) -> tuple[int, int]:
     """(micro-batch tokens, accumulation) the batch planner gives the run on `nodes` nodes: inputs to the figures."""
-    from workloads.train.placement import decide_placement
+    from planning.placement import decide_placement
 
     batches = decide_placement(run, shape_for_source(run.model.source), _hardware(cfg), nodes).batches
     return batches.micro_batch_tokens, batches.gradient_accumulation_steps
 
 
 def _hardware(cfg):
-    from infra import catalog
-    from workloads.train.placement import Hardware
+    from planning import catalog
+    from planning.placement import Hardware
 
     w = cfg.nodes.workers[0]
     return Hardware(gpu_memory_gib=catalog.get_platform(w.platform).usable_gpu_memory_gib,
@@ -99,13 +104,13 @@ def _hardware(cfg):
 
 def _speeds(cfg, run) -> dict[int, float | None]:
     """Tokens/s of the whole run on each node count of the stack's worker set (None: does not fit)."""
-    from infra import catalog
-    from infra.sizing.time_model import seconds_per_token
-    from infra.sizing.throughput import training_throughput
-    from workloads.train.placement import decide_placement
+    from planning import catalog
+    from planning.time_model import seconds_per_token
+    from planning.throughput import training_throughput
+    from planning.placement import decide_placement
 
     w, shape = cfg.nodes.workers[0], shape_for_source(run.model.source)
-    tps = training_throughput(cfg, run).tokens_per_second_per_gpu
+    tps = training_throughput(cfg.plan_stack(), run).tokens_per_second_per_gpu
     speeds: dict[int, float | None] = {}
     for nodes in range(1, w.size + 1):
         placed = decide_placement(run, shape, _hardware(cfg), nodes)
@@ -115,7 +120,7 @@ def _speeds(cfg, run) -> dict[int, float | None]:
 
 
 def test_choose_nodes_takes_the_fewest_that_fit_and_more_only_where_faster():
-    from workloads.train.placement import choose_nodes
+    from planning.placement import choose_nodes
 
     cfg, run = _variant("demo", "lora")
     shape, hardware = shape_for_source(run.model.source), _hardware(cfg)
@@ -138,12 +143,12 @@ def test_demo_trains_70b_lora_on_one_node_with_offload_not_over_its_ethernet():
     - 5 nodes, 10 ranks, FSDP without offload: 9/10 x (2 x 2 B x params + 4 B x LoRA) / 1.45e9 = 175 s of network
       a micro-batch: 10 x 2,048 tokens in 175 s, a quarter of one node's speed.
     So the trainer is given one node, the plan and the policy say so, and the train job asks Slurm for one."""
-    from infra.sizing.throughput import training_throughput
+    from planning.throughput import training_throughput
     from infra.pipeline.chain import pipeline_jobs, code_location_for
 
     cfg, run = _variant("demo", "lora")
     assert _batches(cfg, run, 1) == _batches(cfg, run, 5) == (2048, 8)
-    tps = training_throughput(cfg, run).tokens_per_second_per_gpu
+    tps = training_throughput(cfg.plan_stack(), run).tokens_per_second_per_gpu
     compute = 2048 / tps
     copies = 2 * 2 * LLAMA70_PARAMS / 32e9
     step = LLAMA70_LORA * 28 / 460.8e9 / 8
@@ -154,7 +159,7 @@ def test_demo_trains_70b_lora_on_one_node_with_offload_not_over_its_ethernet():
     assert speeds[1] == pytest.approx(one, rel=1e-2) and speeds[5] == pytest.approx(five, rel=1e-2)
     assert max(speeds, key=lambda n: speeds[n] or 0) == 1
 
-    [fit] = worker_fits(cfg, run, shape_for_source(run.model.source))
+    [fit] = worker_fits(cfg.plan_stack(), run, shape_for_source(run.model.source))
     assert (fit.placement.nodes, fit.placement.plan.strategy, fit.placement.plan.offload) == (1, "fsdp", "params")
     jobs = {j.stage: j for j in pipeline_jobs(cfg, run, cfg.pipeline.run_config, "c", code_location_for(cfg, run, ROOT))}
     assert "--nodes=1" in jobs["train"].extra_args and "--nodes=5" in jobs["readiness"].extra_args
@@ -164,9 +169,8 @@ def test_a_run_on_fewer_nodes_is_timed_and_priced_on_those_nodes():
     """demo's 70B LoRA trains on one of the five nodes (2 of 10 L40S): its wall time is its GPU-hours over 2 GPUs,
     not 10, so the train job's time limit (estimate x 1.5 + 30 min) covers it; it pays for the one node it holds.
     The price per GPU-hour the comparison derives (usd / gpu_hours) is the set's own, as before."""
-    from infra.cost.tco import node_price
     from infra.cost.price import PriceInputs, price_stack
-    from infra.cost.price_list import PriceBook
+    from planning.prices import PriceBook, node_price
 
     cfg, run = _variant("demo", "lora")
     training = price_stack(cfg, PriceInputs(), run=run).training
@@ -184,18 +188,25 @@ def test_demo_plan_comparison_and_trainer_agree_on_the_70b_lora_placement(tmp_pa
     preset's 384 GiB RAM), places the run as the policy and the plan do; the comparison marks that row chosen."""
     from infra.cost.method_comparison import compare
     from workloads.train import finetune
+    from workloads.train import run_plan as job_plan
+    from documents.run_plan import PLAN_ENV
+    from infra.pipeline.chain import job_plan as job_plan_of
+    from infra.plans import stack_plan
 
     cfg, run = _variant("demo", "lora")
-    [fit] = worker_fits(cfg, run, shape_for_source(run.model.source))
+    [fit] = worker_fits(cfg.plan_stack(), run, shape_for_source(run.model.source))
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text(json.dumps(LLAMA70_CONFIG))
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    monkeypatch.setattr(finetune, "gpu_memory_gib", lambda: L40S_REPORTED_GIB)
+    monkeypatch.setattr(job_plan, "gpu_memory_gib", lambda: L40S_REPORTED_GIB)
     pages = {"SC_PHYS_PAGES": 384 * 2**30 // 4096, "SC_PAGE_SIZE": 4096}
-    monkeypatch.setattr(finetune.os, "sysconf", lambda name: pages[name])
-    trainer = finetune.job_placement(run, model)
+    monkeypatch.setattr(job_plan.os, "sysconf", lambda name: pages[name])
+    plan = stack_plan(cfg, run)
+    monkeypatch.setenv(PLAN_ENV, job_plan_of(plan).model_dump_json())  # what the chain gives the train job
+    trainer, differences = finetune.job_placement(run, model)
+    assert differences == []
     assert trainer.model_dump(mode="json") == fit.placement.model_dump(mode="json")
 
     c = compare(cfg, run)
@@ -207,17 +218,17 @@ def test_h100_trains_70b_lora_on_both_nodes_over_infiniband():
     """h100: 2 nodes of 8 H100 SXM, a 50 GB/s InfiniBand NIC per GPU. Micro-batch 4,096 tokens at the priced t:
     over 16 ranks a rank moves 15/16 x (2 x 2 B x params + 4 B x LoRA) = 265 GB in 5.3 s, less than the
     4,096 / t = 6.3 s of compute it overlaps: compute-bound, so 16 GPUs train twice as fast as one node's 8."""
-    from infra.sizing.throughput import training_throughput
+    from planning.throughput import training_throughput
 
     cfg, run = _variant("h100", "lora")
     assert _batches(cfg, run, 1) == _batches(cfg, run, 2) == (4096, 2)
-    compute = 4096 / training_throughput(cfg, run).tokens_per_second_per_gpu
+    compute = 4096 / training_throughput(cfg.plan_stack(), run).tokens_per_second_per_gpu
     network = 15 / 16 * (4 * LLAMA70_PARAMS + 4 * LLAMA70_LORA) / 50e9
     assert network < compute
     speeds = _speeds(cfg, run)
     assert speeds[2] == pytest.approx(16 * 4096 / compute, rel=1e-3)
     assert speeds[2] == pytest.approx(2 * speeds[1], rel=1e-3)
-    [fit] = worker_fits(cfg, run, shape_for_source(run.model.source))
+    [fit] = worker_fits(cfg.plan_stack(), run, shape_for_source(run.model.source))
     assert (fit.placement.nodes, fit.placement.plan.strategy, fit.placement.plan.offload) == (2, "fsdp", "none")
 
 
@@ -228,28 +239,28 @@ def test_h100_trains_a_70b_full_fine_tune_offloaded_on_both_nodes():
       step over the node's P x 28 B at 307.2 GB/s, 6.4 s, halved over the 2 micro-batches: c + 3.2 s per micro-batch.
     - 2 nodes: the node holds half: c + 1.6 s; the network 15/16 x (2 x 2 B + 4 B) x P over 50 GB/s = 10.6 s is
       longer and bounds it: 16 x 4,096 tokens in 10.6 s against 8 x 4,096 in c + 3.2 s."""
-    from infra.sizing.throughput import training_throughput
+    from planning.throughput import training_throughput
 
     cfg, run = _variant("h100", "full")
     assert _batches(cfg, run, 1) == _batches(cfg, run, 2) == (4096, 2)
-    compute = 4096 / training_throughput(cfg, run).tokens_per_second_per_gpu
+    compute = 4096 / training_throughput(cfg.plan_stack(), run).tokens_per_second_per_gpu
     step = LLAMA70_PARAMS * 28 / 307.2e9
     one = 8 * 4096 / (compute + step / 2)
     two = 16 * 4096 / max(compute + step / 2 / 2, 15 / 16 * 8 * LLAMA70_PARAMS / 50e9)
     speeds = _speeds(cfg, run)
     assert (speeds[1], speeds[2]) == (pytest.approx(one, rel=1e-2), pytest.approx(two, rel=1e-2))
-    [fit] = worker_fits(cfg, run, shape_for_source(run.model.source))
+    [fit] = worker_fits(cfg.plan_stack(), run, shape_for_source(run.model.source))
     assert (fit.placement.nodes, fit.placement.plan.strategy, fit.placement.plan.offload) == (2, "fsdp", "params")
 
 
 def test_demo_refuses_a_70b_full_fine_tune_and_the_job_keeps_every_node():
     """fp32 70B (16 B a parameter sharded, 1.13 TB) fits no node count of demo's 5 x 2 L40S, offload or not (host RAM
     384 GiB a node): the policy refuses, and the train job's node count stays the worker set's."""
-    from infra.sizing.fit import train_nodes
+    from planning.fit import train_nodes
 
     cfg, run = _variant("demo", "full")
     assert set(_speeds(cfg, run).values()) == {None}
-    [fit] = worker_fits(cfg, run, shape_for_source(run.model.source))
+    [fit] = worker_fits(cfg.plan_stack(), run, shape_for_source(run.model.source))
     assert not fit.fits and fit.placement.nodes == 5
-    assert train_nodes(cfg, run, 5) == 5
+    assert train_nodes(cfg.plan_stack(), run, 5) == 5
     assert rules.model_fits(Context([], cfg, run, {}))

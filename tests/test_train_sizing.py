@@ -1,4 +1,4 @@
-"""`auto` micro-batch sizing and activation checkpointing from the memory estimate (workloads/train/sizing.py),
+"""`auto` micro-batch sizing and activation checkpointing from the memory estimate (planning/batches.py),
 and the preview's model-fits policy using the same plan."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from documents.run_config import parse_run_config
-from workloads.train.memory import GIB, estimate
-from workloads.train.model_shapes import KNOWN
-from workloads.train.sizing import ALIGN, DoesNotFit, plan_batches, plan_inputs
+from planning.memory import GIB, estimate
+from planning.model_shapes import KNOWN
+from planning.batches import ALIGN, DoesNotFit, plan_batches, plan_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 QWEN14 = KNOWN["Qwen/Qwen3-14B"]
@@ -148,7 +148,7 @@ def test_tokens_per_step_is_one_count_for_the_batch_plan_and_the_cost_model() ->
     4 rows x 2 accumulation x 512 tokens per packed micro-batch = 4,096 tokens per rank, 3 ranks = 12,288; padded
     rows of 300 tokens on average: 4 x 2 x 300 x 3 = 7,200."""
     from documents.sections.train import TrainConfig
-    from workloads.train.sizing import tokens_per_step
+    from planning.batches import tokens_per_step
 
     train = TrainConfig(micro_batch_size=4, gradient_accumulation_steps=2, max_length=512)
     assert tokens_per_step(train, 512, "packed") == 4096

@@ -20,7 +20,8 @@ from infra.environment.lock import LockError
 from infra.environment.plan import check_stack_lock
 from infra.pipeline.ceilings import RunCeilingError, check_run_ceilings
 from infra.pipeline.chain import check_run_config_path
-from infra.pipeline.time_limits import TimeLimitError, train_time_limit
+from planning.planner import PlanRefused, check_plan
+from planning.time_limits import TimeLimitError, train_time_limit
 from infra.run_sources import check_stack_run
 from infra.runs.measured import price_inputs
 from infra.program.mocks import MockResource, MockRun, run_under_mocks
@@ -119,15 +120,19 @@ def with_run_config(cfg: StackConfig, path: str) -> StackConfig:
 
 
 def check_ceilings(cfg: StackConfig) -> None:
-    """Refuse, before the program plans its jobs, a training run over the stack's cost or time ceiling, or one whose
-    estimate asks for a Slurm time limit past a year (ceilings raised that far)."""
+    """Refuse, before the program plans its jobs, a training run over the stack's cost or time ceiling, one whose
+    estimate asks for a Slurm time limit past a year (ceilings raised that far), or a plan the planner refuses (an
+    adapter rank the serving engine's configured limit cannot take)."""
     run_config = load_run(cfg)
     if run_config is None:
         return
-    training = price_stack(cfg, price_inputs(cfg, REPO_ROOT), run=run_config).training
+    report = price_stack(cfg, price_inputs(cfg, REPO_ROOT), run=run_config)
+    training = report.training
     if training is not None:
         check_run_ceilings(cfg.pipeline, run_config.name, training.wall_hours, training.usd)
         train_time_limit(run_config.time_limits, training.wall_hours)
+    if report.plan is not None:
+        check_plan(report.plan)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -144,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
         check_stack_run(cfg)
         check_ceilings(cfg)
         result = run_under_mocks(cfg)
-    except (HelmRenderError, ConfigError, LockError, RunCeilingError, TimeLimitError) as exc:
+    except (HelmRenderError, ConfigError, LockError, RunCeilingError, TimeLimitError, PlanRefused) as exc:
         print(f"ftstack plan: {exc}", file=sys.stderr)
         return 2
     extras = plan_extras.plan_extras(cfg, result, args)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from documents.run_config import RunConfig
+from documents.run_plan import RunPlan
 from documents.stack_outputs import Environment
 from documents.text_input import TextInputError, load_json
 from infra.config import REPO_ROOT, StackConfig, load_run
@@ -25,13 +26,14 @@ from infra.cost.price import PriceInputs, price_stack
 from infra.cost.render import render_table, report_document
 
 from infra.environment.plan import EnvironmentPlan, environment_plan, environment_section
-from infra.sizing.fit import worker_fits
+from planning.fit import worker_fits
 from infra.pipeline.chain import CHAIN, serving_stages
-from infra.pipeline.time_limits import slurm_duration, stage_time_limits, train_time_limit
+from planning.planner import refusals
+from planning.time_limits import slurm_duration, train_time_limit
 from infra.program.mocks import MockRun
 from infra.runs.measured import price_inputs
 from infra.storage_fit import storage_use, storage_violations
-from workloads.train.model_shapes import UnknownModel, shape_for_source
+from planning.model_shapes import UnknownModel, shape_for_source
 
 
 CHART_SUFFIXES = (".png", ".svg")
@@ -80,7 +82,7 @@ def _placement(cfg: StackConfig, run: RunConfig | None) -> tuple[list[str], list
     if run is None or run.train is None or cfg.nodes is None:
         return [], []
     try:
-        fits = worker_fits(cfg, run, shape_for_source(run.model.source))
+        fits = worker_fits(cfg.plan_stack(), run, shape_for_source(run.model.source))
     except UnknownModel as exc:
         return ["", f"Training placement: {exc}"], []
     if not fits:
@@ -108,17 +110,41 @@ def _storage(cfg: StackConfig, run: RunConfig | None) -> tuple[list[str], list[d
     return lines, document, refused
 
 
-def _time_limits(cfg: StackConfig, run: RunConfig | None, train_hours: float | None) -> tuple[list[str], dict[str, Any]]:
-    """Each stage's Slurm time limit (sbatch --time) as the job chain sets it (text lines, JSON)."""
-    if run is None:
+def _time_limits(cfg: StackConfig, run: RunConfig | None, plan: RunPlan | None) -> tuple[list[str], dict[str, Any]]:
+    """Each stage's Slurm time limit (sbatch --time) as the run's plan sets it (text lines, JSON)."""
+    if run is None or plan is None:
         return [], {}
-    limits = stage_time_limits(run.time_limits, train_hours)
+    cost = plan.cost("train")
     stages = [*(["environment"] if environment_plan(cfg) else []), *CHAIN, *(serving_stages(cfg, run) if cfg.pipeline.serve else [])]
-    basis = train_time_limit(run.time_limits, train_hours)[1]
+    limits = {stage: plan.stages[stage].time_limit_minutes for stage in stages}
+    basis = train_time_limit(run.time_limits, cost.hours if cost is not None else None)[1]
     lines = ["", "Time limits (sbatch --time; run config time_limits):"]
     lines += [f"  {stage:<12} " + (slurm_duration(limits[stage]) if limits[stage] else "none (runs until stopped)")
               + (f"  ({basis})" if stage == "train" else "") for stage in stages]
-    return lines, {"minutes": {s: limits[s] for s in stages}, "train_basis": basis}
+    return lines, {"minutes": limits, "train_basis": basis}
+
+
+def _run_plan(plan: RunPlan | None) -> list[str]:
+    """The run's plan as text: each stage's Slurm request, the training placement, serving and the training cost."""
+    if plan is None:
+        return []
+    lines = ["", f"Run plan of {plan.run} on stack {plan.stack} (documents/run_plan.py; --json: run_plan):"]
+    lines += [f"  {stage:<12} {' '.join(request.sbatch_args()) or '(no request: one CPU of the local node)'}"
+              for stage, request in plan.stages.items()]
+    if plan.training is not None:
+        t, batches = plan.training, plan.training.batches
+        batch = (f"micro-batch {batches.micro_batch_tokens} tokens x {batches.gradient_accumulation_steps}, "
+                 f"checkpointing {'on' if batches.gradient_checkpointing else 'off'}" if batches else t.why_not)
+        lines.append(f"  training     {t.parallelism.strategy} over {t.nodes} x {t.gpus_per_node} GPU(s), ~"
+                     f"{t.parallelism.per_rank_bytes.get('total', 0) / 2**30:.1f} GiB per rank, {batch}")
+    if plan.serving is not None:
+        lines.append(f"  serving      engine {plan.serving.engine}, --max-lora-rank {plan.serving.max_lora_rank}: "
+                     f"{plan.serving.basis}")
+    for cost in plan.costs:
+        hours = f"{cost.hours:.2f} h, {cost.node_hours:.2f} node-hours" if cost.hours is not None else "hours unknown"
+        price = f", ${cost.usd:,.2f}" if cost.usd is not None else ""
+        lines.append(f"  {cost.stage + ' cost':<12} {hours}{price} ({cost.basis})")
+    return lines + [f"  refused: {reason}" for reason in refusals(plan)]
 
 
 def check_arguments(args: argparse.Namespace) -> None:
@@ -170,10 +196,13 @@ def plan_extras(cfg: StackConfig, result: MockRun, args: argparse.Namespace) -> 
     text += lines
     if placement:
         document["placement"] = placement
-    lines, limits = _time_limits(cfg, run, report.training.wall_hours if report.training else None)
+    lines, limits = _time_limits(cfg, run, report.plan)
     text += lines
     if limits:
         document["time_limits"] = limits
+    text += _run_plan(report.plan)
+    if report.plan is not None:
+        document["run_plan"] = report.plan.model_dump(mode="json")
     lines, storage, refused = _storage(cfg, run)
     text += lines
     if storage:

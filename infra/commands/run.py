@@ -33,7 +33,7 @@ from documents.throughput import ThroughputCheck, ThroughputMeasurement, measure
 from infra.config import StackConfig, StackConfigError, find_repo_root, load_run, load_stack_config, stack_file
 from infra.cost.price import CostReport, PriceInputs, price_stack
 from infra.cost.render import render_chat_table
-from infra.sizing.workers import stack_gpu_model
+from planning.workers import stack_gpu_model
 from infra.environment.plan import environment_plan, environment_section
 from infra.pipeline.connect import open_transport
 from infra.pipeline.fetch import fetch_run
@@ -137,7 +137,7 @@ def measured_throughput(stack: StackConfig, repo: Path, folders: dict[str, Path]
         return None
     manifest = read_run_manifest(manifest_file.read_bytes(), str(manifest_file))
     records = read_metrics(metrics_file.read_bytes(), str(metrics_file))
-    return measure_run(records, manifest, gpu_model=stack_gpu_model(stack), stack=stack.stack, run_id=run_id,
+    return measure_run(records, manifest, gpu_model=stack_gpu_model(stack.plan_stack()), stack=stack.stack, run_id=run_id,
                        source=f"ftstack run --stack {stack.stack}")
 
 

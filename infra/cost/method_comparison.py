@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -44,15 +43,15 @@ from pydantic import BaseModel, ConfigDict
 
 from documents.atomic import atomic_file
 from documents.run_config import RunConfig, parse_run_config
-from infra import catalog
 from infra.config import StackConfig
 from infra.cost.price import CostReport, PriceInputs, price_stack
-from infra.sizing.time_model import (NETWORK_MODEL, OFFLOAD_MODEL, compute_bound, fastest_nodes, network_seconds,
-                                      offload_slowdown)
-from infra.sizing.workers import worker_shape
-from workloads.train.memory import GIB
-from workloads.train.model_shapes import KNOWN, ModelShape, UnknownModel, shape_for_source
-from workloads.train.placement import Hardware, Placement, decide_placement, host_bytes_per_node, offloaded_placement
+from infra.plans import plan_stack
+from planning import catalog
+from planning.layouts import OnStack, layouts, on_stack
+from planning.memory import GIB
+from planning.model_shapes import KNOWN, ModelShape, UnknownModel, shape_for_source
+from planning.placement import Placement
+from planning.time_model import NETWORK_MODEL, OFFLOAD_MODEL, compute_bound, network_seconds, offload_slowdown
 
 METHODS = ("full", "lora", "qlora")
 REFERENCE_TOKENS = 100_000_000
@@ -190,12 +189,11 @@ def stack_pricer(cfg: StackConfig, run: RunConfig, inputs: PriceInputs = PriceIn
 
 
 def _row_throughput(report: CostReport) -> RowThroughput:
-    found = report.throughput
-    if found is None:
+    found = report.plan.size if report.plan is not None else None
+    if found is None or found.tokens_per_second_per_gpu is None:
         return RowThroughput(tokens_per_second_per_gpu=None, kind="unknown", basis="no figure to price it with")
-    return RowThroughput(tokens_per_second_per_gpu=found.tokens_per_second_per_gpu, kind=found.kind,
-                         basis=found.source(), figure=found.basis.describe() if found.basis else None,
-                         ratio=found.ratio if found.kind == "estimated" else None)
+    return RowThroughput(tokens_per_second_per_gpu=found.tokens_per_second_per_gpu, kind=found.throughput_kind,
+                         basis=found.throughput_source, figure=found.throughput_figure, ratio=found.throughput_ratio)
 
 
 def _has_preemptible_price(report: CostReport) -> bool:
@@ -230,10 +228,9 @@ def compare(cfg: StackConfig, run: RunConfig, inputs: PriceInputs = PriceInputs(
     else:
         data_basis = f"the run config's data: {sized.tokens:,.0f} tokens x {sized.epochs:g} passes"
     platform = catalog.get_platform(worker.platform)
-    nodes, gpus_per_node = worker_shape(cfg)
-    on = _OnStack(platform=worker.platform, gpu_model=platform.gpu_model or "", nodes=nodes, gpus_per_node=gpus_per_node,
-                  node=Hardware(gpu_memory_gib=platform.usable_gpu_memory_gib, gpus_per_node=gpus_per_node,
-                                host_memory_gib=worker.shape.ram_gib))
+    on = on_stack(plan_stack(cfg))
+    assert on is not None  # a GPU worker set, found above
+    gpus_per_node = on.gpus_per_node
     has_spot = _has_preemptible_price(price(run, True))
     rows: list[CompareRow] = []
     usd_rate = spot_rate = None
@@ -257,54 +254,31 @@ def compare(cfg: StackConfig, run: RunConfig, inputs: PriceInputs = PriceInputs(
     )
 
 
-@dataclass(frozen=True)
-class _OnStack:
-    """The stack's GPU worker set as the rows are placed on it."""
-
-    platform: str
-    gpu_model: str
-    nodes: int
-    gpus_per_node: int
-    node: Hardware
-
-    @property
-    def gpus(self) -> int:
-        return self.nodes * self.gpus_per_node
-
-
 def _variant_rows(variant: RunConfig, shape: ModelShape, on_demand: CostReport, spot_rate: float | None,
-                  on: _OnStack) -> list[CompareRow]:
+                  on: OnStack) -> list[CompareRow]:
     """One model and method: its plain row where it trains (with its network time), and its offload and HSDP rows
-    where they apply, the one the trainer takes marked."""
-    fit = decide_placement(variant, shape, Hardware(gpu_memory_gib=on.node.gpu_memory_gib))
-    priced = on_demand.training
-    needed = fit.gpus if fit else None
-    host = host_bytes_per_node(variant, shape, fit.plan.strategy, on.gpus_per_node) if fit else None
-    host_fits = host is not None and host <= on.node.host_memory_gib * GIB
-    fits_stack = needed is not None and needed <= on.gpus and host_fits
-    wall_gpus = on.gpus if fits_stack else (on.gpus_per_node * math.ceil(needed / on.gpus_per_node) if needed else None)
+    where they apply, the one the trainer takes marked; the layouts are the planner's (planning.layouts)."""
+    priced, throughput = on_demand.training, _row_throughput(on_demand)
+    found = layouts(variant, shape, on, throughput.tokens_per_second_per_gpu)
+    fit, host, wall_gpus = found.fit, found.host_bytes, found.wall_gpus
     preemptible = priced.gpu_hours * spot_rate if spot_rate is not None and priced.gpu_hours else None
     plain = CompareRow(
         model=variant.model.source, params_b=round(shape.params / 1e9, 2), method=variant.train.method,
-        strategy=fit.plan.strategy if fit else None, gpus_needed=needed,
-        per_gpu_gib=round(fit.per_gpu_gib, 1) if fit else None, fits_stack=fits_stack,
+        strategy=fit.plan.strategy if fit else None, gpus_needed=fit.gpus if fit else None,
+        per_gpu_gib=round(fit.per_gpu_gib, 1) if fit else None, fits_stack=found.fits_stack,
         host_gib_per_node=round(host / GIB, 1) if host is not None else None,
-        throughput=_row_throughput(on_demand), gpu_hours=priced.gpu_hours,
+        throughput=throughput, gpu_hours=priced.gpu_hours,
         wall_hours=priced.gpu_hours / wall_gpus if priced.gpu_hours is not None and wall_gpus else None,
         wall_gpus=wall_gpus, usd_on_demand=priced.usd, usd_preemptible=preemptible,
     )
-    tps = plain.throughput.tokens_per_second_per_gpu
     hsdp, bare = None, plain
-    if fit is not None and wall_gpus:
-        spread = decide_placement(variant, shape, on.node, wall_gpus // on.gpus_per_node)
-        hsdp = _hsdp_row(plain, variant, shape, spread, on.node, on.platform, on.gpu_model)
-        placed = (fastest_nodes(variant, shape, on.node, on.nodes, on.platform, on.gpu_model, tps,
-                                math.ceil(needed / on.gpus_per_node)) if fits_stack else spread)
-        if placed is not None:
-            plain = _with_network(_on_gpus(plain, placed.gpus), variant, shape, placed, on.platform, on.gpu_model)
-    chosen = fastest_nodes(variant, shape, on.node, on.nodes, on.platform, on.gpu_model, tps)
-    offloaded = _offload_row(bare, variant, shape, on.node, on.gpu_model, on.platform, on.gpus, spot_rate, chosen)
-    return [_marked(r, chosen) for r in (plain, offloaded, hsdp) if r is not None]
+    if found.spread is not None:
+        hsdp = _hsdp_row(plain, variant, shape, found.spread, found.one_node, on.platform, on.gpu_model)
+    if found.placed is not None:
+        plain = _with_network(_on_gpus(plain, found.placed.gpus), variant, shape, found.placed, on.platform,
+                              on.gpu_model)
+    offloaded = _offload_row(bare, variant, shape, found.offloaded, on, spot_rate, found.chosen)
+    return [_marked(r, found.chosen) for r in (plain, offloaded, hsdp) if r is not None]
 
 
 def _notes(platform: str, has_spot: bool) -> list[str]:
@@ -384,14 +358,13 @@ HSDP_SETTING = "train.parallelism: hsdp"
 """what a run config sets to train an hsdp row (shard groups default to one node's ranks)."""
 
 
-def _hsdp_row(plain: CompareRow, run: RunConfig, shape: ModelShape, placed: Placement, node: Hardware,
+def _hsdp_row(plain: CompareRow, run: RunConfig, shape: ModelShape, placed: Placement, one: Placement | None,
               platform: str, gpu_model: str) -> CompareRow | None:
-    """HSDP on `placed`'s GPUs (opt in: ``HSDP_SETTING``; shard groups of one node's GPUs), when they train FSDP
+    """HSDP on `placed`'s GPUs (opt in: ``HSDP_SETTING``; shard groups of `one` node's GPUs), when they train FSDP
     over several nodes and one node holds the shards."""
     if (placed.plan.strategy != "fsdp" or placed.nodes < 2 or gpu_model not in catalog.HOST_LINKS
             or gpu_model not in catalog.GPU_PEAKS):
         return None
-    one = decide_placement(run, shape, node, 1)
     if one is None or not one.fits or one.plan.strategy != "fsdp" or one.plan.offload != "none" or one.batches is None:
         return None
     mbt = one.batches.micro_batch_tokens
@@ -416,22 +389,20 @@ def _hsdp_row(plain: CompareRow, run: RunConfig, shape: ModelShape, placed: Plac
 
 
 
-def _offload_row(plain: CompareRow, run: RunConfig, shape: ModelShape, node: Hardware, gpu_model: str,
-                 platform: str, stack_gpus: int, spot_rate: float | None,
-                 chosen: Placement | None = None) -> CompareRow | None:
-    """The row with FSDP's CPU offload on the fewest nodes where it fits, when that is fewer GPUs than `plain`; on
-    `chosen`'s nodes, with their network time, when the trainer takes offload there (``fastest_nodes``)."""
+def _offload_row(plain: CompareRow, run: RunConfig, shape: ModelShape, found: Placement | None, on: OnStack,
+                 spot_rate: float | None, chosen: Placement | None = None) -> CompareRow | None:
+    """The row with FSDP's CPU offload on the fewest nodes where it fits (`found`), when that is fewer GPUs than
+    `plain`; on `chosen`'s nodes, with their network time, when the trainer takes offload there."""
     tps = plain.throughput.tokens_per_second_per_gpu
+    gpu_model, platform, stack_gpus = on.gpu_model, on.platform, on.gpus
     if (plain.strategy != "fsdp" or not tps or plain.gpu_hours is None or gpu_model not in catalog.HOST_LINKS
             or platform not in catalog.HOST_MEMORY):
         return None
-    most = math.ceil((plain.gpus_needed or 0) / node.gpus_per_node) - 1
-    found = next((p for n in range(1, most + 1) if (p := offloaded_placement(run, shape, node, n)).fits), None)
     if chosen is not None and chosen.plan.offload != "none" and found is not None and chosen.gpus <= stack_gpus:
         found = chosen
     if found is None or found.batches is None:
         return None
-    slowdown = offload_slowdown(run, shape, gpu_model, platform, found.gpus, node.gpus_per_node, found.batches, tps)
+    slowdown = offload_slowdown(run, shape, gpu_model, platform, found.gpus, on.gpus_per_node, found.batches, tps)
     gpu_hours = plain.gpu_hours * slowdown
     usd_rate = plain.usd_on_demand / plain.gpu_hours if plain.usd_on_demand is not None and plain.gpu_hours else None
     fits_stack = found.gpus <= stack_gpus
@@ -500,7 +471,7 @@ def render_comparison(c: MethodComparison) -> str:
     figures = sorted({r.throughput.figure for r in c.rows if r.throughput.figure})
     lines += [f"  figure: {figure}" for figure in figures]
     lines.append("  * estimated: not measured on this GPU model, model and method; the figure scaled by the GPUs' "
-                 "peaks and the work per token (infra/sizing/throughput.py; each row's scaling in --json)")
+                 "peaks and the work per token (planning/throughput.py; each row's scaling in --json)")
     lines += [f"note: {n}" for n in c.notes]
     return "\n".join(lines)
 

@@ -1,14 +1,14 @@
 """The one price path: `price_stack` prices a stack from its config and what its runs measured (training
 throughput, the fine-tuned model's generation speed, the data size). The Pulumi program, `ftstack run`,
 `ftstack plan`, `ftstack report` and the policy pack all call it, and nothing else calls the pieces of the cost
-model (`infra.cost.tco`), the throughput estimator (`infra.sizing.throughput`) or the month at measured utilization
+model (`infra.cost.tco`), the throughput estimator (`planning.throughput`) or the month at measured utilization
 (`infra.cost.utilization`). The caller passes the run config it loaded (`infra.config.load_run`); nothing here reads
 one from disk.
 
 The training throughput, in this order: the stack's pricing.training.tokensPerSecondPerGpu; the newest run
 measured on this stack (`PriceInputs.training`, read from the local store or the stack's artifacts bucket by
 `infra.runs.measured.price_inputs`); a figure for the same GPU model, model and method measured elsewhere
-(borrowed); else the estimate from the nearest measured figure (`infra.sizing.throughput.training_throughput`).
+(borrowed); else the estimate from the nearest measured figure (`planning.throughput.training_throughput`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict
 from documents.evaluator_report import EvaluatorReport
 from documents.prepare_summary import PrepareSummary
 from documents.run_config import RunConfig
+from documents.run_plan import RunPlan
 from documents.sections.serve import ServeConfig
 from documents.stack_outputs import MEASURED, ChatCost, Cost, UtilizationCost
 from documents.throughput import ThroughputMeasurement
@@ -30,13 +31,11 @@ from infra.cost.tco import (
     monthly_cost,
     training_run,
     worker_node_hourly_usd,
-    workers_hourly_usd,
 )
-from infra.cost.price_list import PriceBook
+from planning.prices import PriceBook
 from infra.cost.sections import chat_cost, cost_section
 from infra.cost.utilization import utilization
-from infra.sizing.run_size import passes, training_devices, training_tokens
-from infra.sizing.throughput import TrainingThroughput, training_throughput
+from infra.plans import stack_plan
 
 
 class PriceInputs(BaseModel):
@@ -90,7 +89,6 @@ class CostReport(BaseModel):
 
     monthly: MonthlyCost
     training: TrainingRun | None
-    throughput: TrainingThroughput | None
     chats: list[ChatScenario]
     measured_chat: ChatScenario | None
     notes: list[str]
@@ -98,6 +96,8 @@ class CostReport(BaseModel):
     """each served adapter's cost per chat at its own measured speed (the `measured` scenario's arithmetic)."""
     utilization: UtilizationCost | None = None
     """the month at the stack's schedule with elastic workers priced by the hour (None without elastic workers)."""
+    plan: RunPlan | None = None
+    """the run's plan (infra.plans) that the training run and the month are priced from (None: no run config)."""
 
     def section(self) -> Cost:
         """The cost part of the stack outputs; stacks that price chats list the `measured` scenario after the
@@ -115,34 +115,20 @@ def chat_output_tokens(run: RunConfig | None) -> int:
     return ((run.serve if run is not None else None) or ServeConfig()).max_tokens_limit
 
 
-def training_estimate(cfg: StackConfig, run: RunConfig | None, book: PriceBook, inputs: PriceInputs,
-                      notes: list[str]) -> tuple[TrainingRun | None, TrainingThroughput | None]:
-    """The training run's tokens, passes, GPU hours and price, and the throughput it is priced with."""
+def training_estimate(cfg: StackConfig, run: RunConfig | None, inputs: PriceInputs,
+                      notes: list[str]) -> tuple[TrainingRun | None, RunPlan | None]:
+    """The training run's tokens, passes, GPU hours and price as the run's plan has them (infra.plans), and the
+    plan."""
     if run is None:
         notes.append(f"training run: run config {cfg.pipeline.run_config} not found here")
         return None, None
-    size = training_tokens(cfg, run, inputs.prepared, notes)
-    if size is None:
-        return None, None
-    tokens, rows = size
-    gpus, shape_gpus = training_devices(cfg, run, inputs.training)
-    epochs = passes(run.train, tokens, rows, gpus, run.max_length, notes)
-    throughput = training_throughput(cfg, run, inputs.training, inputs.training_read_from)
-    if throughput is None:
-        notes.append("training run: no throughput (set pricing.training.tokensPerSecondPerGpu or run training once)")
-    elif throughput.kind in ("borrowed", "estimated"):
-        notes.append(f"training run: stack {cfg.stack!r} has no throughput measured by a run of its own; priced "
-                     f"with the {throughput.kind} figure above")
-    hourly = None
-    if cfg.target == "nebius":
-        # the workers' hour, the share of it the run holds (the whole set when it trains on every node)
-        hourly = workers_hourly_usd(cfg, book) * (gpus / shape_gpus if shape_gpus else 1.0)
-    else:
-        notes.append("training run: an existing cluster has no price here; hours only")
-    priced = training_run(tokens, epochs, throughput.tokens_per_second_per_gpu if throughput else None,
-                          throughput.source() if throughput else "unknown", gpus, hourly,
-                          throughput_kind=throughput.kind if throughput else "unknown")
-    return priced, throughput
+    plan = stack_plan(cfg, run, inputs.training, prepared=inputs.prepared, read_from=inputs.training_read_from)
+    notes.extend(note for note in plan.notes if not note.startswith("refused: "))
+    size, cost = plan.size, plan.cost("train")
+    if size is None or cost is None:
+        return None, plan
+    return training_run(size.tokens, size.epochs, size.tokens_per_second_per_gpu, size.throughput_source, cost.gpus,
+                        cost.usd_per_hour, throughput_kind=size.throughput_kind), plan
 
 
 def price_stack(cfg: StackConfig, inputs: PriceInputs = PriceInputs(), run: RunConfig | None = None) -> CostReport:
@@ -154,8 +140,8 @@ def price_stack(cfg: StackConfig, inputs: PriceInputs = PriceInputs(), run: RunC
     notes = [f"{line.label}: {line.note}" for line in monthly.lines if line.note]
     if inputs.training_note:
         notes.append(f"training throughput: {inputs.training_note}")
-    training, throughput = (training_estimate(cfg, run, book, inputs, notes)
-                            if cfg.target != "local" else (None, None))
+    training, plan = (training_estimate(cfg, run, inputs, notes) if cfg.target != "local"
+                      else (None, stack_plan(cfg, run) if run is not None else None))
     output_tokens = chat_output_tokens(run)
     scenarios = chat_scenarios(monthly, cfg.pricing.chat, output_tokens, inputs.chat_speed(output_tokens)) \
         if monthly.usd_high > 0 else []
@@ -169,6 +155,6 @@ def price_stack(cfg: StackConfig, inputs: PriceInputs = PriceInputs(), run: RunC
                      if scenario.name == MEASURED}
     node_hour = worker_node_hourly_usd(cfg.nodes.workers[0], book) if cfg.nodes else 0.0
     used = utilization(cfg, monthly, node_hour, cfg.pricing.schedule, inputs.stage_seconds, inputs.stage_seconds_from,
-                       training)
-    return CostReport(monthly=monthly, training=training, throughput=throughput, chats=chats,
-                      measured_chat=measured, notes=notes, adapter_chats=adapter_chats, utilization=used)
+                       training, plan)
+    return CostReport(monthly=monthly, training=training, chats=chats,
+                      measured_chat=measured, notes=notes, adapter_chats=adapter_chats, utilization=used, plan=plan)

@@ -29,7 +29,7 @@ def render_table(report: CostReport) -> str:
                      _usd(m.always_on_usd_low, m.always_on_usd_high)))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     fmt = lambda r: "  " + "  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-    out = [f"Monthly cost (prices as of {m.pricing_date}; see infra/cost/price_list.py for sources):", fmt(rows[0])]
+    out = [f"Monthly cost (prices as of {m.pricing_date}; see planning/prices.py for sources):", fmt(rows[0])]
     out += [fmt(r) for r in rows[1:]]
     cats = ", ".join(f"{c} {_usd(lo, hi)}" for c, (lo, hi) in m.categories.items() if hi > 0)
     out.append(f"  by category: {cats}")

@@ -1,5 +1,5 @@
 """The cost model: pure functions from a StackConfig and a PriceBook to monthly TCO, training-run cost
-and cost per chat. No cloud calls; every figure is reproducible from the stack file and infra/cost/price_list.py.
+and cost per chat. No cloud calls; every figure is reproducible from the stack file and planning/prices.py.
 
 - A node costs its hourly price x 730 h; an autoscaled group is priced at min_size (low) and
   max_size (high). Elastic GPU workers (0..N, powered up by jobs) make the low end the idle cluster; the
@@ -23,9 +23,9 @@ import re
 
 from pydantic import BaseModel, ConfigDict
 
-from infra import catalog
+from planning import catalog
 from infra.config import BootDisk, StackConfig, WorkerSet
-from infra.cost.price_list import HOURS_PER_MONTH, ChatAssumptions, PriceBook, PricingConfig
+from planning.prices import HOURS_PER_MONTH, ChatAssumptions, PriceBook, PricingConfig, node_price
 from infra.monitoring import releases as mon
 from infra.nebius.layout import (ACCOUNTING, CONTROLLER_SPOOL, JAIL, SUBMOUNT_PREFIX, FilesystemSpec, Layout,
                                  NodeGroupSpec, layout)
@@ -67,12 +67,6 @@ class MonthlyCost(_Frozen):
     hours_per_month: int = HOURS_PER_MONTH
 
 
-class NodePrice(_Frozen):
-    usd_per_hour: float
-    price_keys: tuple[str, ...]
-    note: str = ""
-
-
 class ChatScenario(_Frozen):
     name: str
     tokens_per_second: float
@@ -88,32 +82,11 @@ class TrainingRun(_Frozen):
     tokens_per_second_per_gpu: float | None
     throughput_source: str
     throughput_kind: str = "unknown"
-    """configured, measured, borrowed, estimated or unknown (infra.sizing.throughput.TrainingThroughput.kind)."""
+    """configured, measured, borrowed, estimated or unknown (planning.throughput.TrainingThroughput.kind)."""
     gpus: int
     gpu_hours: float | None
     wall_hours: float | None
     usd: float | None
-
-
-def node_price(platform: str, preset: str, book: PriceBook, *, preemptible: bool = False) -> NodePrice:
-    """Hourly price of one node; preemptible uses the preemptible figure where every part has one."""
-    shape = catalog.get_preset(platform, preset)
-    bundled = f"compute.{platform}.bundled"
-    if book.has(bundled):
-        parts = [(book.get(bundled), shape.gpus, bundled)]
-    else:
-        parts = [
-            (book.get(f"compute.{platform}.vcpu"), shape.vcpus, f"compute.{platform}.vcpu"),
-            (book.get(f"compute.{platform}.ram"), shape.ram_gib, f"compute.{platform}.ram"),
-        ]
-        if shape.gpus:
-            parts.insert(0, (book.get(f"compute.{platform}.gpu"), shape.gpus, f"compute.{platform}.gpu"))
-    note = ""
-    use_preemptible = preemptible and all(p.preemptible_usd is not None for p, _, _ in parts)
-    if preemptible and not use_preemptible:
-        note = "no preemptible price known: priced on demand"
-    usd = sum((p.preemptible_usd if use_preemptible else p.usd) * n for p, n, _ in parts)
-    return NodePrice(usd_per_hour=usd, price_keys=tuple(k for _, _, k in parts), note=note)
 
 
 def _slug(text: str) -> str:
@@ -368,14 +341,6 @@ def worker_node_hourly_usd(worker: WorkerSet, book: PriceBook) -> float:
     """One node of a worker set for an hour it exists: its compute and its boot disk (the month's price / 730)."""
     disk = book.get(f"disk.{worker.boot_disk.type}").usd * worker.boot_disk.size_gib / HOURS_PER_MONTH
     return node_price(worker.platform, worker.preset, book, preemptible=worker.preemptible).usd_per_hour + disk
-
-
-def workers_hourly_usd(cfg: StackConfig, book: PriceBook) -> float:
-    """An hour of the workers a training run holds: every worker set's nodes but those reserved for serving."""
-    if cfg.nodes is None:
-        return 0.0
-    return sum(node_price(w.platform, w.preset, book, preemptible=w.preemptible).usd_per_hour
-               * (w.size - (cfg.serving.nodes if i == 0 else 0)) for i, w in enumerate(cfg.nodes.workers))
 
 
 def training_run(tokens: float, epochs: float, tokens_per_second_per_gpu: float | None, throughput_source: str,

@@ -2,8 +2,9 @@
 to fewer nodes, infra/config.py `WorkerSet.elastic`) priced for the node-hours the stack's schedule keeps them up,
 beside the always-on month (`MonthlyCost.usd_high`).
 
-- A run holds nodes for each stage's elapsed time: readiness and train every node of the first worker set, prepare
-  and eval one (infra/pipeline/chain.py's placement); measured from the newest stored run's job times, else the
+- A run holds nodes for each stage's elapsed time: the nodes of the stage's Slurm request in the run's plan
+  (documents/run_plan.py: readiness every node of the first worker set, train the nodes it trains on, prepare and
+  eval one), the plan the chain submits; measured from the newest stored run's job times, else the
   training estimate alone. After its last job a node stays up `soperator.suspendTimeSeconds` before Slurm powers it
   down (one tail per node and run). Boot time is not measured and not priced.
 - Preemptible workers: run hours x (1 + `pricing.schedule.requeueOverhead`), the expected work redone after
@@ -21,14 +22,13 @@ import re
 
 from pydantic import BaseModel, ConfigDict
 
+from documents.run_plan import RunPlan
 from documents.stack_outputs import UtilizationCost
 from infra.config import StackConfig, WorkerSet
 from infra.cost.tco import MonthlyCost, TrainingRun
-from infra.cost.price_list import HOURS_PER_MONTH, ScheduleAssumptions
-from infra.sizing.workers import worker_shape
+from planning.prices import HOURS_PER_MONTH, ScheduleAssumptions
 
 RUN_STAGES = ("prepare", "readiness", "train", "eval")
-MULTI_NODE_STAGES = ("readiness", "train")
 
 
 class _Frozen(BaseModel):
@@ -45,10 +45,10 @@ class StageHours(_Frozen):
         return self.hours * self.nodes
 
 
-def stage_hours(cfg: StackConfig, seconds: dict[str, float]) -> list[StageHours]:
-    """Each run stage's elapsed hours and the nodes it holds (readiness and train: every node of the first set)."""
-    nodes, _ = worker_shape(cfg)
-    return [StageHours(stage=s, hours=seconds[s] / 3600, nodes=nodes if s in MULTI_NODE_STAGES else 1)
+def stage_hours(plan: RunPlan, seconds: dict[str, float]) -> list[StageHours]:
+    """Each run stage's elapsed hours and the nodes its Slurm request in the run's plan holds (readiness every node
+    of the first set, train the nodes it trains on, prepare and eval one)."""
+    return [StageHours(stage=s, hours=seconds[s] / 3600, nodes=plan.stages[s].nodes or 1)
             for s in RUN_STAGES if s in seconds]
 
 
@@ -72,7 +72,7 @@ def _always_on(monthly: MonthlyCost, worker: WorkerSet, role: str = "worker") ->
 
 def utilization(cfg: StackConfig, monthly: MonthlyCost, node_usd_per_hour: float, schedule: ScheduleAssumptions,
                 measured: dict[str, float] | None, measured_from: str | None,
-                training: TrainingRun | None) -> UtilizationCost | None:
+                training: TrainingRun | None, plan: RunPlan | None) -> UtilizationCost | None:
     """The month at `schedule` with the elastic worker sets priced by the hour (`node_usd_per_hour`: one node of the
     first worker set, compute and boot disk), unrounded; None without an elastic set."""
     elastic = [w for w in cfg.nodes.workers if w.elastic] if cfg.nodes else []
@@ -80,7 +80,7 @@ def utilization(cfg: StackConfig, monthly: MonthlyCost, node_usd_per_hour: float
         return None
     first = cfg.nodes.workers[0]
     seconds, basis = run_seconds(measured, training)
-    stages = stage_hours(cfg, seconds)
+    stages = stage_hours(plan, seconds) if plan is not None else []
     nodes_used = max((s.nodes for s in stages), default=0)
     overhead = schedule.requeue_overhead if first.preemptible else 0.0
     tail = nodes_used * cfg.soperator.suspend_time_seconds / 3600

@@ -16,7 +16,6 @@ from infra.config import EnvironmentConfig, StackConfig
 from infra.environment.lock import TARGETS, WHEEL_PLATFORM, Target, lock_hash, pins, verify_lock
 from infra.environment.serving_lock import SERVE_TARGETS, ServeTarget
 from infra.environment.source import environment_key
-from infra.sizing.workers import worker_shape
 
 SOURCES_DIR = "sources"
 SERVING_LOCK = "serve-jail"
@@ -89,7 +88,7 @@ class EnvironmentPlan(_BuiltEnvironment):
 def serving_plan(stack: StackConfig, config: EnvironmentConfig, root: str) -> ServingEnvironmentPlan | None:
     """The serving environment of a stack whose workers have GPUs (where `serve.engine: auto` picks vLLM); None on
     CPU workers, where serving stays on the peft engine of the workloads' environment."""
-    if worker_shape(stack)[1] == 0:
+    if not stack.gpu_workers:
         return None
     target = SERVE_TARGETS[SERVING_LOCK]
     return ServingEnvironmentPlan(

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from infra import catalog
+from planning import catalog
 from infra.config import AutoscaledNodeSet, BootDisk, Filesystem, NodeSet, StackConfig, WorkerSet
 
 GIB = 1024**3

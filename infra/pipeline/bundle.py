@@ -1,5 +1,5 @@
-"""WorkloadBundle: the `workloads/` and `documents/` packages (code, job scripts, run configs, the models of the
-documents jobs write) uploaded once per content hash.
+"""WorkloadBundle: the `workloads/`, `planning/` and `documents/` packages (code, job scripts, run configs, the planner,
+the models of the documents jobs write) uploaded once per content hash.
 
 The bundle lands in `<code_root>/<hash>` (for a cluster: `<jail>/home/shared/finetune_code/<hash>`),
 uploaded atomically by the transport; a `current` link is then switched to it with one rename.
@@ -23,8 +23,8 @@ from infra.pipeline.transport import Transport
 from infra.dynamic_resource import DynamicResource
 
 PACKAGE = "workloads"
-PACKAGES = (PACKAGE, "documents")
-"""what ships: the jobs and the document models they write and read."""
+PACKAGES = (PACKAGE, "planning", "documents")
+"""what ships: the jobs, the planner the trainer checks its plan with, and the document models they write and read."""
 _SKIP_DIRS = {"__pycache__", ".pytest_cache"}
 _SKIP_SUFFIXES = (".pyc", ".pyo")
 

@@ -24,14 +24,13 @@ from pydantic import BaseModel, ConfigDict
 from documents.evaluator_report import report_name
 from documents.metrics import METRICS_NAME
 from documents.run_config import RunConfig, RunPaths
-from infra.catalog import cpu_topology, get_platform, get_preset
+from documents.run_plan import PLAN_ENV, RunPlan, SlurmRequest
+from planning.catalog import get_platform, get_preset
 from infra.config import StackConfig
 from infra.environment.plan import EnvironmentPlan, environment_plan
 from infra.pipeline.bundle import PACKAGE, bundle_files
-from infra.pipeline.time_limits import stage_time_limits
-from infra.sizing.fit import train_nodes
-from infra.soperator.values import HOUSEKEEPING, HOUSEKEEPING_SLURMD
-from infra.sizing.workers import worker_shape
+from infra.plans import stack_plan
+from planning.planner import check_plan
 from workloads.common.job_metrics import TEXTFILE_DIR_ENV
 
 Stage = Literal["environment", "prepare", "readiness", "train", "eval", "serve", "publish"]
@@ -80,7 +79,7 @@ class JobSpec(BaseModel):
     metrics_path: str | None = None
     result_file: str | None = None
     time_limit_minutes: int | None = None
-    """sbatch --time (infra.pipeline.time_limits); None: the partition's limit (the server)."""
+    """sbatch --time (planning.time_limits); None: the partition's limit (the server)."""
 
 
 class CodeLocation(BaseModel):
@@ -179,68 +178,6 @@ def depends_on(stage: Stage, stack: StackConfig) -> tuple[Stage, ...]:
     return DEPENDS_ON[stage]
 
 
-def _partition(stage: Stage, stack: StackConfig) -> list[str]:
-    """With workers reserved for serving: serve in their partition, every other stage in the training one."""
-    if not stack.serving_on or stage == "environment":
-        return []
-    return [f"--partition={stack.serving.partition if stage == 'serve' else stack.serving.training_partition}"]
-
-
-def _extra_args(stage: Stage, stack: StackConfig, run: RunConfig) -> list[str]:
-    """sbatch arguments: placement with its CPUs, and --no-requeue for a train section that turns requeue off."""
-    requeue_off = stage == "train" and run.train is not None and not run.train.requeue
-    return [*(["--no-requeue"] if requeue_off else []), *_partition(stage, stack), *_node_placement(stage, stack, run),
-            *_cpus(stage, stack)]
-
-
-def worker_cpus(stack: StackConfig) -> int:
-    """CPUs Slurm counts on one training worker: the cluster's cpusPerNode, or the CPU topology of the first worker
-    set's preset (the CPUs= its NodeSet's nodeConfig.static gives Slurm, infra/soperator/values.py)."""
-    if stack.cluster is not None:
-        return stack.cluster.cpus_per_node
-    assert stack.nodes is not None and stack.nodes.workers
-    first = stack.nodes.workers[0]
-    return cpu_topology(first.platform, first.preset).cpus
-
-
-def _cpus(stage: Stage, stack: StackConfig) -> list[str]:
-    """The CPUs a job asks for (Soperator 4.1.7 allocates cores, CR_Core_Memory, confined by cgroup's ConstrainCores,
-    and renders no DefCpuPerGPU: a job that asks nothing gets one CPU, configmap.go:351, 537). Readiness's tasks (one
-    per GPU) share their node's CPUs, eval takes its GPU's share; train's one task per node (its torchrun runs the
-    node's ranks), prepare, serve and publish take every CPU of their node. On a Nebius stack the environment build
-    runs in the housekeeping partition, on the system nodes' slurmd (infra/soperator/values.py), so it never wakes a
-    GPU set; on an existing cluster it takes a worker."""
-    if stack.target == "local":
-        return []
-    if stage == "environment" and stack.target == "nebius":
-        return [f"--partition={HOUSEKEEPING}", f"--cpus-per-task={HOUSEKEEPING_SLURMD.cpu_m // 1000}"]
-    cpus = worker_cpus(stack)
-    _, gpus = worker_shape(stack)
-    if gpus and stage == "readiness":
-        return [f"--cpus-per-task={max(1, cpus // gpus)}"]
-    if gpus and stage == "eval":
-        return [f"--cpus-per-gpu={max(1, cpus // gpus)}"]
-    return [f"--cpus-per-task={cpus}"]
-
-
-def _node_placement(stage: Stage, stack: StackConfig, run: RunConfig) -> list[str]:
-    """Readiness one task per GPU on every node, train one task per node on the nodes it trains fastest on
-    (``infra.sizing.fit.train_nodes``), eval one GPU, serve a node.
-    Without GPUs (an existing CPU cluster) readiness and train take one task on each of the nodes."""
-    nodes, gpus = worker_shape(stack)
-    if stack.target == "local" or stage == "prepare":
-        return []
-    if gpus == 0:
-        if stack.cluster is None:
-            return []
-        return [f"--nodes={nodes}", "--ntasks-per-node=1"] if stage in ("readiness", "train") else ["--nodes=1"]
-    if stage == "readiness":
-        return [f"--nodes={nodes}", f"--gpus-per-node={gpus}", f"--ntasks-per-node={gpus}"]
-    if stage == "train":
-        return [f"--nodes={train_nodes(stack, run, nodes)}", f"--gpus-per-node={gpus}", "--ntasks-per-node=1"]
-    return ["--nodes=1", f"--gpus-per-node={1 if stage == 'eval' else gpus}"]
-
-
 def serving_stages(stack: StackConfig, run: RunConfig) -> list[Stage]:
     """serve; with workers reserved for serving also publish, which loads the run's fine-tune into the running
     server once its eval passes the gate. That needs an engine that loads adapters at runtime."""
@@ -284,12 +221,23 @@ def _readiness_expectations(stack: StackConfig) -> list[str]:
             "--expect-gpu-memory-gib", str(platform.gpu_memory_gib), *cuda]
 
 
+def job_plan(plan: RunPlan) -> RunPlan:
+    """What the train job is given of its plan: the requests, placement and serving, without the time limits, costs
+    and notes, so a new throughput measurement or price (which moves only the estimate) replaces no finished job."""
+    stages = {name: request.model_copy(update={"time_limit_minutes": None}) for name, request in plan.stages.items()}
+    return plan.model_copy(update={"stages": stages, "size": None, "costs": [], "notes": []})
+
+
 def pipeline_jobs(
     stack: StackConfig, run: RunConfig, run_config_path: str, code: str, location: CodeLocation, *, serve: bool = False,
-    data_sha256: str | None = None, train_hours: float | None = None,
+    data_sha256: str | None = None, plan: RunPlan | None = None,
 ) -> list[JobSpec]:
-    """The chain prepare -> readiness -> train -> eval (+ serve), each stage with its inputs; `train_hours` is
-    the cost model's estimate of training's wall time, from which training's time limit follows."""
+    """The chain prepare -> readiness -> train -> eval (+ serve), each stage with its inputs, submitted from the run's
+    `plan` (infra.plans.stack_plan; made without measured inputs when not given): each stage's Slurm request and time
+    limit are the plan's, and the train job gets the plan it trains with (PLAN_ENV). A plan the planner refuses
+    (planning.planner.refusals) is not submitted."""
+    plan = plan or stack_plan(stack, run)
+    check_plan(plan)
     check_run_config_path(run_config_path)
     config_arg = Path(run_config_path).as_posix()
     paths = run_paths_at(run, location)
@@ -303,9 +251,8 @@ def pipeline_jobs(
                        *([paths.root / SERVING_DIR] if serve and stack.serving_on else [])]
         used = [location.code_root, location.environment.root, *(p.as_posix() for p in run_folders), *config_dir]
         env.update(container_env(location.environment.image, used))
-    limits = stage_time_limits(run.time_limits, train_hours)
     jobs = ([environment_job(location.environment, results_dir, run.name, location.code_root,
-                             _cpus("environment", stack), limits["environment"], serve="serve" in stages)]
+                             plan.stages["environment"], serve="serve" in stages)]
             if location.environment else [])
     serving = location.environment.serving if location.environment is not None and "serve" in stages else None
     vllm = {"FT_VLLM_PYTHON": serving.python} if serving is not None else {}
@@ -316,8 +263,9 @@ def pipeline_jobs(
             args=[config_arg, *(_readiness_expectations(stack) if stage == "readiness" else []),
                   *(_serving_args(stage, stack, paths) if stack.serving_on else []),
                   *(["--stack", stack.stack] if stage == "serve" else [])],
-            env={**env, **vllm} if stage in ("readiness", "serve") else env,
-            extra_args=_extra_args(stage, stack, run),
+            env={**env, **vllm} if stage in ("readiness", "serve") else
+                {**env, PLAN_ENV: job_plan(plan).model_dump_json()} if stage == "train" else env,
+            extra_args=plan.stages[stage].sbatch_args(),
             depends_on=list(depends_on(stage, stack)) or (["environment"] if location.environment else []),
             fingerprint=stage_fingerprint(stage, code, run, data_sha256,
                                           SERVING_NODE_SECTIONS if stage == "serve" and stack.serving_on else None),
@@ -325,7 +273,7 @@ def pipeline_jobs(
             results_path=train_dir if stage in ("train", "serve") else results_dir,
             metrics_path=f"{train_dir}/{METRICS_NAME}" if stage == "train" else None,
             result_file=f"{results_dir}/{report_name('{job_id}')}" if stage == "eval" else None,
-            time_limit_minutes=limits[stage],
+            time_limit_minutes=plan.stages[stage].time_limit_minutes,
         ))
     return jobs
 
@@ -342,10 +290,10 @@ def container_env(image: str, folders: list[str]) -> dict[str, str]:
     return {"FT_CONTAINER_IMAGE": image, "FT_CONTAINER_MOUNTS": ",".join(f"{m}:{m}" for m in mounts)}
 
 
-def environment_job(plan: EnvironmentPlan, results_dir: str, run_name: str, code_root: str, cpus: list[str],
-                    time_limit_minutes: int | None = None, serve: bool = False) -> JobSpec:
-    """The first stage: build the environment on one node (`cpus`: the CPUs it asks for, and where) from the shipped
-    lock (every later job waits for it and runs its interpreter), and when the chain serves (`serve`) on a stack with
+def environment_job(plan: EnvironmentPlan, results_dir: str, run_name: str, code_root: str, request: SlurmRequest,
+                    serve: bool = False) -> JobSpec:
+    """The first stage: build the environment on one node (`request`: the run plan's, its CPUs and where) from the
+    shipped lock (every later job waits for it and runs its interpreter), and when the chain serves (`serve`) on a stack with
     a serving environment, vLLM's after it (the serve job's FT_VLLM_PYTHON); its fingerprint is the environments'
     keys and source, so a second run keeps it."""
     container = container_env(plan.image, [code_root, plan.root]) if plan.image else {}
@@ -353,9 +301,9 @@ def environment_job(plan: EnvironmentPlan, results_dir: str, run_name: str, code
     return JobSpec(
         stage="environment", script=f"{PACKAGE}/jobs/environment.sbatch", args=[plan.source_dir, plan.root, *serving],
         env={"FT_PYTHON": plan.base_python, **container},
-        extra_args=["--nodes=1", *cpus], depends_on=[],
+        extra_args=request.sbatch_args(), depends_on=[],
         fingerprint=plan.build_fingerprint(serve), output=f"{results_dir}/logs/{run_name}-environment-%j.out",
-        results_path=plan.folder, time_limit_minutes=time_limit_minutes,
+        results_path=plan.folder, time_limit_minutes=request.time_limit_minutes,
     )
 
 

@@ -24,7 +24,6 @@ from infra.environment.plan import environment_plan, environment_section
 from infra.pipeline.component import Pipeline, PipelineArgs
 from infra.pipeline.datasource import fingerprint_source
 from infra.pipeline.transport import LocalTransport
-from infra.sizing.duration import estimated_train_hours
 from infra.nebius.object_storage import nebius_s3_endpoint
 from infra.program.kubeconfig import kubeconfig
 from infra.outputs import stack_identity
@@ -193,7 +192,7 @@ def build_pipeline(cfg: StackConfig, platform: Platform | None) -> Pipeline | No
     # on cloud stacks `ftstack run` reads it over SSH
     data = fingerprint_source(LocalTransport(), run, run_root(run, location)) if cfg.target == "local" else None
     jobs = pipeline_jobs(cfg, run, cfg.pipeline.run_config, code_hash(REPO_ROOT), location, serve=cfg.pipeline.serve,
-                         data_sha256=data.sha256 if data else None, train_hours=estimated_train_hours(cfg, run, price_inputs(cfg, REPO_ROOT).training))
+                         data_sha256=data.sha256 if data else None, plan=price_stack(cfg, price_inputs(cfg, REPO_ROOT), run).plan)
     after = list(platform.soperator.releases.values()) if platform is not None else []
     return Pipeline(f"{cfg.cluster_name}-pipeline", PipelineArgs(
         source_dir=str(REPO_ROOT), code_root=location.code_root, transport=transport, jobs=jobs,

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra import catalog
+from planning import catalog
 from infra.config import SERVING_HIDDEN, SoperatorConfig, StackConfig, serving_nodeset_name
 from infra.monitoring import releases as mon
 from infra.nebius.layout import (

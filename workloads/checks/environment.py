@@ -25,7 +25,7 @@ from documents.readiness_report import CheckResult
 from workloads.environment.build import INSTALLED_VERSIONS
 
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s\\;]+)", re.M)
-PROJECT_PACKAGES = {"workloads", "documents"}
+PROJECT_PACKAGES = {"workloads", "planning", "documents"}
 SERVING_PYTHON_ENV = "FT_VLLM_PYTHON"
 SERVING_IMPORT_TIMEOUT_S = 600
 SERVING_QUERY = ("import sys\nimport vllm\n" + INSTALLED_VERSIONS

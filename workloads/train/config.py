@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Literal
 
 from documents.sections.train import Precision, TrainConfig
 from documents.train_plan import Batching, planned_batching
+from planning.memory import require_train
 
 if TYPE_CHECKING:
     from transformers import TrainingArguments
@@ -48,12 +49,6 @@ def train_paths(run: RunConfig) -> TrainPaths:
 def trained_dir(paths: TrainPaths, train: TrainConfig) -> Path:
     """Where the trained result goes: the model folder of a full fine-tune, else the adapter folder."""
     return paths.full_model_dir if train.method == "full" else paths.adapter_dir
-
-
-def require_train(run: RunConfig) -> TrainConfig:
-    if run.train is None:
-        raise ValueError(f"run config {run.name!r}: no 'train' section")
-    return run.train
 
 
 def max_length(run: RunConfig) -> int:

@@ -3,7 +3,7 @@
     python -m workloads.train.finetune --config RUN.json                      # one process
     torchrun --nproc_per_node N -m workloads.train.finetune --config RUN.json  # DDP, FSDP or HSDP (gloo/CPU, NCCL/GPU)
 
-DDP, FSDP or HSDP comes from workloads.train.parallelism. Resumes from the newest intact checkpoint; SIGTERM, SIGUSR1
+DDP, FSDP or HSDP comes from planning.parallelism. Resumes from the newest intact checkpoint; SIGTERM, SIGUSR1
 or the file named by FT_STOP_FILE make every rank checkpoint at the same step and exit with code 75. Writes the
 adapter (or, for a full fine-tune, the model folder), metrics.jsonl, loss.png and run_manifest.json under the
 run's output folder.
@@ -48,6 +48,7 @@ from documents.run_manifest import (
     start_attempt,
     training_fingerprint,
 )
+from documents.run_plan import RunPlan
 from documents.sections.train import TrainConfig
 from documents.train_plan import (AttentionChoice, Batching, BatchingDecision, BatchPlan, ParallelismPlan,
                                   planned_batching)
@@ -60,17 +61,19 @@ from workloads.train.config import (
     create_training_arguments,
     detect_precision,
     max_length,
-    require_train,
     train_paths,
     trained_dir,
 )
 from workloads.train.loss_chart import plot_loss
 from workloads.train.metrics_callback import MetricsCallback, TokenCounter
-from workloads.train.model_shapes import ModelShape, shape_from_model_folder
-from workloads.train.parallelism import BadShardSize
-from workloads.train.placement import Hardware, Placement, decide_placement
 from workloads.train.preemption import INTERRUPTED_EXIT, STOP_FILE_ENV, PreemptionCallback, StopRequest, any_rank
-from workloads.train.sizing import DoesNotFit, plan_batches
+from planning.batches import DoesNotFit, plan_batches
+from planning.memory import require_train
+from planning.model_shapes import ModelShape, shape_from_model_folder
+from planning.parallelism import BadShardSize
+from planning.job_check import checked_placement
+from planning.placement import Placement
+from workloads.train.run_plan import gpu_memory_gib, job_hardware, submitted_plan
 
 log = logging.getLogger("workloads.train.finetune")
 
@@ -235,24 +238,15 @@ def choose_batching(run: RunConfig, dataset_dir: Path, plan: BatchPlan) -> Batch
                            token_budget=plan.micro_batch_tokens, seed=train.seed, cuda=torch.cuda.is_available())
 
 
-def gpu_memory_gib() -> float | None:
-    """Total memory of this process's GPU (None on CPU)."""
-    if not torch.cuda.is_available():
-        return None
-    index = int(os.environ.get("LOCAL_RANK", "0"))
-    return torch.cuda.get_device_properties(index).total_memory / 2**30
-
-
-def job_placement(run: RunConfig, model_dir: Path, batching: Batching | None = None) -> Placement:
-    """The placement this job trains with: `decide_placement` over the nodes torchrun started (WORLD_SIZE ranks,
-    LOCAL_WORLD_SIZE per node) on this GPU's memory as PyTorch reports it and this node's RAM."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
-    ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
-    hardware = Hardware(gpu_memory_gib=gpu_memory_gib(), gpus_per_node=per_node, host_memory_gib=ram)
-    placement = decide_placement(run, model_shape(model_dir), hardware, max(1, world // per_node), batching)
-    assert placement is not None  # a given node count always yields a placement
-    return placement
+def job_placement(run: RunConfig, model_dir: Path, batching: Batching | None = None,
+                  run_plan: RunPlan | None = None) -> tuple[Placement, list[str]]:
+    """The placement this job trains with and how it differs from its plan (`run_plan`, else the one it was
+    submitted with, else one it makes: workloads/train/run_plan.py): the plan's placement checked against the nodes
+    torchrun started (WORLD_SIZE ranks, LOCAL_WORLD_SIZE per node), this GPU's memory as PyTorch reports it and this
+    node's RAM (planning.job_check); PlanMismatch, naming both figures, where it cannot train as planned."""
+    got, shape = job_hardware(), model_shape(model_dir)
+    plan = run_plan or submitted_plan(run, shape, got)
+    return checked_placement(run, shape, plan.training, got, batching)
 
 
 def _batches(placement: Placement) -> BatchPlan:
@@ -268,7 +262,7 @@ def model_shape(model_dir: Path) -> ModelShape:
 
 
 def batch_plan(run: RunConfig, model_dir: Path, batching: Batching | None = None, shards: int = 1) -> BatchPlan:
-    """Micro-batch tokens, accumulation and checkpointing for this machine (see workloads.train.sizing)."""
+    """Micro-batch tokens, accumulation and checkpointing for this machine (see planning.batches)."""
     return plan_batches(run, model_shape(model_dir), gpu_memory_gib(), batching, shards)
 
 
@@ -318,6 +312,10 @@ class RunSetup:
     plan: BatchPlan
     batching: BatchingDecision
     attention: AttentionChoice
+    run_plan: RunPlan
+    """the plan the run was submitted with (or made itself), recorded in the run manifest."""
+    plan_differences: list[str]
+    """where the job adapted the plan to what it got (planning.job_check)."""
 
     @property
     def parallel(self) -> ParallelismPlan:
@@ -333,15 +331,20 @@ def decide(run: RunConfig, paths: TrainPaths) -> RunSetup:
     made again when the data chooses another batching) and the attention backend."""
     train = require_train(run)
     precision = detect_precision(train.precision)
-    placement = job_placement(run, paths.model_dir)
+    run_plan = submitted_plan(run, model_shape(paths.model_dir), job_hardware())
+    placement, differences = job_placement(run, paths.model_dir, run_plan=run_plan)
     if not placement.plan.fits:
         log.warning("the memory estimate says this run does not fit: %s", placement.plan.reason)
     plan = _batches(placement)
     batching = choose_batching(run, paths.dataset_dir, plan)
     if batching.chosen != planned_batching(train.batching):
-        plan = _batches(job_placement(run, paths.model_dir, batching.chosen))
+        replanned, differences = job_placement(run, paths.model_dir, batching.chosen, run_plan)
+        plan = _batches(replanned)
+    for difference in differences:
+        log.warning("the plan adapted to this job: %s", difference)
     choice = attention.choose(torch.cuda.is_available(), batching.chosen == "packed")
-    return RunSetup(precision=precision, placement=placement, plan=plan, batching=batching, attention=choice)
+    return RunSetup(precision=precision, placement=placement, plan=plan, batching=batching, attention=choice,
+                    run_plan=run_plan, plan_differences=differences)
 
 
 def resume_point(paths: TrainPaths, fingerprint: str, setup: RunSetup, world_size: int) -> tuple[Path | None, int]:
@@ -392,6 +395,8 @@ def start_manifest(run: RunConfig, paths: TrainPaths, setup: RunSetup, args: Any
         "batch_plan": setup.plan.model_dump(),
         "batching": setup.batching.model_dump(),
         "parallelism": setup.parallel.model_dump(),
+        "plan": setup.run_plan.model_dump(mode="json"),
+        "plan_differences": setup.plan_differences,
         "parameter_bytes": {"frozen": sharding.local_parameter_bytes(model, trainable=False),
                             "trainable": sharding.local_parameter_bytes(model, trainable=True)},
         "fused_loss": require_train(run).fused_loss,

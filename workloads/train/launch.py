@@ -15,7 +15,8 @@ from pathlib import Path
 from documents.run_config import ConfigError, load_run_config
 from documents.run_manifest import RUN_MANIFEST_NAME, load_run_manifest
 from documents.sections.train import TrainConfig
-from workloads.train.config import require_train, train_paths
+from planning.memory import require_train
+from workloads.train.config import train_paths
 
 
 def procs_per_node(train: TrainConfig, gpus: int) -> int:

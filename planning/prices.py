@@ -20,6 +20,8 @@ from types import MappingProxyType
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
+from planning import catalog
+
 HOURS_PER_MONTH = 730
 
 SEED_000 = "seed 000 (InnovationBank demo TCO, prices from nebius.com when the demo was prepared)"
@@ -190,3 +192,32 @@ class PriceBook:
 
     def newest_date(self, keys: set[str]) -> str:
         return max((self.get(k).date for k in keys), default=SEED_000_DATE)
+
+
+class NodePrice(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    usd_per_hour: float
+    price_keys: tuple[str, ...]
+    note: str = ""
+
+
+def node_price(platform: str, preset: str, book: PriceBook, *, preemptible: bool = False) -> NodePrice:
+    """Hourly price of one node; preemptible uses the preemptible figure where every part has one."""
+    shape = catalog.get_preset(platform, preset)
+    bundled = f"compute.{platform}.bundled"
+    if book.has(bundled):
+        parts = [(book.get(bundled), shape.gpus, bundled)]
+    else:
+        parts = [
+            (book.get(f"compute.{platform}.vcpu"), shape.vcpus, f"compute.{platform}.vcpu"),
+            (book.get(f"compute.{platform}.ram"), shape.ram_gib, f"compute.{platform}.ram"),
+        ]
+        if shape.gpus:
+            parts.insert(0, (book.get(f"compute.{platform}.gpu"), shape.gpus, f"compute.{platform}.gpu"))
+    note = ""
+    use_preemptible = preemptible and all(p.preemptible_usd is not None for p, _, _ in parts)
+    if preemptible and not use_preemptible:
+        note = "no preemptible price known: priced on demand"
+    usd = sum((p.preemptible_usd if use_preemptible else p.usd) * n for p, n, _ in parts)
+    return NodePrice(usd_per_hour=usd, price_keys=tuple(k for _, _, k in parts), note=note)

@@ -2,7 +2,7 @@
 
 A preset name encodes its shape (``2gpu-64vcpu-384gb``: 2 GPUs, 64 vCPUs, 384 GiB RAM), so the
 catalog lists names per platform and derives the numbers from them. Prices live in
-``infra/cost/price_list.py``.
+``planning/prices.py``.
 """
 
 from __future__ import annotations

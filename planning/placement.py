@@ -1,9 +1,9 @@
 """Where and how a run trains: the one decision the trainer, the cost estimate, the method comparison, `ftstack
 plan` and the preview's model-fits policy all make through `decide_placement` (pure, no torch at import).
 
-One order, always: the strategy over the ranks first (`workloads.train.parallelism.decide_parallelism`: DDP while a
+One order, always: the strategy over the ranks first (`planning.parallelism.decide_parallelism`: DDP while a
 replica fits `memory_fraction` of the GPU, FSDP over every rank otherwise), then the micro-batch, accumulation and
-checkpointing over that strategy's shards (`workloads.train.sizing.plan_batches`). Given a node count the decision
+checkpointing over that strategy's shards (`planning.batches.plan_batches`). Given a node count the decision
 is made for it (the trainer: the nodes Slurm gave it; the policy: the stack's worker set); without one it is the
 fewest whole nodes on which it fits (the comparison, the estimate, the policy's advice). A run that forces DDP is
 searched as FSDP there, and the placement says so (`needs_sharding`); its config is not rewritten. How many of a
@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field
 
 from documents.train_plan import Batching, BatchPlan, ParallelismPlan
-from workloads.train.memory import DTYPE_BYTES, GIB, inputs_from_run
-from workloads.train.model_shapes import ModelShape
-from workloads.train.parallelism import decide_parallelism
-from workloads.train.sizing import DoesNotFit, plan_batches
+from planning.memory import DTYPE_BYTES, GIB, inputs_from_run
+from planning.model_shapes import ModelShape
+from planning.parallelism import decide_parallelism
+from planning.batches import DoesNotFit, plan_batches
 
 if TYPE_CHECKING:
     from documents.run_config import RunConfig
@@ -46,7 +46,7 @@ class Hardware(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    gpu_memory_gib: float | None = Field(description="memory of one GPU as PyTorch reports it (infra.catalog)")
+    gpu_memory_gib: float | None = Field(description="memory of one GPU as PyTorch reports it (planning.catalog)")
     gpus_per_node: int = Field(1, ge=1, description="ranks per node")
     host_memory_gib: float | None = Field(None, description="RAM of one node (the preset's); None: not checked")
 

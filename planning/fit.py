@@ -1,5 +1,5 @@
 """Where a run fits on a stack's GPUs: for each GPU worker set, the placement the run trains with on that set's
-nodes (``infra.sizing.time_model.fastest_nodes``: the fewest nodes where ``decide_placement`` fits, on the catalog's
+nodes (``planning.time_model.fastest_nodes``: the fewest nodes where ``decide_placement`` fits, on the catalog's
 usable GPU memory and the preset's RAM, more only where the network and offload estimate says they train faster)
 and, when no node count of the set fits, the fewest nodes of the set's preset that do. ``train_nodes`` is the node
 count the train job asks Slurm for.
@@ -13,12 +13,12 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from documents.run_config import RunConfig
-from infra import catalog
-from infra.config import StackConfig
-from infra.sizing.throughput import training_throughput
-from infra.sizing.time_model import fastest_nodes
-from workloads.train.model_shapes import ModelShape, UnknownModel, shape_for_source
-from workloads.train.placement import Hardware, Placement, decide_placement
+from planning import catalog
+from planning.stack import PlanStack
+from planning.throughput import training_throughput
+from planning.time_model import fastest_nodes
+from planning.model_shapes import ModelShape, UnknownModel, shape_for_source
+from planning.placement import Hardware, Placement, decide_placement
 
 
 class WorkerFit(BaseModel):
@@ -63,14 +63,14 @@ def _gpus(count: int) -> str:
     return f"{count} GPU" if count == 1 else f"{count} GPUs"
 
 
-def worker_fits(cfg: StackConfig, run: RunConfig, shape: ModelShape) -> list[WorkerFit]:
+def worker_fits(cfg: PlanStack, run: RunConfig, shape: ModelShape) -> list[WorkerFit]:
     """The run on each GPU worker set of the stack: on the nodes it trains fastest on, else over all of them (the
     first set's nodes reserved for serving, `serving.nodes`, never train)."""
     priced = training_throughput(cfg, run) if run.train is not None else None
     tps = priced.tokens_per_second_per_gpu if priced is not None else None
     found = []
-    for index, w in enumerate(cfg.nodes.workers if cfg.nodes is not None else []):
-        size = w.size - (cfg.serving.nodes if index == 0 else 0)
+    for index, w in enumerate(cfg.workers):
+        size = w.size - (cfg.serving_nodes if index == 0 else 0)
         platform = catalog.get_platform(w.platform)
         if not platform.is_gpu:
             continue
@@ -85,14 +85,14 @@ def worker_fits(cfg: StackConfig, run: RunConfig, shape: ModelShape) -> list[Wor
     return found
 
 
-def train_nodes(cfg: StackConfig, run: RunConfig, all_nodes: int) -> int:
+def train_nodes(cfg: PlanStack, run: RunConfig, all_nodes: int) -> int:
     """The nodes the train job asks for on the stack's first worker set: its ``worker_fits`` placement's when the
     model's shape is known and the set is a GPU set, else `all_nodes` (every node of the set)."""
     try:
         shape = shape_for_source(run.model.source)
     except UnknownModel:
         return all_nodes
-    workers = cfg.nodes.workers if cfg.nodes is not None else []
+    workers = cfg.workers
     fits = worker_fits(cfg, run, shape)
     if not workers or not fits or fits[0].worker_set != workers[0].name:
         return all_nodes

@@ -1,5 +1,5 @@
 """Each stage's Slurm time limit from the run config's `time_limits` section; training's from the cost model's
-estimate of the run's wall time (infra.sizing.duration) with the section's margin."""
+estimate of the run's wall time (planning.planner: the training hours it prices) with the section's margin."""
 
 from __future__ import annotations
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from documents.run_config import RunConfig
 from documents.train_plan import BatchPlan
-from infra import catalog
-from infra.sizing.throughput import Plan
-from workloads.train.memory import DTYPE_BYTES, inputs_from_run, lora_params, weight_bytes
-from workloads.train.model_shapes import ModelShape
-from workloads.train.placement import Hardware, Placement, choose_nodes
+from planning import catalog
+from planning.throughput import Plan
+from planning.memory import DTYPE_BYTES, inputs_from_run, lora_params, weight_bytes
+from planning.model_shapes import ModelShape
+from planning.placement import Hardware, Placement, choose_nodes
 
 
 NETWORK_MODEL = (

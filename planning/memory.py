@@ -62,9 +62,9 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from documents.sections.train import TrainConfig
 from documents.train_plan import Batching, planned_batching
-from workloads.train.config import require_train
-from workloads.train.model_shapes import ModelShape
+from planning.model_shapes import ModelShape
 
 if TYPE_CHECKING:
     from documents.run_config import RunConfig
@@ -75,6 +75,12 @@ DQ_BLOCK = 256
 Method = Literal["full", "lora", "qlora"]
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def require_train(run: RunConfig) -> TrainConfig:
+    if run.train is None:
+        raise ValueError(f"run config {run.name!r}: no 'train' section")
+    return run.train
 
 
 class MemoryInputs(BaseModel):
@@ -278,7 +284,7 @@ def inputs_from_run(run: RunConfig, batching: Batching | None = None, shards: in
                     offload: bool = False) -> MemoryInputs:
     """MemoryInputs from a RunConfig's ``train`` and ``data`` sections (method, quantization, LoRA); double
     quantization and AdamW as finetune uses them. `batching` is the resolved choice (default: what the configured
-    one plans with before the data is read); `shards` the FSDP ranks (1: DDP, see workloads.train.parallelism)."""
+    one plans with before the data is read); `shards` the FSDP ranks (1: DDP, see planning.parallelism)."""
     train = require_train(run)
     method = train.method
     targets = ALL_LINEAR if train.lora.target_modules == ["all-linear"] else tuple(train.lora.target_modules)
@@ -292,7 +298,7 @@ def inputs_from_run(run: RunConfig, batching: Batching | None = None, shards: in
         lora_dropout=train.lora.dropout,
         micro_batch=train.micro_batch_size,
         max_length=run.max_length,
-        gradient_checkpointing=train.gradient_checkpointing is not False,  # auto: planned by workloads.train.sizing
+        gradient_checkpointing=train.gradient_checkpointing is not False,  # auto: planned by planning.batches
         kbit_upcast=train.kbit_upcast,
         optimizer="adamw",
         attention="varlen" if (batching or planned_batching(train.batching)) == "packed" else "sdpa",

@@ -10,10 +10,10 @@ from documents.run_config import RunConfig
 from documents.sections.train import TrainConfig
 from documents.throughput import ThroughputMeasurement
 from documents.train_plan import planned_batching
-from infra.config import StackConfig
-from infra.sizing.fit import train_nodes
-from infra.sizing.workers import worker_shape
-from workloads.train.sizing import tokens_per_step
+from planning.stack import PlanStack
+from planning.fit import train_nodes
+from planning.workers import worker_shape
+from planning.batches import tokens_per_step
 
 
 def tokenized_tokens(tokenized_dir: Path) -> int | None:
@@ -50,9 +50,9 @@ def passes(train: TrainConfig | None, tokens: float, rows: float | None, gpus: i
     return epochs
 
 
-def training_devices(cfg: StackConfig, run: RunConfig, measured: ThroughputMeasurement | None) -> tuple[int, int]:
+def training_devices(cfg: PlanStack, run: RunConfig, measured: ThroughputMeasurement | None) -> tuple[int, int]:
     """(GPUs the train job spreads over, GPUs of the whole worker shape): the job asks for the placement's nodes
-    (`infra.sizing.fit.train_nodes`, fewer than `worker_shape` where fewer train faster); on workers without GPUs
+    (`planning.fit.train_nodes`, fewer than `worker_shape` where fewer train faster); on workers without GPUs
     (an existing CPU cluster), the ranks the measured run had, both."""
     nodes, gpus_per_node = worker_shape(cfg)
     if not gpus_per_node:
@@ -69,7 +69,7 @@ def prepared_tokens(prepared: PrepareSummary | None) -> tuple[int, int] | None:
     return side.rows_kept, round(side.rows_kept * side.mean_tokens)
 
 
-def training_tokens(cfg: StackConfig, run: RunConfig, prepared: PrepareSummary | None,
+def training_tokens(cfg: PlanStack, run: RunConfig, prepared: PrepareSummary | None,
                     notes: list[str]) -> tuple[float, float | None] | None:
     """(tokens, train rows) of one pass over the data: the run's prepare summary (fetched with the run), else the
     tokenized train split where this machine finds it, else data.rows x tokens per row; None when unknown."""

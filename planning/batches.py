@@ -14,8 +14,8 @@ import math
 from typing import TYPE_CHECKING
 
 from documents.train_plan import Batching, BatchPlan, planned_batching
-from workloads.train.memory import GIB, MemoryInputs, estimate, inputs_from_run
-from workloads.train.model_shapes import ModelShape
+from planning.memory import GIB, MemoryInputs, estimate, inputs_from_run
+from planning.model_shapes import ModelShape
 
 if TYPE_CHECKING:
     from documents.run_config import RunConfig

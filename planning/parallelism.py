@@ -2,7 +2,7 @@
 policy make through `decide_parallelism` (no torch at import: the preview side uses it).
 
 Under `train.parallelism: auto` a run keeps DDP (one whole replica per GPU: the cheapest in communication) while
-that replica's estimated peak (workloads.train.memory: weights, adapter, gradients, optimizer states, activations
+that replica's estimated peak (planning.memory: weights, adapter, gradients, optimizer states, activations
 at the planned micro-batch) fits `memory_fraction` of the GPU, and otherwise shards with FSDP full shard by decoder
 layer over all `world_size` ranks: weights, trainable parameters, gradients and Adam states divided by the ranks,
 activations not. Without a known GPU memory (CPU) `auto` is DDP. `auto` never chooses HSDP; `train.parallelism:
@@ -15,9 +15,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from documents.train_plan import ParallelismPlan
-from workloads.train.config import require_train
-from workloads.train.memory import GIB, MemoryEstimate, MemoryInputs, estimate, inputs_from_run
-from workloads.train.model_shapes import ModelShape
+from planning.memory import GIB, MemoryEstimate, MemoryInputs, estimate, inputs_from_run, require_train
+from planning.model_shapes import ModelShape
 
 if TYPE_CHECKING:
     from documents.run_config import RunConfig

@@ -39,12 +39,12 @@ from pydantic import BaseModel, ConfigDict
 
 from documents.run_config import RunConfig
 from documents.throughput import ThroughputMeasurement, bench_throughputs
-from infra import catalog
-from infra.config import StackConfig
-from infra.sizing.workers import stack_gpu_model
-from workloads.train.model_shapes import ModelShape, UnknownModel, shape_for_source
-from workloads.train.placement import Hardware, decide_placement
-from workloads.train.sizing import DoesNotFit
+from planning import catalog
+from planning.stack import PlanStack
+from planning.workers import stack_gpu_model
+from planning.model_shapes import ModelShape, UnknownModel, shape_for_source
+from planning.placement import Hardware, decide_placement
+from planning.batches import DoesNotFit
 
 Kind = Literal["configured", "measured", "borrowed", "estimated"]
 Bound = Literal["compute", "memory"]
@@ -243,7 +243,7 @@ def estimate_throughput(run: RunConfig, gpu_model: str, figures: Sequence[Throug
     return scaled
 
 
-def training_throughput(cfg: StackConfig, run: RunConfig, measured: ThroughputMeasurement | None = None,
+def training_throughput(cfg: PlanStack, run: RunConfig, measured: ThroughputMeasurement | None = None,
                         read_from: str | None = None) -> TrainingThroughput | None:
     """The throughput a stack's training run is sized and priced with, and its basis: the stack's
     pricing.training.tokensPerSecondPerGpu, else what a run on the stack `measured` (read from `read_from`), else the
