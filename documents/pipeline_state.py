@@ -62,9 +62,9 @@ class PipelineState(BaseModel):
         return None if isinstance(value, dict) and "base_model" not in value else value
 
 
-def load_state(path: Path, stack: str) -> PipelineState:
+def load_state(path: Path, stack_name: str) -> PipelineState:
     if not path.exists():
-        return PipelineState(stack=stack)
+        return PipelineState(stack=stack_name)
     try:
         state = PipelineState.model_validate_json(read_utf8(path))
     except TextInputError as error:
@@ -73,8 +73,8 @@ def load_state(path: Path, stack: str) -> PipelineState:
         problems = describe(error).replace("Value error, ", "")
         raise ValueError(f"{path}: damaged pipeline state: {problems}; move it aside to start afresh "
                          "(the jobs it recorded are not cancelled)") from None
-    if state.stack != stack:
-        raise ValueError(f"{path}: pipeline state of stack {state.stack!r}, not {stack!r}")
+    if state.stack != stack_name:
+        raise ValueError(f"{path}: pipeline state of stack {state.stack!r}, not {stack_name!r}")
     return state
 
 

@@ -27,23 +27,23 @@ MANIFEST_KEY = f"train/{RUN_MANIFEST_NAME}"
 """the run manifest within a stored run"""
 
 
-def stack_key(stack: str) -> str:
-    """The key prefix of every run of `stack` (ends with a slash)."""
-    return f"{RUNS}/{stack}/"
+def stack_key(stack_name: str) -> str:
+    """The key prefix of every run of `stack_name` (ends with a slash)."""
+    return f"{RUNS}/{stack_name}/"
 
 
-def run_key(stack: str, run_id: str) -> str:
+def run_key(stack_name: str, run_id: str) -> str:
     """The key prefix of one run (no trailing slash)."""
-    return f"{RUNS}/{stack}/{run_id}"
+    return f"{RUNS}/{stack_name}/{run_id}"
 
 
-def checked_run_key(stack: str, run_id: str) -> str:
+def checked_run_key(stack_name: str, run_id: str) -> str:
     """`run_key` of a stack name and run id that are checked names (ValueError naming the one that is not)."""
-    return run_key(checked_name(stack, "stack name"), checked_name(run_id, "run id"))
+    return run_key(checked_name(stack_name, "stack name"), checked_name(run_id, "run id"))
 
 
-def index_key(stack: str, run_id: str) -> str:
-    return f"{run_key(stack, run_id)}/{INDEX_NAME}"
+def index_key(stack_name: str, run_id: str) -> str:
+    return f"{run_key(stack_name, run_id)}/{INDEX_NAME}"
 
 
 def is_index_key(key: str) -> bool:
@@ -62,22 +62,22 @@ def runs_folder(store_dir: Path) -> Path:
     return store_dir / RUNS
 
 
-def stack_folder(store_dir: Path, stack: str) -> Path:
-    return runs_folder(store_dir) / stack
+def stack_folder(store_dir: Path, stack_name: str) -> Path:
+    return runs_folder(store_dir) / stack_name
 
 
-def run_folder(store_dir: Path, stack: str, run_id: str) -> Path:
-    return stack_folder(store_dir, stack) / run_id
+def run_folder(store_dir: Path, stack_name: str, run_id: str) -> Path:
+    return stack_folder(store_dir, stack_name) / run_id
 
 
-def adapter_folder(store_dir: Path, stack: str, run_id: str) -> Path:
+def adapter_folder(store_dir: Path, stack_name: str, run_id: str) -> Path:
     """The stored copy of a run's adapter, the folder a server loads it from."""
-    return run_folder(store_dir, stack, run_id) / ADAPTER_DIR
+    return run_folder(store_dir, stack_name, run_id) / ADAPTER_DIR
 
 
-def index_files(store_dir: Path, stack: str) -> list[Path]:
-    """Every run index of `stack` in a folder store, in name order."""
-    return sorted(stack_folder(store_dir, stack).glob(f"*/{INDEX_NAME}"))
+def index_files(store_dir: Path, stack_name: str) -> list[Path]:
+    """Every run index of `stack_name` in a folder store, in name order."""
+    return sorted(stack_folder(store_dir, stack_name).glob(f"*/{INDEX_NAME}"))
 
 
 def indexes_of_run(store_dir: Path, run_id: str) -> list[Path]:
@@ -95,14 +95,14 @@ class RunWrite:
     index: RunIndex | None = None
 
 
-def write_run(put_file: Callable[[str, Path], None], put_bytes: Callable[[str, bytes], None], stack: str,
+def write_run(put_file: Callable[[str, Path], None], put_bytes: Callable[[str, bytes], None], stack_name: str,
               run_id: str, files: Mapping[str, Path | bytes], index: Callable[[list[str]], RunIndex],
               caught: tuple[type[Exception], ...] = ()) -> RunWrite:
     """Write one run into a store through its `put_file`/`put_bytes` (key, content): every file of `files` (name
     within the run -> a local file or the bytes), in the given order, then, only if all were written, its index
     `index(written)` last. A `caught` error of one file is recorded and the others still written; any other
     error, and any error writing the index, propagates."""
-    prefix = run_key(stack, run_id)
+    prefix = run_key(stack_name, run_id)
     done = RunWrite()
     for name, source in files.items():
         try:
@@ -115,5 +115,5 @@ def write_run(put_file: Callable[[str, Path], None], put_bytes: Callable[[str, b
             done.failed[name] = f"{source}: {exc}" if isinstance(source, Path) else str(exc)
     if not done.failed:
         done.index = index(list(done.written))
-        put_bytes(index_key(stack, run_id), write_run_record(done.index).encode())
+        put_bytes(index_key(stack_name, run_id), write_run_record(done.index).encode())
     return done

@@ -22,7 +22,7 @@ from infra.config import StackConfig, load_run, load_stack_config
 from infra.cost.price import PriceInputs, price_stack
 from infra.pipeline.runner import PipelineRun
 from infra.program.mocks import SECRET, run_under_mocks
-from infra.outputs import served_speeds
+from infra.output_sections import served_speeds
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "README.md"

@@ -12,7 +12,7 @@ import torch
 
 from documents.run_config import load_run_config
 from workloads.serve.launcher.engine_plan import choose_engine
-from workloads.serve.launcher.launch import parse_args, serve_config
+from workloads.serve.launcher.launch import merged_serve_config, parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -25,7 +25,7 @@ def engine(monkeypatch: pytest.MonkeyPatch, vllm_python: str | None, gpu: bool) 
     else:
         monkeypatch.setenv("FT_VLLM_PYTHON", vllm_python)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
-    cfg = serve_config(load_run_config(CONFIG), parse_args(["--config", str(CONFIG)]))
+    cfg = merged_serve_config(load_run_config(CONFIG), parse_args(["--config", str(CONFIG)]))
     assert cfg.engine == "auto"
     return choose_engine(cfg)
 

@@ -66,21 +66,22 @@ def damaged_warning(damaged: list[DamagedRun]) -> str:
     return f"{len(damaged)} stored run(s) damaged, not shown: " + "; ".join(d.reason for d in damaged)
 
 
-def latest_run(store: ArtifactStore, stack: str, run_id: str | None) -> tuple[StoredRun | None, list[DamagedRun]]:
+def latest_run(store: ArtifactStore, stack_name: str, run_id: str | None) -> tuple[StoredRun | None, list[DamagedRun]]:
     """Index, metrics and evaluator report of one stored run (the latest readable one unless `run_id`), and the runs
     whose index is damaged."""
-    listing = scan_runs(store, stack)
+    listing = scan_runs(store, stack_name)
     runs = listing.runs
     if run_id is not None:
         if hit := next((d for d in listing.damaged if d.run_id == run_id), None):
-            raise RunNotFoundError(f"run {run_id!r} of stack {stack!r} is damaged: {hit.reason}")
+            raise RunNotFoundError(f"run {run_id!r} of stack {stack_name!r} is damaged: {hit.reason}")
         runs = [r for r in runs if r.run_id == run_id]
         if not runs:
-            raise RunNotFoundError(f"run {run_id!r} of stack {stack!r} not found in {store.describe(stack_key(stack))}")
+            raise RunNotFoundError(f"run {run_id!r} of stack {stack_name!r} not found in "
+                                   f"{store.describe(stack_key(stack_name))}")
     if not runs:
         return None, listing.damaged
     index = runs[-1]
-    prefix = run_prefix(stack, index.run_id)
+    prefix = run_prefix(stack_name, index.run_id)
     metrics_key = f"{prefix}/train/{METRICS_NAME}"
     report_name = next((f for f in index.files if f.startswith("eval/") and f.endswith(".json")), None)
     report_key = f"{prefix}/{report_name}"

@@ -42,7 +42,7 @@ from infra.pipeline.runner import PipelineRun, load_state, run_pipeline, state_p
 from infra.pipeline.slurm import SlurmError
 from infra.pipeline.transport import TransportError
 from infra.cost.sections import serving_section
-from infra.outputs import pipeline_section, served_speeds, stack_identity
+from infra.output_sections import pipeline_section, served_speeds, stack_identity
 from infra.runs.measured import price_inputs, runs_of
 from infra.runs.store import ARTIFACTS_BUCKET_ENV, ArtifactError, ArtifactStore, list_runs, store_for_stack, upload_run
 

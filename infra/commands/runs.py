@@ -39,8 +39,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "runs",
         help="list past pipeline runs of a stack (perplexity base/fine-tuned, tokens/s, cost)",
-        description=f"Reads {stack_key('<stack>')}*/{INDEX_NAME} from the stack's artifacts store (.local/artifacts for the "
-        "local stack, the artifacts bucket for cloud stacks).",
+        description=f"Reads {stack_key('<stack>')}*/{INDEX_NAME} from the stack's run store (.local/artifacts for "
+        "the local stack, the artifacts bucket for cloud stacks).",
     )
     parser.add_argument("--stack", required=True, help="stack name (stacks/Pulumi.<stack>.yaml)")
     parser.add_argument("--config-dir", default="stacks", help="directory of the stack files (default: stacks)")
@@ -54,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 ADAPTER_COLUMNS = ("adapter (run id)", "base sha256", "rank", "data sha256", "ppl tuned", "ppl gain %", "folder")
 
 
-def adapter_entries(store: ArtifactStore, stack: str, runs: list[RunIndex]
+def adapter_entries(store: ArtifactStore, stack_name: str, runs: list[RunIndex]
                     ) -> tuple[list[AdapterEntry], list[DamagedRun]]:
     """The adapter of every run whose stored manifest names one, named after its run id; and the runs whose stored
     manifest cannot be read (listed as damaged, the others stay usable)."""
@@ -62,9 +62,9 @@ def adapter_entries(store: ArtifactStore, stack: str, runs: list[RunIndex]
     for index in runs:
         if MANIFEST_KEY not in index.files:
             continue
-        key = f"{run_prefix(stack, index.run_id)}/{MANIFEST_KEY}"
+        key = f"{run_prefix(stack_name, index.run_id)}/{MANIFEST_KEY}"
         try:
-            manifest = read_run_manifest(read_run_file(store, stack, index.run_id, MANIFEST_KEY),
+            manifest = read_run_manifest(read_run_file(store, stack_name, index.run_id, MANIFEST_KEY),
                                          store.describe(key))
             entries.append(adapter_entry(index.run_id, index.run_id, manifest, index))
         except RegistryError:
@@ -96,7 +96,7 @@ def _fmt(value: float | None, digits: int) -> str:
 STORED_METRICS = f"train/{METRICS_NAME}"
 
 
-def own_speeds(store: ArtifactStore, stack: str, runs: list[RunIndex]) -> dict[str, float | None]:
+def own_speeds(store: ArtifactStore, stack_name: str, runs: list[RunIndex]) -> dict[str, float | None]:
     """Tokens/s per device over the steps each run's own train job logged, from its stored records and manifest
     (the run record's figure covers every record in the training folder, earlier jobs' too): a run that reused an
     earlier run's train job shows that job's figure, one whose train job logged no step none (None). Runs without
@@ -107,10 +107,10 @@ def own_speeds(store: ArtifactStore, stack: str, runs: list[RunIndex]) -> dict[s
         if job is None or not {STORED_METRICS, MANIFEST_KEY} <= set(index.files):
             continue
         try:
-            records = read_metrics(read_run_file(store, stack, index.run_id, STORED_METRICS), STORED_METRICS)
-            manifest = read_run_manifest(read_run_file(store, stack, index.run_id, MANIFEST_KEY), MANIFEST_KEY)
+            records = read_metrics(read_run_file(store, stack_name, index.run_id, STORED_METRICS), STORED_METRICS)
+            manifest = read_run_manifest(read_run_file(store, stack_name, index.run_id, MANIFEST_KEY), MANIFEST_KEY)
             measured = measure_run([r for r in records if r.job_id in (None, job)], manifest, gpu_model=None,
-                                   stack=stack, run_id=index.run_id, source="ftstack runs")
+                                   stack=stack_name, run_id=index.run_id, source="ftstack runs")
         except (ArtifactError, DocumentError):
             continue
         speeds[index.run_id] = measured.tokens_per_second_per_device if measured else None

@@ -26,7 +26,7 @@ from documents.stack_outputs import (
     flat_name,
 )
 from infra.monitoring.view import JobMetricsView
-from infra.outputs import EVAL_FIGURES
+from infra.output_sections import EVAL_FIGURES
 
 CATEGORY_LABELS = {
     "compute": "Compute",

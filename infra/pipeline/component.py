@@ -14,7 +14,7 @@ from infra.environment.resource import EnvironmentSource
 from infra.pipeline.bundle import WorkloadBundle
 from infra.pipeline.chain import JobSpec, job_arguments
 from infra.pipeline.jobs import SlurmJob, job_report
-from infra.outputs import eval_sides
+from infra.output_sections import eval_sides
 
 
 @dataclass

@@ -32,7 +32,7 @@ def holder_line(command: list[str] | None = None) -> str:
 
 
 @contextmanager
-def stack_lock(state_file: Path, stack: str) -> Iterator[None]:
+def stack_lock(state_file: Path, stack_name: str) -> Iterator[None]:
     """Hold the stack's lock for the block; raise StackBusy naming the holder when another process has it."""
     path = lock_path(state_file)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -42,8 +42,8 @@ def stack_lock(state_file: Path, stack: str) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = Path(path).read_text(encoding="utf-8", errors="replace").strip() or "another process"
-            raise StackBusy(f"stack {stack!r} is being run by {holder} (lock {path}); wait for it to end, "
-                            f"or follow it with `ftstack status --stack {stack}`") from None
+            raise StackBusy(f"stack {stack_name!r} is being run by {holder} (lock {path}); wait for it to end, "
+                            f"or follow it with `ftstack status --stack {stack_name}`") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, holder_line().encode(), 0)
         try:

@@ -124,7 +124,7 @@ def _is_git_ignored(repo_root: Path, path: Path) -> bool:
     return ignored.returncode == 0
 
 
-def local_backend_plan(stack: str, repo_root: Path, create_passphrase: bool = True) -> BackendPlan:
+def local_backend_plan(stack_name: str, repo_root: Path, create_passphrase: bool = True) -> BackendPlan:
     """File backend under .local/ with the passphrase provider."""
     env: dict[str, str] = {}
     if not os.environ.get(PASSPHRASE_ENV):
@@ -133,7 +133,7 @@ def local_backend_plan(stack: str, repo_root: Path, create_passphrase: bool = Tr
             path = ensure_passphrase_file(repo_root)
         env[PASSPHRASE_FILE_ENV] = str(path)
     return BackendPlan(
-        stack=stack,
+        stack=stack_name,
         kind="file",
         backend_url=local_backend_url(repo_root),
         secrets_provider="passphrase",
@@ -143,7 +143,7 @@ def local_backend_plan(stack: str, repo_root: Path, create_passphrase: bool = Tr
 
 
 def cloud_backend_plan(
-    stack: str, parent_id: str, region: str, secrets_provider: str | None = None, bucket: str | None = None
+    stack_name: str, parent_id: str, region: str, secrets_provider: str | None = None, bucket: str | None = None
 ) -> BackendPlan:
     """Versioned Nebius bucket backend; secrets provider = passphrase unless a KMS URL is given."""
     bucket = bucket or state_bucket_name(parent_id)
@@ -155,7 +155,7 @@ def cloud_backend_plan(
     if provider == "passphrase":
         required.append(PASSPHRASE_ENV)
     return BackendPlan(
-        stack=stack,
+        stack=stack_name,
         kind="s3",
         backend_url=s3_backend_url(bucket, endpoint, region),
         secrets_provider=provider,

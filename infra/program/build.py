@@ -26,7 +26,7 @@ from infra.pipeline.datasource import fingerprint_source
 from infra.pipeline.transport import LocalTransport
 from infra.nebius.object_storage import nebius_s3_endpoint
 from infra.program.kubeconfig import kubeconfig
-from infra.outputs import stack_identity
+from infra.output_sections import stack_identity
 from infra.runs.measured import price_inputs
 from infra.soperator.component import Soperator, SoperatorArgs
 from infra.soperator.values import BackupTarget, release_plan

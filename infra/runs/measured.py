@@ -22,9 +22,9 @@ from infra.runs.store import (
 CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 
 
-def runs_of(store: ArtifactStore, stack: str) -> str:
+def runs_of(store: ArtifactStore, stack_name: str) -> str:
     """How the source line names where a stack's runs are stored."""
-    return store.describe(stack_key(stack))
+    return store.describe(stack_key(stack_name))
 
 
 def artifacts_bucket(cfg: StackConfig) -> str | None:

@@ -213,9 +213,9 @@ class UploadResult:
     index: RunIndex | None = None
 
 
-def run_prefix(stack: str, run_id: str) -> str:
+def run_prefix(stack_name: str, run_id: str) -> str:
     try:
-        return checked_run_key(stack, run_id)
+        return checked_run_key(stack_name, run_id)
     except ValueError as error:
         raise ArtifactError(str(error)) from None
 
@@ -268,7 +268,7 @@ def adapter_files(train_run_dir: Path) -> dict[str, Path]:
 
 
 def build_index(
-    stack: str,
+    stack_name: str,
     run_id: str,
     files: Mapping[str, Path],
     job_ids: Mapping[str, str] | None = None,
@@ -290,7 +290,7 @@ def build_index(
     final_loss = next((r.loss for r in reversed(records) if r.loss is not None), None)
     adapter = files.get(f"{ADAPTER_DIR}/{ADAPTER_FILES[0]}")
     return RunIndex(
-        stack=stack,
+        stack=stack_name,
         run_id=run_id,
         run_name=run_name,
         started_at=started_at,
@@ -311,7 +311,7 @@ def build_index(
 
 def upload_run(
     store: ArtifactStore,
-    stack: str,
+    stack_name: str,
     run_id: str,
     run_config_path: Path,
     train_run_dir: Path | None = None,
@@ -333,7 +333,7 @@ def upload_run(
     default to the run config's own locations on this machine. Raises
     ArtifactUploadError naming every file that failed after retries; local files are never removed.
     """
-    prefix = run_prefix(stack, run_id)
+    prefix = run_prefix(stack_name, run_id)
     config = load_run_config(run_config_path)
     run_name = config.name
     train_run_dir = train_run_dir or config.train_run_dir
@@ -341,13 +341,13 @@ def upload_run(
     eval_job = (job_ids or {}).get("eval")
     files = collect_run_files(Path(run_config_path), train_run_dir, results_dir, eval_job)
     index = build_index(
-        stack, run_id, files, job_ids, job_states, cost_usd, started_at, finished_at, run_name, job_durations_s
+        stack_name, run_id, files, job_ids, job_states, cost_usd, started_at, finished_at, run_name, job_durations_s
     )
     contents: dict[str, Path | bytes] = dict(sorted(files.items()))
     if outputs is not None:
         contents["outputs.json"] = write_stack_outputs(outputs).encode()
     try:
-        done = write_run(store.put_file, store.put_bytes, stack, run_id, contents,
+        done = write_run(store.put_file, store.put_bytes, stack_name, run_id, contents,
                          lambda written: index.model_copy(update={"files": sorted(written), "throughput": throughput,
                                                                   "throughput_check": throughput_check}),
                          caught=(ArtifactError, OSError))
@@ -358,9 +358,9 @@ def upload_run(
     return UploadResult(prefix=prefix, store=store.describe(prefix), uploaded=sorted(done.written), index=done.index)
 
 
-def latest_throughput(store: ArtifactStore, stack: str) -> ThroughputMeasurement | None:
-    """The training throughput the newest stored run of `stack` measured, if any did."""
-    return next((r.throughput for r in reversed(list_runs(store, stack)) if r.throughput is not None), None)
+def latest_throughput(store: ArtifactStore, stack_name: str) -> ThroughputMeasurement | None:
+    """The training throughput the newest stored run of `stack_name` measured, if any did."""
+    return next((r.throughput for r in reversed(list_runs(store, stack_name)) if r.throughput is not None), None)
 
 
 @dataclass(frozen=True)
@@ -380,34 +380,34 @@ class RunListing:
     """runs whose index is unreadable, invalid or names another run, in key order"""
 
 
-def _read_index(store: ArtifactStore, stack: str, key: str) -> RunIndex | DamagedRun:
+def _read_index(store: ArtifactStore, stack_name: str, key: str) -> RunIndex | DamagedRun:
     run_id = run_id_of_key(key)
     try:
         index = read_run_record(store.get_bytes(key), store.describe(key))
     except (ArtifactError, DocumentError) as exc:
         return DamagedRun(run_id, store.describe(key), str(exc))
-    if (index.stack, index.run_id) != (stack, run_id):
+    if (index.stack, index.run_id) != (stack_name, run_id):
         return DamagedRun(run_id, store.describe(key), f"{store.describe(key)}: names run {index.run_id!r} of stack "
-                          f"{index.stack!r}, stored as run {run_id!r} of stack {stack!r}")
+                          f"{index.stack!r}, stored as run {run_id!r} of stack {stack_name!r}")
     return index
 
 
-def scan_runs(store: ArtifactStore, stack: str) -> RunListing:
-    """Every run of `stack` that has a `run.json`; one that cannot be read is listed as damaged, the others stay
+def scan_runs(store: ArtifactStore, stack_name: str) -> RunListing:
+    """Every run of `stack_name` that has a `run.json`; one that cannot be read is listed as damaged, the others stay
     usable."""
-    read = [_read_index(store, stack, key) for key in store.list_keys(stack_key(stack)) if is_index_key(key)]
+    read = [_read_index(store, stack_name, key) for key in store.list_keys(stack_key(stack_name)) if is_index_key(key)]
     runs = [r for r in read if isinstance(r, RunIndex)]
     return RunListing(runs=sorted(runs, key=lambda r: (r.started_at or r.uploaded_at, r.run_id)),
                       damaged=[r for r in read if isinstance(r, DamagedRun)])
 
 
-def list_runs(store: ArtifactStore, stack: str) -> list[RunIndex]:
-    """Every readable run of `stack`, oldest first (`scan_runs` also names the damaged ones)."""
-    return scan_runs(store, stack).runs
+def list_runs(store: ArtifactStore, stack_name: str) -> list[RunIndex]:
+    """Every readable run of `stack_name`, oldest first (`scan_runs` also names the damaged ones)."""
+    return scan_runs(store, stack_name).runs
 
 
-def read_run_file(store: ArtifactStore, stack: str, run_id: str, name: str) -> bytes:
-    return store.get_bytes(f"{run_prefix(stack, run_id)}/{name}")
+def read_run_file(store: ArtifactStore, stack_name: str, run_id: str, name: str) -> bytes:
+    return store.get_bytes(f"{run_prefix(stack_name, run_id)}/{name}")
 
 
 def local_store(repo_root: Path) -> LocalStore:

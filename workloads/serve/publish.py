@@ -55,9 +55,9 @@ def eval_job_id(given: str | None) -> str:
     return after[0]
 
 
-def gate(report: EvaluatorReport, cfg: ServeConfig) -> str | None:
+def gate(report: EvaluatorReport, serve_config: ServeConfig) -> str | None:
     """Why the fine-tune is not published (None: it passes)."""
-    improvement, floor = report.comparison.perplexity, cfg.publish_min_perplexity_improvement_pct
+    improvement, floor = report.comparison.perplexity, serve_config.publish_min_perplexity_improvement_pct
     if improvement is None:
         return "the eval report has no perplexity comparison"
     if improvement < floor:
@@ -66,7 +66,8 @@ def gate(report: EvaluatorReport, cfg: ServeConfig) -> str | None:
     return None
 
 
-def store_run(run: RunConfig, report: EvaluatorReport, store: Path, stack: str, run_id: str, eval_job: str) -> Path:
+def store_run(run: RunConfig, report: EvaluatorReport, store: Path, stack_name: str, run_id: str,
+              eval_job: str) -> Path:
     """The run's adapter and manifest in its folder of the store, then its index with the adapter's hash, last
     (documents.run_store.write_run); the run's folder."""
 
@@ -79,17 +80,17 @@ def store_run(run: RunConfig, report: EvaluatorReport, store: Path, stack: str, 
 
     def index(files: list[str]) -> RunIndex:
         return RunIndex(
-            stack=stack, run_id=run_id, run_name=run.name,
+            stack=stack_name, run_id=run_id, run_name=run.name,
             uploaded_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), job_ids={"eval": eval_job},
             perplexity_base=report.base_model.perplexity, perplexity_finetuned=report.finetuned_model.perplexity,
             perplexity_improvement_pct=report.comparison.perplexity, files=sorted(files),
-            adapter_sha256=adapter_sha256(adapter_folder(store, stack, run_id)),
+            adapter_sha256=adapter_sha256(adapter_folder(store, stack_name, run_id)),
         )
 
     files = {**{f"{ADAPTER_DIR}/{name}": run.adapter_dir / name for name in ADAPTER_FILES},
              MANIFEST_KEY: run.train_run_dir / RUN_MANIFEST_NAME}
-    write_run(put_file, put_bytes, stack, run_id, files, index)
-    return run_folder(store, stack, run_id)
+    write_run(put_file, put_bytes, stack_name, run_id, files, index)
+    return run_folder(store, stack_name, run_id)
 
 
 def gateway_url(run: RunConfig, wait_s: float) -> str:
@@ -136,11 +137,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         run = load_run_config(args.config)
-        cfg = run.serve or ServeConfig()
+        serve_config = run.serve or ServeConfig()
         job = eval_job_id(args.eval_job)
         path = run.results_dir / report_name(job)
         report = read_evaluator_report(path.read_bytes(), str(path))
-        if (refused := gate(report, cfg)) is not None:
+        if (refused := gate(report, serve_config)) is not None:
             publication = Publication(published=False, eval_job=job, reason=refused)
         else:
             run_id = f"{run.name}-{job}"

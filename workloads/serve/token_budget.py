@@ -38,12 +38,13 @@ class TokenBudget:
     reason: str
 
 
-def token_budget(folder: Path, cfg: ServeConfig) -> TokenBudget | None:
+def token_budget(folder: Path, serve_config: ServeConfig) -> TokenBudget | None:
     """The smaller of the model's context and, when its size is fixed, the engine's KV cache."""
     limits = []
     if (context := model_context(folder)) is not None:
         limits.append(TokenBudget(context, "the model's context"))
-    if cfg.continuous_batching and cfg.cb_num_blocks is not None:
-        limits.append(TokenBudget(cfg.cb_num_blocks * CB_PAGE_TOKENS,
-                                  f"the engine's KV cache ({cfg.cb_num_blocks} blocks of {CB_PAGE_TOKENS} tokens)"))
+    if serve_config.continuous_batching and serve_config.cb_num_blocks is not None:
+        blocks = serve_config.cb_num_blocks
+        limits.append(TokenBudget(blocks * CB_PAGE_TOKENS,
+                                  f"the engine's KV cache ({blocks} blocks of {CB_PAGE_TOKENS} tokens)"))
     return min(limits, key=lambda b: b.tokens) if limits else None

@@ -306,18 +306,18 @@ StoreCheck = Callable[[str], str | None]
 """why a folder asked for at runtime cannot be loaded (not a stored run's adapter, changed files), else None"""
 
 
-def store_check(store: Path, stack: str, base: Path) -> StoreCheck:
+def store_check(store: Path, stack_name: str, base: Path) -> StoreCheck:
     """The run store's rules, checked by the engine itself (not only by the gateway): a runtime load is a stored
-    run's adapter folder of `stack`, trained on `base`, whose files hash to what the store recorded."""
+    run's adapter folder of `stack_name`, trained on `base`, whose files hash to what the store recorded."""
     digest = model_hash(base)
 
     def check(path: str) -> str | None:
         try:
-            runs = stored_runs(store, stack)
-            run_id = run_of_path(runs, store, stack, path)
+            runs = stored_runs(store, stack_name)
+            run_id = run_of_path(runs, store, stack_name, path)
             if run_id is None:
                 return f"{shown(path)} is not a stored run's adapter folder in {store}: refused"
-            stored_adapter(runs, store, stack, run_id, run_id, digest["sha256"], digest["path"])
+            stored_adapter(runs, store, stack_name, run_id, run_id, digest["sha256"], digest["path"])
         except RegistryError as problem:
             return str(problem)
         return None

@@ -48,20 +48,20 @@ class EnginePlan:
         return f"http://127.0.0.1:{self.port}"
 
 
-def vllm_python(cfg: ServeConfig) -> str:
-    return cfg.vllm_python or sys.executable
+def vllm_python(serve_config: ServeConfig) -> str:
+    return serve_config.vllm_python or sys.executable
 
 
-def choose_engine(cfg: ServeConfig) -> str:
+def choose_engine(serve_config: ServeConfig) -> str:
     """auto: vLLM where the serving environment holds it and a GPU is present, else peft."""
-    if cfg.engine != "auto":
-        return cfg.engine
+    if serve_config.engine != "auto":
+        return serve_config.engine
     import torch
 
     if not torch.cuda.is_available():
         return "peft"
     try:
-        find_vllm(vllm_python(cfg))
+        find_vllm(vllm_python(serve_config))
     except VllmMissing:
         return "peft"
     return "vllm"
@@ -75,14 +75,15 @@ def on_cpu(device: str) -> bool:
     return not torch.cuda.is_available()
 
 
-def cb_flags(cfg: ServeConfig) -> list[str]:
+def cb_flags(serve_config: ServeConfig) -> list[str]:
     """KV cache sizing. Unbounded, transformers takes 60% of free RAM per CPU engine: two engines exhaust it."""
     flags = []
-    for flag, value in (("--cb-num-blocks", cfg.cb_num_blocks), ("--cb-max-batch-tokens", cfg.cb_max_batch_tokens),
-                        ("--cb-max-memory-percent", cfg.cb_max_memory_percent)):
+    for flag, value in (("--cb-num-blocks", serve_config.cb_num_blocks),
+                        ("--cb-max-batch-tokens", serve_config.cb_max_batch_tokens),
+                        ("--cb-max-memory-percent", serve_config.cb_max_memory_percent)):
         if value is not None:
             flags += [flag, str(value)]
-    if not flags and on_cpu(cfg.device):
+    if not flags and on_cpu(serve_config.device):
         flags = ["--cb-max-memory-percent", str(CPU_CACHE_SHARE)]
     return flags
 
@@ -94,12 +95,12 @@ def template_flag(flag: str, folder: Path) -> list[str]:
     return [flag, json.dumps(options)] if options else []
 
 
-def transformers_argv(folder: Path, port: int, cfg: ServeConfig, quantization: str | None = None) -> list[str]:
+def transformers_argv(folder: Path, port: int, serve_config: ServeConfig, quantization: str | None = None) -> list[str]:
     argv = [sys.executable, "-m", "transformers.cli.transformers", "serve", str(folder),
-            "--host", "127.0.0.1", "--port", str(port), "--device", cfg.device, "--dtype", cfg.dtype,
+            "--host", "127.0.0.1", "--port", str(port), "--device", serve_config.device, "--dtype", serve_config.dtype,
             "--log-level", "warning", *template_flag("--chat-template-kwargs", folder)]
-    if cfg.continuous_batching:
-        argv += ["--continuous-batching", *cb_flags(cfg)]
+    if serve_config.continuous_batching:
+        argv += ["--continuous-batching", *cb_flags(serve_config)]
     if quantization:
         argv += ["--quantization", quantization]
     return argv
@@ -143,72 +144,74 @@ def ignore_eos_body(folder: Path) -> dict[str, str]:
     return {"generation_config": json.dumps(config.to_diff_dict())}
 
 
-def route(name: str, port: int, folder: Path, kind: str, cfg: ServeConfig) -> Route:
+def route(name: str, port: int, folder: Path, kind: str, serve_config: ServeConfig) -> Route:
     """A transformers engine's route: the gateway counts prompts with the folder's tokenizer against its budget."""
-    return Route(name, f"http://127.0.0.1:{port}", str(folder), kind, str(folder), token_budget(folder, cfg),
+    return Route(name, f"http://127.0.0.1:{port}", str(folder), kind, str(folder), token_budget(folder, serve_config),
                  ignore_eos_body=ignore_eos_body(folder))
 
 
-def plan_transformers(run: RunConfig, cfg: ServeConfig, finetuned: str = "merged", work_dir: Path | None = None) -> list[EnginePlan]:
+def plan_transformers(run: RunConfig, serve_config: ServeConfig, finetuned: str = "merged",
+                      work_dir: Path | None = None) -> list[EnginePlan]:
     """finetuned='merged' serves RunConfig.merged_dir; 'adapter-4bit' serves base in NF4 with the adapter unmerged."""
-    port = cfg.backend_port
+    port = serve_config.backend_port
     plans: list[EnginePlan] = []
     if finetuned == "merged":
         folder = require_folder(run.merged_dir, "config.json", "train export")
-        argv = transformers_argv(folder, port, cfg)
+        argv = transformers_argv(folder, port, serve_config)
         kind = "merged"
     elif finetuned == "adapter-4bit":
         if work_dir is None:
             raise ValueError("adapter-4bit needs a work_dir for the adapter view")
         folder = adapter_view(run, work_dir / "adapter-view")
-        argv = transformers_argv(folder, port, cfg, quantization="bnb-4bit")
+        argv = transformers_argv(folder, port, serve_config, quantization="bnb-4bit")
         kind = "adapter-4bit"
     else:
         raise ValueError(f"finetuned must be 'merged' or 'adapter-4bit', got {finetuned!r}")
-    plans.append(EnginePlan("finetuned", argv, port, [route(cfg.finetuned_name, port, folder, kind, cfg)]))
-    if cfg.serve_base:
+    plans.append(EnginePlan("finetuned", argv, port,
+                            [route(serve_config.finetuned_name, port, folder, kind, serve_config)]))
+    if serve_config.serve_base:
         base = require_folder(run.base_model_dir, "config.json", "prepare")
         port += 1
-        plans.append(EnginePlan("base", transformers_argv(base, port, cfg), port,
-                                [route(cfg.base_name, port, base, "base", cfg)]))
+        plans.append(EnginePlan("base", transformers_argv(base, port, serve_config), port,
+                                [route(serve_config.base_name, port, base, "base", serve_config)]))
     return plans
 
 
-def engine_budget(base: Path, cfg: ServeConfig, engine: str) -> TokenBudget | None:
+def engine_budget(base: Path, serve_config: ServeConfig, engine: str) -> TokenBudget | None:
     """What one request may hold on a one-process engine: vLLM's --max-model-len where serve.vllm_args sets it,
     else the model's context."""
-    args = cfg.vllm_args
+    args = serve_config.vllm_args
     if engine == "vllm":
         for i, arg in enumerate(args):
             if arg.startswith("--max-model-len="):
                 return TokenBudget(int(arg.split("=", 1)[1]), "vLLM's --max-model-len")
             if arg == "--max-model-len" and i + 1 < len(args):
                 return TokenBudget(int(args[i + 1]), "vLLM's --max-model-len")
-    return token_budget(base, cfg.model_copy(update={"continuous_batching": False}))
+    return token_budget(base, serve_config.model_copy(update={"continuous_batching": False}))
 
 
-def card_root(folder: Path, cfg: ServeConfig) -> str:
+def card_root(folder: Path, serve_config: ServeConfig) -> str:
     """A card's `root` without the server's absolute paths: a stored adapter's folder within the run store (the
     `lora_path` a load accepts), any other folder by its name."""
     try:
-        return folder.resolve().relative_to(Path(cfg.runs_store).resolve()).as_posix()
+        return folder.resolve().relative_to(Path(serve_config.runs_store).resolve()).as_posix()
     except ValueError:
         return folder.name
 
 
-def adapter_route(entry: AdapterEntry, url: str, base: Path, cfg: ServeConfig, engine: str) -> Route:
+def adapter_route(entry: AdapterEntry, url: str, base: Path, serve_config: ServeConfig, engine: str) -> Route:
     """An adapter's route on a multi-adapter engine (the engine knows it by its public name); its card names the
     base as parent and the adapter folder as root, as vLLM's does. The gateway counts its prompts with the base's
     tokenizer."""
-    budget = engine_budget(base, cfg, engine)
+    budget = engine_budget(base, serve_config, engine)
     return Route(entry.name, url, entry.name, "adapter", str(base) if budget else None, budget, entry,
-                 root=card_root(Path(entry.adapter_dir), cfg), parent=cfg.base_name, engine=engine)
+                 root=card_root(Path(entry.adapter_dir), serve_config), parent=serve_config.base_name, engine=engine)
 
 
-def base_route(base: Path, url: str, cfg: ServeConfig, engine: str) -> Route:
-    budget = engine_budget(base, cfg, engine)
-    return Route(cfg.base_name, url, cfg.base_name, "base", str(base) if budget else None, budget,
-                 root=card_root(base, cfg), engine=engine)
+def base_route(base: Path, url: str, serve_config: ServeConfig, engine: str) -> Route:
+    budget = engine_budget(base, serve_config, engine)
+    return Route(serve_config.base_name, url, serve_config.base_name, "base", str(base) if budget else None, budget,
+                 root=card_root(base, serve_config), engine=engine)
 
 
 def lora_modules(adapters: list[AdapterEntry], base_name: str) -> list[str]:
@@ -217,20 +220,20 @@ def lora_modules(adapters: list[AdapterEntry], base_name: str) -> list[str]:
             for entry in adapters]
 
 
-def plan_peft(run: RunConfig, cfg: ServeConfig, adapters: list[AdapterEntry]) -> list[EnginePlan]:
+def plan_peft(run: RunConfig, serve_config: ServeConfig, adapters: list[AdapterEntry]) -> list[EnginePlan]:
     """One CPU process: the base once, every adapter on it (workloads.serve.engine.server)."""
     base = require_folder(run.base_model_dir, "config.json", "prepare")
-    port = cfg.backend_port
-    argv = [sys.executable, "-m", "workloads.serve.engine.server", "--base", str(base), "--base-name", cfg.base_name,
-            "--host", "127.0.0.1", "--port", str(port), "--dtype", cfg.dtype, "--device", cfg.device,
-            "--max-batch", str(cfg.max_batch), "--max-loras", str(max(cfg.max_loras, len(adapters))),
-            "--max-tokens", str(cfg.max_tokens_limit),
-            *(["--runs-store", cfg.runs_store, "--stack", cfg.stack] if cfg.stack else []),
-            "--lora-modules", *lora_modules(adapters, cfg.base_name)]
+    port = serve_config.backend_port
+    argv = [sys.executable, "-m", "workloads.serve.engine.server", "--base", str(base),
+            "--base-name", serve_config.base_name, "--host", "127.0.0.1", "--port", str(port), "--dtype", serve_config.dtype, "--device", serve_config.device,
+            "--max-batch", str(serve_config.max_batch), "--max-loras", str(max(serve_config.max_loras, len(adapters))),
+            "--max-tokens", str(serve_config.max_tokens_limit),
+            *(["--runs-store", serve_config.runs_store, "--stack", serve_config.stack] if serve_config.stack else []),
+            "--lora-modules", *lora_modules(adapters, serve_config.base_name)]
     url = f"http://127.0.0.1:{port}"
-    routes = [adapter_route(entry, url, base, cfg, "peft") for entry in adapters]
-    if cfg.serve_base:
-        routes.append(base_route(base, url, cfg, "peft"))
+    routes = [adapter_route(entry, url, base, serve_config, "peft") for entry in adapters]
+    if serve_config.serve_base:
+        routes.append(base_route(base, url, serve_config, "peft"))
     return [EnginePlan("peft", argv, port, routes)]
 
 
@@ -253,17 +256,17 @@ def check_rank(entry: AdapterEntry, max_rank: int) -> None:
                          f"(vLLM --max-lora-rank): {remedy}")
 
 
-def vllm_max_rank(cfg: ServeConfig, adapters: list[AdapterEntry]) -> int:
+def vllm_max_rank(serve_config: ServeConfig, adapters: list[AdapterEntry]) -> int:
     """--max-lora-rank: the configured rank (default training's), every adapter at start checked against it."""
     for entry in adapters:
-        check_rank(entry, cfg.max_lora_rank)
-    return cfg.max_lora_rank
+        check_rank(entry, serve_config.max_lora_rank)
+    return serve_config.max_lora_rank
 
 
-def vllm_lora_slots(cfg: ServeConfig, held: int) -> tuple[int, int]:
+def vllm_lora_slots(serve_config: ServeConfig, held: int) -> tuple[int, int]:
     """(--max-loras, --max-cpu-loras): adapters one batch mixes, adapters held (vLLM wants the first <= the second)."""
-    held = max(cfg.max_loras, held)
-    return min(cfg.max_loras_per_batch, held), held
+    held = max(serve_config.max_loras, held)
+    return min(serve_config.max_loras_per_batch, held), held
 
 
 def vllm_template_flag(install: VllmInstall, base: Path) -> list[str]:
@@ -277,21 +280,22 @@ def vllm_template_flag(install: VllmInstall, base: Path) -> list[str]:
     return flag
 
 
-def plan_vllm(run: RunConfig, cfg: ServeConfig, adapters: list[AdapterEntry], install: VllmInstall) -> list[EnginePlan]:
+def plan_vllm(run: RunConfig, serve_config: ServeConfig, adapters: list[AdapterEntry],
+              install: VllmInstall) -> list[EnginePlan]:
     """One vLLM process with every adapter, `max_loras_per_batch` GPU slots, room for `max_loras` held, and
     runtime load/unload enabled: it listens on loopback and answers only requests with the launch's engine key
     (VLLM_API_KEY, set by the launcher), so only the gateway's admin routes reach it. Started empty, it gets no
     --lora-modules (a list flag vLLM refuses without a value)."""
     base = require_folder(run.base_model_dir, "config.json", "prepare")
-    port = cfg.backend_port
-    per_batch, held = vllm_lora_slots(cfg, len(adapters))
-    modules = ["--lora-modules", *lora_modules(adapters, cfg.base_name)] if adapters else []
-    argv = [*install.command(), str(base), "--served-model-name", cfg.base_name, "--enable-lora", *modules,
+    port = serve_config.backend_port
+    per_batch, held = vllm_lora_slots(serve_config, len(adapters))
+    modules = ["--lora-modules", *lora_modules(adapters, serve_config.base_name)] if adapters else []
+    argv = [*install.command(), str(base), "--served-model-name", serve_config.base_name, "--enable-lora", *modules,
             "--max-loras", str(per_batch), "--max-cpu-loras", str(held),
-            "--max-lora-rank", str(vllm_max_rank(cfg, adapters)), *vllm_template_flag(install, base),
-            "--host", "127.0.0.1", "--port", str(port), *cfg.vllm_args]
+            "--max-lora-rank", str(vllm_max_rank(serve_config, adapters)), *vllm_template_flag(install, base),
+            "--host", "127.0.0.1", "--port", str(port), *serve_config.vllm_args]
     url = f"http://127.0.0.1:{port}"
-    routes = [adapter_route(entry, url, base, cfg, "vllm") for entry in adapters]
-    if cfg.serve_base:
-        routes.append(base_route(base, url, cfg, "vllm"))
+    routes = [adapter_route(entry, url, base, serve_config, "vllm") for entry in adapters]
+    if serve_config.serve_base:
+        routes.append(base_route(base, url, serve_config, "vllm"))
     return [EnginePlan("vllm", argv, port, routes, env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"})]

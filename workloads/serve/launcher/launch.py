@@ -54,13 +54,14 @@ from workloads.serve.registry import (
 
 
 @contextmanager
-def supervised_engines(plans: list[EnginePlan], cfg: ServeConfig, on_give_up, engine_key: str,
+def supervised_engines(plans: list[EnginePlan], serve_config: ServeConfig, on_give_up, engine_key: str,
                        on_restarted) -> Iterator[Supervisor]:
     """Start every plan under a supervisor, wait until healthy, yield it; stop every engine after."""
-    inherited = {name: value for name, value in os.environ.items() if name != cfg.api_key_env}  # the public key
+    public_key_env = serve_config.api_key_env  # the engines never see the gateway's key
+    inherited = {name: value for name, value in os.environ.items() if name != public_key_env}
     env = {**inherited, "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"), **engine_env(engine_key)}
-    supervisor = Supervisor(plans, env, cfg.startup_timeout_s, cfg.max_engine_restarts, cfg.shutdown_grace_s, on_give_up,
-                            on_restarted)
+    supervisor = Supervisor(plans, env, serve_config.startup_timeout_s, serve_config.max_engine_restarts,
+                            serve_config.shutdown_grace_s, on_give_up, on_restarted)
     try:
         supervisor.start()
         yield supervisor
@@ -68,49 +69,48 @@ def supervised_engines(plans: list[EnginePlan], cfg: ServeConfig, on_give_up, en
         supervisor.stop()
 
 
-def make_plans(run: RunConfig, cfg: ServeConfig, engine: str, finetuned: str, work_dir: Path,
+def make_plans(run: RunConfig, serve_config: ServeConfig, engine: str, finetuned: str, work_dir: Path,
                adapters: list[AdapterEntry]) -> list[EnginePlan]:
     if engine == "vllm":
-        return plan_vllm(run, cfg, adapters, find_vllm(vllm_python(cfg)))
+        return plan_vllm(run, serve_config, adapters, find_vllm(vllm_python(serve_config)))
     if engine == "peft":
-        return plan_peft(run, cfg, adapters)
-    if cfg.adapters:
+        return plan_peft(run, serve_config, adapters)
+    if serve_config.adapters:
         raise RegistryError("engine transformers serves the run's own merged model only; stored adapters "
-                            f"({sorted(cfg.adapters)}) need engine peft (CPU) or vllm (GPU)")
-    return plan_transformers(run, cfg, finetuned=finetuned, work_dir=work_dir)
+                            f"({sorted(serve_config.adapters)}) need engine peft (CPU) or vllm (GPU)")
+    return plan_transformers(run, serve_config, finetuned=finetuned, work_dir=work_dir)
 
 
-def adapter_host(run: RunConfig, cfg: ServeConfig, engine: str, plans: list[EnginePlan]) -> AdapterHost | None:
+def adapter_host(run: RunConfig, serve_config: ServeConfig, engine: str, plans: list[EnginePlan]) -> AdapterHost | None:
     """Runtime adapter loading for the one-process engines: stored runs, checked against the served base."""
     if engine not in ("peft", "vllm"):
         return None
-    store_dir, (base_sha, base_path) = Path(cfg.runs_store), served_base(run)
-    url = plans[0].url
+    store_dir, (base_sha, base_path) = Path(serve_config.runs_store), served_base(run)
+    url, stack_name = plans[0].url, serve_config.stack
 
     def resolve(name: str, run_id: str) -> AdapterEntry:
-        entry = stored_adapter(stored_runs(store_dir, cfg.stack), store_dir, cfg.stack, name, run_id, base_sha,
-                               base_path)
+        entry = stored_adapter(stored_runs(store_dir, stack_name), store_dir, stack_name, name, run_id, base_sha, base_path)
         if engine == "vllm":
-            check_rank(entry, cfg.max_lora_rank)
+            check_rank(entry, serve_config.max_lora_rank)
         return entry
 
-    return AdapterHost(url, resolve, lambda entry: adapter_route(entry, url, run.base_model_dir, cfg, engine),
-                       lambda path: run_of_path(stored_runs(store_dir, cfg.stack), store_dir, cfg.stack, path))
+    return AdapterHost(url, resolve, lambda entry: adapter_route(entry, url, run.base_model_dir, serve_config, engine),
+                       lambda path: run_of_path(stored_runs(store_dir, stack_name), store_dir, stack_name, path))
 
 
-def served_adapters(run: RunConfig, cfg: ServeConfig, engine: str, resume: bool,
+def served_adapters(run: RunConfig, serve_config: ServeConfig, engine: str, resume: bool,
                     start_empty: bool = False) -> list[AdapterEntry]:
     """What to serve at start: the persisted set when resuming and one exists for this base and engine, else the
     named adapters (or the run's own, unless `start_empty`)."""
     if engine == "transformers":
         return []
-    store_dir = Path(cfg.runs_store)
+    store_dir = Path(serve_config.runs_store)
     persisted = persisted_set(run.results_dir / SERVED_SET_NAME, served_base(run)[0], engine) if resume else None
     if persisted is not None:
-        return recheck(persisted.adapters, lambda entry: recheck_served(run, entry, store_dir, cfg.stack))
-    if start_empty and not cfg.adapters:
+        return recheck(persisted.adapters, lambda entry: recheck_served(run, entry, store_dir, serve_config.stack))
+    if start_empty and not serve_config.adapters:
         return []
-    return resolve_adapters(run, cfg.adapters, store_dir, cfg.stack, cfg.finetuned_name)
+    return resolve_adapters(run, serve_config.adapters, store_dir, serve_config.stack, serve_config.finetuned_name)
 
 
 def reach_hint(host: str, port: int, node: str) -> str:
@@ -166,7 +166,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def serve_config(run: RunConfig, args: argparse.Namespace) -> ServeConfig:
+def merged_serve_config(run: RunConfig, args: argparse.Namespace) -> ServeConfig:
     """The run config's serve section with the command line's overrides."""
     overrides = {k: v for k, v in {"host": args.host, "port": args.port, "backend_port": args.backend_port,
                                    "runs_store": args.runs_store, "vllm_python": args.vllm_python,
@@ -174,8 +174,8 @@ def serve_config(run: RunConfig, args: argparse.Namespace) -> ServeConfig:
                  if v is not None}
     if args.no_base:
         overrides["serve_base"] = False
-    cfg = (run.serve or ServeConfig()).model_copy(update=overrides)
-    return cfg.model_copy(update={"adapters": {**cfg.adapters, **parse_adapter_flags(args.adapter)}})
+    serve_config = (run.serve or ServeConfig()).model_copy(update=overrides)
+    return serve_config.model_copy(update={"adapters": {**serve_config.adapters, **parse_adapter_flags(args.adapter)}})
 
 
 @dataclass(frozen=True)
@@ -183,7 +183,7 @@ class Launch:
     """Everything decided before an engine starts."""
 
     run: RunConfig
-    cfg: ServeConfig
+    serve_config: ServeConfig
     api_key: str | None
     engine: str
     plans: list[EnginePlan]
@@ -195,15 +195,17 @@ class Launch:
 def decide(args: argparse.Namespace) -> Launch:
     """Config, key, engine, adapters and plans; raises what main reports as a usage error."""
     run = load_run_config(args.config)
-    cfg = serve_config(run, args)
-    api_key = api_key_from_file(args.api_key_file, create=True) if args.api_key_file else api_key_from_env(cfg.api_key_env)
-    require_key_beyond_loopback(cfg.host, api_key)
+    serve_config = merged_serve_config(run, args)
+    api_key = (api_key_from_file(args.api_key_file, create=True) if args.api_key_file
+               else api_key_from_env(serve_config.api_key_env))
+    require_key_beyond_loopback(serve_config.host, api_key)
     work_dir = Path(tempfile.mkdtemp(prefix="ft-serve-"))
     atexit.register(shutil.rmtree, work_dir, ignore_errors=True)  # on every exit but SIGKILL (SIGTERM: sys.exit)
-    engine = choose_engine(cfg)
-    adapters = served_adapters(run, cfg, engine, args.resume, args.start_empty)
-    plans = make_plans(run, cfg, engine, args.finetuned, work_dir, adapters)
-    return Launch(run, cfg, api_key, engine, plans, adapter_host(run, cfg, engine, plans), served_base(run))
+    engine = choose_engine(serve_config)
+    adapters = served_adapters(run, serve_config, engine, args.resume, args.start_empty)
+    plans = make_plans(run, serve_config, engine, args.finetuned, work_dir, adapters)
+    host = adapter_host(run, serve_config, engine, plans)
+    return Launch(run, serve_config, api_key, engine, plans, host, served_base(run))
 
 
 class Serving:
@@ -217,9 +219,9 @@ class Serving:
 
     def reload_served(self, plan: EnginePlan) -> None:
         """Only an engine that holds adapters (peft, vLLM) has a served set to load back."""
-        host, cfg = self.launch.host, self.launch.cfg
+        host, serve_config = self.launch.host, self.launch.serve_config
         if self.gateway is not None and host is not None and plan.url == host.url:
-            for name in resync(self.gateway, plan.url, cfg.base_name, self.engine_key):
+            for name in resync(self.gateway, plan.url, serve_config.base_name, self.engine_key):
                 print(f"serve: {name}: its files changed since it was loaded; no longer served", file=sys.stderr)
 
     def give_up(self, reason: str) -> None:
@@ -231,20 +233,21 @@ class Serving:
         """Build the gateway over the healthy engines and serve until stopped."""
         import uvicorn
 
-        launch, cfg = self.launch, self.launch.cfg
+        launch, serve_config = self.launch, self.launch.serve_config
         routes = [route for plan in launch.plans for route in plan.routes]
-        limits = Limits(max_tokens=cfg.max_tokens_limit, max_body_bytes=cfg.max_body_bytes)
+        limits = Limits(max_tokens=serve_config.max_tokens_limit, max_body_bytes=serve_config.max_body_bytes)
         app = build_gateway(routes, launch.api_key, limits, engine_state=supervisor.state, adapter_host=launch.host,
                             engine_key=self.engine_key)
         gateway = self.gateway = app.state.gateway
-        print(reach_hint(cfg.host, cfg.port, os.uname().nodename), flush=True)
+        print(reach_hint(serve_config.host, serve_config.port, os.uname().nodename), flush=True)
         print(f"engine {launch.engine}; models: {[r.name for r in routes]}; API key "
               f"{'required' if launch.api_key else 'not set (loopback only; admin routes closed)'}", flush=True)
-        self.server = gateway_server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning",
-                                                    timeout_graceful_shutdown=cfg.shutdown_grace_s + ENDING_S),
-                                     gateway, cfg.shutdown_grace_s)
-        url = None if is_loopback(cfg.host) else f"http://{os.uname().nodename}:{cfg.port}"
-        with ServedReporter(gateway, launch.run.results_dir, (cfg.base_name, *launch.base), launch.engine,
+        self.server = gateway_server(uvicorn.Config(app, host=serve_config.host, port=serve_config.port,
+                                                    log_level="warning",
+                                                    timeout_graceful_shutdown=serve_config.shutdown_grace_s + ENDING_S),
+                                     gateway, serve_config.shutdown_grace_s)
+        url = None if is_loopback(serve_config.host) else f"http://{os.uname().nodename}:{serve_config.port}"
+        with ServedReporter(gateway, launch.run.results_dir, (serve_config.base_name, *launch.base), launch.engine,
                             url=url) as reporter:
             gateway.on_change = reporter.report
             if not self.gave_up:
@@ -262,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     serving = Serving(launch)
     try:
-        with supervised_engines(launch.plans, launch.cfg, serving.give_up, serving.engine_key,
+        with supervised_engines(launch.plans, launch.serve_config, serving.give_up, serving.engine_key,
                                 serving.reload_served) as supervisor:
             serving.run_gateway(supervisor)
     except EngineError as error:
