@@ -41,7 +41,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PACK = ROOT / "policies"
 STACKS = ["dev", "demo", "h100", "local"]
 # what `pulumi config set --secret pipelineSshPrivateKey < ~/.ssh/id_ed25519` stores (a made-up key of that shape)
-KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ\n-----END OPENSSH PRIVATE KEY-----\n"
+KEY = ("-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ\n"
+       "-----END OPENSSH PRIVATE KEY-----\n")
 SECRET_KEY = f"{PROJECT}:pipelineSshPrivateKey"
 # docs/cost-and-policies.md, "Policies": every policy, all mandatory, with its config and default
 POLICIES = {
