@@ -54,3 +54,19 @@ def test_cards_name_no_absolute_server_path(tmp_path: Path) -> None:
         cards = {card["id"]: card for card in client.get("/v1/models", headers={"Authorization": f"Bearer {KEY}"}).json()["data"]}
     assert cards["desk-a"]["root"] == "runs/local/run-a/adapter" and cards["base"]["root"] == "base"
     assert not any(str(tmp_path) in str(value) for card in cards.values() for value in card.values())
+
+
+def test_the_chat_and_admin_delete_404s_quote_a_long_name_cut(tmp_path: Path) -> None:
+    """Issue 64, item 5, the probes: `POST /v1/chat/completions {"model": "x" * 10_000, ...}` and
+    `DELETE /admin/adapters/xxx...` (10,000 characters) answered 404 quoting the whole name; completions quote it
+    cut as well."""
+    headers = {"Authorization": f"Bearer {KEY}"}
+    with gateway(tmp_path) as client:
+        replies = [client.post("/v1/chat/completions", headers=headers,
+                               json={"model": LONG, "messages": [{"role": "user", "content": "hi"}]}),
+                   client.delete(f"/admin/adapters/{LONG}", headers=headers),
+                   client.post("/v1/completions", headers=headers, json={"model": LONG, "prompt": "hi"})]
+    for reply in replies:
+        message = reply.json()["error"]["message"]
+        assert reply.status_code == 404, message
+        assert "'" + "x" * 80 + "'... (10000 characters)" in message and len(message) < 600, len(message)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from documents.sections.serve import model_name_problem
+from documents.sections.serve import model_name_problem, shown
 from workloads.serve.gateway.adapter_ops import BodyErrors, load_served, served_adapter, string_fields, unload_served
 from workloads.serve.gateway.chat_routes import model_card
 from workloads.serve.gateway.state import admin_denied, gateway_of
@@ -50,7 +50,7 @@ async def unload_adapter(request: Request) -> JSONResponse:
     name = request.path_params["name"]
     if (route := served_adapter(gateway, name)) is None:
         adapters = sorted(n for n, r in gateway.routes.items() if r.adapter is not None)
-        return error(404, f"no adapter {name!r} is served; adapters: {adapters}", "model_not_found")
+        return error(404, f"no adapter {shown(name)} is served; adapters: {adapters}", "model_not_found")
     try:
         await unload_served(gateway, name, route)
     except Refused as refused:

@@ -11,6 +11,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from documents.sections.serve import shown
 from workloads.serve.gateway.relay import forward, read_body
 from workloads.serve.gateway.state import Gateway, denied, gateway_of
 from workloads.serve.http_shared import Refused, error
@@ -68,7 +69,7 @@ async def upstream_body(gateway: Gateway, request: Request) -> tuple[Route, Chat
         raise Refused(problem.status, str(problem), problem.code) from None
     route = gateway.routes.get(chat.model)
     if route is None:
-        raise Refused(404, f"model {chat.model!r} is not served; choose one of {sorted(gateway.routes)}", "model_not_found")
+        raise Refused(404, f"model {shown(chat.model)} is not served; choose one of {sorted(gateway.routes)}", "model_not_found")
     if problem := refused_field(chat, route.engine):
         raise Refused(400, problem, "unsupported_field")
     asked = chat.asked_tokens

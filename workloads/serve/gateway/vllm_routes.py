@@ -21,6 +21,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from documents.sections.serve import shown
 from documents.text_input import TextInputError, load_json
 from workloads.serve.gateway.relay import engine_answer, engine_unavailable, forward, read_body
 from workloads.serve.gateway.state import Gateway, denied, gateway_of
@@ -43,7 +44,7 @@ async def vllm_body(gateway: Gateway, request: Request, what: str) -> tuple[Rout
         raise Refused(400, "model: required, a served model's name", "invalid_request")
     route = gateway.routes.get(document["model"])
     if route is None:
-        raise Refused(404, f"model {document['model'][:80]!r} is not served; choose one of {sorted(gateway.routes)}",
+        raise Refused(404, f"model {shown(document['model'])} is not served; choose one of {sorted(gateway.routes)}",
                       "model_not_found")
     if route.engine != VLLM:
         raise Refused(400, f"{what} is served by engine vllm; model {route.name!r} is on engine {route.engine}",
