@@ -16,7 +16,7 @@ from documents.base import DocumentError
 from documents.metrics import METRICS_NAME, read_metrics
 from documents.run_manifest import read_run_manifest
 from documents.run_record import RunIndex
-from documents.run_store import INDEX_NAME, MANIFEST_KEY, stack_key
+from documents.run_store import ADAPTER_DIR, INDEX_NAME, MANIFEST_KEY, stack_key
 from documents.throughput import measure_run
 from infra.config import StackConfigError, load_stack_config
 from infra.config import find_repo_root
@@ -66,12 +66,21 @@ def adapter_entries(store: ArtifactStore, stack_name: str, runs: list[RunIndex]
         try:
             manifest = read_run_manifest(read_run_file(store, stack_name, index.run_id, MANIFEST_KEY),
                                          store.describe(key))
-            entries.append(adapter_entry(index.run_id, index.run_id, manifest, index))
+            entry = adapter_entry(index.run_id, index.run_id, manifest, index)
+            entries.append(entry.model_copy(update={"adapter_dir": stored_folder(store, stack, index)}))
         except RegistryError:
             continue
         except (ArtifactError, DocumentError) as exc:
             damaged.append(DamagedRun(index.run_id, store.describe(key), str(exc)))
     return entries, damaged
+
+
+def stored_folder(store: ArtifactStore, stack_name: str, index: RunIndex) -> str:
+    """Where a server loads the run's adapter from: the store's copy (documents.run_store.adapter_folder), not the
+    training output folder its manifest names; a run stored before adapters were kept with it says so."""
+    if index.adapter_sha256 is None:
+        return "(not stored: upload the run again)"
+    return store.describe(f"{run_prefix(stack_name, index.run_id)}/{ADAPTER_DIR}")
 
 
 def format_damaged(damaged: list[DamagedRun]) -> str:
