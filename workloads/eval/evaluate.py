@@ -25,8 +25,9 @@ from workloads.common.job_metrics import JobFigures, JobMetricsFile, ProcessSamp
 from workloads.data.tokenize import tokenize_losses
 from workloads.eval.chart import write_chart
 from workloads.eval.generation import Prompt, generate_all, read_prompts
-from workloads.eval.metrics import answer_scores, compare, text_scores
-from workloads.eval.perplexity import assistant_perplexity, load_tokenized
+from workloads.eval.metrics import answer_scores, compare, perplexity, text_scores
+from workloads.eval.perplexity import assistant_nll, load_tokenized
+from workloads.eval.prefill import NllSum
 from workloads.eval.reuse import current_report, inputs_sha256
 
 log = logging.getLogger("workloads.eval")
@@ -73,10 +74,16 @@ def load_model(run: RunConfig, side: str, kind: str, device: str, dtype: torch.d
 
 
 def measure(model, tokenizer, dataset, prompts: list[Prompt], cfg: EvalConfig, name: str) -> dict[str, Any]:
+    """One side's figures. The generation batches score their own rows' perplexity as they prefill them; the rows
+    they do not cover (the timed prompts, rows past num_prompts) are scored by a forward of their own."""
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    ppl, scored = assistant_perplexity(model, dataset, cfg.batch_size, pad_id, desc=f"{name}: perplexity")
+    scores = NllSum()
     outputs, total, timing = generate_all(model, tokenizer, prompts, cfg.max_new_tokens, cfg.generation_batch_size,
-                                          cfg.timing_runs, cfg.seed, desc=f"{name}: generation")
+                                          cfg.timing_runs, cfg.seed, desc=f"{name}: generation",
+                                          rows=[dataset[i] for i in range(len(prompts))], scores=scores)
+    rest = [i for i in range(len(dataset)) if i not in scores.rows]
+    assistant_nll(model, dataset.select(rest), cfg.batch_size, pad_id, f"{name}: perplexity", scores)
+    ppl, scored = perplexity(scores.nll, scores.tokens), scores.tokens
     n = len(outputs)
     references, replies = [p.reference for p in prompts], [o.text for o in outputs]
     return {

@@ -5,7 +5,9 @@ exactly as training and perplexity saw it (shortened the same way when it was ov
 reference is that row's final answer from the test JSONL. After a one-token warm-up, the first
 `timing_runs` prompts are generated one at a time and timed (time to first token, tokens per second), the
 others in left-padded batches of `generation_batch_size`; the report keeps the timed runs' medians, so one
-stalled prompt cannot swing the comparison, and the timing costs no generation beyond the warm-up.
+stalled prompt cannot swing the comparison, and the timing costs no generation beyond the warm-up. Given the
+tokenized rows, a batch's prefill also scores them for perplexity (workloads/eval/prefill.py): one forward over
+each prompt serves both.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from tqdm import tqdm
 from transformers.generation.streamers import BaseStreamer
 
 from documents.chat_row import ChatRowError, read_chat_rows
+from workloads.eval.prefill import NllSum, prefill_and_score
 
 
 @dataclass(frozen=True)
@@ -87,8 +90,11 @@ def _reply(tokenizer, new: list[int]) -> Generation:
 
 
 @torch.no_grad()
-def generate_batch(model, tokenizer, prompts: list[Prompt], max_new_tokens: int) -> list[Generation]:
-    """Greedy replies to `prompts` in one left-padded batch."""
+def generate_batch(model, tokenizer, prompts: list[Prompt], max_new_tokens: int, rows: list[dict] | None = None,
+                   scores: NllSum | None = None) -> list[Generation]:
+    """Greedy replies to `prompts` in one left-padded batch. With `rows` (the tokenized rows the prompts were cut
+    from) and `scores`, the prefill the replies start from also scores the rows' labelled tokens
+    (workloads.eval.prefill)."""
     device = next(model.parameters()).device
     width = max(len(p.ids) for p in prompts)
     ids = torch.full((len(prompts), width), _pad_id(tokenizer), dtype=torch.long)
@@ -96,16 +102,22 @@ def generate_batch(model, tokenizer, prompts: list[Prompt], max_new_tokens: int)
     for i, prompt in enumerate(prompts):
         ids[i, width - len(prompt.ids):] = torch.tensor(prompt.ids)
         mask[i, width - len(prompt.ids):] = 1
-    output = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
+    ids, mask = ids.to(device), mask.to(device)
+    cache = None
+    if rows is not None and scores is not None:
+        cache = prefill_and_score(model, ids, mask, rows, _pad_id(tokenizer), scores)
+    output = model.generate(input_ids=ids, attention_mask=mask, cache=cache, do_sample=False,
                             max_new_tokens=max_new_tokens, pad_token_id=_pad_id(tokenizer))
     return [_reply(tokenizer, output[i, width:].tolist()) for i in range(len(prompts))]
 
 
 def generate_all(model, tokenizer, prompts: list[Prompt], max_new_tokens: int, batch_size: int, timing_runs: int,
-                 seed: int, desc: str) -> tuple[list[Generation], float, Timing]:
+                 seed: int, desc: str, rows: list[dict] | None = None,
+                 scores: NllSum | None = None) -> tuple[list[Generation], float, Timing]:
     """Replies in prompt order, the seconds generation took, and the timing: after a one-token warm-up, the
     first `timing_runs` prompts are generated one at a time and timed (their replies are kept), the rest in
-    batches of similar lengths."""
+    batches of similar lengths. With `rows` (prompt i cut from rows[i]) and `scores`, each batch's prefill scores
+    its rows too, and `scores.rows` names them."""
     torch.manual_seed(seed)
     model.eval()
     timed = min(timing_runs, len(prompts))
@@ -119,8 +131,11 @@ def generate_all(model, tokenizer, prompts: list[Prompt], max_new_tokens: int, b
     order = sorted(range(timed, len(prompts)), key=lambda i: len(prompts[i].ids))
     for first in tqdm(range(0, len(order), batch_size), desc=desc, unit="batch"):
         chunk = order[first: first + batch_size]
-        for index, reply in zip(chunk, generate_batch(model, tokenizer, [prompts[i] for i in chunk], max_new_tokens)):
-            replies[index] = reply
+        scored = [rows[i] for i in chunk] if rows is not None else None
+        replies.update(zip(chunk, generate_batch(model, tokenizer, [prompts[i] for i in chunk], max_new_tokens,
+                                                 scored, scores)))
+        if scored is not None and scores is not None:
+            scores.rows.update(chunk)
     decodes = [d for _, _, d in runs if d is not None]
     timing = Timing(statistics.median(t for t, _, _ in runs), statistics.median(s for _, s, _ in runs), len(runs),
                     statistics.median(decodes) if decodes else None)

@@ -8,6 +8,7 @@ import torch
 from tqdm import tqdm
 
 from workloads.eval.metrics import perplexity
+from workloads.eval.prefill import NllSum
 
 COLUMNS = ("input_ids", "labels")
 
@@ -40,19 +41,24 @@ def _batch(rows: list[dict], pad_id: int, device: torch.device) -> tuple[torch.T
 
 
 @torch.no_grad()
-def assistant_perplexity(model, dataset, batch_size: int, pad_id: int, desc: str) -> tuple[float, int]:
-    """Token-weighted perplexity over every label != -100 (next-token shift as in causal LM training)."""
+def assistant_nll(model, dataset, batch_size: int, pad_id: int, desc: str, scores: NllSum | None = None) -> NllSum:
+    """The summed negative log-likelihood of every label != -100 (next-token shift as in causal LM training),
+    added to `scores`; the vocabulary's logits are computed at the scored positions only."""
     model.eval()
+    scores = scores if scores is not None else NllSum()
     device = next(model.parameters()).device
-    total_nll, total_tokens = 0.0, 0
     for start in tqdm(range(0, len(dataset), batch_size), desc=desc, unit="batch"):
         rows = [dataset[i] for i in range(start, min(start + batch_size, len(dataset)))]
         ids, mask, labels = _batch(rows, pad_id, device)
-        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
         target = labels[:, 1:]
-        nll = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.size(-1)), target.reshape(-1), ignore_index=-100, reduction="sum"
-        )
-        total_nll += nll.item()
-        total_tokens += int((target != -100).sum())
-    return perplexity(total_nll, total_tokens), total_tokens
+        keep = torch.nonzero((target != -100).any(0)).flatten()
+        if keep.numel():
+            logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=keep).logits
+            scores.add(logits, target[:, keep])
+    return scores
+
+
+def assistant_perplexity(model, dataset, batch_size: int, pad_id: int, desc: str) -> tuple[float, int]:
+    """Token-weighted perplexity over every label != -100, and the number of tokens scored."""
+    scores = assistant_nll(model, dataset, batch_size, pad_id, desc)
+    return perplexity(scores.nll, scores.tokens), scores.tokens

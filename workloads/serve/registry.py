@@ -23,7 +23,6 @@ from documents.run_record import RunIndex, read_run_record
 from documents.run_store import (ADAPTER_DIR, INDEX_NAME, MANIFEST_KEY, adapter_folder, index_files, indexes_of_run,
                                  run_key, runs_folder)
 from documents.sections.serve import model_name_problem, shown
-from planning.serving import DEFAULT_RANK
 
 
 class RegistryError(ValueError):
@@ -47,7 +46,7 @@ def adapter_entry(name: str, run_id: str, manifest: RunManifest, index: RunIndex
         name=name, run_id=run_id, run_name=index.run_name if index else manifest.run, adapter_dir=manifest.adapter,
         stack=index.stack if index else None,
         base_model_sha256=manifest.base_model.sha256, base_model_path=manifest.base_model.path,
-        rank=lora.get("r", DEFAULT_RANK), dataset_sha256=manifest.dataset.sha256, evaluation=evaluation,
+        rank=lora.get("r", 16), dataset_sha256=manifest.dataset.sha256, evaluation=evaluation,
     )
 
 
@@ -90,12 +89,6 @@ def stored_runs(store_dir: Path, stack: str | None) -> StoredRuns:
             continue
         found[run_id] = (index, manifest)
     return StoredRuns(found, damaged)
-
-
-def stored_ranks(runs: StoredRuns) -> list[int]:
-    """The adapter rank each readable stored run with an adapter trained (its manifest's train.lora.r)."""
-    return [((manifest.config.get("train") or {}).get("lora") or {}).get("r", DEFAULT_RANK)
-            for _, manifest in runs.readable.values() if manifest.adapter is not None]
 
 
 def stacks_holding(store_dir: Path, run_id: str) -> list[str]:

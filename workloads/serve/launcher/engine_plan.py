@@ -24,7 +24,6 @@ from documents.adapter_registry import AdapterEntry
 from documents.hf_files import read_adapter_config, write_adapter_config
 from documents.run_config import RunConfig
 from documents.sections.serve import VLLM_LORA_RANKS, ServeConfig
-from planning.serving import rank_limit, trained_rank
 from workloads.common.chat_template import folder_options
 from workloads.serve.launcher.vllm_install import FLAG_SINCE, VllmInstall, VllmMissing, find_vllm
 from workloads.serve.route import Route
@@ -257,15 +256,11 @@ def check_rank(entry: AdapterEntry, max_rank: int) -> None:
                          f"(vLLM --max-lora-rank): {remedy}")
 
 
-def vllm_max_rank(run: RunConfig, serve_config: ServeConfig, adapters: list[AdapterEntry]) -> int:
-    """--max-lora-rank: serve.max_lora_rank where set (the launcher sets it from the run and its store:
-    launch.served_rank_limit), else the smallest rank vLLM takes that holds the run's own train.lora.r and the adapters
-    served at start (planning.serving); every adapter at start checked against it."""
-    own = trained_rank(run)
-    limit = rank_limit(serve_config.max_lora_rank, [*([own] if own else []), *(adapter_rank(e) for e in adapters)])
+def vllm_max_rank(serve_config: ServeConfig, adapters: list[AdapterEntry]) -> int:
+    """--max-lora-rank: the configured rank (default training's), every adapter at start checked against it."""
     for entry in adapters:
-        check_rank(entry, limit)
-    return limit
+        check_rank(entry, serve_config.max_lora_rank)
+    return serve_config.max_lora_rank
 
 
 def vllm_lora_slots(serve_config: ServeConfig, held: int) -> tuple[int, int]:
@@ -297,7 +292,7 @@ def plan_vllm(run: RunConfig, serve_config: ServeConfig, adapters: list[AdapterE
     modules = ["--lora-modules", *lora_modules(adapters, serve_config.base_name)] if adapters else []
     argv = [*install.command(), str(base), "--served-model-name", serve_config.base_name, "--enable-lora", *modules,
             "--max-loras", str(per_batch), "--max-cpu-loras", str(held),
-            "--max-lora-rank", str(vllm_max_rank(run, serve_config, adapters)), *vllm_template_flag(install, base),
+            "--max-lora-rank", str(vllm_max_rank(serve_config, adapters)), *vllm_template_flag(install, base),
             "--host", "127.0.0.1", "--port", str(port), *serve_config.vllm_args]
     url = f"http://127.0.0.1:{port}"
     routes = [adapter_route(entry, url, base, serve_config, "vllm") for entry in adapters]

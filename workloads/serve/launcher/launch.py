@@ -37,9 +37,8 @@ from workloads.serve.gateway.app import build_gateway
 from workloads.serve.gateway.served_report import ServedReporter
 from workloads.serve.gateway.served_restore import persisted_set, recheck, resync
 from workloads.serve.gateway.state import AdapterHost, Gateway, Limits
-from planning.serving import rank_limit, trained_rank
-from workloads.serve.launcher.engine_plan import (EnginePlan, adapter_rank, adapter_route, check_rank, choose_engine,
-                                                  plan_peft, plan_transformers, plan_vllm, vllm_python)
+from workloads.serve.launcher.engine_plan import (EnginePlan, adapter_route, check_rank, choose_engine, plan_peft,
+                                                  plan_transformers, plan_vllm, vllm_python)
 from workloads.serve.launcher.supervise import EngineError, Supervisor
 from workloads.serve.launcher.vllm_install import find_vllm
 from workloads.serve.registry import (
@@ -50,7 +49,6 @@ from workloads.serve.registry import (
     run_of_path,
     served_base,
     stored_adapter,
-    stored_ranks,
     stored_runs,
 )
 
@@ -168,15 +166,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def served_rank_limit(run: RunConfig, serve_config: ServeConfig, adapters: list[AdapterEntry]) -> int:
-    """vLLM's --max-lora-rank where serve.max_lora_rank is unset: the smallest rank vLLM takes that holds the run's
-    own train.lora.r, the adapters served at start and every stored run of the stack the server may load later
-    (planning.serving, as `ftstack plan` plans it); runtime loads are checked against the same figure."""
-    stored = stored_ranks(stored_runs(Path(serve_config.runs_store), serve_config.stack)) if serve_config.stack else []
-    own = trained_rank(run)
-    return rank_limit(None, [*([own] if own else []), *(adapter_rank(e) for e in adapters), *stored])
-
-
 def merged_serve_config(run: RunConfig, args: argparse.Namespace) -> ServeConfig:
     """The run config's serve section with the command line's overrides."""
     overrides = {k: v for k, v in {"host": args.host, "port": args.port, "backend_port": args.backend_port,
@@ -214,8 +203,6 @@ def decide(args: argparse.Namespace) -> Launch:
     atexit.register(shutil.rmtree, work_dir, ignore_errors=True)  # on every exit but SIGKILL (SIGTERM: sys.exit)
     engine = choose_engine(serve_config)
     adapters = served_adapters(run, serve_config, engine, args.resume, args.start_empty)
-    if engine == "vllm" and serve_config.max_lora_rank is None:
-        serve_config = serve_config.model_copy(update={"max_lora_rank": served_rank_limit(run, serve_config, adapters)})
     plans = make_plans(run, serve_config, engine, args.finetuned, work_dir, adapters)
     host = adapter_host(run, serve_config, engine, plans)
     return Launch(run, serve_config, api_key, engine, plans, host, served_base(run))
