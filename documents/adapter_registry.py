@@ -8,7 +8,9 @@ An adapter is named after a stored run; its base is the hash of the base model's
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -21,10 +23,15 @@ ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 def adapter_sha256(folder: Path) -> str:
     """One hash over an adapter's config and weights (each file's name and bytes); OSError when one is missing."""
+    return adapter_digest(lambda name: (folder / name).open("rb"))
+
+
+def adapter_digest(open_file: Callable[[str], BinaryIO]) -> str:
+    """`adapter_sha256` of the files `open_file(name)` gives (a server hashes the bytes it read and will load)."""
     digest = hashlib.sha256()
     for name in ADAPTER_FILES:
         digest.update(name.encode() + b"\0")
-        with (folder / name).open("rb") as handle:
+        with open_file(name) as handle:
             while chunk := handle.read(1 << 20):
                 digest.update(chunk)
     return digest.hexdigest()

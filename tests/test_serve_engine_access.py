@@ -132,6 +132,33 @@ def test_the_engine_itself_loads_only_stored_adapters_with_their_hash(server: Se
     assert not any(item.startswith(b"FT_API_KEY=") for item in environ)
 
 
+def test_an_adapter_file_linked_out_of_the_store_is_refused_by_gateway_and_engine(server: Server, tmp_path: Path) -> None:
+    """Issue 64, item 1, the probe on the peft engine: `ln -sf /outside/adapter_model.safetensors
+    runs/local/R/adapter/` with the same bytes (so the recorded hash matches), then `POST /v1/load_lora_adapter
+    {"lora_name": "linked", "lora_path": "R"}` at the gateway answered 200, and so did the engine asked directly
+    with the engine key. Both refuse it now, naming the link."""
+    linked = NAMES[1]
+    (weights,) = server.store.glob(f"runs/{STACK}/run-{linked}/adapter/adapter_model.safetensors")
+    kept = weights.read_bytes()
+    outside = tmp_path / "adapter_model.safetensors"
+    outside.write_bytes(kept)
+    weights.unlink()
+    weights.symlink_to(outside)
+    try:
+        reply = httpx.post(f"{server.url}/v1/load_lora_adapter", headers=server.headers, timeout=60,
+                           json={"lora_name": "linked", "lora_path": f"run-{linked}"})
+        assert reply.status_code == 400, reply.text
+        assert f"run-{linked}/adapter/adapter_model.safetensors is a symbolic link" in reply.json()["error"]["message"]
+        key = {"Authorization": f"Bearer {server.engine_key()}"}
+        reply = httpx.post(f"{server.engine_url}/v1/load_lora_adapter", headers=key, timeout=60,
+                           json={"lora_name": "linked", "lora_path": str(weights.parent)})
+        assert reply.status_code == 400 and "is a symbolic link" in reply.json()["error"]["message"], reply.text
+        assert "linked" not in engine_models(server) and "linked" not in server.models()
+    finally:
+        weights.unlink()
+        weights.write_bytes(kept)
+
+
 def test_vllm_routes_with_the_openai_sdk_and_plain_http(server: Server) -> None:
     """A client written for vLLM: load by run id (SDK) and by the store's adapter folder (plain HTTP), list with
     parent and root, call, unload; vLLM's status codes for a name loaded twice and an unknown one."""

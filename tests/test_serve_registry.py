@@ -154,3 +154,31 @@ def test_a_long_run_id_is_quoted_cut(store) -> None:
     with pytest.raises(UnknownRun) as unknown:
         stored_adapter(stored_runs(root, STACK), root, STACK, "desk-z", "r" * 10_000, **base)
     assert "... (10000 characters)" in str(unknown.value) and len(str(unknown.value)) < 500
+
+
+def test_a_link_inside_a_stored_run_is_refused_unread(store, tmp_path: Path) -> None:
+    """Issue 64, item 1, the probe: `ln -sf /outside/adapter_model.safetensors runs/local/R/adapter/` (the same
+    bytes, so the recorded hash matches), then `/v1/load_lora_adapter {"lora_path": "R"}` answered 200 on both
+    engines. Any link in a stored run (a file, a folder, the run's own folder) is refused before it is read."""
+    root, base = store
+    weights = root / "runs" / STACK / "run-a" / "adapter" / "adapter_model.safetensors"
+    outside = tmp_path / "outside.safetensors"
+    outside.write_bytes(weights.read_bytes())
+    weights.unlink()
+    weights.symlink_to(outside)
+    with pytest.raises(RegistryError, match=r"run-a/adapter/adapter_model.safetensors is a symbolic link.*refused unread"):
+        stored_adapter(stored_runs(root, STACK), root, STACK, "desk-a", "run-a", **base)
+    weights.unlink()
+    weights.write_bytes(outside.read_bytes())
+    assert stored_adapter(stored_runs(root, STACK), root, STACK, "desk-a", "run-a", **base).run_id == "run-a"
+
+    (root / "runs" / STACK / "run-b" / "eval").mkdir(exist_ok=True)
+    (root / "runs" / STACK / "run-b" / "eval" / "notes").symlink_to("/etc/hostname")
+    with pytest.raises(RegistryError, match=r"run-b/eval/notes is a symbolic link"):
+        stored_adapter(stored_runs(root, STACK), root, STACK, "desk-b", "run-b", **base)
+
+    moved = tmp_path / "elsewhere-run-a"
+    (root / "runs" / STACK / "run-a").rename(moved)
+    (root / "runs" / STACK / "run-a").symlink_to(moved)
+    with pytest.raises(RegistryError, match=rf"runs/{STACK}/run-a is a symbolic link"):
+        stored_adapter(stored_runs(root, STACK), root, STACK, "desk-a", "run-a", **base)

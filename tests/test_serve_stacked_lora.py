@@ -12,6 +12,7 @@ import pytest
 import torch
 from adapter_runs import save_adapter
 
+from workloads.serve.adapter_files import read_adapter
 from workloads.serve.engine.batching import left_padded
 from workloads.serve.engine.server import BASE_ROW, AdapterModel
 
@@ -84,15 +85,15 @@ def test_unloads_and_loads_restack_the_adapters(tiny_model_dir: Path, adapter_di
     engine = AdapterModel(tiny_model_dir, {"narrow": adapters["narrow"], "wide": adapters["wide"]}, "float32", "cpu", 8)
     engine.unload("wide")
     assert_rows_as_alone(engine, tiny_model_dir, adapters, ["narrow", BASE_ROW, "narrow"])
-    engine.load("mlp", str(adapters["mlp"]))
-    engine.load("wide", str(adapters["wide"]))
+    engine.load("mlp", read_adapter(adapters["mlp"]))
+    engine.load("wide", read_adapter(adapters["wide"]))
     assert_rows_as_alone(engine, tiny_model_dir, adapters, ["wide", "mlp", BASE_ROW, "narrow"])
     engine.unload("narrow")
     engine.unload("mlp")
     engine.unload("wide")
     assert not engine.stacked.stacks
     assert_rows_as_alone(engine, tiny_model_dir, adapters, [BASE_ROW, BASE_ROW])
-    engine.load("wide", str(adapters["wide"]))
+    engine.load("wide", read_adapter(adapters["wide"]))
     assert_rows_as_alone(engine, tiny_model_dir, adapters, [BASE_ROW, "wide"])
 
 
@@ -104,11 +105,11 @@ def test_an_adapter_beyond_plain_lora_is_refused_and_the_others_still_serve(tiny
     adapters = {name: adapter_dirs[name] for name in ("narrow", "dora")}
     engine = AdapterModel(tiny_model_dir, {"narrow": adapters["narrow"]}, "float32", "cpu", 8)
     with pytest.raises(ValueError, match=r"dora: a LoRA variant on .*q_proj .*plain LoRA on linear layers only"):
-        engine.load("dora", str(adapters["dora"]))
+        engine.load("dora", read_adapter(adapters["dora"]))
     assert engine.adapters == {"narrow"}
     assert_rows_as_alone(engine, tiny_model_dir, adapters, ["narrow", BASE_ROW, "narrow"])
     with pytest.raises(ValueError, match="a LoRA variant"):
         AdapterModel(tiny_model_dir, {"dora": adapters["dora"]}, "float32", "cpu", 8)
     with pytest.raises(ValueError, match=r"embed: LoRA on .*embed_tokens, a Embedding layer"):
-        engine.load("embed", str(adapter_dirs["embed"]))
+        engine.load("embed", read_adapter(adapter_dirs["embed"]))
     assert_rows_as_alone(engine, tiny_model_dir, adapters, ["narrow", BASE_ROW])

@@ -13,7 +13,7 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
-from documents.adapter_registry import AdapterEntry, EvalSummary, adapter_sha256
+from documents.adapter_registry import AdapterEntry, EvalSummary
 from documents.base import DocumentError
 from documents.hf_files import read_adapter_config
 from documents.names import checked_name
@@ -23,6 +23,8 @@ from documents.run_record import RunIndex, read_run_record
 from documents.run_store import (ADAPTER_DIR, INDEX_NAME, MANIFEST_KEY, adapter_folder, index_files, indexes_of_run,
                                  run_key, runs_folder)
 from documents.sections.serve import model_name_problem, shown
+from planning.serving import DEFAULT_RANK
+from workloads.serve.adapter_files import AdapterFileError, AdapterFiles, read_adapter, read_stored_adapter
 
 
 class RegistryError(ValueError):
@@ -46,7 +48,7 @@ def adapter_entry(name: str, run_id: str, manifest: RunManifest, index: RunIndex
         name=name, run_id=run_id, run_name=index.run_name if index else manifest.run, adapter_dir=manifest.adapter,
         stack=index.stack if index else None,
         base_model_sha256=manifest.base_model.sha256, base_model_path=manifest.base_model.path,
-        rank=lora.get("r", 16), dataset_sha256=manifest.dataset.sha256, evaluation=evaluation,
+        rank=lora.get("r", DEFAULT_RANK), dataset_sha256=manifest.dataset.sha256, evaluation=evaluation,
     )
 
 
@@ -89,6 +91,12 @@ def stored_runs(store_dir: Path, stack: str | None) -> StoredRuns:
             continue
         found[run_id] = (index, manifest)
     return StoredRuns(found, damaged)
+
+
+def stored_ranks(runs: StoredRuns) -> list[int]:
+    """The adapter rank each readable stored run with an adapter trained (its manifest's train.lora.r)."""
+    return [((manifest.config.get("train") or {}).get("lora") or {}).get("r", DEFAULT_RANK)
+            for _, manifest in runs.readable.values() if manifest.adapter is not None]
 
 
 def stacks_holding(store_dir: Path, run_id: str) -> list[str]:
@@ -163,15 +171,22 @@ def resolve_adapters(run: RunConfig, wanted: dict[str, str], store_dir: Path, st
     base_sha, base_path = served_base(run)
     if not wanted:
         own = check_base(current_run_adapter(run, default_name), base_sha, base_path)
-        return [verified(own, [Path(own.adapter_dir)])]
+        return [verified(own, own_files(own))]
     runs = stored_runs(store_dir, stack)
     return [stored_adapter(runs, store_dir, stack, name, run_id, base_sha, base_path) for name, run_id in wanted.items()]
 
 
 def stored_adapter(runs: StoredRuns, store_dir: Path, stack: str | None, name: str, run_id: str, base_sha: str,
                    base_path: str) -> AdapterEntry:
-    """The stored run's adapter under `name`: the store's own copy (documents.run_store.adapter_folder), its hash as
-    the run index records it, checked against the served base and the files; a run of another stack is
+    """The stored run's adapter under `name` (`stored_adapter_files` without the files)."""
+    return stored_adapter_files(runs, store_dir, stack, name, run_id, base_sha, base_path)[0]
+
+
+def stored_adapter_files(runs: StoredRuns, store_dir: Path, stack: str | None, name: str, run_id: str, base_sha: str,
+                         base_path: str) -> tuple[AdapterEntry, AdapterFiles]:
+    """The stored run's adapter under `name` and the files read: the store's own copy
+    (documents.run_store.adapter_folder), its hash as the run index records it, checked against the served base
+    and the bytes read (no link in the stored run: workloads.serve.adapter_files); a run of another stack is
     refused, naming that stack, and a damaged run naming why."""
     if run_id in runs.damaged:
         raise RegistryError(f"adapter {name!r}: stored run {run_id!r} is damaged: {runs.damaged[run_id]}")
@@ -186,25 +201,25 @@ def stored_adapter(runs: StoredRuns, store_dir: Path, stack: str | None, name: s
     if index.adapter_sha256 is None:
         raise RegistryError(f"adapter {name!r}: stored run {run_id!r} holds no adapter files in {store_dir} "
                             "(stored before adapters were kept with the run: upload it again)")
-    folder = adapter_folder(store_dir, index.stack, run_id)
-    if folder.is_symlink():
-        raise RegistryError(f"adapter {name!r}: {folder} is a symbolic link, which may lead outside the run store "
-                            f"({store_dir}): refused unread")
-    entry = entry.model_copy(update={"adapter_dir": str(folder), "adapter_sha256": index.adapter_sha256})
-    return verified(check_base(entry, base_sha, base_path), [store_dir])
-
-
-def verified(entry: AdapterEntry, roots: list[Path]) -> AdapterEntry:
-    """The entry when its folder (symlinks resolved) lies under one of `roots` and its files still hash to
-    `adapter_sha256`; else RegistryError naming what differs."""
-    folder = Path(entry.adapter_dir).resolve()
-    if not any(folder.is_relative_to(root.resolve()) for root in roots):
-        raise RegistryError(f"adapter {entry.name!r}: {entry.adapter_dir} is outside the run store "
-                            f"({', '.join(str(r) for r in roots)}): refused")
     try:
-        found = adapter_sha256(folder)
-    except OSError as error:
-        raise RegistryError(f"adapter {entry.name!r}: {error}") from None
+        files = read_stored_adapter(store_dir, index.stack, run_id)
+    except (AdapterFileError, OSError) as problem:
+        raise RegistryError(f"adapter {name!r}: {problem}") from None
+    entry = entry.model_copy(update={"adapter_dir": str(files.folder), "adapter_sha256": index.adapter_sha256})
+    return verified(check_base(entry, base_sha, base_path), files), files
+
+
+def own_files(entry: AdapterEntry) -> AdapterFiles:
+    """The files of the run's own adapter folder (no link followed in it)."""
+    try:
+        return read_adapter(Path(entry.adapter_dir))
+    except (AdapterFileError, OSError) as problem:
+        raise RegistryError(f"adapter {entry.name!r}: {problem}") from None
+
+
+def verified(entry: AdapterEntry, files: AdapterFiles) -> AdapterEntry:
+    """The entry when the files read still hash to its `adapter_sha256`; else RegistryError naming what differs."""
+    found = files.sha256
     if entry.adapter_sha256 is not None and found != entry.adapter_sha256:
         raise RegistryError(f"adapter {entry.name!r} (run {entry.run_id}): the files in {entry.adapter_dir} hash to "
                             f"{found[:16]}, the registry recorded {entry.adapter_sha256[:16]}: changed since stored, refused")
@@ -241,4 +256,4 @@ def recheck_served(run: RunConfig, entry: AdapterEntry, store_dir: Path, stack: 
         raise RegistryError(f"adapter {entry.name!r}: {entry.adapter_dir} is neither a stored run's adapter nor "
                             "this run's own: refused")
     own = own.model_copy(update={"adapter_sha256": entry.adapter_sha256})
-    return verified(check_base(own, base_sha, base_path), [Path(own.adapter_dir)])
+    return verified(check_base(own, base_sha, base_path), own_files(own))

@@ -25,6 +25,7 @@ import asyncio
 import json
 import os
 import queue
+import tempfile
 import threading
 import time
 import uuid
@@ -40,12 +41,13 @@ from starlette.concurrency import run_in_threadpool
 from documents.run_manifest import model_hash
 from documents.sections.serve import shown
 from workloads.common.chat_template import prompt_ids
+from workloads.serve.adapter_files import AdapterFiles, read_adapter, write_copy
 from workloads.serve.engine.batching import RunningBatch
 from workloads.serve.engine.metrics import VLLM_DEFAULT_MAX_LEN, EngineMetrics, RequestTimes
 from workloads.serve.engine.stacked_lora import StackedLora, unstackable
 from workloads.serve.engine_key import ENGINE_KEY_ENV, require_engine_key
 from workloads.serve.http_shared import error
-from workloads.serve.registry import RegistryError, run_of_path, stored_adapter, stored_runs
+from workloads.serve.registry import RegistryError, run_of_path, stored_adapter_files, stored_runs
 from workloads.serve.request import RequestError, parse_chat_request
 from workloads.serve.token_budget import model_context
 
@@ -81,7 +83,8 @@ class Command:
 
     action: str
     name: str
-    path: str | None
+    files: AdapterFiles | None
+    """what a load loads: the bytes read (and hashed) through descriptors that follow no link"""
     done: asyncio.Future
     loop: asyncio.AbstractEventLoop
 
@@ -105,7 +108,7 @@ class AdapterModel:
         self.stacked = StackedLora()
         self.device, self.max_loras = device, max(max_loras, len(adapters))
         for name, path in adapters.items():
-            self.load(name, str(path))
+            self.load(name, read_adapter(path))
         eos = self.model.generation_config.eos_token_id
         self.eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         if self.tokenizer.eos_token_id is not None:
@@ -115,22 +118,24 @@ class AdapterModel:
     def prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
         return list(prompt_ids(self.tokenizer, messages))
 
-    def load(self, name: str, path: str) -> None:
+    def load(self, name: str, files: AdapterFiles) -> None:
+        """Adds the adapter whose files were read as `files`: peft reads a private copy of those bytes (removed
+        once loaded), never the folder they came from again."""
         if name in self.adapters or name == BASE_ROW:
             raise ValueError(f"adapter {name!r} is already loaded")
         if len(self.adapters) >= self.max_loras:
             raise ValueError(f"{len(self.adapters)} adapters are loaded, the most this engine holds (--max-loras)")
-        if not (Path(path) / "adapter_config.json").is_file():
-            raise ValueError(f"{path}: no adapter_config.json")
-        if isinstance(self.model, self.peft_model):
-            self.model.load_adapter(path, adapter_name=name)
-        else:
-            self.model = self.peft_model.from_pretrained(self.model, path, adapter_name=name).eval()
+        with tempfile.TemporaryDirectory(prefix="ft-engine-adapter-") as private:
+            path = str(write_copy(files, Path(private) / "adapter"))
+            if isinstance(self.model, self.peft_model):
+                self.model.load_adapter(path, adapter_name=name)
+            else:
+                self.model = self.peft_model.from_pretrained(self.model, path, adapter_name=name).eval()
         problem = unstackable(self.model, name)
         if problem:
             self.remove(name)
             self.restack()
-            raise ValueError(f"{path}: {problem}; this engine serves plain LoRA on linear layers only")
+            raise ValueError(f"{files.folder}: {problem}; this engine serves plain LoRA on linear layers only")
         self.adapters.add(name)
         self.restack()
 
@@ -258,7 +263,8 @@ class Worker:
     def command(self, command: Command) -> None:
         try:
             if command.action == "load":
-                self.engine.load(command.name, command.path or "")
+                assert command.files is not None
+                self.engine.load(command.name, command.files)
             else:
                 self.engine.unload(command.name)
         except ValueError as problem:
@@ -302,27 +308,30 @@ async def completion_events(generation: Generation, public: str, include_usage: 
         generation.cancelled.set()
 
 
-StoreCheck = Callable[[str], str | None]
-"""why a folder asked for at runtime cannot be loaded (not a stored run's adapter, changed files), else None"""
+StoreCheck = Callable[[str], AdapterFiles]
+"""the files of a folder asked for at runtime, read as they will be loaded; ValueError when it cannot be loaded
+(not a stored run's adapter, a link in the run, changed files)"""
 
 
 def store_check(store: Path, stack_name: str, base: Path) -> StoreCheck:
     """The run store's rules, checked by the engine itself (not only by the gateway): a runtime load is a stored
-    run's adapter folder of `stack_name`, trained on `base`, whose files hash to what the store recorded."""
+    run's adapter folder of `stack_name`, trained on `base`, with no link in the run, whose files hash to what the
+    store recorded; the bytes hashed are the bytes loaded."""
     digest = model_hash(base)
 
-    def check(path: str) -> str | None:
-        try:
-            runs = stored_runs(store, stack_name)
-            run_id = run_of_path(runs, store, stack_name, path)
-            if run_id is None:
-                return f"{shown(path)} is not a stored run's adapter folder in {store}: refused"
-            stored_adapter(runs, store, stack_name, run_id, run_id, digest["sha256"], digest["path"])
-        except RegistryError as problem:
-            return str(problem)
-        return None
+    def check(path: str) -> AdapterFiles:
+        runs = stored_runs(store, stack_name)
+        run_id = run_of_path(runs, store, stack_name, path)
+        if run_id is None:
+            raise RegistryError(f"{shown(path)} is not a stored run's adapter folder in {store}: refused")
+        return stored_adapter_files(runs, store, stack_name, run_id, run_id, digest["sha256"], digest["path"])[1]
 
     return check
+
+
+def no_store_check(path: str) -> AdapterFiles:
+    """An engine started without a run store loads any adapter folder, its files read without following a link."""
+    return read_adapter(Path(path))
 
 
 @dataclass(frozen=True)
@@ -332,7 +341,7 @@ class EngineApp:
     worker: Worker
     base_name: str
     default_max_tokens: int
-    check: StoreCheck | None
+    check: StoreCheck
 
     @property
     def loaded(self) -> list[str]:
@@ -415,12 +424,12 @@ async def chat(request: Request) -> Any:
     return await collected(events, name)
 
 
-async def command(state: EngineApp, action: str, name: Any, path: Any) -> Any:
-    if not isinstance(name, str) or not name or (action == "load" and not isinstance(path, str)):
+async def command(state: EngineApp, action: str, name: Any, files: AdapterFiles | None = None) -> Any:
+    if not isinstance(name, str) or not name:
         return error(400, "lora_name (and lora_path to load) must be strings", "invalid_request")
     loop = asyncio.get_running_loop()
     done = loop.create_future()
-    state.worker.commands.put(Command(action, name, path, done, loop))
+    state.worker.commands.put(Command(action, name, files, done, loop))
     problem = await done
     if problem:
         return error(400, problem, "invalid_adapter")
@@ -431,9 +440,13 @@ async def load_lora_adapter(request: Request) -> Any:
     state = engine_of(request)
     body = await read_json(request) or {}
     path = body.get("lora_path")
-    if state.check is not None and isinstance(path, str) and (problem := await run_in_threadpool(state.check, path)):
-        return error(400, problem, "not_stored")
-    return await command(state, "load", body.get("lora_name"), path)
+    if not isinstance(path, str) or not isinstance(body.get("lora_name"), str):
+        return error(400, "lora_name (and lora_path to load) must be strings", "invalid_request")
+    try:
+        files = await run_in_threadpool(state.check, path)
+    except ValueError as problem:  # RegistryError, AdapterFileError
+        return error(400, str(problem), "not_stored")
+    return await command(state, "load", body.get("lora_name"), files)
 
 
 async def metrics(request: Request) -> Response:
@@ -444,10 +457,11 @@ async def metrics(request: Request) -> Response:
 
 async def unload_lora_adapter(request: Request) -> Any:
     body = await read_json(request) or {}
-    return await command(engine_of(request), "unload", body.get("lora_name"), None)
+    return await command(engine_of(request), "unload", body.get("lora_name"))
 
 
-def build_app(worker: Worker, base_name: str, default_max_tokens: int = 256, check: StoreCheck | None = None) -> FastAPI:
+def build_app(worker: Worker, base_name: str, default_max_tokens: int = 256,
+              check: StoreCheck = no_store_check) -> FastAPI:
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     app.state.engine = EngineApp(worker, base_name, default_max_tokens, check)
     app.add_api_route("/health", health, methods=["GET"])
@@ -495,7 +509,7 @@ def main(argv: list[str] | None = None) -> None:
     metrics = EngineMetrics(args.base_name, model_context(args.base) or VLLM_DEFAULT_MAX_LEN, engine.max_loras)
     worker = Worker(engine, args.max_batch, metrics)
     worker.thread.start()
-    check = store_check(args.runs_store, args.stack, args.base) if args.runs_store and args.stack else None
+    check = store_check(args.runs_store, args.stack, args.base) if args.runs_store and args.stack else no_store_check
     app = build_app(worker, args.base_name, args.max_tokens, check)
     if key := os.environ.get(ENGINE_KEY_ENV):
         require_engine_key(app, key)

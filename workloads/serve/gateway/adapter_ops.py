@@ -67,9 +67,10 @@ async def load_served(gateway: Gateway, name: str, run_id: str, not_found: str, 
         entry = gateway.adapter_host.resolve(name, run_id)
     except LookupError as missing:
         raise Refused(404, str(missing).strip("'\""), not_found) from None
+        folder = gateway.adapter_host.engine_path(entry)
     except ValueError as problem:
         raise Refused(400, str(problem), refused) from None
-    await engine_admin(gateway, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": entry.adapter_dir})
+    await engine_admin(gateway, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": folder})
     route = gateway.adapter_host.route(entry)
     if route.tokenizer and route.budget:
         gateway.counters.setdefault(route.tokenizer, PromptCounter(Path(route.tokenizer)))

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import httpx
 
-from documents.adapter_registry import AdapterEntry, ServedSet, adapter_sha256, read_served_set
+from documents.adapter_registry import AdapterEntry, ServedSet, read_served_set
 from documents.base import DocumentError
+from workloads.serve.adapter_files import read_entry
 from workloads.serve.engine_key import engine_headers
 from workloads.serve.gateway.state import Gateway
 
@@ -27,10 +28,21 @@ log = logging.getLogger("workloads.serve")
 
 
 def unchanged(entry: AdapterEntry) -> bool:
+    """Whether the entry's files, read without following a link (none in a stored run), still hash as recorded."""
     try:
-        return entry.adapter_sha256 is None or adapter_sha256(Path(entry.adapter_dir)) == entry.adapter_sha256
-    except OSError:
+        return entry.adapter_sha256 is None or read_entry(entry).sha256 == entry.adapter_sha256
+    except (OSError, ValueError):
         return False
+
+
+def engine_folder(gateway: Gateway, entry: AdapterEntry) -> str | None:
+    """The folder the engine loads `entry` from again; None when its files changed or cannot be read."""
+    if not unchanged(entry):
+        return None
+    try:
+        return gateway.adapter_host.engine_path(entry) if gateway.adapter_host else entry.adapter_dir
+    except (OSError, ValueError):
+        return None
 
 
 def resync(gateway: Gateway, url: str, base_name: str, engine_key: str | None) -> list[str]:
@@ -38,7 +50,8 @@ def resync(gateway: Gateway, url: str, base_name: str, engine_key: str | None) -
     off the list: their files changed). Raises httpx.HTTPError when the engine refuses a load or unload."""
     listed = {name: route for name, route in list(gateway.routes.items())
               if route.url == url and route.adapter is not None}
-    refused = [name for name, route in listed.items() if not unchanged(route.adapter)]
+    folders = {name: engine_folder(gateway, route.adapter) for name, route in listed.items()}
+    refused = [name for name, folder in folders.items() if folder is None]
     for name in refused:
         gateway.routes.pop(name, None)
         del listed[name]
@@ -48,10 +61,10 @@ def resync(gateway: Gateway, url: str, base_name: str, engine_key: str | None) -
         held = {card["id"] for card in answer.json()["data"]} - {base_name}
         for name in sorted(held - {route.upstream for route in listed.values()}):
             client.post("/v1/unload_lora_adapter", json={"lora_name": name}).raise_for_status()
-        for route in listed.values():
+        for name, route in listed.items():
             if route.upstream not in held:
                 client.post("/v1/load_lora_adapter", json={"lora_name": route.upstream,
-                                                           "lora_path": route.adapter.adapter_dir}).raise_for_status()
+                                                           "lora_path": folders[name]}).raise_for_status()
     if refused:
         gateway.on_change()
     return refused

@@ -38,6 +38,10 @@ class AdapterHost:
     route: Callable[[AdapterEntry], Route]
     run_of_path: Callable[[str], str | None] = lambda path: None
     """the stored run whose adapter folder in the store is `path` (vLLM's lora_path), else None"""
+    engine_path: Callable[[AdapterEntry], str] = lambda entry: entry.adapter_dir
+    """the folder the engine is told to load: the store's (the CPU engine reads it itself, following no link), or
+    a private copy of the files read from it (vLLM; workloads.serve.adapter_files.engine_copy), ValueError when
+    they cannot be read or changed"""
 
 
 @dataclass

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from documents.adapter_registry import AdapterEntry
 from documents.hf_files import read_adapter_config, write_adapter_config
 from documents.run_config import RunConfig
 from documents.sections.serve import VLLM_LORA_RANKS, ServeConfig
+from planning.serving import rank_limit, trained_rank
 from workloads.common.chat_template import folder_options
 from workloads.serve.launcher.vllm_install import FLAG_SINCE, VllmInstall, VllmMissing, find_vllm
 from workloads.serve.route import Route
@@ -214,9 +216,15 @@ def base_route(base: Path, url: str, serve_config: ServeConfig, engine: str) -> 
                  root=card_root(base, serve_config), engine=engine)
 
 
-def lora_modules(adapters: list[AdapterEntry], base_name: str) -> list[str]:
-    """vLLM's JSON `--lora-modules` entries (any path, `=` and `,` included), each naming its base."""
-    return [json.dumps({"name": entry.name, "path": entry.adapter_dir, "base_model_name": base_name})
+def stored_folder(entry: AdapterEntry) -> str:
+    return entry.adapter_dir
+
+
+def lora_modules(adapters: list[AdapterEntry], base_name: str,
+                 folder: Callable[[AdapterEntry], str] = stored_folder) -> list[str]:
+    """vLLM's JSON `--lora-modules` entries (any path, `=` and `,` included), each naming its base; `folder(entry)`
+    is the path the engine reads."""
+    return [json.dumps({"name": entry.name, "path": folder(entry), "base_model_name": base_name})
             for entry in adapters]
 
 
@@ -256,11 +264,15 @@ def check_rank(entry: AdapterEntry, max_rank: int) -> None:
                          f"(vLLM --max-lora-rank): {remedy}")
 
 
-def vllm_max_rank(serve_config: ServeConfig, adapters: list[AdapterEntry]) -> int:
-    """--max-lora-rank: the configured rank (default training's), every adapter at start checked against it."""
+def vllm_max_rank(run: RunConfig, serve_config: ServeConfig, adapters: list[AdapterEntry]) -> int:
+    """--max-lora-rank: serve.max_lora_rank where set (the launcher sets it from the run and its store:
+    launch.served_rank_limit), else the smallest rank vLLM takes that holds the run's own train.lora.r and the adapters
+    served at start (planning.serving); every adapter at start checked against it."""
+    own = trained_rank(run)
+    limit = rank_limit(serve_config.max_lora_rank, [*([own] if own else []), *(adapter_rank(e) for e in adapters)])
     for entry in adapters:
-        check_rank(entry, serve_config.max_lora_rank)
-    return serve_config.max_lora_rank
+        check_rank(entry, limit)
+    return limit
 
 
 def vllm_lora_slots(serve_config: ServeConfig, held: int) -> tuple[int, int]:
@@ -281,18 +293,19 @@ def vllm_template_flag(install: VllmInstall, base: Path) -> list[str]:
 
 
 def plan_vllm(run: RunConfig, serve_config: ServeConfig, adapters: list[AdapterEntry],
-              install: VllmInstall) -> list[EnginePlan]:
+              install: VllmInstall, folder: Callable[[AdapterEntry], str] = stored_folder) -> list[EnginePlan]:
     """One vLLM process with every adapter, `max_loras_per_batch` GPU slots, room for `max_loras` held, and
     runtime load/unload enabled: it listens on loopback and answers only requests with the launch's engine key
     (VLLM_API_KEY, set by the launcher), so only the gateway's admin routes reach it. Started empty, it gets no
-    --lora-modules (a list flag vLLM refuses without a value)."""
+    --lora-modules (a list flag vLLM refuses without a value). vLLM reads each adapter from `folder(entry)` (the
+    launcher's private copy: workloads.serve.adapter_files.engine_copy)."""
     base = require_folder(run.base_model_dir, "config.json", "prepare")
     port = serve_config.backend_port
     per_batch, held = vllm_lora_slots(serve_config, len(adapters))
-    modules = ["--lora-modules", *lora_modules(adapters, serve_config.base_name)] if adapters else []
+    modules = ["--lora-modules", *lora_modules(adapters, serve_config.base_name, folder)] if adapters else []
     argv = [*install.command(), str(base), "--served-model-name", serve_config.base_name, "--enable-lora", *modules,
             "--max-loras", str(per_batch), "--max-cpu-loras", str(held),
-            "--max-lora-rank", str(vllm_max_rank(serve_config, adapters)), *vllm_template_flag(install, base),
+            "--max-lora-rank", str(vllm_max_rank(run, serve_config, adapters)), *vllm_template_flag(install, base),
             "--host", "127.0.0.1", "--port", str(port), *serve_config.vllm_args]
     url = f"http://127.0.0.1:{port}"
     routes = [adapter_route(entry, url, base, serve_config, "vllm") for entry in adapters]

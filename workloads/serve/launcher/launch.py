@@ -30,6 +30,7 @@ from documents.adapter_registry import SERVED_SET_NAME, AdapterEntry
 from documents.names import checked_name
 from documents.run_config import ConfigError, RunConfig, load_run_config
 from documents.sections.serve import ServeConfig
+from workloads.serve.adapter_files import engine_copy
 from workloads.serve.auth import (AccessError, api_key_from_env, api_key_from_file, is_loopback,
                                   require_key_beyond_loopback)
 from workloads.serve.engine_key import engine_env, new_engine_key
@@ -37,8 +38,9 @@ from workloads.serve.gateway.app import build_gateway
 from workloads.serve.gateway.served_report import ServedReporter
 from workloads.serve.gateway.served_restore import persisted_set, recheck, resync
 from workloads.serve.gateway.state import AdapterHost, Gateway, Limits
-from workloads.serve.launcher.engine_plan import (EnginePlan, adapter_route, check_rank, choose_engine, plan_peft,
-                                                  plan_transformers, plan_vllm, vllm_python)
+from planning.serving import rank_limit, trained_rank
+from workloads.serve.launcher.engine_plan import (EnginePlan, adapter_rank, adapter_route, check_rank, choose_engine,
+                                                  plan_peft, plan_transformers, plan_vllm, stored_folder, vllm_python)
 from workloads.serve.launcher.supervise import EngineError, Supervisor
 from workloads.serve.launcher.vllm_install import find_vllm
 from workloads.serve.registry import (
@@ -49,6 +51,7 @@ from workloads.serve.registry import (
     run_of_path,
     served_base,
     stored_adapter,
+    stored_ranks,
     stored_runs,
 )
 
@@ -72,7 +75,8 @@ def supervised_engines(plans: list[EnginePlan], serve_config: ServeConfig, on_gi
 def make_plans(run: RunConfig, serve_config: ServeConfig, engine: str, finetuned: str, work_dir: Path,
                adapters: list[AdapterEntry]) -> list[EnginePlan]:
     if engine == "vllm":
-        return plan_vllm(run, serve_config, adapters, find_vllm(vllm_python(serve_config)))
+        return plan_vllm(run, serve_config, adapters, find_vllm(vllm_python(serve_config)),
+                         lambda entry: engine_copy(entry, work_dir))
     if engine == "peft":
         return plan_peft(run, serve_config, adapters)
     if serve_config.adapters:
@@ -81,8 +85,10 @@ def make_plans(run: RunConfig, serve_config: ServeConfig, engine: str, finetuned
     return plan_transformers(run, serve_config, finetuned=finetuned, work_dir=work_dir)
 
 
-def adapter_host(run: RunConfig, serve_config: ServeConfig, engine: str, plans: list[EnginePlan]) -> AdapterHost | None:
-    """Runtime adapter loading for the one-process engines: stored runs, checked against the served base."""
+def adapter_host(run: RunConfig, serve_config: ServeConfig, engine: str, plans: list[EnginePlan],
+                 work_dir: Path) -> AdapterHost | None:
+    """Runtime adapter loading for the one-process engines: stored runs, checked against the served base; vLLM
+    loads a private copy in `work_dir` of the files read."""
     if engine not in ("peft", "vllm"):
         return None
     store_dir, (base_sha, base_path) = Path(serve_config.runs_store), served_base(run)
@@ -95,7 +101,8 @@ def adapter_host(run: RunConfig, serve_config: ServeConfig, engine: str, plans: 
         return entry
 
     return AdapterHost(url, resolve, lambda entry: adapter_route(entry, url, run.base_model_dir, serve_config, engine),
-                       lambda path: run_of_path(stored_runs(store_dir, stack_name), store_dir, stack_name, path))
+                       lambda path: run_of_path(stored_runs(store_dir, stack_name), store_dir, stack_name, path),
+                       (lambda entry: engine_copy(entry, work_dir)) if engine == "vllm" else stored_folder)
 
 
 def served_adapters(run: RunConfig, serve_config: ServeConfig, engine: str, resume: bool,
@@ -166,6 +173,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def served_rank_limit(run: RunConfig, serve_config: ServeConfig, adapters: list[AdapterEntry]) -> int:
+    """vLLM's --max-lora-rank where serve.max_lora_rank is unset: the smallest rank vLLM takes that holds the run's
+    own train.lora.r, the adapters served at start and every stored run of the stack the server may load later
+    (planning.serving, as `ftstack plan` plans it); runtime loads are checked against the same figure."""
+    stored = stored_ranks(stored_runs(Path(serve_config.runs_store), serve_config.stack)) if serve_config.stack else []
+    own = trained_rank(run)
+    return rank_limit(None, [*([own] if own else []), *(adapter_rank(e) for e in adapters), *stored])
+
+
 def merged_serve_config(run: RunConfig, args: argparse.Namespace) -> ServeConfig:
     """The run config's serve section with the command line's overrides."""
     overrides = {k: v for k, v in {"host": args.host, "port": args.port, "backend_port": args.backend_port,
@@ -203,8 +219,10 @@ def decide(args: argparse.Namespace) -> Launch:
     atexit.register(shutil.rmtree, work_dir, ignore_errors=True)  # on every exit but SIGKILL (SIGTERM: sys.exit)
     engine = choose_engine(serve_config)
     adapters = served_adapters(run, serve_config, engine, args.resume, args.start_empty)
+    if engine == "vllm" and serve_config.max_lora_rank is None:
+        serve_config = serve_config.model_copy(update={"max_lora_rank": served_rank_limit(run, serve_config, adapters)})
     plans = make_plans(run, serve_config, engine, args.finetuned, work_dir, adapters)
-    host = adapter_host(run, serve_config, engine, plans)
+    host = adapter_host(run, serve_config, engine, plans, work_dir)
     return Launch(run, serve_config, api_key, engine, plans, host, served_base(run))
 
 
