@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import httpx
 
@@ -39,18 +40,55 @@ def probe(url: str) -> int | None:
         return None
 
 
+GONE_POLL_S = 0.05
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live processes (zombies aside) of process group `pgid`, wherever their parent went: an engine's
+    workers (vLLM's EngineCore and Worker) outlive a killed leader with ppid 1, in its group."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(stat.parent.name))
+    return members
+
+
+def signal_group(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:  # nothing left of the group
+        pass
+
+
+def wait_gone(proc: subprocess.Popen, deadline: float) -> bool:
+    """Reap the leader and wait until its group is empty or `deadline` passes; whether the group is gone."""
+    try:
+        proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        return False
+    while group_members(proc.pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(GONE_POLL_S)
+    return True
+
+
 def stop_processes(procs: list[subprocess.Popen], grace_s: float) -> None:
-    """SIGTERM every process group, wait `grace_s` in all, then SIGKILL the groups still there."""
+    """SIGTERM every engine's process group, whatever became of its leader (a leader killed leaves its workers
+    in the group), wait `grace_s` in all for the groups to empty, then SIGKILL what is left of each and wait
+    (`grace_s` again at most) until it is gone, the leader reaped."""
     for proc in procs:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
+        signal_group(proc.pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     for proc in procs:
-        try:
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        if not wait_gone(proc, deadline):
+            signal_group(proc.pid, signal.SIGKILL)
+            if not wait_gone(proc, time.monotonic() + grace_s):
+                log(f"engine process group {proc.pid} still has {group_members(proc.pid)} after SIGKILL")
 
 
 class Supervisor:
