@@ -1,4 +1,4 @@
-"""`run.json`: the index of one run stored in the artifacts store (`runs/<stack>/<run_id>/run.json`).
+"""`run.json`: the index of one run stored in the run store (`runs/<stack>/<run_id>/run.json`).
 
 Written last by `infra.runs.store.upload_run`, read by `ftstack runs`, `ftstack report`, the dashboard and the cost
 model (the run's measured training throughput).

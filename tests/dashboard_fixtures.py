@@ -11,7 +11,7 @@ from document_fixtures import evaluator_report, side
 from documents.metrics import MetricsRecord
 from infra.config import load_stack_config
 from infra.program.mocks import run_under_mocks
-from infra.runs.store import ArtifactStore, upload_run
+from infra.runs.store import RunStore, upload_run
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
@@ -32,7 +32,7 @@ def stack_outputs(stack: str) -> dict[str, Any]:
     return dict(run_under_mocks(load_stack_config(stack, REPO / "stacks")).outputs)
 
 
-def store_run(store: ArtifactStore, stack: str, work: Path, run_id: str = "20260301-120000") -> dict[str, Any]:
+def store_run(store: RunStore, stack: str, work: Path, run_id: str = "20260301-120000") -> dict[str, Any]:
     """A finished run as the pipeline leaves it (config, manifest, metrics, evaluator JSON), uploaded."""
     work.mkdir(parents=True, exist_ok=True)
     config = work / "local.json"

@@ -20,7 +20,7 @@ from infra.dashboard.model import StoredRun
 from infra.monitoring.view import job_metrics_view
 from infra.program.mocks import run_under_mocks
 from infra.config import find_repo_root
-from infra.runs.store import ArtifactError, ArtifactStore, DamagedRun, run_prefix, scan_runs, store_for_stack
+from infra.runs.store import ArtifactError, RunStore, DamagedRun, run_prefix, scan_runs, store_for_stack
 
 
 class RunNotFoundError(ArtifactError):
@@ -32,14 +32,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "report",
         help="render a static HTML dashboard (cost, node sets, jobs, loss curve, comparison) from stack outputs",
         description="Reads stack outputs (`pulumi stack output --json`, `ftstack plan --json` or `ftstack run` "
-        "output) or, without --outputs, the stack's mock run; adds the latest run from the artifacts store. "
+        "output) or, without --outputs, the stack's mock run; adds the latest run from the run store. "
         "Writes DIR/index.html (self-contained, works offline).",
     )
     parser.add_argument("--stack", required=True, help="stack name (stacks/Pulumi.<stack>.yaml)")
     parser.add_argument("--outputs", help="stack outputs JSON file (`pulumi stack output --json`), or - for "
                         "standard input")
     parser.add_argument("--out", type=Path, required=True, help="output directory for index.html")
-    parser.add_argument("--run", help="run id to show (default: the latest run in the artifacts store)")
+    parser.add_argument("--run", help="run id to show (default: the latest run in the run store)")
     parser.add_argument("--config-dir", default="stacks", help="directory of the stack files (default: stacks)")
     parser.add_argument("--bucket", help="artifacts bucket of a cloud stack (default: stack output or env)")
     parser.set_defaults(func=run)
@@ -66,7 +66,7 @@ def damaged_warning(damaged: list[DamagedRun]) -> str:
     return f"{len(damaged)} stored run(s) damaged, not shown: " + "; ".join(d.reason for d in damaged)
 
 
-def latest_run(store: ArtifactStore, stack_name: str, run_id: str | None) -> tuple[StoredRun | None, list[DamagedRun]]:
+def latest_run(store: RunStore, stack_name: str, run_id: str | None) -> tuple[StoredRun | None, list[DamagedRun]]:
     """Index, metrics and evaluator report of one stored run (the latest readable one unless `run_id`), and the runs
     whose index is damaged."""
     listing = scan_runs(store, stack_name)
@@ -96,7 +96,7 @@ def latest_run(store: ArtifactStore, stack_name: str, run_id: str | None) -> tup
 
 
 def stored_run(stack: StackConfig, root: Path, bucket: Any, run_id: str | None) -> tuple[StoredRun | None, list[str]]:
-    """The run to show and, when the artifacts store cannot be read or holds damaged runs, why (the page still
+    """The run to show and, when the run store cannot be read or holds damaged runs, why (the page still
     renders)."""
     if stack.target == "nebius" and not isinstance(bucket, str):
         return None, []

@@ -44,7 +44,7 @@ from infra.pipeline.transport import TransportError
 from infra.cost.sections import serving_section
 from infra.output_sections import pipeline_section, served_speeds, stack_identity
 from infra.runs.measured import price_inputs, runs_of
-from infra.runs.store import ARTIFACTS_BUCKET_ENV, ArtifactError, ArtifactStore, list_runs, store_for_stack, upload_run
+from infra.runs.store import ARTIFACTS_BUCKET_ENV, ArtifactError, RunStore, list_runs, store_for_stack, upload_run
 
 
 def add_transport_arguments(parser: argparse.ArgumentParser) -> None:
@@ -112,7 +112,7 @@ def write_outputs(path: Path, outputs: StackOutputs) -> None:
     write_text_atomic(path, write_stack_outputs(outputs))
 
 
-def stored_run(store: ArtifactStore, stack: StackConfig, result: PipelineRun) -> RunIndex | None:
+def stored_run(store: RunStore, stack: StackConfig, result: PipelineRun) -> RunIndex | None:
     """The stored run of this pipeline's eval job, if it was stored already."""
     eval_job = result.jobs["eval"]["job_id"]
     return next((r for r in list_runs(store, stack.stack) if r.job_ids.get("eval") == eval_job), None)
@@ -145,7 +145,7 @@ def new_run_id(result: PipelineRun) -> str:
     return f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{result.jobs['eval']['job_id']}"
 
 
-def _upload(store: ArtifactStore, stack: StackConfig, repo: Path, result: PipelineRun, run_id: str,
+def _upload(store: RunStore, stack: StackConfig, repo: Path, result: PipelineRun, run_id: str,
             folders: dict[str, Path], outputs: StackOutputs, throughput: ThroughputMeasurement | None,
             check: ThroughputCheck | None) -> str:
     uploaded = upload_run(

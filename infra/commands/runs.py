@@ -1,4 +1,4 @@
-"""`ftstack runs --stack NAME`: past pipeline runs of a stack with their key figures, from the artifacts store;
+"""`ftstack runs --stack NAME`: past pipeline runs of a stack with their key figures, from the run store;
 `--adapters`: the runs' LoRA adapters as `serve --adapter NAME=RUN_ID` takes them (base hash, rank, data hash,
 evaluation). A run whose stored files cannot be read is listed as damaged, with the file and why, after the others
 (on standard error with --json)."""
@@ -22,7 +22,7 @@ from infra.config import StackConfigError, load_stack_config
 from infra.config import find_repo_root
 from infra.runs.store import (
     ArtifactError,
-    ArtifactStore,
+    RunStore,
     DamagedRun,
     read_run_file,
     run_prefix,
@@ -54,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 ADAPTER_COLUMNS = ("adapter (run id)", "base sha256", "rank", "data sha256", "ppl tuned", "ppl gain %", "folder")
 
 
-def adapter_entries(store: ArtifactStore, stack_name: str, runs: list[RunIndex]
+def adapter_entries(store: RunStore, stack_name: str, runs: list[RunIndex]
                     ) -> tuple[list[AdapterEntry], list[DamagedRun]]:
     """The adapter of every run whose stored manifest names one, named after its run id; and the runs whose stored
     manifest cannot be read (listed as damaged, the others stay usable)."""
@@ -75,7 +75,7 @@ def adapter_entries(store: ArtifactStore, stack_name: str, runs: list[RunIndex]
     return entries, damaged
 
 
-def stored_folder(store: ArtifactStore, stack_name: str, index: RunIndex) -> str:
+def stored_folder(store: RunStore, stack_name: str, index: RunIndex) -> str:
     """Where a server loads the run's adapter from: the store's copy (documents.run_store.adapter_folder), not the
     training output folder its manifest names; a run stored before adapters were kept with it says so."""
     if index.adapter_sha256 is None:
@@ -105,7 +105,7 @@ def _fmt(value: float | None, digits: int) -> str:
 STORED_METRICS = f"train/{METRICS_NAME}"
 
 
-def own_speeds(store: ArtifactStore, stack_name: str, runs: list[RunIndex]) -> dict[str, float | None]:
+def own_speeds(store: RunStore, stack_name: str, runs: list[RunIndex]) -> dict[str, float | None]:
     """Tokens/s per device over the steps each run's own train job logged, from its stored records and manifest
     (the run record's figure covers every record in the training folder, earlier jobs' too): a run that reused an
     earlier run's train job shows that job's figure, one whose train job logged no step none (None). Runs without

@@ -105,7 +105,7 @@ class EvalTable:
 
 @dataclass(frozen=True)
 class StoredRun:
-    """One run from the artifacts store: its index, training metrics and evaluator report."""
+    """One run from the run store: its index, training metrics and evaluator report."""
 
     index: RunIndex
     metrics: list[MetricsRecord]

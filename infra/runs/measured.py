@@ -13,7 +13,7 @@ from infra.cost.price import PriceInputs
 from infra.runs.store import (
     ARTIFACTS_BUCKET_ENV,
     ArtifactError,
-    ArtifactStore,
+    RunStore,
     latest_throughput,
     list_runs,
     store_for_stack,
@@ -22,7 +22,7 @@ from infra.runs.store import (
 CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 
 
-def runs_of(store: ArtifactStore, stack_name: str) -> str:
+def runs_of(store: RunStore, stack_name: str) -> str:
     """How the source line names where a stack's runs are stored."""
     return store.describe(stack_key(stack_name))
 
@@ -37,7 +37,7 @@ def artifacts_bucket(cfg: StackConfig) -> str | None:
     return None
 
 
-def stack_store(cfg: StackConfig, root: Path) -> tuple[ArtifactStore | None, str | None]:
+def stack_store(cfg: StackConfig, root: Path) -> tuple[RunStore | None, str | None]:
     """The store of the stack's runs, or None and why it cannot be read from here (a Nebius stack without a
     bucket or without object-storage credentials in the environment)."""
     if cfg.target != "nebius":

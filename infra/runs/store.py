@@ -51,7 +51,7 @@ class ArtifactUploadError(ArtifactError):
         )
 
 
-class ArtifactStore(Protocol):
+class RunStore(Protocol):
     def put_file(self, key: str, path: Path) -> None: ...
     def put_bytes(self, key: str, data: bytes) -> None: ...
     def get_bytes(self, key: str) -> bytes: ...
@@ -310,7 +310,7 @@ def build_index(
 
 
 def upload_run(
-    store: ArtifactStore,
+    store: RunStore,
     stack_name: str,
     run_id: str,
     run_config_path: Path,
@@ -358,7 +358,7 @@ def upload_run(
     return UploadResult(prefix=prefix, store=store.describe(prefix), uploaded=sorted(done.written), index=done.index)
 
 
-def latest_throughput(store: ArtifactStore, stack_name: str) -> ThroughputMeasurement | None:
+def latest_throughput(store: RunStore, stack_name: str) -> ThroughputMeasurement | None:
     """The training throughput the newest stored run of `stack_name` measured, if any did."""
     return next((r.throughput for r in reversed(list_runs(store, stack_name)) if r.throughput is not None), None)
 
@@ -380,7 +380,7 @@ class RunListing:
     """runs whose index is unreadable, invalid or names another run, in key order"""
 
 
-def _read_index(store: ArtifactStore, stack_name: str, key: str) -> RunIndex | DamagedRun:
+def _read_index(store: RunStore, stack_name: str, key: str) -> RunIndex | DamagedRun:
     run_id = run_id_of_key(key)
     try:
         index = read_run_record(store.get_bytes(key), store.describe(key))
@@ -392,7 +392,7 @@ def _read_index(store: ArtifactStore, stack_name: str, key: str) -> RunIndex | D
     return index
 
 
-def scan_runs(store: ArtifactStore, stack_name: str) -> RunListing:
+def scan_runs(store: RunStore, stack_name: str) -> RunListing:
     """Every run of `stack_name` that has a `run.json`; one that cannot be read is listed as damaged, the others stay
     usable."""
     read = [_read_index(store, stack_name, key) for key in store.list_keys(stack_key(stack_name)) if is_index_key(key)]
@@ -401,12 +401,12 @@ def scan_runs(store: ArtifactStore, stack_name: str) -> RunListing:
                       damaged=[r for r in read if isinstance(r, DamagedRun)])
 
 
-def list_runs(store: ArtifactStore, stack_name: str) -> list[RunIndex]:
+def list_runs(store: RunStore, stack_name: str) -> list[RunIndex]:
     """Every readable run of `stack_name`, oldest first (`scan_runs` also names the damaged ones)."""
     return scan_runs(store, stack_name).runs
 
 
-def read_run_file(store: ArtifactStore, stack_name: str, run_id: str, name: str) -> bytes:
+def read_run_file(store: RunStore, stack_name: str, run_id: str, name: str) -> bytes:
     return store.get_bytes(f"{run_prefix(stack_name, run_id)}/{name}")
 
 
@@ -423,7 +423,7 @@ def store_for_stack(
     bucket: str | None = None,
     access_key_id: str | None = None,
     secret_access_key: str | None = None,
-) -> ArtifactStore:
+) -> RunStore:
     """The local directory store for a local or existing-cluster stack; the stack's artifacts bucket otherwise.
 
     The bucket name comes from `bucket` (e.g. the stack output), else FTSTACK_ARTIFACTS_BUCKET.
