@@ -67,7 +67,7 @@ def adapter_entries(store: RunStore, stack_name: str, runs: list[RunIndex]
             manifest = read_run_manifest(read_run_file(store, stack_name, index.run_id, MANIFEST_KEY),
                                          store.describe(key))
             entry = adapter_entry(index.run_id, index.run_id, manifest, index)
-            entries.append(entry.model_copy(update={"adapter_dir": stored_folder(store, stack, index)}))
+            entries.append(entry.model_copy(update={"adapter_dir": stored_folder(store, stack_name, index)}))
         except RegistryError:
             continue
         except (ArtifactError, DocumentError) as exc:
