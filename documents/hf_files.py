@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from documents.atomic import write_text_atomic
 from documents.base import DocumentError, describe
+from documents.sections.train import LoraSettings
 from documents.text_input import TextInputError, load_json
 
 MODEL_CONFIG = "config.json"
@@ -43,7 +44,8 @@ class AdapterConfig(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
 
     peft_type: str | None = None
-    r: int = Field(8, ge=1, description="PEFT's default rank when the file states none")
+    r: int = Field(LoraSettings.model_fields["r"].default, ge=1,
+                   description="the adapter's rank; the one default rank (LoraSettings') where the file states none")
     lora_alpha: float | None = None
     base_model_name_or_path: str | None = None
     target_modules: list[str] | str | None = None

@@ -16,7 +16,7 @@ DEFAULT_RANK: int = LoraSettings.model_fields["r"].default
 """the one default adapter rank: what training produces when the run config names none."""
 
 
-def adapter_rank(run: RunConfig) -> int | None:
+def trained_rank(run: RunConfig) -> int | None:
     """The rank of the adapter the run trains (None: a full fine-tune or no train section)."""
     if run.train is None or run.train.method == "full":
         return None
@@ -30,13 +30,18 @@ def derived_rank(ranks: Sequence[int]) -> int:
     return next((r for r in VLLM_LORA_RANKS if r >= needed), VLLM_LORA_RANKS[-1])
 
 
+def rank_limit(configured: int | None, ranks: Sequence[int]) -> int:
+    """The engine's rank limit: serve.max_lora_rank where set, else the one `derived_rank` gives `ranks`."""
+    return configured if configured is not None else derived_rank(ranks)
+
+
 def serving_plan(run: RunConfig, stored_ranks: Sequence[int] = ()) -> ServingPlan:
     """The engine and the rank limit the server is started with for this run (module docstring)."""
     serve = run.serve or ServeConfig()
-    own = adapter_rank(run)
+    own = trained_rank(run)
     ranks = [*([own] if own is not None else []), *stored_ranks]
-    configured = serve.max_lora_rank if "max_lora_rank" in serve.model_fields_set else None
-    limit = configured if configured is not None else derived_rank(ranks)
+    configured = serve.max_lora_rank
+    limit = rank_limit(configured, ranks)
     needed = max(ranks, default=0)
     where = f"serve.max_lora_rank {configured}" if configured is not None else "derived from the adapters served"
     basis = (f"largest adapter rank {needed} (train.lora.r {own}"

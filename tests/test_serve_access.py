@@ -164,6 +164,15 @@ def test_an_adapter_over_the_configured_rank_is_refused_naming_both(tmp_path) ->
         plan_vllm(_run(tmp_path), ServeConfig(max_lora_rank=32), [entry], VLLM_CPU)
 
 
+def test_an_unset_rank_limit_holds_every_adapter_served(tmp_path) -> None:
+    """serve.max_lora_rank unset (issue 60 item 3): --max-lora-rank is the smallest rank vLLM takes that holds the
+    run's own train.lora.r and every adapter served, its rank_pattern included (r=30 with a 64: 64)."""
+    entry = AdapterEntry(name="desk-30", run_id="r", adapter_dir=str(adapter_folder(tmp_path, 30, {"q": 64})),
+                         base_model_sha256="b")
+    (plan,) = plan_vllm(_run(tmp_path), ServeConfig(), [entry], VLLM_CPU)
+    assert plan.argv[plan.argv.index("--max-lora-rank") + 1] == "64"
+
+
 @pytest.mark.parametrize("rank", [0, 24, 1024])
 def test_a_rank_vllm_does_not_take_is_refused_in_the_config(rank: int) -> None:
     with pytest.raises(ValueError, match=f"{rank} is no rank vLLM's --max-lora-rank takes: one of 1, 8, 16, 32, 64, 128, 256, 320, 512"):

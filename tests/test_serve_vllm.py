@@ -90,6 +90,8 @@ def vllm_server(vllm_cpu: VllmInstall, smollm2_base_dir: Path,
         "model": {"source": f"dir:{smollm2_base_dir}"}, "data": {"source": "sample", "rows": 4},
         "serve": {"engine": "vllm", "vllm_python": str(VLLM_PYTHON), "runs_store": str(root / "store"),
                   "stack": STACK, "max_tokens_limit": 64, "startup_timeout_s": 400,
+                  # set: unset, the limit would hold every stored run's rank (32 here), and the rank-32 one would load
+                  "max_lora_rank": 16,
                   # one process less to start: the worker inside the engine core (vLLM's default on one GPU)
                   "vllm_args": ["--max-model-len", "1024", "--distributed-executor-backend", "uni"]},
     }, "test_serve_vllm")

@@ -9,7 +9,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from documents.names import StackName
 from documents.sections.strict import Count, Flag, Number
-from documents.sections.train import LoraSettings
 
 MODEL_NAME_MAX = 64
 """characters in a served model id: OpenAI's fine-tuned model suffixes stop at 64."""
@@ -62,10 +61,12 @@ class ServeConfig(BaseModel):
     max_loras: Count = Field(8, ge=1, description="adapters one server holds at most (vLLM --max-cpu-loras)")
     max_loras_per_batch: Count = Field(
         4, ge=1, description="vLLM --max-loras: adapters one batch mixes (a GPU slot each); at most max_loras")
-    max_lora_rank: Count = Field(
-        LoraSettings.model_fields["r"].default,
-        description="vLLM --max-lora-rank: the largest adapter rank the server takes, at start or loaded later "
-                    "(default the rank training produces); an adapter over it is refused, naming both")
+    max_lora_rank: Count | None = Field(
+        None,
+        description="vLLM --max-lora-rank: the largest adapter rank the server takes, at start or loaded later; unset: "
+                    "the smallest rank vLLM takes that holds the run's own train.lora.r, the adapters served at start "
+                    "and the stored runs the server may load (planning/serving.py); set, an adapter over it is "
+                    "refused naming both, and ftstack plan refuses a run whose own rank is over it")
     vllm_python: str | None = Field(
         None, description="the serving environment's interpreter, which holds vLLM (None: the launcher's own); "
                           "vLLM's version and command are read from it")
@@ -105,8 +106,8 @@ class ServeConfig(BaseModel):
 
     @field_validator("max_lora_rank")
     @classmethod
-    def _vllm_rank(cls, value: int) -> int:
-        if value not in VLLM_LORA_RANKS:
+    def _vllm_rank(cls, value: int | None) -> int | None:
+        if value is not None and value not in VLLM_LORA_RANKS:
             raise ValueError(f"{value} is no rank vLLM's --max-lora-rank takes: one of {', '.join(map(str, VLLM_LORA_RANKS))}")
         return value
 
