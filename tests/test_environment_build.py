@@ -185,7 +185,7 @@ def test_a_lock_without_a_wheel_for_the_cluster_is_refused_before_anything_is_sh
     from infra.environment import lock
     from infra.environment.lock import LockError
     from infra.environment.plan import EnvironmentPlan
-    from infra.environment.resource import ship_source
+    from infra.pipeline.environment_source import ship_source
     from infra.pipeline.transport import LocalTransport
 
     locks = tmp_path / "locks"

@@ -98,7 +98,9 @@ LOWER = {
 """what a folder may import (its own modules included): the planner sees the documents and itself, nothing of infra/
 (configs, prices, schedules) or workloads/ (issue 60)."""
 NEVER = {
+    "infra.config": ("infra.cost", "infra.pipeline", "infra.program", "infra.commands"),
     "infra.cost": ("infra.pipeline", "infra.program", "infra.commands"),
+    "infra.environment": ("infra.pipeline", "infra.program", "infra.commands"),
     "infra.pipeline": ("infra.program", "infra.commands"),
 }
 TOP = ("infra.program", "infra.commands", "infra.__main__", "policies")

@@ -1,7 +1,7 @@
 """What the operator's machine ships for the `environment` stage: the lock, and for the wheelhouse source the wheels.
 
 A source folder (`source.json`, `requirements.txt`, `wheels/`) is staged here and uploaded to
-`<env root>/sources/<key>` on the cluster (infra.environment.resource); the stage builds `<env root>/<key>` from it
+`<env root>/sources/<key>` on the cluster (infra.pipeline.environment_source); the stage builds `<env root>/<key>` from it
 (workloads.environment.build). The wheelhouse is downloaded once per key into `.local/wheelhouse/<key>` with pip
 (hashes checked, wheels only, for the cluster's Python and platform whatever this machine's are) and reused while the
 lock stays the same.

@@ -10,7 +10,7 @@ from documents.evaluator_report import EvaluatorReport
 from documents.stack_outputs import SIDES, EvalSide, Job
 from documents.stack_outputs import Pipeline as PipelineOutputs
 from infra.environment.plan import EnvironmentPlan
-from infra.environment.resource import EnvironmentSource
+from infra.pipeline.environment_source import EnvironmentSource
 from infra.pipeline.bundle import WorkloadBundle
 from infra.pipeline.chain import JobSpec, job_arguments
 from infra.pipeline.jobs import SlurmJob, job_report

@@ -24,7 +24,7 @@ from documents.pipeline_state import PipelineState, StageRecord, load_state, sav
 from documents.publication import Publication, publication_name, read_publication
 from documents.run_config import load_run_config
 from infra.config import StackConfig
-from infra.environment.resource import ship_source
+from infra.pipeline.environment_source import ship_source
 from infra.pipeline.bundle import upload_bundle
 from infra.pipeline.chain import (
     JobSpec,
