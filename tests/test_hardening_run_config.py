@@ -8,6 +8,7 @@ file named .parquet. `ftstack plan --stack local --config-dir DIR`, DIR's stack 
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -48,7 +49,7 @@ def test_numbers_take_integers_and_paths_are_normalised() -> None:
     assert run.checkpoints_dir == run.root / "ckpt" / "b"
 
 
-def _plan(tmp_path: Path, run: dict, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+def _plan(tmp_path: Path, run: dict, capsys: pytest.CaptureFixture[str], command: str = "plan") -> tuple[int, str]:
     tmp_path.mkdir(parents=True, exist_ok=True)
     config = tmp_path / "run.json"
     config.write_text(json.dumps(run))
@@ -57,7 +58,7 @@ def _plan(tmp_path: Path, run: dict, capsys: pytest.CaptureFixture[str]) -> tupl
     stacks = tmp_path / "stacks"
     stacks.mkdir()
     (stacks / "Pulumi.local.yaml").write_text(yaml.safe_dump(stack))
-    code = main(["plan", "--stack", "local", "--config-dir", str(stacks)])
+    code = main([command, "--stack", "local", "--config-dir", str(stacks)])
     return code, capsys.readouterr().err
 
 
@@ -84,3 +85,14 @@ def test_the_shipped_local_config_still_plans_through_the_check(tmp_path: Path,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     code, err = _plan(tmp_path, LOCAL, capsys)
     assert code == 0, err
+
+
+def test_ftstack_run_refuses_the_same_sources_before_it_submits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """In a repository of its own (its .local/ state and lock, not this checkout's, which a demo may be using)."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    monkeypatch.chdir(repo)
+    code, err = _plan(tmp_path, {**LOCAL, "model": {"source": "dir:/etc/hostname"}}, capsys, command="run")
+    assert code == 1 and "ftstack run: " in err and "/etc/hostname is a file, not a model folder" in err, err

@@ -43,6 +43,7 @@ from infra.pipeline.slurm import SlurmError
 from infra.pipeline.transport import TransportError
 from infra.cost.sections import serving_section
 from infra.output_sections import pipeline_section, served_speeds, stack_identity
+from infra.run_sources import check_stack_run
 from infra.runs.measured import price_inputs, runs_of
 from infra.runs.store import ARTIFACTS_BUCKET_ENV, ArtifactError, RunStore, list_runs, store_for_stack, upload_run
 
@@ -205,6 +206,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         stack = load_stack_config(args.stack, repo / args.config_dir)
         cost_stack = cost_stack_config(args.cost_stack, repo, repo / args.config_dir) if args.cost_stack else stack
+        check_stack_run(stack, repo)
         spec = open_spec(args, stack)
         result = run_pipeline(stack, repo, spec, wait=args.wait, serve=args.serve or stack.pipeline.serve,
                               progress=lambda line: print(line, file=sys.stderr, flush=True))
