@@ -1,6 +1,6 @@
-"""No function over 60 lines in the project's code, infra/, workloads/, documents/, policies/ and bench/ (issue 51,
-widened from workloads/train and workloads/serve by issue 61): a stage is named steps, as torchtune's recipes keep
-a trainer's setup apart from its loop. None needed an exception."""
+"""No function over 60 lines in the project's code, infra/, planning/, workloads/, documents/, policies/ and bench/
+(issue 51, widened from workloads/train and workloads/serve by issue 61, planning/ by issue 60): a stage is named
+steps, as torchtune's recipes keep a trainer's setup apart from its loop. None needed an exception."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ("infra", "workloads", "documents", "policies", "bench")
+FOLDERS = ("infra", "planning", "workloads", "documents", "policies", "bench")
 LIMIT = 60
 
 
