@@ -1,8 +1,8 @@
 """Where a run fits on a stack's GPUs: for each GPU worker set, the placement the run trains with on that set's
 nodes (``planning.time_model.fastest_nodes``: the fewest nodes where ``decide_placement`` fits, on the catalog's
 usable GPU memory and the preset's RAM, more only where the network and offload estimate says they train faster)
-and, when no node count of the set fits, the fewest nodes of the set's preset that do. ``train_nodes`` is the node
-count the train job asks Slurm for.
+and, when no node count of the set fits, the fewest nodes of the set's preset that do. The planner's train request
+asks Slurm for the first set's placement's nodes (planning/planner.py).
 
 The preview's model-fits policy and ``ftstack plan`` call ``worker_fits``; the method comparison, the cost estimate
 and the trainer call the same ``decide_placement``, so the preview and the run agree.
@@ -17,7 +17,7 @@ from planning import catalog
 from planning.stack import PlanStack
 from planning.throughput import training_throughput
 from planning.time_model import fastest_nodes
-from planning.model_shapes import ModelShape, UnknownModel, shape_for_source
+from planning.model_shapes import ModelShape
 from planning.placement import Hardware, Placement, decide_placement
 
 
@@ -83,17 +83,3 @@ def worker_fits(cfg: PlanStack, run: RunConfig, shape: ModelShape) -> list[Worke
                                gpu_memory_gib=hardware.gpu_memory_gib, placement=placement, set_nodes=size,
                                smallest=smallest))
     return found
-
-
-def train_nodes(cfg: PlanStack, run: RunConfig, all_nodes: int) -> int:
-    """The nodes the train job asks for on the stack's first worker set: its ``worker_fits`` placement's when the
-    model's shape is known and the set is a GPU set, else `all_nodes` (every node of the set)."""
-    try:
-        shape = shape_for_source(run.model.source)
-    except UnknownModel:
-        return all_nodes
-    workers = cfg.workers
-    fits = worker_fits(cfg, run, shape)
-    if not workers or not fits or fits[0].worker_set != workers[0].name:
-        return all_nodes
-    return fits[0].placement.nodes

@@ -1,5 +1,5 @@
-"""The size of a stack's training run: the tokens it trains on, the passes it makes over them and the GPUs it
-spreads over. The caller passes the run config it loaded; nothing here reads one."""
+"""The size of a stack's training run: the tokens it trains on and the passes it makes over them. The caller passes
+the run config it loaded; nothing here reads one."""
 
 from __future__ import annotations
 
@@ -8,11 +8,8 @@ from pathlib import Path
 from documents.prepare_summary import PrepareSummary
 from documents.run_config import RunConfig
 from documents.sections.train import TrainConfig
-from documents.throughput import ThroughputMeasurement
 from documents.train_plan import planned_batching
 from planning.stack import PlanStack
-from planning.fit import train_nodes
-from planning.workers import worker_shape
 from planning.batches import tokens_per_step
 
 
@@ -48,17 +45,6 @@ def passes(train: TrainConfig | None, tokens: float, rows: float | None, gpus: i
     notes.append(f"training run: max_steps {train.max_steps} x {per_step:,.0f} tokens/step = {epochs:.3g} "
                  f"passes over {tokens:,.0f} tokens")
     return epochs
-
-
-def training_devices(cfg: PlanStack, run: RunConfig, measured: ThroughputMeasurement | None) -> tuple[int, int]:
-    """(GPUs the train job spreads over, GPUs of the whole worker shape): the job asks for the placement's nodes
-    (`planning.fit.train_nodes`, fewer than `worker_shape` where fewer train faster); on workers without GPUs
-    (an existing CPU cluster), the ranks the measured run had, both."""
-    nodes, gpus_per_node = worker_shape(cfg)
-    if not gpus_per_node:
-        ranks = measured.devices if measured is not None else 0
-        return ranks, ranks
-    return train_nodes(cfg, run, nodes) * gpus_per_node, nodes * gpus_per_node
 
 
 def prepared_tokens(prepared: PrepareSummary | None) -> tuple[int, int] | None:

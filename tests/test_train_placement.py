@@ -256,11 +256,11 @@ def test_h100_trains_a_70b_full_fine_tune_offloaded_on_both_nodes():
 def test_demo_refuses_a_70b_full_fine_tune_and_the_job_keeps_every_node():
     """fp32 70B (16 B a parameter sharded, 1.13 TB) fits no node count of demo's 5 x 2 L40S, offload or not (host RAM
     384 GiB a node): the policy refuses, and the train job's node count stays the worker set's."""
-    from planning.fit import train_nodes
+    from infra.plans import stack_plan
 
     cfg, run = _variant("demo", "full")
     assert set(_speeds(cfg, run).values()) == {None}
     [fit] = worker_fits(cfg.plan_stack(), run, shape_for_source(run.model.source))
     assert not fit.fits and fit.placement.nodes == 5
-    assert train_nodes(cfg.plan_stack(), run, 5) == 5
+    assert stack_plan(cfg, run).stages["train"].nodes == 5
     assert rules.model_fits(Context([], cfg, run, {}))
