@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, field_validator
 
@@ -142,10 +142,18 @@ def read_chat_request(raw: bytes, content_type: str | None) -> ChatRequest:
 
 
 def parse_chat_request(document: Any) -> ChatRequest:
+    return parse_request(ChatRequest, document)
+
+
+Request = TypeVar("Request", bound=BaseModel)
+
+
+def parse_request(model: type[Request], document: Any) -> Request:
+    """`document` as `model`, else a RequestError naming each wrong field and why."""
     if not isinstance(document, dict):
         raise RequestError(f"request body must be a JSON object, got {type(document).__name__}")
     try:
-        return ChatRequest.model_validate(document)
+        return model.model_validate(document)
     except ValidationError as error:
         problems = [f"{'.'.join(str(part) for part in e['loc']) or 'body'}: {e['msg'].removeprefix('Value error, ')}"
                     for e in error.errors()]

@@ -28,3 +28,7 @@ class PromptCounter:
 
     def count(self, messages: list[dict[str, str]]) -> int:
         return len(prompt_ids(self._load(), messages))
+
+    def vocabulary(self) -> int:
+        """How many token ids the tokenizer decodes (its vocabulary with the added tokens)."""
+        return len(self._load())

@@ -8,24 +8,30 @@
 
 A model served by another engine gets a 400 naming its engine; with no vLLM engine behind the gateway /version
 answers 404, and /metrics with neither a vLLM nor a peft engine (`transformers serve` exports no such series).
-Bodies are validated as chat's are: the API key, the size limit, the model name (mapped to the engine's),
-`max_tokens` within the configured limit (left out: the limit; vLLM counts the prompt against its context itself
-and refuses what overflows it).
+Bodies are validated as chat's are: the API key, the size limit, the model name (mapped to the engine's), every
+field checked or forwarded or refused naming it, token ids within the vocabulary
+(workloads.serve.gateway.vllm_requests), `max_tokens` within the configured limit (left out: the limit; vLLM
+counts the prompt against its context itself and refuses what overflows it).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.concurrency import run_in_threadpool
 
 from documents.sections.serve import shown
 from documents.text_input import TextInputError, load_json
+from workloads.serve.gateway.prompt_counter import PromptCounter
 from workloads.serve.gateway.relay import engine_answer, engine_unavailable, forward, read_body
 from workloads.serve.gateway.state import Gateway, denied, gateway_of
+from workloads.serve.gateway.vllm_requests import checked_completion, checked_detokenize, checked_tokenize
 from workloads.serve.http_shared import Refused, error
+from workloads.serve.request import RequestError
 from workloads.serve.route import Route
 
 VLLM = "vllm"
@@ -52,6 +58,14 @@ async def vllm_body(gateway: Gateway, request: Request, what: str) -> tuple[Rout
     return route, {**document, "model": route.upstream}
 
 
+async def vocabulary(gateway: Gateway, route: Route) -> int | None:
+    """The size of the route's tokenizer's vocabulary, None where the gateway has no tokenizer for it."""
+    if not route.tokenizer:
+        return None
+    counter = gateway.counters.setdefault(route.tokenizer, PromptCounter(Path(route.tokenizer)))
+    return await run_in_threadpool(counter.vocabulary)
+
+
 def granted_tokens(document: dict[str, Any], limit: int) -> int:
     asked = document.get("max_tokens")
     if asked is None:
@@ -69,20 +83,30 @@ async def completions(request: Request) -> Response:
         return refusal
     try:
         route, body = await vllm_body(gateway, request, "POST /v1/completions")
+        checked_completion(body, await vocabulary(gateway, route))
         body["max_tokens"] = granted_tokens(body, gateway.limits.max_tokens)
     except Refused as refused:
         return error(refused.status, str(refused), refused.code)
+    except RequestError as problem:
+        return error(problem.status, str(problem), problem.code)
     return await forward(request, gateway, route, "/v1/completions", body, body.get("stream") is True)
 
 
 async def passthrough(request: Request, path: str) -> Response:
+    """/tokenize and /detokenize, their bodies checked (workloads.serve.gateway.vllm_requests)."""
     gateway = gateway_of(request)
     if refusal := denied(gateway, request):
         return refusal
     try:
         route, body = await vllm_body(gateway, request, f"POST {path}")
+        if path == "/tokenize":
+            checked_tokenize(body)
+        else:
+            checked_detokenize(body, await vocabulary(gateway, route))
     except Refused as refused:
         return error(refused.status, str(refused), refused.code)
+    except RequestError as problem:
+        return error(problem.status, str(problem), problem.code)
     if (state := gateway.engine_state(route.url)) is not None:
         return engine_unavailable(route.name, state)
     try:
