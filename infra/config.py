@@ -333,7 +333,7 @@ class SoperatorConfig(_Model):
     slurm_cluster_name: str = Field(
         "soperator", pattern=r"^[a-z][a-z0-9-]{0,40}$",
         description="Name of the SlurmCluster; Soperator 4.1.7's active checks reach only `soperator` "
-        "(infra/soperator/charts/soperator-4.1.7.yaml hard_coded), as the reference install names it.",
+        "(infra/soperator/active_checks.py HARD_CODED), as the reference install names it.",
     )
     namespace: str = Field(
         "soperator", pattern=r"^[a-z][a-z0-9-]{0,62}$",
@@ -697,11 +697,11 @@ def _format_errors(error: ValidationError, source: str) -> str:
     return f"{source}: invalid stack config\n" + "\n".join(lines)
 
 
-def parse_stack_config(stack: str, values: dict[str, Any], source: str) -> StackConfig:
+def parse_stack_config(stack_name: str, values: dict[str, Any], source: str) -> StackConfig:
     """Validate namespace-stripped config values; errors name ``source`` and each bad key."""
     data = {key: _decode(key, raw) for key, raw in values.items()}
     try:
-        return StackConfig.model_validate({"stack": stack, **data})
+        return StackConfig.model_validate({"stack": stack_name, **data})
     except ValidationError as exc:
         raise StackConfigError(_format_errors(exc, source)) from None
 
@@ -733,17 +733,17 @@ def split_namespace(config: dict[str, Any], source: str) -> tuple[dict[str, Any]
     return values, secrets
 
 
-def stack_file(stack: str, config_dir: str | Path = "stacks") -> Path:
+def stack_file(stack_name: str, config_dir: str | Path = "stacks") -> Path:
     try:
-        checked_name(stack, "stack name")
+        checked_name(stack_name, "stack name")
     except ValueError as error:
         raise StackConfigError(str(error)) from None
-    return Path(config_dir) / f"Pulumi.{stack}.yaml"
+    return Path(config_dir) / f"Pulumi.{stack_name}.yaml"
 
 
-def read_stack_file(stack: str, config_dir: str | Path = "stacks") -> tuple[StackConfig, set[str]]:
+def read_stack_file(stack_name: str, config_dir: str | Path = "stacks") -> tuple[StackConfig, set[str]]:
     """StackConfig of a stack file plus the names of its secure keys (their values stay encrypted)."""
-    path = stack_file(stack, config_dir)
+    path = stack_file(stack_name, config_dir)
     if not path.is_file():
         raise StackConfigError(f"{path}: no such stack file")
     try:
@@ -760,12 +760,12 @@ def read_stack_file(stack: str, config_dir: str | Path = "stacks") -> tuple[Stac
     if not isinstance(config, dict):
         raise StackConfigError(f"{path}: 'config' must be a mapping")
     values, secrets = split_namespace(config, str(path))
-    return parse_stack_config(stack, values, str(path)), secrets
+    return parse_stack_config(stack_name, values, str(path)), secrets
 
 
-def load_stack_config(stack: str, config_dir: str | Path = "stacks") -> StackConfig:
+def load_stack_config(stack_name: str, config_dir: str | Path = "stacks") -> StackConfig:
     """Offline read of ``<config_dir>/Pulumi.<stack>.yaml`` (no Pulumi CLI needed)."""
-    return read_stack_file(stack, config_dir)[0]
+    return read_stack_file(stack_name, config_dir)[0]
 
 
 def from_pulumi_config() -> StackConfig:

@@ -88,7 +88,7 @@ def test_a_package_without_a_wheel_for_the_cluster_is_refused_naming_it_and_the_
 def test_the_plan_names_the_lock_the_source_and_the_folder_of_a_cloud_stack() -> None:
     import hashlib
 
-    from infra.commands.plan_extras import environment_text
+    from infra.commands.plan_sections import environment_text
     from infra.config import load_stack_config
     from infra.environment.plan import environment_plan, environment_section
 

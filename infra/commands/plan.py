@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from documents.run_config import ConfigError, load_run_config
-from infra.commands import plan_extras
+from infra.commands import plan_sections
 from infra.config import REPO_ROOT, StackConfig, StackConfigError, load_run, load_stack_config
 from infra.cost.price import price_stack
 from infra.environment.lock import LockError
@@ -47,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--run-config", metavar="FILE",
                         help="plan with this run config instead of the stack's pipeline.runConfig (a path under "
                              "workloads/, relative to the repository root, as pipeline.runConfig takes it)")
-    plan_extras.add_arguments(parser)
+    plan_sections.add_arguments(parser)
     manifests.add_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -102,8 +102,8 @@ def render_tree(run: MockRun) -> str:
     return "\n".join(lines)
 
 
-def render_text(stack: str, run: MockRun) -> str:
-    head = f"Offline plan of stack {stack!r} (mocked cloud; `pulumi preview --stack {stack}` for the real one)"
+def render_text(stack_name: str, run: MockRun) -> str:
+    head = f"Offline plan of stack {stack_name!r} (mocked cloud; `pulumi preview --stack {stack_name}` for the real one)"
     tree = render_tree(run) or "(no cloud resources)"
     outputs = "\n".join(f"  {k} = {_format_value(v)}" for k, v in run.outputs.items())
     return f"{head}\n\nResources ({len(run.resources)}):\n{tree}\n\nOutputs:\n{outputs}\n"
@@ -136,7 +136,7 @@ def check_ceilings(cfg: StackConfig) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    plan_extras.check_arguments(args)
+    plan_sections.check_arguments(args)
     try:
         cfg = load_stack_config(args.stack, args.config_dir)
     except StackConfigError as exc:
@@ -152,17 +152,17 @@ def run(args: argparse.Namespace) -> int:
     except (HelmRenderError, ConfigError, LockError, RunCeilingError, TimeLimitError, PlanRefused) as exc:
         print(f"ftstack plan: {exc}", file=sys.stderr)
         return 2
-    extras = plan_extras.plan_extras(cfg, result, args)
+    sections = plan_sections.plan_sections(cfg, result, args)
     try:
         written = manifests.write_manifests(cfg, result, args.manifests) if args.manifests else None
     except HelmRenderError as exc:
         print(f"ftstack plan: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(plan_document(result) | extras.document, indent=2))
+        print(json.dumps(plan_document(result) | sections.document, indent=2))
     else:
         print(render_text(args.stack, result))
-        print(extras.text)
+        print(sections.text)
     if written is not None:
         print(manifests.manifests_text(written), file=sys.stderr if args.json else sys.stdout)
-    return extras.exit_code
+    return sections.exit_code

@@ -105,8 +105,8 @@ def local_served_set(stack: StackConfig, repo: Path) -> ServedSet | None:
     return read_served_set(path.read_bytes(), str(path)) if path.is_file() else None
 
 
-def outputs_path(repo: Path, stack: str) -> Path:
-    return state_path(repo, stack).with_name(f"{stack}-outputs.json")
+def outputs_path(repo: Path, stack_name: str) -> Path:
+    return state_path(repo, stack_name).with_name(f"{stack_name}-outputs.json")
 
 
 def write_outputs(path: Path, outputs: StackOutputs) -> None:

@@ -67,8 +67,8 @@ class PipelineRun(BaseModel):
     publication: Publication | None = None
 
 
-def state_path(repo_root: Path, stack: str) -> Path:
-    return repo_root / ".local" / "pipeline" / f"{checked_name(stack, 'stack name')}.json"
+def state_path(repo_root: Path, stack_name: str) -> Path:
+    return repo_root / ".local" / "pipeline" / f"{checked_name(stack_name, 'stack name')}.json"
 
 
 def transport_spec(stack: StackConfig, *, login_host: str | None = None, private_key: str | None = None,

@@ -50,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 @dataclass(frozen=True)
-class PlanExtras:
+class PlanSections:
     text: str
     document: dict[str, Any]
     exit_code: int
@@ -185,7 +185,7 @@ def environment_text(section: Environment, plan: EnvironmentPlan) -> str:
             f"--serve), into {serving.folder}; the serve job's FT_VLLM_PYTHON={serving.python}")
 
 
-def plan_extras(cfg: StackConfig, result: MockRun, args: argparse.Namespace) -> PlanExtras:
+def plan_sections(cfg: StackConfig, result: MockRun, args: argparse.Namespace) -> PlanSections:
     inputs = price_inputs(cfg, REPO_ROOT)
     run = load_run(cfg)
     report = price_stack(cfg, inputs, run=run)
@@ -236,4 +236,4 @@ def plan_extras(cfg: StackConfig, result: MockRun, args: argparse.Namespace) -> 
             except OSError as exc:
                 raise SystemExit(f"ftstack plan --compare-chart {args.compare_chart}: not written: "
                                  f"{exc.strerror or exc}") from None
-    return PlanExtras("\n".join(text), document, code)
+    return PlanSections("\n".join(text), document, code)
