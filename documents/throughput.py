@@ -94,7 +94,7 @@ def run_tokens_per_second(records: list[MetricsRecord], job_id: str | None = Non
     return sum(r.tokens for r in timed) / seconds if seconds > 0 else None
 
 
-def measure_run(records: list[MetricsRecord], manifest: RunManifest, *, gpu_model: str | None, stack: str,
+def measure_run(records: list[MetricsRecord], manifest: RunManifest, *, gpu_model: str | None, stack_name: str,
                 run_id: str, source: str) -> ThroughputMeasurement | None:
     """The throughput a finished run measured (None when it logged no timed step)."""
     overall = run_tokens_per_second(records)
@@ -112,5 +112,5 @@ def measure_run(records: list[MetricsRecord], manifest: RunManifest, *, gpu_mode
         micro_batch_tokens=plan.micro_batch_tokens if plan else None,
         gradient_checkpointing=plan.gradient_checkpointing if plan else None,
         date=(manifest.ended or manifest.started or "")[:10],
-        origin="run", stack=stack, run_id=run_id, source=source,
+        origin="run", stack=stack_name, run_id=run_id, source=source,
     )

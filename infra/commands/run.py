@@ -138,8 +138,8 @@ def measured_throughput(stack: StackConfig, repo: Path, folders: dict[str, Path]
         return None
     manifest = read_run_manifest(manifest_file.read_bytes(), str(manifest_file))
     records = read_metrics(metrics_file.read_bytes(), str(metrics_file))
-    return measure_run(records, manifest, gpu_model=stack_gpu_model(stack.plan_stack()), stack=stack.stack, run_id=run_id,
-                       source=f"ftstack run --stack {stack.stack}")
+    return measure_run(records, manifest, gpu_model=stack_gpu_model(stack.plan_stack()), stack_name=stack.stack,
+                       run_id=run_id, source=f"ftstack run --stack {stack.stack}")
 
 
 def new_run_id(result: PipelineRun) -> str:

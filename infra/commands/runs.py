@@ -119,7 +119,7 @@ def own_speeds(store: RunStore, stack_name: str, runs: list[RunIndex]) -> dict[s
             records = read_metrics(read_run_file(store, stack_name, index.run_id, STORED_METRICS), STORED_METRICS)
             manifest = read_run_manifest(read_run_file(store, stack_name, index.run_id, MANIFEST_KEY), MANIFEST_KEY)
             measured = measure_run([r for r in records if r.job_id in (None, job)], manifest, gpu_model=None,
-                                   stack=stack_name, run_id=index.run_id, source="ftstack runs")
+                                   stack_name=stack_name, run_id=index.run_id, source="ftstack runs")
         except (ArtifactError, DocumentError):
             continue
         speeds[index.run_id] = measured.tokens_per_second_per_device if measured else None

@@ -314,10 +314,11 @@ def other_outputs(outputs: StackOutputs) -> dict[str, Any]:
     return dict(sorted(facts.items()))
 
 
-def build(stack: str, outputs: StackOutputs | None, stack_config: Any = None, run: StoredRun | None = None
+def build(stack_name: str, outputs: StackOutputs | None, stack_config: Any = None, run: StoredRun | None = None
           ) -> DashboardData:
     """Everything the page shows; without outputs, only what the stored run has."""
-    data = DashboardData(stack=stack, target=outputs.target if outputs else str(getattr(stack_config, "target", "?")))
+    data = DashboardData(stack=stack_name,
+                         target=outputs.target if outputs else str(getattr(stack_config, "target", "?")))
     if outputs is not None:
         categories, lines = cost_rows(outputs.cost)
         if all(r.usd_high == 0 for r in categories + lines):

@@ -110,10 +110,10 @@ def opened_folder_at(parent: int, name: str, shown: Path) -> Iterator[int]:
         os.close(fd)
 
 
-def read_stored_adapter(store_dir: Path, stack: str, run_id: str) -> AdapterFiles:
+def read_stored_adapter(store_dir: Path, stack_name: str, run_id: str) -> AdapterFiles:
     """The adapter files of a stored run, the run refused when any link lies in it (its folders walked from
     `store_dir` without following one)."""
-    parts = Path(run_key(stack, run_id)).parts
+    parts = Path(run_key(stack_name, run_id)).parts
     run_dir = store_dir.joinpath(*parts)
     try:
         with opened_folder(store_dir, parts) as run_fd:

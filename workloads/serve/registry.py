@@ -65,16 +65,16 @@ class StoredRuns:
     damaged: dict[str, str]
 
 
-def stored_runs(store_dir: Path, stack: str | None) -> StoredRuns:
-    """Every run of `stack` with a run manifest in a store folder (its runs' folders); each index must name
+def stored_runs(store_dir: Path, stack_name: str | None) -> StoredRuns:
+    """Every run of `stack_name` with a run manifest in a store folder (its runs' folders); each index must name
     the stack and run id its folder does, else the run is listed as damaged, as one that cannot be read."""
-    if stack is None:
+    if stack_name is None:
         raise RegistryError("this server does not know which stack it serves, and the run store keeps runs per "
                             f"stack ({run_key('<stack>', '<run_id>')}): start it with --stack NAME (the pipeline's "
                             "serve job does) or set serve.stack")
     found: dict[str, tuple[RunIndex, RunManifest]] = {}
     damaged: dict[str, str] = {}
-    for index_file in index_files(store_dir, stack):
+    for index_file in index_files(store_dir, stack_name):
         manifest_file = index_file.parent / MANIFEST_KEY
         if not manifest_file.is_file():
             continue
@@ -85,9 +85,9 @@ def stored_runs(store_dir: Path, stack: str | None) -> StoredRuns:
         except (DocumentError, OSError) as exc:
             damaged[run_id] = str(exc)
             continue
-        if (index.stack, index.run_id) != (stack, run_id):
+        if (index.stack, index.run_id) != (stack_name, run_id):
             damaged[run_id] = (f"{index_file}: names stack {index.stack!r} and run {index.run_id!r}, but lies in "
-                               f"{run_key(stack, run_id)}/")
+                               f"{run_key(stack_name, run_id)}/")
             continue
         found[run_id] = (index, manifest)
     return StoredRuns(found, damaged)
@@ -108,10 +108,11 @@ def stacks_holding(store_dir: Path, run_id: str) -> list[str]:
     return sorted(index.parent.parent.name for index in indexes_of_run(store_dir, run_id))
 
 
-def other_stack(name: str | None, run_id: str, stacks: list[str], store_dir: Path, stack: str | None) -> OtherStackRun:
+def other_stack(name: str | None, run_id: str, stacks: list[str], store_dir: Path,
+                stack_name: str | None) -> OtherStackRun:
     adapter = f"adapter {name!r}: " if name else ""
     return OtherStackRun(f"{adapter}run {run_id!r} is a run of stack {', '.join(map(repr, stacks))} "
-                         f"({run_key(stacks[0], run_id)} in {store_dir}), and this server serves stack {stack!r}: "
+                         f"({run_key(stacks[0], run_id)} in {store_dir}), and this server serves stack {stack_name!r}: "
                          "refused (serve it from a server of that stack)")
 
 
@@ -164,26 +165,27 @@ def current_run_adapter(run: RunConfig, name: str) -> AdapterEntry:
                         base_model_sha256=sha, base_model_path=path, rank=read_adapter_config(run.adapter_dir).r)
 
 
-def resolve_adapters(run: RunConfig, wanted: dict[str, str], store_dir: Path, stack: str | None,
+def resolve_adapters(run: RunConfig, wanted: dict[str, str], store_dir: Path, stack_name: str | None,
                      default_name: str) -> list[AdapterEntry]:
-    """The adapters to serve on the run's base: `wanted` (name -> run id) from the store's runs of `stack`, else
+    """The adapters to serve on the run's base: `wanted` (name -> run id) from the store's runs of `stack_name`, else
     the run's own."""
     base_sha, base_path = served_base(run)
     if not wanted:
         own = check_base(current_run_adapter(run, default_name), base_sha, base_path)
         return [verified(own, own_files(own))]
-    runs = stored_runs(store_dir, stack)
-    return [stored_adapter(runs, store_dir, stack, name, run_id, base_sha, base_path) for name, run_id in wanted.items()]
+    runs = stored_runs(store_dir, stack_name)
+    return [stored_adapter(runs, store_dir, stack_name, name, run_id, base_sha, base_path)
+            for name, run_id in wanted.items()]
 
 
-def stored_adapter(runs: StoredRuns, store_dir: Path, stack: str | None, name: str, run_id: str, base_sha: str,
+def stored_adapter(runs: StoredRuns, store_dir: Path, stack_name: str | None, name: str, run_id: str, base_sha: str,
                    base_path: str) -> AdapterEntry:
     """The stored run's adapter under `name` (`stored_adapter_files` without the files)."""
-    return stored_adapter_files(runs, store_dir, stack, name, run_id, base_sha, base_path)[0]
+    return stored_adapter_files(runs, store_dir, stack_name, name, run_id, base_sha, base_path)[0]
 
 
-def stored_adapter_files(runs: StoredRuns, store_dir: Path, stack: str | None, name: str, run_id: str, base_sha: str,
-                         base_path: str) -> tuple[AdapterEntry, AdapterFiles]:
+def stored_adapter_files(runs: StoredRuns, store_dir: Path, stack_name: str | None, name: str, run_id: str,
+                         base_sha: str, base_path: str) -> tuple[AdapterEntry, AdapterFiles]:
     """The stored run's adapter under `name` and the files read: the store's own copy
     (documents.run_store.adapter_folder), its hash as the run index records it, checked against the served base
     and the bytes read (no link in the stored run: workloads.serve.adapter_files); a run of another stack is
@@ -192,9 +194,9 @@ def stored_adapter_files(runs: StoredRuns, store_dir: Path, stack: str | None, n
         raise RegistryError(f"adapter {name!r}: stored run {run_id!r} is damaged: {runs.damaged[run_id]}")
     if run_id not in runs.readable:
         if others := stacks_holding(store_dir, run_id):
-            raise other_stack(name, run_id, others, store_dir, stack)
+            raise other_stack(name, run_id, others, store_dir, stack_name)
         damaged = f"; damaged: {sorted(runs.damaged)}" if runs.damaged else ""
-        raise UnknownRun(f"adapter {name!r}: no run {shown(run_id)} of stack {stack!r} in {store_dir} "
+        raise UnknownRun(f"adapter {name!r}: no run {shown(run_id)} of stack {stack_name!r} in {store_dir} "
                          f"(stored: {sorted(runs.readable) or 'none'}{damaged})")
     index, manifest = runs.readable[run_id]
     entry = adapter_entry(name, run_id, manifest, index)
@@ -226,8 +228,8 @@ def verified(entry: AdapterEntry, files: AdapterFiles) -> AdapterEntry:
     return entry.model_copy(update={"adapter_sha256": found})
 
 
-def run_of_path(runs: StoredRuns, store_dir: Path, stack: str | None, path: str) -> str | None:
-    """The id of the stored run of `stack` whose adapter folder in the store is `path` (vLLM's lora_path; a
+def run_of_path(runs: StoredRuns, store_dir: Path, stack_name: str | None, path: str) -> str | None:
+    """The id of the stored run of `stack_name` whose adapter folder in the store is `path` (vLLM's lora_path; a
     relative path is the store's, as the docs show), else None; another stack's
     adapter folder is refused, naming that stack, and a damaged run's naming why."""
     wanted = (store_dir / path).resolve()
@@ -235,22 +237,22 @@ def run_of_path(runs: StoredRuns, store_dir: Path, stack: str | None, path: str)
         if adapter_folder(store_dir, index.stack, run_id).resolve() == wanted:
             return run_id
     stored = runs_folder(store_dir).resolve()
-    if wanted.name == ADAPTER_DIR and wanted.parent.parent.name == stack and wanted.parent.name in runs.damaged:
+    if wanted.name == ADAPTER_DIR and wanted.parent.parent.name == stack_name and wanted.parent.name in runs.damaged:
         raise RegistryError(f"stored run {wanted.parent.name!r} is damaged: {runs.damaged[wanted.parent.name]}")
     if wanted.name == ADAPTER_DIR and wanted.parent.parent.parent == stored and (wanted.parent / INDEX_NAME).is_file():
-        raise other_stack(None, wanted.parent.name, [wanted.parent.parent.name], store_dir, stack)
+        raise other_stack(None, wanted.parent.name, [wanted.parent.parent.name], store_dir, stack_name)
     return None
 
 
-def recheck_served(run: RunConfig, entry: AdapterEntry, store_dir: Path, stack: str | None) -> AdapterEntry:
+def recheck_served(run: RunConfig, entry: AdapterEntry, store_dir: Path, stack_name: str | None) -> AdapterEntry:
     """A persisted served adapter checked again: a stored run's from the store (as a fresh load), the run's own
     from its folder, with the hash it was served with."""
     base_sha, base_path = served_base(run)
     if entry.stack is not None:
-        if entry.stack != stack:
-            raise other_stack(entry.name, entry.run_id, [entry.stack], store_dir, stack)
-        return stored_adapter(stored_runs(store_dir, stack), store_dir, stack, entry.name, entry.run_id, base_sha,
-                              base_path)
+        if entry.stack != stack_name:
+            raise other_stack(entry.name, entry.run_id, [entry.stack], store_dir, stack_name)
+        return stored_adapter(stored_runs(store_dir, stack_name), store_dir, stack_name, entry.name, entry.run_id,
+                              base_sha, base_path)
     own = current_run_adapter(run, entry.name)
     if Path(own.adapter_dir).resolve() != Path(entry.adapter_dir).resolve():
         raise RegistryError(f"adapter {entry.name!r}: {entry.adapter_dir} is neither a stored run's adapter nor "
