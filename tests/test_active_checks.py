@@ -1,4 +1,4 @@
-"""Soperator's active checks on the cloud stacks: both releases, their values against the 4.1.7 chart contract,
+"""Soperator's active checks on the cloud stacks: both releases, what the 4.1.7 chart reads and refuses to render,
 what each scope runs after creation, `off`, and their one-off cost line. Expected values are read from
 nebius/soperator 4.1.7 (helm/soperator-activechecks/values.yaml and scripts/*.sh) and the solutions library's
 five-scope locals_active_checks.tf."""
@@ -6,6 +6,9 @@ five-scope locals_active_checks.tf."""
 from __future__ import annotations
 
 import copy
+import dataclasses
+import tarfile
+from pathlib import Path
 
 import pytest
 
@@ -16,13 +19,17 @@ from infra.nebius.layout import layout
 from infra.soperator.active_checks import (
     CHECKS_RELEASE,
     CONTROLLER_CHART,
+    HARD_CODED,
     after_creation,
     literal_names,
     name_conflicts,
 )
-from infra.soperator.chart_contract import contract, violations
+from infra.soperator import helm_render
+from infra.soperator.helm_render import HelmRelease, HelmRenderError
+from infra.soperator.unread_values import unread_values
 from infra.soperator.values import SOPERATOR_NAMESPACE, release_plan
 
+MIRROR = helm_render.mirror_beside(Path(__file__).resolve().parents[1])
 SIZES = {"jail": 256, "controller-spool": 128, "accounting": 256}
 # values.yaml 4.1.7: checks with runAfterCreation true that are GPU Slurm jobs, and their scripts' #SBATCH --time
 GPU_AFTER_CREATION_MIN = {"all-reduce-perf-nccl-in-docker": 10, "all-reduce-perf-nccl-with-ib": 30,
@@ -45,7 +52,7 @@ def releases(cfg: StackConfig) -> dict:
 
 
 @pytest.mark.parametrize(("stack", "gpus"), [("demo", "2"), ("h100", "8"), ("dev", "1")])
-def test_both_releases_with_zero_contract_findings(stack, gpus) -> None:
+def test_both_releases_as_the_reference_installs_them(stack, gpus) -> None:
     cfg = load_stack_config(stack)
     plan = releases(cfg)
     controller, checks = plan[CONTROLLER_CHART], plan[CHECKS_RELEASE]
@@ -57,7 +64,6 @@ def test_both_releases_with_zero_contract_findings(stack, gpus) -> None:
     assert set(checks.depends_on) == {"slurm-cluster-storage", "slurm-cluster", "nodesets", CONTROLLER_CHART}
     assert controller.depends_on == ("soperator",)
     assert checks.timeout_s == 120 * 60  # soperator-fluxcd 4.1.7: soperatorActiveChecks.timeout 120m
-    assert controller.violations() == [] and checks.violations() == []
     assert controller.values["checks"]["manager"]["enableNodeReplacement"] is True  # the reference turns it on
     assert checks.values["slurmClusterRefName"] == plan["slurm-cluster"].values["clusterName"] == "soperator"
     assert checks.values["slurmJob"]["gpusPerNode"] == gpus
@@ -98,16 +104,18 @@ def test_off_removes_both_releases_and_the_cost_line() -> None:
         assert not [line for line in monthly_cost(cfg).lines if line.category == ONE_OFF]
 
 
-def test_the_contract_catches_what_the_chart_would_not_read_or_refuses_to_render() -> None:
-    checks = releases(load_stack_config("h100"))[CHECKS_RELEASE]
-    c = contract("soperator", "4.1.7", CHECKS_RELEASE)
-    both = copy.deepcopy(checks.values)
-    both["checks"]["gpu-fryer"] = {"failureReactions": {"commentSlurmNode": {"commentPrefix": "[node_problem]"}}}
-    assert violations(c, both) == [
-        "soperator-activechecks 4.1.7: checks.gpu-fryer.failureReactions.commentSlurmNode.commentPrefix is not a "
-        "value the chart reads or its CRD keeps"]
-    assert violations(c, {**checks.values, "clusterName": "x"}) == [
-        "soperator-activechecks 4.1.7: clusterName is not a value the chart reads or its CRD keeps"]
+def test_the_chart_reads_no_cluster_name_and_refuses_a_comment_beside_a_drain() -> None:
+    """helm/soperator-activechecks 4.1.7 takes the cluster from slurmClusterRefName, and _helpers.tpl's
+    checkReactionsConflict fails the render when a check has both a comment and a drain reaction."""
+    assert MIRROR is not None, "no chart mirror: ../shared/upstream/charts or FT_CHART_MIRROR"
+    checks = HelmRelease.from_spec(releases(load_stack_config("h100"))[CHECKS_RELEASE])
+    named = dataclasses.replace(checks, values={**checks.values, "clusterName": "x"})
+    assert unread_values(named, mirror=MIRROR, kube_version="1.36.0", only=["clusterName"]) == ["clusterName"]
+    both = copy.deepcopy(dict(checks.values))
+    both["checks"]["ib-gpu-perf"] = {"failureReactions": {"drainSlurmNode": {"drainReasonPrefix": "[node_problem]"}}}
+    with pytest.raises(HelmRenderError, match="release soperator-activechecks"):
+        helm_render.render(dataclasses.replace(checks, values=both, value_documents=()), mirror=MIRROR,
+                           kube_version="1.36.0")
 
 
 def test_another_soperator_version_needs_scope_off() -> None:
@@ -139,8 +147,15 @@ def test_the_checks_gpu_time_after_creation_is_a_one_off_line(stack, scope, each
 
 
 def test_the_pinned_chart_hard_codes_the_cluster_and_namespace_soperator() -> None:
-    """Read from the chart's own lines (kept verbatim in the 4.1.7 chart contract): the login FQDN of
-    scripts/create-user.sh and ssh-check.sh, and the CronJob template's ConfigMap, Secret, label and namespaces."""
+    """Read from the chart's own lines (active_checks.HARD_CODED, each found verbatim at its line in the pinned
+    package): the login FQDN of scripts/create-user.sh and ssh-check.sh, and the CronJob template's ConfigMap, Secret,
+    label and namespaces."""
+    assert MIRROR is not None, "no chart mirror: ../shared/upstream/charts or FT_CHART_MIRROR"
+    with tarfile.open(MIRROR / "helm-soperator-activechecks-4.1.7.tgz") as package:
+        for line in HARD_CODED["4.1.7"]:
+            member = package.extractfile(f"helm-soperator-activechecks/{line.file}")
+            assert member is not None, line.file
+            assert member.read().decode().splitlines()[line.line - 1] == line.text, f"{line.file}:{line.line}"
     names = literal_names("4.1.7")
     by_file = {(n.where.rsplit(":", 1)[0], n.kind, n.name) for n in names}
     assert {("helm/soperator-activechecks/scripts/create-user.sh", "cluster", "soperator"),
@@ -149,7 +164,7 @@ def test_the_pinned_chart_hard_codes_the_cluster_and_namespace_soperator() -> No
             ("helm/soperator-activechecks/templates/run-extensive-check-on-reservations.yaml", "namespace", "soperator"),
             } <= by_file
     assert {(n.kind, n.name) for n in names} == {("cluster", "soperator"), ("namespace", "soperator")}
-    assert literal_names("5.0.0") == names  # 5.0.0's contract extends 4.1.7 and records no other lines
+    assert literal_names("5.0.0") == names  # 5.0.0 (main at c238d993) keeps the same lines
 
 
 @pytest.mark.parametrize("stack", ["demo", "h100", "dev"])

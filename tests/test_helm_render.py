@@ -6,6 +6,7 @@ install order as the API server would take them (infra/soperator/manifest_checks
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 from functools import cache
 from pathlib import Path
@@ -19,6 +20,7 @@ from infra.program.mocks import SECRET, MockRun, run_under_mocks
 from infra.soperator import helm_render, manifest_checks
 from infra.soperator.helm_render import HelmRelease, HelmRenderError, Rendered
 from infra.soperator.manifest_checks import Unit
+from infra.soperator.unread_values import unread_values
 
 REPO = Path(__file__).resolve().parents[1]
 CLOUD_STACKS = ("demo", "dev", "h100")
@@ -63,6 +65,10 @@ def plain(inputs: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in inputs.items() if not k.startswith("__") and v != SECRET}
 
 
+API_VERSIONS: dict[tuple[str, str], tuple[str, ...]] = {}
+"""(stack, unit) -> the API versions its release rendered with."""
+
+
 def unit_name(resource: Any) -> str:
     return f"release {resource.inputs['name']}" if resource.type == helm_render.RELEASE_TYPE else f"resource {resource.name}"
 
@@ -80,10 +86,12 @@ def install_units(stack: str, run: MockRun) -> list[tuple[Unit, Rendered | None]
         after = frozenset(names[n] for n in waits[resource.name] if n in names)
         if resource.type == helm_render.RELEASE_TYPE:
             release = HelmRelease.from_inputs(resource.inputs)
+            API_VERSIONS[(stack, unit_name(resource))] = tuple(v for n in after for v in served.get(n, []))
             done = helm_render.render(release, mirror=MIRROR, kube_version=kube_version(stack),
-                                      api_versions=[v for n in after for v in served.get(n, [])])
-            unit, served[unit_name(resource)] = Unit(unit_name(resource), release.namespace, done.objects,
-                                                     done.crd_folder(), after), done.api_versions()
+                                      api_versions=API_VERSIONS[(stack, unit_name(resource))])
+            created = release.namespace if resource.inputs.get("createNamespace") else None
+            unit = Unit(unit_name(resource), release.namespace, done.objects, done.crd_folder(), after, created)
+            served[unit_name(resource)] = done.api_versions()
         else:
             objects = k8up_crds(run, resource) if resource.type == CONFIG_FILE else (plain(resource.inputs),)
             served[unit_name(resource)] = Rendered(HelmRelease("", "", "", "", {}), "", objects, ()).api_versions()
@@ -173,6 +181,21 @@ def test_an_object_two_releases_render_is_reported(units) -> None:
                                                                                       "nodesets") for f in found)
 
 
+def test_a_chart_rendering_the_namespace_its_release_creates_is_reported(units) -> None:
+    """kruise 1.8.0 renders Namespace kruise-system unless installation.createNamespace is false, and the release
+    creates it already (createNamespace): Helm would refuse to take the existing namespace into the release."""
+    (kruise,) = [(u, d) for u, d in units["demo"] if u.name == "release kruise"]
+    values = copy.deepcopy(dict(kruise[1].release.values))
+    values["installation"]["createNamespace"] = True
+    done = helm_render.render(dataclasses.replace(kruise[1].release, values=values), mirror=MIRROR,
+                              kube_version=kube_version("demo"))
+    changed = [dataclasses.replace(u, objects=done.objects) if u.name == "release kruise" else u
+               for u, _ in units["demo"]]
+    found = [str(f) for f in manifest_checks.check_stack("demo", changed, kube_version("demo"))]
+    assert found == ["demo: release kruise: v1 Namespace kruise-system: (object): also created by release kruise "
+                     "(createNamespace)"]
+
+
 def test_a_missing_chart_names_the_chart_and_its_source(tmp_path) -> None:
     release = HelmRelease("k8up", "k8up", "4.8.3", "k8up-system", {}, repo="https://k8up-io.github.io/k8up")
     with pytest.raises(HelmRenderError, match=rf"^chart k8up 4\.8\.3: no k8up-4\.8\.3\.tgz in the chart mirror {tmp_path}$"):
@@ -197,3 +220,43 @@ def test_a_chart_mirror_is_what_every_release_installs_from(tmp_path, monkeypatc
     with pytest.raises(Exception, match=rf"chart cert-manager v1\.19\.1: no cert-manager-v1\.19\.1\.tgz in the chart "
                                         rf"mirror {tmp_path}"):
         run_under_mocks(empty, {"pipelineSshPrivateKey": "key"})
+
+
+@cache
+def unread(release: HelmRelease, kube: str, api_versions: tuple[str, ...]) -> tuple[str, ...]:
+    """A release's unread values, once per release and inputs (the stacks share most releases)."""
+    return tuple(unread_values(release, mirror=MIRROR, kube_version=kube, api_versions=api_versions))
+
+
+SLOW_TO_RENDER = frozenset({"release metrics"})
+"""victoria-metrics-k8s-stack with its subcharts takes seconds a render: its values are asked apart (marked slow)."""
+
+
+def stack_unread(stack: str, units, names: Any) -> list[str]:
+    return [f"{stack}: {unit.name}: {path}" for unit, done in units[stack] if done is not None and names(unit.name)
+            for path in unread(done.release, kube_version(stack), API_VERSIONS[(stack, unit.name)])]
+
+
+@pytest.mark.parametrize("stack", CLOUD_STACKS)
+def test_every_value_the_program_sends_is_read_by_its_chart(stack, units) -> None:
+    """What the hand-written chart contracts caught and a render alone does not: a value Helm passes silently."""
+    assert stack_unread(stack, units, lambda name: name not in SLOW_TO_RENDER) == []
+
+
+@pytest.mark.slow
+def test_every_value_the_monitoring_stack_gets_is_read(units) -> None:
+    """The same for the VictoriaMetrics release of every stack that installs it (its values are the same on each
+    stack with the default monitoring settings, so one sweep serves them)."""
+    assert [f for stack in CLOUD_STACKS for f in stack_unread(stack, units, SLOW_TO_RENDER.__contains__)] == []
+
+
+def test_an_unread_key_is_reported(units) -> None:
+    """helm-soperator-backup-config 4.1.7 reads scheduleName and backup.schedule; misspelled, neither is read (and
+    the chart's defaults render instead), while every value the program sends still is."""
+    (done,) = [d for u, d in units["demo"] if u.name == "release soperator-backup-config"]
+    values = copy.deepcopy(dict(done.release.values))
+    values["scheduleNmae"] = values.pop("scheduleName")
+    values["backup"]["schedulee"] = "0 3 * * *"
+    typo = dataclasses.replace(done.release, values=values)
+    found = unread_values(typo, mirror=MIRROR, kube_version=kube_version("demo"))
+    assert found == ["backup.schedulee", "scheduleNmae"]

@@ -14,7 +14,7 @@ from infra.config import load_stack_config
 from infra.nebius.layout import layout
 from infra.program.mocks import run_under_mocks
 from infra.soperator import helm_values
-from infra.soperator.values import BackupTarget, ReleaseSpec, release_plan
+from infra.soperator.values import BackupTarget, ReleaseSpec, nodesets_values, release_plan
 
 RELEASE = "kubernetes:helm.sh/v3:Release"
 CLOUD_STACKS = ["demo", "dev", "h100"]
@@ -89,8 +89,8 @@ def test_dev_drains_on_ib_gpu_perf_without_the_charts_comment_reaction(runs) -> 
 
 def test_a_none_in_values_is_refused_naming_the_release_and_path() -> None:
     with pytest.raises(ValueError, match=r"release x: None at a\.b, c\.\[1\] would never reach Helm"):
-        ReleaseSpec("x", "chart", "1", "ns", {"a": {"b": None}, "c": [1, None]}, ("soperator", "x"))
-    spec = ReleaseSpec("x", "chart", "1", "ns", {"a": {"c": 1}}, ("soperator", "x"), deletions=(("a", "b"),))
+        ReleaseSpec("x", "chart", "1", "ns", {"a": {"b": None}, "c": [1, None]})
+    spec = ReleaseSpec("x", "chart", "1", "ns", {"a": {"c": 1}}, deletions=(("a", "b"),))
     assert spec.helm_document() == {"a": {"b": None, "c": 1}}
     assert yaml.safe_load(helm_values.deletion_yaml(spec.deletions)) == {"a": {"b": None}}
 
@@ -213,3 +213,36 @@ def test_node_groups_take_the_references_os_and_worker_auto_repair(stack, runs) 
     assert [c for c in worker if not c.get("disabled")] == [
         {"type": "HardwareIssuesSuspected", "status": "TRUE", "timeout": "1s"}]
     assert all("autoRepair" not in g for name, g in groups.items() if name != "worker")
+
+
+@pytest.mark.parametrize(("stack", "size"), [("demo", 5), ("h100", 2)])
+def test_ephemeral_workers_reach_the_nodeset_and_slurm_config(stack, size, runs) -> None:
+    """helm/nodesets 4.1.7 (templates/nodeset.yaml:22-40): replicas is every node the set may power up, ephemeralNodes
+    true, initialNumberEphemeralNodes rendered whenever the key is given (0 included); the SlurmCluster's
+    slurmConfig.suspendTime (operator default 1000000000, i.e. never) is what powers idle workers down."""
+    nodeset, housekeeping = release(runs[stack], "nodesets")["nodesets"]
+    assert housekeeping["name"] == "housekeeping" and "ephemeralNodes" not in housekeeping
+    assert (nodeset["replicas"], nodeset["ephemeralNodes"], nodeset["initialNumberEphemeralNodes"]) == (size, True, 0)
+    assert "ephemeralTopologyWaitTimeout" not in nodeset
+    assert release(runs[stack], "slurm-cluster")["slurmConfig"] == {"suspendTime": 600}
+
+
+def test_always_on_workers_send_no_ephemeral_keys(runs) -> None:
+    """The chart renders initialNumberEphemeralNodes whenever the key exists, ephemeral or not: a fixed worker set
+    sends none of the three keys, and no suspendTime."""
+    cfg = load_stack_config("dev")
+    assert cfg.nodes and not any(w.ephemeral for w in cfg.nodes.workers)
+    for nodeset in release(runs["dev"], "nodesets")["nodesets"]:
+        assert not {"ephemeralNodes", "initialNumberEphemeralNodes", "ephemeralTopologyWaitTimeout"} & set(nodeset)
+    assert "slurmConfig" not in release(runs["dev"], "slurm-cluster")
+
+
+def test_only_a_nodesets_chart_that_reads_it_gets_the_cluster_name() -> None:
+    """helm/nodesets 5.0.0 sets spec.clusterName from clusterName (templates/nodeset.yaml:22); 4.1.7 has no such
+    value, and tests/test_helm_render.py reports a value the chart does not read."""
+    cfg = load_stack_config("demo")
+    assert cfg.soperator is not None
+    specs = list(layout(cfg).node_groups)
+    assert "clusterName" not in nodesets_values(cfg, specs)
+    v5 = cfg.model_copy(update={"soperator": cfg.soperator.model_copy(update={"version": "5.0.0"})})
+    assert nodesets_values(v5, specs)["clusterName"] == "soperator"

@@ -18,7 +18,8 @@ from infra.cost.price import price_stack
 from infra.nebius.layout import layout
 from infra.pipeline.chain import CodeLocation, pipeline_jobs
 from planning.workers import worker_shape
-from infra.soperator.chart_contract import contract, violations
+from infra.soperator import helm_render, manifest_checks
+from infra.soperator.helm_render import HelmRelease
 from infra.soperator.values import nodesets_values, slurm_cluster_values
 from workloads.serve import publish
 
@@ -92,8 +93,7 @@ def test_the_charts_get_structured_partitions_over_a_serving_nodeset(tmp_path: P
     assert "ephemeralNodes" not in serving and next(n for n in nodesets if n["name"] == "worker")["ephemeralNodes"]
     referenced = {ref for p in partitions["partitions"] for ref in p.get("nodeSetRefs", [])}
     assert referenced == {n["name"] for n in nodesets}
-    assert violations(contract("soperator", "4.1.7", "slurm-cluster"), cluster_values) == []
-    assert violations(contract("soperator", "4.1.7", "nodesets"), {"nodesets": nodesets}) == []
+    assert rendered_findings(cfg, {"slurm-cluster": cluster_values, "nodesets": {"nodesets": nodesets}}) == []
 
 
 def test_without_reserved_workers_there_is_no_serving_partition() -> None:
@@ -250,3 +250,26 @@ def test_a_published_run_is_what_the_servers_registry_loads(adapter_runs: Any, t
     assert entry.adapter_dir == str(folder / "adapter") and entry.rank == 8
     assert entry.adapter_sha256 == adapter_sha256(Path(source["adapter"]))
     assert entry.evaluation is not None and entry.evaluation.perplexity_improvement_pct == 25.0
+
+
+def rendered_findings(cfg: Any, values: dict[str, dict[str, Any]]) -> list[str]:
+    """What the API server would refuse of helm-slurm-cluster's and helm-nodesets' objects rendered from ``values``
+    (with helm-soperator-crds' and the Prometheus operator's CRDs installed before them; the controller spool's chart
+    default dropped)."""
+    mirror = helm_render.mirror_beside(Path(__file__).resolve().parents[1])
+    assert mirror is not None, "no chart mirror: ../shared/upstream/charts or FT_CHART_MIRROR"
+    assert cfg.soperator is not None
+    chart = f"oci://{cfg.soperator.registry}/helm-"
+    units = []
+    for crds in (HelmRelease("soperator-crds", f"{chart}soperator-crds", "4.1.7", "soperator-system", {}),
+                 HelmRelease("prometheus-operator-crds", "prometheus-operator-crds",
+                             cfg.monitoring.prometheus_crds_version, "monitoring-system", {})):
+        done = helm_render.render(crds, mirror=mirror, kube_version="1.36.0")
+        units.append(manifest_checks.Unit(f"release {crds.name}", crds.namespace, done.objects, done.crd_folder()))
+    spool = ("slurmNodes:\n  controller:\n    volumes:\n      spool:\n        volumeClaimTemplateSpec: null\n",)
+    for name, release_values in values.items():
+        done = helm_render.render(HelmRelease(name, f"{chart}{name}", "4.1.7", cfg.slurm_namespace, release_values,
+                                              spool if name == "slurm-cluster" else ()),
+                                  mirror=mirror, kube_version="1.36.0")
+        units.append(manifest_checks.Unit(f"release {name}", cfg.slurm_namespace, done.objects))
+    return [str(f) for f in manifest_checks.check_stack("demo", units, "1.36.0")]

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from infra.config import StackConfig
-from infra.soperator import chart_contract
 from workloads.checks.node_states import NODE_PROBLEM
 
 CONTROLLER_CHART = "soperatorchecks"
@@ -169,6 +168,45 @@ ConfigMap ``<cluster>-slurm-configs`` and the Secret ``<cluster>-munge``; the in
 
 
 @dataclass(frozen=True)
+class HardCodedLine:
+    """A line of the activechecks chart, verbatim, that names the Slurm cluster or its namespace literally."""
+
+    file: str
+    """Path inside the chart folder, e.g. scripts/ssh-check.sh."""
+    line: int
+    text: str
+
+
+_CRONJOB = "templates/run-extensive-check-on-reservations.yaml"
+_HARD_CODED_4_1_7 = (
+    HardCodedLine('scripts/create-user.sh', 7,
+                  '    soperatorchecks@login-0.soperator-login-headless-svc.soperator.svc.cluster.local \\'),
+    HardCodedLine('scripts/ssh-check.sh', 11,
+                  '      -o "ProxyCommand=ssh -i /mnt/jail/opt/soperator-home/soperatorchecks/.ssh/soperatorc'
+                  'hecks_id_ecdsa -o StrictHostKeyChecking=no -W %h:%p soperatorchecks@login-0.soperator-logi'
+                  'n-headless-svc.soperator.svc.cluster.local " \\'),
+    HardCodedLine(_CRONJOB, 7,
+                  '    app.kubernetes.io/instance: soperator'),
+    HardCodedLine(_CRONJOB, 28,
+                  '            app.kubernetes.io/instance: soperator'),
+    HardCodedLine(_CRONJOB, 114,
+                  '              name: soperator-slurm-configs'),
+    HardCodedLine(_CRONJOB, 123,
+                  '              secretName: soperator-munge'),
+    HardCodedLine(_CRONJOB, 131, '  namespace: soperator'),
+    HardCodedLine(_CRONJOB, 137, '  namespace: soperator'),
+    HardCodedLine(_CRONJOB, 159, '  namespace: soperator'),
+    HardCodedLine(_CRONJOB, 167, '  namespace: soperator'),
+)
+HARD_CODED: dict[str, tuple[HardCodedLine, ...]] = {"4.1.7": _HARD_CODED_4_1_7, "5.0.0": _HARD_CODED_4_1_7}
+"""The activechecks chart's lines with literal names per Soperator version (helm/soperator-activechecks at 4.1.7;
+tests/test_active_checks.py finds each verbatim in the pinned package): the Slurm cluster ``soperator``
+(login-0.<cluster>-login-headless-svc, <cluster>-slurm-configs, <cluster>-munge and the instance label, as
+internal/naming/naming.go builds them) and its namespace. The scripts run in the ssh-check and create-user-* checks;
+the CronJob template renders unconditionally. 5.0.0 (main at c238d993) keeps the same lines."""
+
+
+@dataclass(frozen=True)
 class LiteralName:
     """A name the activechecks chart hard-codes, and where."""
 
@@ -178,14 +216,17 @@ class LiteralName:
 
 
 def literal_names(version: str) -> list[LiteralName]:
-    """Every cluster or namespace name hard-coded in the activechecks chart at ``version`` (from its chart contract's
-    ``hard_coded`` lines); a recorded line that names neither is an error in the contract file."""
+    """Every cluster or namespace name hard-coded in the activechecks chart at ``version`` (``HARD_CODED``); a
+    recorded line that names neither is an error in that table."""
+    if version not in HARD_CODED:
+        raise ValueError(f"soperator.version {version}: the activechecks chart's literal names are not recorded; known "
+                         f"for {', '.join(HARD_CODED)} (infra/soperator/active_checks.py HARD_CODED)")
     found = []
-    for line in chart_contract.hard_coded("soperator", version, CHECKS_RELEASE):
+    for line in HARD_CODED[version]:
         where = f"helm/soperator-activechecks/{line.file}:{line.line}"
         matches = [m for p in _LITERAL_NAMES for m in [p.search(line.text)] if m]
         if not matches:
-            raise chart_contract.ContractError(f"{where}: recorded as hard-coded, but names no cluster or namespace")
+            raise ValueError(f"{where}: recorded as hard-coded, but names no cluster or namespace")
         found += [LiteralName(kind, name, where) for m in matches for kind, name in m.groupdict().items()
                   if kind in ("cluster", "namespace") and name]
     return found

@@ -216,23 +216,41 @@ def render(release: HelmRelease, *, mirror: Path | None, kube_version: str,
            api_versions: Iterable[str] = ()) -> Rendered:
     """``helm template`` of one release; a HelmRenderError with Helm's message when it does not render. Renders are
     kept for the process (a release and its inputs render the same; callers must not change the objects)."""
+    return _parsed(*_cache_key(release, mirror, kube_version, api_versions))
+
+
+def render_manifest(release: HelmRelease, *, mirror: Path | None, kube_version: str,
+                    api_versions: Iterable[str] = (), fresh: bool = False) -> str:
+    """What ``helm template`` prints for one release, unparsed (kept for the process like ``render``; ``fresh``:
+    rendered again, e.g. to see what a chart generates anew each time, such as a webhook's certificate)."""
+    key = _cache_key(release, mirror, kube_version, api_versions)
+    return _render.__wrapped__(*key) if fresh else _render(*key)
+
+
+def _cache_key(release: HelmRelease, mirror: Path | None, kube_version: str,
+               api_versions: Iterable[str]) -> tuple[HelmRelease, str, tuple[str, ...]]:
     if mirror is not None and not release.chart.endswith(".tgz"):  # one render of a package however it was named
         package = mirrored_package(release.package_name, release.version, mirror)
         release = dataclasses.replace(release, chart=str(package), repo=None)
-    return _render(release, None, kube_version, tuple(sorted(set(api_versions))))
+    return release, kube_version, tuple(sorted(set(api_versions)))
 
 
 @cache
-def _render(release: HelmRelease, mirror: Path | None, kube_version: str, api_versions: tuple[str, ...]) -> Rendered:
+def _parsed(release: HelmRelease, kube_version: str, api_versions: tuple[str, ...]) -> Rendered:
+    manifest = _render(release, kube_version, api_versions)
+    found = documents(manifest)
+    return Rendered(release, manifest, tuple(d for _, d in found), tuple(s for s, _ in found))
+
+
+@cache
+def _render(release: HelmRelease, kube_version: str, api_versions: tuple[str, ...]) -> str:
     with tempfile.TemporaryDirectory(prefix="ft-helm-") as tmp:
-        command = _template_command(release, mirror, kube_version, api_versions, Path(tmp))
+        command = _template_command(release, None, kube_version, api_versions, Path(tmp))
         done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
-        where = release.chart if mirror is None else f"{release.package_name} from {mirror}"
-        raise HelmRenderError(f"release {release.name} ({where} {release.version}): "
+        raise HelmRenderError(f"release {release.name} ({release.chart} {release.version}): "
                               f"{done.stderr.strip() or done.stdout.strip()}")
-    found = documents(done.stdout)
-    return Rendered(release, done.stdout, tuple(d for _, d in found), tuple(s for s, _ in found))
+    return done.stdout
 
 
 def documents(manifest: str) -> list[tuple[str, dict[str, Any]]]:

@@ -8,7 +8,7 @@ such as k8up's CRDs) and reports, naming stack, unit, object and field:
 - a custom resource whose CRD no earlier unit installs (a release's own ``crds/`` folder counts, its templates not:
   Helm maps every template's kind before it creates any);
 - a built-in object invalid against the Kubernetes version's strict OpenAPI schema (kubernetes-validate's files);
-- an object two units both create.
+- an object two units both create (a namespace a release creates itself among them).
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ class Unit:
     """Indexes of ``objects`` that Helm installs before the rest (the chart's ``crds/`` folder)."""
     after: frozenset[str] | None = None
     """The units this one waits for (its dependencies, transitively); None: every earlier unit."""
+    creates_namespace: str | None = None
+    """The namespace a release creates itself (pulumi-kubernetes' ``createNamespace``), which no chart may render."""
 
 
 @dataclass(frozen=True)
@@ -222,7 +224,8 @@ def _unit_findings(stack: str, unit: Unit, crds: _Crds, kube_version: str) -> li
 def check_stack(stack: str, units: Sequence[Unit], kube_version: str) -> list[Finding]:
     """Every finding of the module docstring for one stack's units in install order."""
     found: list[Finding] = []
-    owners: dict[str, str] = {}
+    owners = {object_name({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": u.creates_namespace}}, ""):
+              f"{u.name} (createNamespace)" for u in units if u.creates_namespace}
     for position, unit in enumerate(units):
         crds = _Crds()
         for earlier in units[:position]:

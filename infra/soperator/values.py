@@ -2,9 +2,8 @@
 
 Key names follow the charts of the pinned Soperator release (nebius/soperator ``helm/``):
 ``helm-soperator``, ``helm-slurm-cluster-storage``, ``helm-slurm-cluster`` and ``helm-nodesets``.
-Values may carry Pulumi inputs (ids, sizes) where they come from other resources. Every release names
-the chart contract (``infra/soperator/charts/<family>-<version>.yaml``) its values must satisfy; the tests check
-each stack's values against it.
+Values may carry Pulumi inputs (ids, sizes) where they come from other resources. The tests render every release
+with the real Helm from the pinned charts and check what it creates (tests/test_helm_render.py).
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from infra.nebius.layout import (
     layout,
     submount_tag,
 )
-from infra.soperator import active_checks, chart_contract, helm_values
+from infra.soperator import active_checks, helm_values
 
 ALLOCATION_ANNOTATION = "nebius.com/load-balancer-allocation-id"
 SOPERATOR_NAMESPACE = "soperator-system"
@@ -69,6 +68,10 @@ unescaping. The operator passes it as SLURM_NODE_EXTRA; images/worker/slurmd_ent
 sets TOPO_SWITCH_TIER1/2 from the node's topology labels (``unknown`` without) and starts slurmd with
 ``--extra "$(eval echo "$SLURM_NODE_EXTRA")"``: the node's Extra is then JSON such as
 ``{ "ib_pod": "unknown", "ib_su": "unknown" }``."""
+NODESETS_CLUSTER_NAME = frozenset({"5.0.0"})
+"""Soperator versions whose helm-nodesets needs ``clusterName``: 5.0.0 (main at c238d993) sets spec.clusterName from
+it (templates/nodeset.yaml:22; values.yaml:8 defaults to ""); 4.1.7 has no such value (its mutating webhook filled
+the name)."""
 _EFFECTS = {"NO_SCHEDULE": "NoSchedule", "PREFER_NO_SCHEDULE": "PreferNoSchedule", "NO_EXECUTE": "NoExecute"}
 
 
@@ -76,8 +79,7 @@ _EFFECTS = {"NO_SCHEDULE": "NoSchedule", "PREFER_NO_SCHEDULE": "PreferNoSchedule
 class ReleaseSpec:
     """One Helm release: where its chart comes from, its namespace, values and predecessors.
 
-    ``contract`` is (family, chart) of the chart contract the values must satisfy at ``version``. ``values`` may hold
-    no None (Pulumi's Python SDK would drop it); a chart default to remove is a path in ``deletions``, sent as
+    ``values`` may hold no None (Pulumi's Python SDK would drop it); a chart default to remove is a path in ``deletions``, sent as
     ``key: null`` through ``value_yaml_files``.
     """
 
@@ -86,7 +88,6 @@ class ReleaseSpec:
     version: str
     namespace: str
     values: dict[str, Any] = field(hash=False)
-    contract: tuple[str, str]
     repo: str | None = None
     skip_crds: bool = False
     depends_on: tuple[str, ...] = ()
@@ -110,9 +111,6 @@ class ReleaseSpec:
         """The values Helm receives: the deletions as nulls under ``values``."""
         return helm_values.merged(helm_values.deletion_document(self.deletions), self.values)
 
-    def violations(self) -> list[str]:
-        family, chart = self.contract
-        return chart_contract.violations(chart_contract.contract(family, self.version, chart), self.helm_document())
 
 
 def chart_ref(registry: str, chart_dir: str) -> str:
@@ -227,11 +225,16 @@ def soperator_values(cfg: StackConfig) -> dict[str, Any]:
 
 
 def storage_values(cfg: StackConfig, size_gib: dict[str, Any]) -> dict[str, Any]:
-    """Filestores as local PVs/PVCs; ``size_gib`` maps mount tag to size."""
+    """Filestores as local PVs/PVCs; ``size_gib`` maps mount tag to size. Without an accounting filestore the chart
+    reads nothing of its volume and placement but ``enabled`` (templates/accounting-*.yaml render only when on)."""
     fs = cfg.filesystems
     assert fs is not None
     everywhere = [{"operator": "Exists"}]
     accounting_groups = ["controller", "accounting"] if cfg.nodes and cfg.nodes.accounting else ["controller"]
+    accounting = ({"enabled": True, "name": ACCOUNTING, "size": gib(size_gib.get(ACCOUNTING, 1)),
+                   "filestoreDeviceName": ACCOUNTING} if fs.accounting is not None else {"enabled": False})
+    placement = {"accounting": {"matchExpressions": _match(LABEL_NODESET, accounting_groups),
+                                "tolerations": everywhere}} if fs.accounting is not None else {}
     return {
         "volume": {
             "jail": {"name": JAIL, "size": gib(size_gib[JAIL]), "type": "filestore", "filestoreDeviceName": JAIL},
@@ -239,10 +242,7 @@ def storage_values(cfg: StackConfig, size_gib: dict[str, Any]) -> dict[str, Any]
                 "name": CONTROLLER_SPOOL, "size": gib(size_gib[CONTROLLER_SPOOL]),
                 "filestoreDeviceName": CONTROLLER_SPOOL,
             },
-            "accounting": {
-                "enabled": fs.accounting is not None, "name": ACCOUNTING,
-                "size": gib(size_gib.get(ACCOUNTING, 1)), "filestoreDeviceName": ACCOUNTING,
-            },
+            "accounting": accounting,
             "jailSubMounts": [
                 {"name": s.name, "size": gib(size_gib[submount_tag(s.name)]), "filestoreDeviceName": submount_tag(s.name)}
                 for s in fs.submounts
@@ -251,16 +251,13 @@ def storage_values(cfg: StackConfig, size_gib: dict[str, Any]) -> dict[str, Any]
         "storage": {
             "jail": {"matchExpressions": _match(LABEL_JAIL, ["true"]), "tolerations": everywhere},
             "controllerSpool": {"matchExpressions": _match(LABEL_NODESET, ["controller"]), "tolerations": everywhere},
-            "accounting": {"matchExpressions": _match(LABEL_NODESET, accounting_groups), "tolerations": everywhere},
+            **placement,
         },
     }
 
 
 def _pvc_source(name: str, claim: str) -> dict[str, Any]:
-    return {
-        "name": name, "createPVC": False, "storageClassName": "", "size": "",
-        "persistentVolumeClaim": {"claimName": claim, "readOnly": False},
-    }
+    return {"name": name, "createPVC": False, "persistentVolumeClaim": {"claimName": claim, "readOnly": False}}
 
 
 def _hopper_only(specs: list[NodeGroupSpec]) -> bool:
@@ -563,7 +560,7 @@ def nodesets_values(cfg: StackConfig, specs: list[NodeGroupSpec]) -> dict[str, A
     system = _role(specs, "system")
     housekeeping = [housekeeping_nodeset(cfg, system)] if workers and system is not None else []
     values: dict[str, Any] = {"nodesets": workers + housekeeping}
-    if chart_contract.admits("soperator", sop.version, "nodesets", "clusterName"):
+    if sop.version in NODESETS_CLUSTER_NAME:
         values["clusterName"] = cfg.slurm_cluster_name
     return values
 
@@ -636,11 +633,11 @@ def monitoring_releases(cfg: StackConfig, chart: Callable[..., ReleaseSpec]) -> 
     m = cfg.monitoring
     return [
         ReleaseSpec(mon.PROMETHEUS_CRDS, mon.PROMETHEUS_CRDS, m.prometheus_crds_version, mon.NAMESPACE, {},
-                    (mon.PROMETHEUS_CRDS, mon.PROMETHEUS_CRDS), repo=mon.PROMETHEUS_REPO),
-        ReleaseSpec(mon.VM_CRDS, mon.VM_CRDS, m.vm_crds_version, mon.NAMESPACE, {}, (mon.VM_CRDS, mon.VM_CRDS),
+                    repo=mon.PROMETHEUS_REPO),
+        ReleaseSpec(mon.VM_CRDS, mon.VM_CRDS, m.vm_crds_version, mon.NAMESPACE, {},
                     repo=mon.VM_REPO),
         ReleaseSpec(mon.METRICS, mon.VM_STACK_CHART, m.vm_stack_version, mon.NAMESPACE, mon.vm_stack_values(m),
-                    (mon.VM_STACK_CHART, mon.VM_STACK_CHART), repo=mon.VM_REPO, skip_crds=True,
+                    repo=mon.VM_REPO, skip_crds=True,
                     depends_on=("cert-manager", mon.PROMETHEUS_CRDS, mon.VM_CRDS)),
         chart(mon.DCGM_EXPORTER, mon.DCGM_NAMESPACE, mon.dcgm_exporter_values(cfg), depends_on=(mon.PROMETHEUS_CRDS,)),
         chart(mon.DASHBOARDS, mon.NAMESPACE, {}, depends_on=(mon.METRICS,)),
@@ -649,12 +646,12 @@ def monitoring_releases(cfg: StackConfig, chart: Callable[..., ReleaseSpec]) -> 
 
 def accounting_releases(sop: SoperatorConfig) -> list[ReleaseSpec]:
     """The MariaDB operator and its CRDs, for Slurm accounting (the operator is told its CRDs exist)."""
-    chart, repo = "mariadb-operator", "https://helm.mariadb.com/mariadb-operator"
+    repo = "https://helm.mariadb.com/mariadb-operator"
     return [
         ReleaseSpec("mariadb-operator-crds", "mariadb-operator-crds", sop.mariadb_operator_version,
-                    "mariadb-operator-system", {}, (chart, "mariadb-operator-crds"), repo=repo),
+                    "mariadb-operator-system", {}, repo=repo),
         ReleaseSpec("mariadb-operator", "mariadb-operator", sop.mariadb_operator_version, "mariadb-operator-system",
-                    mariadb_operator_values(), (chart, "mariadb-operator"), repo=repo, skip_crds=True,
+                    mariadb_operator_values(), repo=repo, skip_crds=True,
                     depends_on=("cert-manager", "mariadb-operator-crds")),
     ]
 
@@ -669,8 +666,8 @@ def release_plan(cfg: StackConfig, specs: list[NodeGroupSpec], allocation_id: An
     ns = cfg.slurm_namespace
     plan = [
         ReleaseSpec("cert-manager", "cert-manager", sop.cert_manager_version, "cert-manager-system",
-                    cert_manager_values(), ("cert-manager", "cert-manager"), repo="https://charts.jetstack.io"),
-        ReleaseSpec("kruise", "kruise", sop.kruise_version, "kruise-system", kruise_values(), ("kruise", "kruise"),
+                    cert_manager_values(), repo="https://charts.jetstack.io"),
+        ReleaseSpec("kruise", "kruise", sop.kruise_version, "kruise-system", kruise_values(),
                     repo="https://openkruise.github.io/charts/"),
     ]
     operator_deps: tuple[str, ...] = ("soperator-crds", "kruise")
@@ -679,7 +676,7 @@ def release_plan(cfg: StackConfig, specs: list[NodeGroupSpec], allocation_id: An
         operator_deps += ("mariadb-operator",)
 
     def soperator(key: str, namespace: str, values: dict[str, Any], **kw: Any) -> ReleaseSpec:
-        return ReleaseSpec(key, chart_ref(sop.registry, key), sop.version, namespace, values, ("soperator", key), **kw)
+        return ReleaseSpec(key, chart_ref(sop.registry, key), sop.version, namespace, values, **kw)
 
     if cfg.monitoring_on:
         monitoring_fits(specs)
@@ -707,7 +704,7 @@ def release_plan(cfg: StackConfig, specs: list[NodeGroupSpec], allocation_id: An
         ]
     if backup is not None:
         plan += [
-            ReleaseSpec("k8up", "k8up", sop.k8up_version, K8UP_NAMESPACE, k8up_values(), ("k8up", "k8up"),
+            ReleaseSpec("k8up", "k8up", sop.k8up_version, K8UP_NAMESPACE, k8up_values(),
                         repo="https://k8up-io.github.io/k8up"),
             soperator("soperator-backup-config", ns, backup_config_values(cfg, backup),
                       depends_on=("k8up", "slurm-cluster")),
