@@ -3,8 +3,9 @@
 A ``HelmRelease`` is one release's inputs as the engine receives them (``from_inputs`` reads a recorded Release's
 inputs: chart, version, repository, namespace, values, ``value_yaml_files``, skipCrds). ``render`` runs
 ``helm template`` on it: the deletion documents first, the values over them (as pulumi-kubernetes merges them), the
-CRDs of the chart's ``crds/`` included unless the release skips them, and the API versions the stack's earlier
-releases installed announced with ``--api-versions`` (what ``.Capabilities`` finds on the cluster at install).
+CRDs of the chart's ``crds/`` included unless the release skips them, and the API versions of the CRDs the release
+waits for announced with ``--api-versions`` (what ``.Capabilities`` finds on the cluster at install; ``render_stack``
+takes them from the units each release depends on). Renders are kept for the process.
 
 Where the chart comes from (``chart_source``): a mirror folder of ``<name>-<version>.tgz`` packages (the environment
 variable ``FT_CHART_MIRROR``, or the stack setting ``soperator.chartMirror``) for an air-gapped install, else each
