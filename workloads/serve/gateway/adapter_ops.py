@@ -65,9 +65,9 @@ async def load_served(gateway: Gateway, name: str, run_id: str, not_found: str, 
     assert gateway.adapter_host is not None
     try:
         entry = gateway.adapter_host.resolve(name, run_id)
+        folder = gateway.adapter_host.engine_path(entry)
     except LookupError as missing:
         raise Refused(404, str(missing).strip("'\""), not_found) from None
-        folder = gateway.adapter_host.engine_path(entry)
     except ValueError as problem:
         raise Refused(400, str(problem), refused) from None
     await engine_admin(gateway, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": folder})
