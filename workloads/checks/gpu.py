@@ -103,7 +103,7 @@ def _gather(obj: object, world: int) -> list:
     return out
 
 
-def _measure_gpus(cfg: ReadinessConfig, rank: int, local_rank: int, local_world: int) -> list[GpuPerf]:
+def _measure_gpus(readiness: ReadinessConfig, rank: int, local_rank: int, local_world: int) -> list[GpuPerf]:
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     perf = []
     for index in range(local_rank % max(count, 1), count, local_world):
@@ -112,9 +112,12 @@ def _measure_gpus(cfg: ReadinessConfig, rank: int, local_rank: int, local_world:
         perf.append(
             GpuPerf(
                 hostname=socket.gethostname(), rank=rank, device=index, name=torch.cuda.get_device_name(device),
-                matmul_bf16_tflops=measure.matmul_tflops(device, torch.bfloat16, cfg.matmul_size, cfg.iterations),
-                matmul_fp16_tflops=measure.matmul_tflops(device, torch.float16, cfg.matmul_size, cfg.iterations),
-                memory_bandwidth_gbs=measure.memory_bandwidth_gbs(device, cfg.bandwidth_mib, cfg.iterations),
+                matmul_bf16_tflops=measure.matmul_tflops(device, torch.bfloat16, readiness.matmul_size,
+                                                         readiness.iterations),
+                matmul_fp16_tflops=measure.matmul_tflops(device, torch.float16, readiness.matmul_size,
+                                                         readiness.iterations),
+                memory_bandwidth_gbs=measure.memory_bandwidth_gbs(device, readiness.bandwidth_mib,
+                                                                  readiness.iterations),
             )
         )
     return perf
@@ -129,7 +132,7 @@ def _merge_nodes(inventories: list[NodeInventory]) -> list[NodeInventory]:
     return list(best.values())
 
 
-def run_checks(cfg: ReadinessConfig) -> ReadinessReport:
+def run_checks(readiness: ReadinessConfig) -> ReadinessReport:
     """Measure on every rank, judge on rank 0; every rank returns the same report."""
     rank, world, local_rank = rank_layout()
     gpus = torch.cuda.is_available() and torch.cuda.device_count() > 0
@@ -139,9 +142,10 @@ def run_checks(cfg: ReadinessConfig) -> ReadinessReport:
     # destroy_process_group; its gloo worker threads then outlive main() and race the interpreter's exit
     # (std::terminate, "terminate called without an active exception": 5 of 108 runs of the 2-rank check here).
     code_dir = Path(__file__).resolve().parents[2]
-    drained_here = node_states.job_check(cfg.allow_drained_nodes) if rank == 0 else None
+    drained_here = node_states.job_check(readiness.allow_drained_nodes) if rank == 0 else None
     inventory = measure.inventory()
-    environment_here = environment_checks(code_dir, cfg.expect_cuda, gpus, cfg.allow_cpu) if local_rank == 0 else []
+    environment_here = (environment_checks(code_dir, readiness.expect_cuda, gpus, readiness.allow_cpu)
+                        if local_rank == 0 else [])
     if world > 1:
         if gpus:
             torch.cuda.set_device(local_rank % torch.cuda.device_count())
@@ -155,13 +159,13 @@ def run_checks(cfg: ReadinessConfig) -> ReadinessReport:
         local_world = Counter(hosts)[socket.gethostname()]
         inventories = _gather(inventory, world)
         environment = [c for chunk in _gather(environment_here, world) for c in chunk]
-        perf = [p for chunk in _gather(_measure_gpus(cfg, rank, local_rank, local_world), world) for p in chunk]
+        perf = [p for chunk in _gather(_measure_gpus(readiness, rank, local_rank, local_world), world) for p in chunk]
         device = torch.device("cuda", torch.cuda.current_device()) if gpus else torch.device("cpu")
-        mib = cfg.allreduce_mib if gpus else min(cfg.allreduce_mib, 16)
-        reduced = measure.allreduce(device, mib, cfg.iterations, len(set(hosts))) if world > 1 else None
-        interconnect = cfg.interconnect or ("infiniband" if all(_gather(measure.infiniband_present(), world)) else "ethernet")
+        mib = readiness.allreduce_mib if gpus else min(readiness.allreduce_mib, 16)
+        reduced = measure.allreduce(device, mib, readiness.iterations, len(set(hosts))) if world > 1 else None
+        interconnect = readiness.interconnect or ("infiniband" if all(_gather(measure.infiniband_present(), world)) else "ethernet")
         nodes = _merge_nodes(inventories)
-        checks = [drained, *evaluate(nodes, perf, reduced, cfg, interconnect), *environment]
+        checks = [drained, *evaluate(nodes, perf, reduced, readiness, interconnect), *environment]
         failed = [c for c in checks if c.status == "fail"]
         return ReadinessReport(
             ok=not failed,
@@ -170,10 +174,10 @@ def run_checks(cfg: ReadinessConfig) -> ReadinessReport:
             world_size=world,
             backend=backend if world > 1 else None,
             interconnect=interconnect,
-            config=cfg,
+            config=readiness,
             floors=ReadinessFloors(
                 gpu={p.name: floors_for(p.name) for p in perf},
-                busbw_gbs=cfg.min_busbw_gbs or BUSBW_FLOORS_GBS[interconnect],
+                busbw_gbs=readiness.min_busbw_gbs or BUSBW_FLOORS_GBS[interconnect],
             ),
             nodes=nodes,
             measurements=perf,
@@ -192,8 +196,8 @@ def write_report(report: ReadinessReport, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    cfg, out = settings(args)
-    report = run_checks(cfg)
+    readiness, out = settings(args)
+    report = run_checks(readiness)
     if rank_layout()[0] == 0:
         for check in report.checks:
             print(check_line(check), flush=True)

@@ -119,20 +119,20 @@ def evaluate(
     nodes: Iterable[NodeInventory],
     perf: Iterable[GpuPerf],
     allreduce: AllReduceResult | None,
-    cfg: ReadinessConfig,
+    readiness: ReadinessConfig,
     interconnect: str,
 ) -> list[CheckResult]:
     """Every check on the gathered measurements; a run is ready when none has status 'fail'."""
     checks: list[CheckResult] = []
     for node in nodes:
-        checks += _node_checks(node, cfg)
+        checks += _node_checks(node, readiness)
     for p in perf:
         checks += _perf_checks(p)
-    checks.append(_allreduce_check(allreduce, cfg, interconnect))
+    checks.append(_allreduce_check(allreduce, readiness, interconnect))
     return checks
 
 
-def _node_checks(node: NodeInventory, cfg: ReadinessConfig) -> list[CheckResult]:
+def _node_checks(node: NodeInventory, readiness: ReadinessConfig) -> list[CheckResult]:
     host = node.hostname
     out = [
         CheckResult(
@@ -142,7 +142,7 @@ def _node_checks(node: NodeInventory, cfg: ReadinessConfig) -> list[CheckResult]
         )
     ]
     if not node.gpus:
-        if cfg.allow_cpu:
+        if readiness.allow_cpu:
             return out + [CheckResult(name="gpu_present", status="skip", node=host, value=0, detail="no GPU; allowed by allow_cpu")]
         return out + [CheckResult(name="gpu_present", status="fail", node=host, value=0, detail="no GPU found (NVML and nvidia-smi)")]
     out.append(CheckResult(name="gpu_present", status="pass", node=host, value=len(node.gpus)))
@@ -153,32 +153,32 @@ def _node_checks(node: NodeInventory, cfg: ReadinessConfig) -> list[CheckResult]
             detail="" if usable else "torch sees no CUDA device although GPUs are present (driver/CUDA mismatch?)",
         )
     )
-    if cfg.expect_gpus_per_node is not None:
-        ok = len(node.gpus) == cfg.expect_gpus_per_node
+    if readiness.expect_gpus_per_node is not None:
+        ok = len(node.gpus) == readiness.expect_gpus_per_node
         out.append(CheckResult(name="gpu_count", status="pass" if ok else "fail", node=host, value=len(node.gpus),
-                               threshold=cfg.expect_gpus_per_node))
+                               threshold=readiness.expect_gpus_per_node))
     for gpu in node.gpus:
-        out += _gpu_checks(host, gpu, cfg)
+        out += _gpu_checks(host, gpu, readiness)
     return out
 
 
-def _gpu_checks(host: str, gpu: GpuInfo, cfg: ReadinessConfig) -> list[CheckResult]:
+def _gpu_checks(host: str, gpu: GpuInfo, readiness: ReadinessConfig) -> list[CheckResult]:
     out = []
-    if cfg.expect_gpu_model:
-        ok = same_model(gpu.name, cfg.expect_gpu_model)
+    if readiness.expect_gpu_model:
+        ok = same_model(gpu.name, readiness.expect_gpu_model)
         out.append(CheckResult(name="gpu_model", status="pass" if ok else "fail", node=host, gpu=gpu.index,
-                               value=gpu.name, threshold=cfg.expect_gpu_model))
-    if cfg.expect_gpu_memory_gib:
+                               value=gpu.name, threshold=readiness.expect_gpu_model))
+    if readiness.expect_gpu_memory_gib:
         gib = gpu.memory_total_mib / 1024
-        need = cfg.expect_gpu_memory_gib * MEMORY_TOLERANCE
+        need = readiness.expect_gpu_memory_gib * MEMORY_TOLERANCE
         out.append(CheckResult(name="gpu_memory", status="pass" if gib >= need else "fail", node=host, gpu=gpu.index,
                                value=round(gib, 2), threshold=round(need, 2), unit="GiB"))
     if gpu.temperature_c is None:
         out.append(CheckResult(name="temperature", status="skip", node=host, gpu=gpu.index, detail="not reported"))
     else:
-        ok = gpu.temperature_c <= cfg.max_temperature_c
+        ok = gpu.temperature_c <= readiness.max_temperature_c
         out.append(CheckResult(name="temperature", status="pass" if ok else "fail", node=host, gpu=gpu.index,
-                               value=gpu.temperature_c, threshold=cfg.max_temperature_c, unit="C"))
+                               value=gpu.temperature_c, threshold=readiness.max_temperature_c, unit="C"))
     if gpu.ecc_uncorrected is None:
         out.append(CheckResult(name="ecc_errors", status="skip", node=host, gpu=gpu.index, detail="ECC off or not reported"))
     else:
@@ -203,7 +203,7 @@ def _perf_checks(p: GpuPerf) -> list[CheckResult]:
     return out
 
 
-def _allreduce_check(result: AllReduceResult | None, cfg: ReadinessConfig, interconnect: str) -> CheckResult:
+def _allreduce_check(result: AllReduceResult | None, readiness: ReadinessConfig, interconnect: str) -> CheckResult:
     if result is None or result.world_size < 2:
         return CheckResult(name="allreduce_busbw", status="skip", detail="one rank: nothing to all-reduce across")
     value = round(result.busbw_gbs, 3)
@@ -213,6 +213,6 @@ def _allreduce_check(result: AllReduceResult | None, cfg: ReadinessConfig, inter
     if result.backend != "nccl":
         return CheckResult(name="allreduce_busbw", status="info", value=value, unit="GB/s",
                            detail=f"{where}; CPU plumbing only, no floor")
-    floor = cfg.min_busbw_gbs or BUSBW_FLOORS_GBS[interconnect]
+    floor = readiness.min_busbw_gbs or BUSBW_FLOORS_GBS[interconnect]
     return CheckResult(name="allreduce_busbw", status="pass" if value >= floor else "fail", value=value, threshold=floor,
                        unit="GB/s", detail=f"{where}, {interconnect}")

@@ -33,10 +33,10 @@ from workloads.eval.reuse import current_report, inputs_sha256
 log = logging.getLogger("workloads.eval")
 
 
-def resolve_device_dtype(cfg: EvalConfig) -> tuple[str, torch.dtype]:
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
-    if cfg.dtype != "auto":
-        return device, getattr(torch, cfg.dtype)
+def resolve_device_dtype(eval_config: EvalConfig) -> tuple[str, torch.dtype]:
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if eval_config.device == "auto" else eval_config.device
+    if eval_config.dtype != "auto":
+        return device, getattr(torch, eval_config.dtype)
     return device, torch.bfloat16 if device == "cuda" else torch.float32
 
 
@@ -73,16 +73,17 @@ def load_model(run: RunConfig, side: str, kind: str, device: str, dtype: torch.d
     return model.to(device)
 
 
-def measure(model, tokenizer, dataset, prompts: list[Prompt], cfg: EvalConfig, name: str) -> dict[str, Any]:
+def measure(model, tokenizer, dataset, prompts: list[Prompt], eval_config: EvalConfig, name: str) -> dict[str, Any]:
     """One side's figures. The generation batches score their own rows' perplexity as they prefill them; the rows
     they do not cover (the timed prompts, rows past num_prompts) are scored by a forward of their own."""
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     scores = NllSum()
-    outputs, total, timing = generate_all(model, tokenizer, prompts, cfg.max_new_tokens, cfg.generation_batch_size,
-                                          cfg.timing_runs, cfg.seed, desc=f"{name}: generation",
+    outputs, total, timing = generate_all(model, tokenizer, prompts, eval_config.max_new_tokens,
+                                          eval_config.generation_batch_size, eval_config.timing_runs,
+                                          eval_config.seed, desc=f"{name}: generation",
                                           rows=[dataset[i] for i in range(len(prompts))], scores=scores)
     rest = [i for i in range(len(dataset)) if i not in scores.rows]
-    assistant_nll(model, dataset.select(rest), cfg.batch_size, pad_id, f"{name}: perplexity", scores)
+    assistant_nll(model, dataset.select(rest), eval_config.batch_size, pad_id, f"{name}: perplexity", scores)
     ppl, scored = perplexity(scores.nll, scores.tokens), scores.tokens
     n = len(outputs)
     references, replies = [p.reference for p in prompts], [o.text for o in outputs]
@@ -97,10 +98,10 @@ def measure(model, tokenizer, dataset, prompts: list[Prompt], cfg: EvalConfig, n
         "message_length_avg": sum(len(o.text) for o in outputs) / n,
         "message_tokens_avg": sum(o.tokens for o in outputs) / n,
         **text_scores(references, replies),
-        **answer_scores(references, replies, cfg.numeric_tolerance),
+        **answer_scores(references, replies, eval_config.numeric_tolerance),
         "sample_generations": [
             {"input": p.input, "reference": p.reference, "generated": o.text}
-            for p, o in zip(prompts[: cfg.num_samples], outputs)
+            for p, o in zip(prompts[: eval_config.num_samples], outputs)
         ],
     }
 
@@ -120,9 +121,9 @@ def evaluate(run: RunConfig, job_id: str, job_metrics: JobMetricsFile | None = N
              force: bool = False) -> EvaluatorReport:
     """Both sides measured, each side's generation speed going to `job_metrics` as it is known; or, unless `force`,
     the figures of the newest report measured on the same inputs, under this job's id."""
-    cfg = run.eval or EvalConfig()
-    kind = finetuned_kind(run, cfg.finetuned)
-    device, dtype = resolve_device_dtype(cfg)
+    eval_config = run.eval or EvalConfig()
+    kind = finetuned_kind(run, eval_config.finetuned)
+    device, dtype = resolve_device_dtype(eval_config)
     digest = inputs_sha256(run, kind, device, dtype_name(dtype))
     earlier = None if force else current_report(run.results_dir, digest)
     if earlier is not None:
@@ -140,15 +141,15 @@ def measured_report(run: RunConfig, job_id: str, kind: str, device: str, dtype: 
                     job_metrics: JobMetricsFile | None) -> EvaluatorReport:
     from transformers import AutoTokenizer
 
-    cfg = run.eval or EvalConfig()
+    eval_config = run.eval or EvalConfig()
     tokenizer = AutoTokenizer.from_pretrained(run.base_model_dir)
-    dataset = load_tokenized(run.test_tokenized_dir, cfg.perplexity_rows)
-    prompts = read_prompts(dataset, run.test_jsonl, cfg.num_prompts)
+    dataset = load_tokenized(run.test_tokenized_dir, eval_config.perplexity_rows)
+    prompts = read_prompts(dataset, run.test_jsonl, eval_config.num_prompts)
     sides: dict[str, dict[str, Any]] = {}
     for side in ("base", "finetuned"):
         log.info("evaluating %s model (%s)", side, kind if side == "finetuned" else run.base_model_dir)
         model = load_model(run, side, kind, device, dtype)
-        sides[side] = measure(model, tokenizer, dataset, prompts, cfg, side)
+        sides[side] = measure(model, tokenizer, dataset, prompts, eval_config, side)
         if job_metrics is not None:
             job_metrics.update(JobFigures(tokens_per_second=sides[side]["tokens_per_second"]))
         del model
@@ -165,11 +166,11 @@ def measured_report(run: RunConfig, job_id: str, kind: str, device: str, dtype: 
             dtype=dtype_name(dtype),
             test_rows_perplexity=len(dataset),
             prompts=len(prompts),
-            max_new_tokens=cfg.max_new_tokens,
-            seed=cfg.seed,
+            max_new_tokens=eval_config.max_new_tokens,
+            seed=eval_config.seed,
             decoding="greedy",
-            generation_batch_size=cfg.generation_batch_size,
-            numeric_tolerance=cfg.numeric_tolerance,
+            generation_batch_size=eval_config.generation_batch_size,
+            numeric_tolerance=eval_config.numeric_tolerance,
         ),
         data=data_losses(run),
         inputs_sha256=digest,
