@@ -349,9 +349,23 @@ start_daemons() {
   for _ in $(seq 100); do scontrol ping 2>/dev/null | grep -q "is UP" && break; sleep 0.2; done
   for i in $(seq "$(node_count)"); do
     alive "$RUN/slurmd-$(worker "$i").pid" && continue
+    adopt_slurmd "$i" && continue
     powered_down "$(worker "$i")" && continue
     start_slurmd "$i"
   done
+}
+
+# A live slurmd in node i's namespace whose pid file is gone (a power-down that raced a start removed it; seen after
+# lose-node in a loaded suite, where the second slurmd then failed on port 6818 in use) is the node's slurmd: its pid
+# file is written again instead of starting another. Zombies (killed, not reaped here) do not count.
+adopt_slurmd() {
+  local node pid
+  node="$(worker "$1")"
+  pid="$(ip netns pids "$(netns "$1")" 2>/dev/null | xargs -r ps -o pid=,stat=,comm= -p 2>/dev/null |
+    awk '$2 !~ /^Z/ && $3 == "slurmd" {print $1; exit}')"
+  [ -n "$pid" ] || return 1
+  echo "$pid" >"$RUN/slurmd-$node.pid"
+  log "slurmd of $node runs already ($pid) without its pid file: adopted"
 }
 
 # Whether power saving is on and Slurm has the node powered down or powering down (its slurmd stays stopped).
