@@ -65,7 +65,10 @@ def make_repo(root: Path, stack_text: str = STACK, train_body: str = "true") -> 
     (root / "workloads" / "configs").mkdir()
     for stage in ("prepare", "readiness", "train", "eval"):
         (jobs / f"{stage}.sbatch").write_text(STAGE.format(body=train_body if stage == "train" else "true"))
-    config = {"name": "t", "paths": {"root": "work"}, "model": {"source": "dir:/nonexistent"},
+    # the stub jobs never read the model, but ftstack run checks that a local dir: source is a model folder
+    (root / "model").mkdir()
+    (root / "model" / "config.json").write_text("{}")
+    config = {"name": "t", "paths": {"root": "work"}, "model": {"source": f"dir:{root / 'model'}"},
               "data": {"source": "sample", "rows": 10}}
     (root / "workloads" / "configs" / "t.json").write_text(json.dumps(config))
     (root / "work" / "results").mkdir(parents=True)
