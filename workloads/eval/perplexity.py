@@ -7,7 +7,6 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from workloads.eval.metrics import perplexity
 from workloads.eval.prefill import NllSum
 
 COLUMNS = ("input_ids", "labels")
@@ -56,9 +55,3 @@ def assistant_nll(model, dataset, batch_size: int, pad_id: int, desc: str, score
             logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=keep).logits
             scores.add(logits, target[:, keep])
     return scores
-
-
-def assistant_perplexity(model, dataset, batch_size: int, pad_id: int, desc: str) -> tuple[float, int]:
-    """Token-weighted perplexity over every label != -100, and the number of tokens scored."""
-    scores = assistant_nll(model, dataset, batch_size, pad_id, desc)
-    return perplexity(scores.nll, scores.tokens), scores.tokens
