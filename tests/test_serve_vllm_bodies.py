@@ -56,6 +56,14 @@ def test_completions_fields_are_checked_or_refused_naming_them(client: TestClien
     assert named in refusal(client, "/v1/completions", body)
 
 
+@pytest.mark.parametrize("path,body", [("/v1/completions", {"prompt": "hi"}),
+                                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})])
+def test_max_tokens_over_the_configured_limit_is_refused(client: TestClient, path: str, body: dict) -> None:
+    limit = ServeConfig().max_tokens_limit  # the gateway's default Limits
+    assert f"max_tokens {limit + 1} is over this endpoint's limit of {limit}" in refusal(
+        client, path, {**body, "max_tokens": limit + 1})
+
+
 def test_token_ids_past_the_vocabulary_are_refused(client: TestClient, vocab_size: int) -> None:
     limit = f"is outside the vocabulary (ids 0 to {vocab_size - 1})"
     assert f"prompt: token id {vocab_size} {limit}" in refusal(client, "/v1/completions", {"prompt": [[1, vocab_size]]})

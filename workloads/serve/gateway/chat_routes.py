@@ -73,9 +73,7 @@ async def upstream_body(gateway: Gateway, request: Request) -> tuple[Route, Chat
     if problem := refused_field(chat, route.engine):
         raise Refused(400, problem, "unsupported_field")
     asked = chat.asked_tokens
-    if asked is not None and asked > limits.max_tokens:
-        raise Refused(400, f"max_tokens {asked} is over this endpoint's limit of {limits.max_tokens}", "max_tokens_too_large")
-    granted = asked or limits.max_tokens
+    granted = limits.granted(asked)
     if route.tokenizer in gateway.counters and route.budget:
         messages = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in chat.messages]
         prompt = await run_in_threadpool(gateway.counters[route.tokenizer].count, messages)

@@ -16,7 +16,7 @@ from documents.adapter_registry import AdapterEntry, AdapterSpeed
 from documents.sections.serve import ServeConfig
 from workloads.serve.auth import bearer_matches
 from workloads.serve.gateway.prompt_counter import PromptCounter
-from workloads.serve.http_shared import error
+from workloads.serve.http_shared import Refused, error
 from workloads.serve.route import Route
 
 
@@ -26,6 +26,14 @@ class Limits:
 
     max_tokens: int = ServeConfig.model_fields["max_tokens_limit"].default
     max_body_bytes: int = 1 << 20
+
+    def granted(self, asked: int | None) -> int:
+        """The max_tokens a request gets: what it asked (a validated whole number >= 1) or the limit when it asked
+        none; Refused 400 over the limit."""
+        if asked is not None and asked > self.max_tokens:
+            raise Refused(400, f"max_tokens {asked} is over this endpoint's limit of {self.max_tokens}",
+                          "max_tokens_too_large")
+        return asked or self.max_tokens
 
 
 @dataclass(frozen=True)

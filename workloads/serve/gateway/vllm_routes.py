@@ -66,17 +66,6 @@ async def vocabulary(gateway: Gateway, route: Route) -> int | None:
     return await run_in_threadpool(counter.vocabulary)
 
 
-def granted_tokens(document: dict[str, Any], limit: int) -> int:
-    asked = document.get("max_tokens")
-    if asked is None:
-        return limit
-    if isinstance(asked, bool) or not isinstance(asked, int) or asked < 1:
-        raise Refused(400, "max_tokens: a whole number of at least 1", "invalid_request")
-    if asked > limit:
-        raise Refused(400, f"max_tokens {asked} is over this endpoint's limit of {limit}", "max_tokens_too_large")
-    return asked
-
-
 async def completions(request: Request) -> Response:
     gateway = gateway_of(request)
     if refusal := denied(gateway, request):
@@ -84,7 +73,7 @@ async def completions(request: Request) -> Response:
     try:
         route, body = await vllm_body(gateway, request, "POST /v1/completions")
         checked_completion(body, await vocabulary(gateway, route))
-        body["max_tokens"] = granted_tokens(body, gateway.limits.max_tokens)
+        body["max_tokens"] = gateway.limits.granted(body.get("max_tokens"))
     except Refused as refused:
         return error(refused.status, str(refused), refused.code)
     except RequestError as problem:
