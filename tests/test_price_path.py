@@ -151,7 +151,7 @@ def test_price_stack_is_the_only_caller_of_the_cost_models_pieces() -> None:
     assert found["training_throughput"] == {"planning/planner.py:train_cost", "planning/fit.py:worker_fits"}
     assert found["estimate_throughput"] == {"planning/throughput.py:training_throughput"}
     assert found["plan_run"] == {"infra/plans.py:stack_plan", "workloads/train/run_plan.py:job_made_plan"}
-    assert found["stack_plan"] <= {"infra/cost/price.py:training_estimate", "infra/cost/price.py:price_stack",
+    assert found["stack_plan"] <= {"infra/cost/price.py:measured_plan", "infra/cost/price.py:price_stack",
                                    "infra/pipeline/chain.py:pipeline_jobs"}, found["stack_plan"]
 
 

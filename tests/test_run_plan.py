@@ -13,7 +13,7 @@ import pytest
 from documents.run_config import load_run_config, parse_run_config
 from documents.run_plan import PLAN_ENV, read_run_plan, write_run_plan
 from infra.config import load_run, load_stack_config
-from infra.cost.price import PriceInputs, price_stack
+from infra.cost.price import PriceInputs, measured_plan, price_stack
 from infra.pipeline.chain import code_location_for, job_plan, pipeline_jobs
 from infra.plans import stack_plan
 from planning.job_check import JobHardware, PlanMismatch, checked_placement
@@ -88,6 +88,7 @@ def test_the_chain_submits_the_plans_request_for_every_stage(stack: str) -> None
     cfg = load_stack_config(stack, ROOT / "stacks")
     run = load_run_config(ROOT / cfg.pipeline.run_config)
     plan = price_stack(cfg, PriceInputs(), run).plan
+    assert measured_plan(cfg, PriceInputs(), run) == plan, "the runner and the program submit the plan priced"
     jobs = pipeline_jobs(cfg, run, cfg.pipeline.run_config, "c", code_location_for(cfg, run, ROOT), serve=True,
                          plan=plan)
     assert jobs and {j.stage for j in jobs} <= set(plan.stages)

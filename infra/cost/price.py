@@ -115,6 +115,12 @@ def chat_output_tokens(run: RunConfig | None) -> int:
     return ((run.serve if run is not None else None) or ServeConfig()).max_tokens_limit
 
 
+def measured_plan(cfg: StackConfig, inputs: PriceInputs, run: RunConfig) -> RunPlan:
+    """The run's plan (infra.plans.stack_plan) with what the stack's runs measured: the plan `price_stack` prices and
+    the chain submits, without pricing the month."""
+    return stack_plan(cfg, run, inputs.training, prepared=inputs.prepared, read_from=inputs.training_read_from)
+
+
 def training_estimate(cfg: StackConfig, run: RunConfig | None, inputs: PriceInputs,
                       notes: list[str]) -> tuple[TrainingRun | None, RunPlan | None]:
     """The training run's tokens, passes, GPU hours and price as the run's plan has them (infra.plans), and the
@@ -122,7 +128,7 @@ def training_estimate(cfg: StackConfig, run: RunConfig | None, inputs: PriceInpu
     if run is None:
         notes.append(f"training run: run config {cfg.pipeline.run_config} not found here")
         return None, None
-    plan = stack_plan(cfg, run, inputs.training, prepared=inputs.prepared, read_from=inputs.training_read_from)
+    plan = measured_plan(cfg, inputs, run)
     notes.extend(note for note in plan.notes if not note.startswith("refused: "))
     size, cost = plan.size, plan.cost("train")
     if size is None or cost is None:

@@ -44,7 +44,7 @@ from infra.pipeline.run_lock import stack_lock
 from infra.pipeline.slurm import JobNotFound, SlurmClient, SlurmJobFailed
 from infra.pipeline.transport import Transport, TransportError
 from infra.runs.measured import price_inputs
-from infra.cost.price import price_stack
+from infra.cost.price import measured_plan
 from workloads.checks.node_states import NodeState, once_per_node
 
 Progress = Callable[[str], None]
@@ -149,7 +149,7 @@ def submit_chain(
     state.bundle = {k: bundle[k] for k in ("content_hash", "path")}
     jobs = pipeline_jobs(stack, run, run_config_path, code_hash(repo_root), location, serve=serve,
                          data_sha256=state.data_source.sha256 if state.data_source else None,
-                         plan=price_stack(stack, price_inputs(stack, repo_root), run).plan)
+                         plan=measured_plan(stack, price_inputs(stack, repo_root), run))
     channel.run(["mkdir", "-p", *log_dirs(jobs)], timeout=60).check()
     submitted, kept = _submit_changed(jobs, state, state_file, bundle["path"], transport, location.slurm_env, progress)
     if submitted:

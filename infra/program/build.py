@@ -11,7 +11,7 @@ from documents.run_config import load_run_config
 from documents.stack_outputs import ChatCost, Cost, Filesystem, NodeGroup, StackOutputs, flat_name
 from documents.stack_outputs import Platform as PlatformOutputs
 from infra.config import PROJECT, REPO_ROOT, SECRET_KEYS, StackConfig, load_run
-from infra.cost.price import price_stack
+from infra.cost.price import measured_plan, price_stack
 from infra.monitoring.access import monitoring_access
 from infra.nebius.backups import BackupAccess, BackupAccessArgs
 from infra.nebius.buckets import Buckets, BucketsArgs
@@ -192,7 +192,7 @@ def build_pipeline(cfg: StackConfig, platform: Platform | None) -> Pipeline | No
     # on cloud stacks `ftstack run` reads it over SSH
     data = fingerprint_source(LocalTransport(), run, run_root(run, location)) if cfg.target == "local" else None
     jobs = pipeline_jobs(cfg, run, cfg.pipeline.run_config, code_hash(REPO_ROOT), location, serve=cfg.pipeline.serve,
-                         data_sha256=data.sha256 if data else None, plan=price_stack(cfg, price_inputs(cfg, REPO_ROOT), run).plan)
+                         data_sha256=data.sha256 if data else None, plan=measured_plan(cfg, price_inputs(cfg, REPO_ROOT), run))
     after = list(platform.soperator.releases.values()) if platform is not None else []
     return Pipeline(f"{cfg.cluster_name}-pipeline", PipelineArgs(
         source_dir=str(REPO_ROOT), code_root=location.code_root, transport=transport, jobs=jobs,
