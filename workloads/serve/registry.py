@@ -35,11 +35,15 @@ class UnknownRun(RegistryError, LookupError):
     """No stored run has the asked id."""
 
 
+def manifest_rank(manifest: RunManifest) -> int:
+    """The adapter rank the run trained (its manifest's train.lora.r; the default rank where it names none)."""
+    return ((manifest.config.get("train") or {}).get("lora") or {}).get("r", DEFAULT_RANK)
+
+
 def adapter_entry(name: str, run_id: str, manifest: RunManifest, index: RunIndex | None = None) -> AdapterEntry:
     """The entry of a run that finished training (its manifest names the adapter folder)."""
     if manifest.adapter is None:
         raise RegistryError(f"run {run_id!r} has no adapter (its training status is {manifest.status})")
-    lora = ((manifest.config.get("train") or {}).get("lora") or {})
     evaluation = None
     if index is not None and index.perplexity_finetuned is not None:
         evaluation = EvalSummary(perplexity_base=index.perplexity_base, perplexity_finetuned=index.perplexity_finetuned,
@@ -48,7 +52,7 @@ def adapter_entry(name: str, run_id: str, manifest: RunManifest, index: RunIndex
         name=name, run_id=run_id, run_name=index.run_name if index else manifest.run, adapter_dir=manifest.adapter,
         stack=index.stack if index else None,
         base_model_sha256=manifest.base_model.sha256, base_model_path=manifest.base_model.path,
-        rank=lora.get("r", DEFAULT_RANK), dataset_sha256=manifest.dataset.sha256, evaluation=evaluation,
+        rank=manifest_rank(manifest), dataset_sha256=manifest.dataset.sha256, evaluation=evaluation,
     )
 
 
@@ -95,8 +99,7 @@ def stored_runs(store_dir: Path, stack_name: str | None) -> StoredRuns:
 
 def stored_ranks(runs: StoredRuns) -> list[int]:
     """The adapter rank each readable stored run with an adapter trained (its manifest's train.lora.r)."""
-    return [((manifest.config.get("train") or {}).get("lora") or {}).get("r", DEFAULT_RANK)
-            for _, manifest in runs.readable.values() if manifest.adapter is not None]
+    return [manifest_rank(manifest) for _, manifest in runs.readable.values() if manifest.adapter is not None]
 
 
 def stacks_holding(store_dir: Path, run_id: str) -> list[str]:
