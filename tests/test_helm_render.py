@@ -94,7 +94,7 @@ def install_units(stack: str, run: MockRun) -> list[tuple[Unit, Rendered | None]
             served[unit_name(resource)] = done.api_versions()
         else:
             objects = k8up_crds(run, resource) if resource.type == CONFIG_FILE else (plain(resource.inputs),)
-            served[unit_name(resource)] = Rendered(HelmRelease("", "", "", "", {}), "", objects, ()).api_versions()
+            served[unit_name(resource)] = helm_render.served_api_versions(objects)
             unit, done = Unit(unit_name(resource), "default", objects, after=after), None
         units.append((unit, done))
     return units

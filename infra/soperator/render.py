@@ -23,7 +23,7 @@ from documents.soperator_values import (
     read_custom_resources,
 )
 from infra.config import SoperatorConfig
-from infra.soperator.helm_render import CRD_KIND, HelmRelease, render
+from infra.soperator.helm_render import HelmRelease, render, served_versions
 from infra.soperator.values import SOPERATOR_NAMESPACE, chart_ref
 
 _BINARY = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
@@ -54,13 +54,8 @@ def with_defaults(value: Any, schema: Mapping[str, Any]) -> Any:
 
 def _crd_schemas(objects: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], Mapping[str, Any]]:
     """(``group/version``, kind) -> openAPIV3Schema of every served version of the CRDs among `objects`."""
-    schemas = {}
-    for crd in (o for o in objects if o.get("kind") == CRD_KIND):
-        spec = crd["spec"]
-        for version in (v for v in spec.get("versions", []) if v.get("served", True)):
-            key = (f"{spec['group']}/{version['name']}", spec["names"]["kind"])
-            schemas[key] = version["schema"]["openAPIV3Schema"]
-    return schemas
+    return {(group_version, kind): version["schema"]["openAPIV3Schema"]
+            for group_version, kind, version in served_versions(objects)}
 
 
 def custom_resources(values: SoperatorValues, soperator: SoperatorConfig | None = None, *, mirror: Path | None,
