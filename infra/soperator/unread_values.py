@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.soperator.helm_render import HelmRelease, HelmRenderError, render_manifest
+from infra.soperator.manifest_checks import dotted
 
 Path_ = tuple[str | int, ...]
 MARK_BASE = 7_300_000
@@ -33,10 +34,6 @@ def leaves(values: Any, path: Path_ = ()) -> Iterator[tuple[Path_, Any]]:
             yield from leaves(value, (*path, index))
     elif path:
         yield path, values
-
-
-def dotted(path: Path_) -> str:
-    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
 
 
 def with_changes(values: Mapping[str, Any], changes: Mapping[Path_, Any]) -> dict[str, Any]:
@@ -63,7 +60,8 @@ def changed(value: Any) -> Any:
         return not value
     if value is None:
         return "x"
-    return mark(value, 0)[0] if mark(value, 0) else value
+    marked = mark(value, 0)
+    return marked[0] if marked else value
 
 
 class _Renderer:
@@ -85,18 +83,20 @@ class _Renderer:
             other = self.manifest({path: value}).splitlines()
         except HelmRenderError:
             return False
-        base = self.manifest({}).splitlines()
-        return len(other) == len(base) and {i for i, (a, b) in enumerate(zip(base, other)) if a != b} <= self.noise()
+        base = self.base_lines
+        return len(other) == len(base) and {i for i, (a, b) in enumerate(zip(base, other)) if a != b} <= self.noise
 
     @functools.cached_property
-    def _noise(self) -> frozenset[int]:
-        again = render_manifest(self.release, mirror=self.mirror, kube_version=self.kube_version,
-                                api_versions=self.api_versions, fresh=True).splitlines()
-        return frozenset(i for i, (a, b) in enumerate(zip(self.manifest({}).splitlines(), again)) if a != b)
+    def base_lines(self) -> list[str]:
+        """The manifest of the release's own values, by line."""
+        return self.manifest({}).splitlines()
 
+    @functools.cached_property
     def noise(self) -> frozenset[int]:
         """Lines of the manifest that differ between two renders of the same values (generated certificates)."""
-        return self._noise
+        again = render_manifest(self.release, mirror=self.mirror, kube_version=self.kube_version,
+                                api_versions=self.api_versions, fresh=True).splitlines()
+        return frozenset(i for i, (a, b) in enumerate(zip(self.base_lines, again)) if a != b)
 
 
 def _marked_read(renderer: _Renderer, marks: Sequence[tuple[Path_, Any, str]]) -> set[Path_]:
