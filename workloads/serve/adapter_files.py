@@ -76,12 +76,16 @@ def _read(folder_fd: int, name: str, shown: Path) -> bytes:
         return handle.read()
 
 
-def read_adapter(root: Path, parts: tuple[str, ...] = ()) -> AdapterFiles:
-    """The adapter files of folder root/parts... (no link followed below `root`)."""
-    folder = root.joinpath(*parts)
+def _files_in(folder_fd: int, folder: Path) -> AdapterFiles:
+    """The adapter files of `folder`, open as `folder_fd`, each read without following a link."""
+    return AdapterFiles(folder, {name: _read(folder_fd, name, folder / name) for name in ADAPTER_FILES})
+
+
+def read_adapter(folder: Path) -> AdapterFiles:
+    """The adapter files of `folder` (no link followed below it)."""
     try:
-        with opened_folder(root, parts) as fd:
-            return AdapterFiles(folder, {name: _read(fd, name, folder / name) for name in ADAPTER_FILES})
+        with opened_folder(folder, ()) as fd:
+            return _files_in(fd, folder)
     except FileNotFoundError as error:
         raise AdapterFileError(f"{folder}: {error.strerror}") from None
 
@@ -121,8 +125,7 @@ def read_stored_adapter(store_dir: Path, stack_name: str, run_id: str) -> Adapte
                 raise AdapterFileError(f"{links[0]} is a symbolic link, which may lead outside the run store "
                                        f"({store_dir}; {len(links)} link(s) in the stored run): refused unread")
             with opened_folder_at(run_fd, ADAPTER_DIR, run_dir / ADAPTER_DIR) as fd:
-                return AdapterFiles(run_dir / ADAPTER_DIR,
-                                    {name: _read(fd, name, run_dir / ADAPTER_DIR / name) for name in ADAPTER_FILES})
+                return _files_in(fd, run_dir / ADAPTER_DIR)
     except FileNotFoundError as error:
         raise AdapterFileError(f"{run_dir}: {error.strerror}") from None
 
