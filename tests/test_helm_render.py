@@ -260,3 +260,18 @@ def test_an_unread_key_is_reported(units) -> None:
     typo = dataclasses.replace(done.release, values=values)
     found = unread_values(typo, mirror=MIRROR, kube_version=kube_version("demo"))
     assert found == ["backup.schedulee", "scheduleNmae"]
+
+
+def test_the_k8up_crds_download_is_refused_unless_its_sha256_is_the_pinned_one(tmp_path) -> None:
+    """The digest check the k8up CRDs' ConfigFile waits for (infra/nebius/backups.py), run on the pinned upstream
+    file by URL: its own sha256 passes, one changed byte fails naming both digests; an unpinned version is refused."""
+    crds = UPSTREAM_CRDS / "k8up-4.8.3.yaml"
+    pinned = backups.k8up_crds_sha256("4.8.3")
+    props = {"url": crds.as_uri(), "sha256": pinned}
+    assert backups._DigestProvider().create(props).id == pinned
+    tampered = tmp_path / "k8up-crd.yaml"
+    tampered.write_bytes(crds.read_bytes() + b"\n")
+    with pytest.raises(ValueError, match=rf"k8up-crd\.yaml: sha256 [0-9a-f]{{64}}, pinned {pinned}$"):
+        backups._DigestProvider().create({"url": tampered.as_uri(), "sha256": pinned})
+    with pytest.raises(ValueError, match=r"soperator\.k8upVersion 9\.9\.9: .* known for 4\.8\.3"):
+        backups.k8up_crds_sha256("9.9.9")
