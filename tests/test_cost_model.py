@@ -9,6 +9,7 @@ import pytest
 from documents.metrics import MetricsRecord
 from documents.stack_outputs import parse_stack_outputs
 from infra.config import MonitoringConfig, StackConfig, load_run, load_stack_config
+from documents.run_plan import StageCost, TrainingSize
 from infra.cost.tco import chat_scenario, chat_scenarios, monthly_cost, training_run
 from infra.cost.price import PriceInputs, price_stack, training_estimate
 from planning.prices import CATALOG, PriceBook, PriceOverride, PricingConfig, node_price
@@ -175,12 +176,18 @@ def test_backup_line_uses_jail_size_without_copy_size():
 
 
 def test_training_run_cost_arithmetic():
-    run = training_run(tokens=3.6e6, epochs=2, tokens_per_second_per_gpu=100, throughput_source="test",
-                       gpus=10, workers_usd_per_hour=22.85)
+    """The training run is the plan's: 3.6e6 tokens x 2 passes at 100 tokens/s per GPU on 10 GPUs of one node at
+    $22.85 an hour is 2 h of wall time, 20 GPU-hours and $45.70 (the planner's arithmetic, price_stack's tests)."""
+    size = TrainingSize(tokens=3.6e6, epochs=2, tokens_per_second_per_gpu=100, throughput_kind="configured",
+                        throughput_source="test")
+    cost = StageCost(stage="train", hours=2.0, nodes=1, gpus=10, node_hours=2.0, usd_per_hour=22.85, usd=45.7,
+                     basis="test")
+    run = training_run(size, cost)
     assert run.gpu_hours == pytest.approx(20.0)
     assert run.wall_hours == pytest.approx(2.0)
     assert run.usd == pytest.approx(45.7)
-    unknown = training_run(1e6, 1, None, "unknown", 10, 22.85)
+    unknown = training_run(size.model_copy(update={"tokens_per_second_per_gpu": None}),
+                           cost.model_copy(update={"hours": None, "node_hours": None, "usd": None}))
     assert unknown.usd is None and unknown.gpu_hours is None
 
 

@@ -133,8 +133,7 @@ def training_estimate(cfg: StackConfig, run: RunConfig | None, inputs: PriceInpu
     size, cost = plan.size, plan.cost("train")
     if size is None or cost is None:
         return None, plan
-    return training_run(size.tokens, size.epochs, size.tokens_per_second_per_gpu, size.throughput_source, cost.gpus,
-                        cost.usd_per_hour, throughput_kind=size.throughput_kind), plan
+    return training_run(size, cost), plan
 
 
 def price_stack(cfg: StackConfig, inputs: PriceInputs = PriceInputs(), run: RunConfig | None = None) -> CostReport:

@@ -13,8 +13,9 @@ and cost per chat. No cloud calls; every figure is reproducible from the stack f
 - Cost per chat: tokens/s x 86,400 = tokens/day; / output tokens per chat = conversations/day;
   daily cluster cost = monthly high / days_per_month (30, as in seed 000: the cluster runs all month,
   workers busy with continuous post-training); cost per chat = daily cost / conversations.
-- Training run: tokens x epochs / (tokens/s per GPU) = GPU-seconds; wall time assumes linear DDP
-  scaling over every GPU of the stack's worker sets; cost = wall hours x the worker nodes' hourly price.
+- Training run: as the run's plan has it (planning/planner.py `train_cost`: tokens x epochs / (tokens/s per GPU x
+  the planned GPUs) = wall time, linear scaling; cost = wall hours x the planned nodes' hourly price); GPU-hours are
+  the wall hours on every planned GPU.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import re
 
 from pydantic import BaseModel, ConfigDict
 
+from documents.run_plan import StageCost, TrainingSize
 from planning import catalog
 from infra.config import BootDisk, StackConfig, WorkerSet
 from planning.prices import HOURS_PER_MONTH, ChatAssumptions, PriceBook, PricingConfig, node_price
@@ -343,17 +345,11 @@ def worker_node_hourly_usd(worker: WorkerSet, book: PriceBook) -> float:
     return node_price(worker.platform, worker.preset, book, preemptible=worker.preemptible).usd_per_hour + disk
 
 
-def training_run(tokens: float, epochs: float, tokens_per_second_per_gpu: float | None, throughput_source: str,
-                 gpus: int, workers_usd_per_hour: float | None, throughput_kind: str = "unknown") -> TrainingRun:
-    """Device-hours, wall time and cost of one training run; None where the throughput or devices are unknown,
-    and no cost where the workers have no price (an existing cluster)."""
-    if tokens_per_second_per_gpu is None or gpus == 0:
-        return TrainingRun(tokens=tokens, epochs=epochs, tokens_per_second_per_gpu=tokens_per_second_per_gpu,
-                           throughput_source=throughput_source, throughput_kind=throughput_kind, gpus=gpus,
-                           gpu_hours=None, wall_hours=None, usd=None)
-    gpu_hours = tokens * epochs / tokens_per_second_per_gpu / 3600
-    wall = gpu_hours / gpus
-    return TrainingRun(tokens=tokens, epochs=epochs, tokens_per_second_per_gpu=tokens_per_second_per_gpu,
-                       throughput_source=throughput_source, throughput_kind=throughput_kind, gpus=gpus,
-                       gpu_hours=gpu_hours, wall_hours=wall,
-                       usd=wall * workers_usd_per_hour if workers_usd_per_hour is not None else None)
+def training_run(size: TrainingSize, cost: StageCost) -> TrainingRun:
+    """The training run as the run's plan sizes and prices it (planning.planner.train_cost: its wall hours on the
+    planned GPUs and their price); GPU-hours are those hours on every GPU; None where the plan has no hours, and no
+    cost where the workers have no price (an existing cluster)."""
+    return TrainingRun(tokens=size.tokens, epochs=size.epochs, tokens_per_second_per_gpu=size.tokens_per_second_per_gpu,
+                       throughput_source=size.throughput_source, throughput_kind=size.throughput_kind, gpus=cost.gpus,
+                       gpu_hours=cost.hours * cost.gpus if cost.hours is not None else None, wall_hours=cost.hours,
+                       usd=cost.usd)
