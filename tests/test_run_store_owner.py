@@ -113,3 +113,24 @@ def test_both_writers_store_a_run_in_one_layout(tmp_path: Path) -> None:
     assert stored.files == ["train/run_manifest.json"]
     runs = stored_runs(tmp_path / "store", "local")
     assert "r1" in runs.damaged  # an empty manifest: found where the registry looks, and refused by name
+
+    from document_fixtures import evaluator_report, side
+    from documents.adapter_registry import ADAPTER_FILES
+    from documents.run_config import parse_run_config
+    from workloads.serve import publish
+
+    run = parse_run_config({"name": "pub", "paths": {"root": str(tmp_path / "work")}, "model": {"source": "dir:x"},
+                            "data": {"source": "sample", "rows": 4}}, "publish")
+    run.adapter_dir.mkdir(parents=True)
+    for name in ADAPTER_FILES:
+        (run.adapter_dir / name).write_text(name)
+    (run.train_run_dir / "run_manifest.json").write_text("{}")
+    report = evaluator_report(job_id="41", base=side(8.0, 30.0), finetuned=side(6.0, 28.0), run="pub")
+    publish.store_run(run, report, tmp_path / "published", "local", "r1", "41")
+    published = LocalStore(tmp_path / "published")
+    assert sorted(published.list_keys("")) == ["runs/local/r1/adapter/adapter_config.json",
+                                               "runs/local/r1/adapter/adapter_model.safetensors",
+                                               "runs/local/r1/run.json", "runs/local/r1/train/run_manifest.json"]
+    assert read_run_record(published.get_bytes("runs/local/r1/run.json"), "run.json").files == [
+        "adapter/adapter_config.json", "adapter/adapter_model.safetensors", "train/run_manifest.json"]
+    assert "r1" in stored_runs(tmp_path / "published", "local").damaged
