@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from upstream_files import upstream_file
 
 from infra.config import load_stack_config
 from infra.nebius import backups
@@ -26,7 +27,6 @@ REPO = Path(__file__).resolve().parents[1]
 CLOUD_STACKS = ("demo", "dev", "h100")
 MIRROR = helm_render.mirror_beside(REPO)
 """FT_CHART_MIRROR, else ../shared/upstream/charts; None pulls each chart from its repository."""
-UPSTREAM_CRDS = REPO.parent / "shared" / "upstream" / "crds"
 CONFIG_FILE = "kubernetes:yaml/v2:ConfigFile"
 DYNAMIC = "pulumi-python:dynamic:Resource"
 K8S_OBJECTS = ("kubernetes:core/v1:Secret", "kubernetes:storage.k8s.io/v1:StorageClass")
@@ -51,12 +51,17 @@ def k8up_crds(run: MockRun, config_file: Any) -> tuple[dict[str, Any], ...]:
 
 @cache
 def crds_sha256(version: str) -> str:
-    return hashlib.sha256((UPSTREAM_CRDS / f"k8up-{version}.yaml").read_bytes()).hexdigest()
+    return hashlib.sha256(k8up_crds_file(version).read_bytes()).hexdigest()
 
 
 @cache
 def crds_objects(version: str) -> tuple[dict[str, Any], ...]:
-    return tuple(obj for _, obj in helm_render.documents((UPSTREAM_CRDS / f"k8up-{version}.yaml").read_text()))
+    return tuple(obj for _, obj in helm_render.documents(k8up_crds_file(version).read_text()))
+
+
+def k8up_crds_file(version: str) -> Path:
+    """The pinned k8up-crd.yaml of ``version`` (tests/upstream_files.py: ../shared/upstream, or FT_UPSTREAM)."""
+    return upstream_file(f"crds/k8up-{version}.yaml")
 
 
 def plain(inputs: dict[str, Any]) -> dict[str, Any]:
@@ -265,7 +270,7 @@ def test_an_unread_key_is_reported(units) -> None:
 def test_the_k8up_crds_download_is_refused_unless_its_sha256_is_the_pinned_one(tmp_path) -> None:
     """The digest check the k8up CRDs' ConfigFile waits for (infra/nebius/backups.py), run on the pinned upstream
     file by URL: its own sha256 passes, one changed byte fails naming both digests; an unpinned version is refused."""
-    crds = UPSTREAM_CRDS / "k8up-4.8.3.yaml"
+    crds = k8up_crds_file("4.8.3")
     pinned = backups.k8up_crds_sha256("4.8.3")
     props = {"url": crds.as_uri(), "sha256": pinned}
     assert backups._DigestProvider().create(props).id == pinned
