@@ -48,6 +48,7 @@ def test_the_adapters_listing_shows_the_stored_copy_the_server_loads(tiny_model_
     [row] = [line for line in out.splitlines() if line.startswith(RUN_ID)]
 
     stored = adapter_folder(store.root, STACK, RUN_ID)
+    assert stored == repo / ".local/artifacts/runs" / STACK / RUN_ID / "adapter"  # documents/run_store.py's layout
     assert (stored / "adapter_config.json").is_file()
     assert row.split()[-1] == str(stored) and str(trained) not in out
     served = stored_adapter(stored_runs(store.root, STACK), store.root, STACK, "x", RUN_ID, *_base(tiny_model_dir))
