@@ -21,13 +21,12 @@ import os
 import shutil
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import httpx
 
 from documents.adapter_registry import ADAPTER_FILES, SERVED_SET_NAME, adapter_sha256, read_served_set
-from documents.atomic import write_text_atomic
+from documents.atomic import atomic_file, utc_now
 from documents.base import DocumentError
 from documents.evaluator_report import EvaluatorReport, read_evaluator_report, report_name
 from documents.publication import LoadOutcome, Publication, write_publication
@@ -72,16 +71,17 @@ def store_run(run: RunConfig, report: EvaluatorReport, store: Path, stack_name: 
     (documents.run_store.write_run); the run's folder."""
 
     def put_file(key: str, source: Path) -> None:
-        (store / key).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, store / key)
+        with atomic_file(store / key) as tmp:
+            shutil.copyfile(source, tmp)
 
     def put_bytes(key: str, data: bytes) -> None:
-        write_text_atomic(store / key, data.decode())
+        with atomic_file(store / key) as tmp:
+            tmp.write_bytes(data)
 
     def index(files: list[str]) -> RunIndex:
         return RunIndex(
             stack=stack_name, run_id=run_id, run_name=run.name,
-            uploaded_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), job_ids={"eval": eval_job},
+            uploaded_at=utc_now(), job_ids={"eval": eval_job},
             perplexity_base=report.base_model.perplexity, perplexity_finetuned=report.finetuned_model.perplexity,
             perplexity_improvement_pct=report.comparison.perplexity, files=sorted(files),
             adapter_sha256=adapter_sha256(adapter_folder(store, stack_name, run_id)),
