@@ -5,7 +5,7 @@ refused before anything is submitted (planning.planner.refusals)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from documents.run_config import RunConfig
 from documents.run_plan import ServingPlan
@@ -21,6 +21,13 @@ def trained_rank(run: RunConfig) -> int | None:
     if run.train is None or run.train.method == "full":
         return None
     return run.train.lora.r
+
+
+def served_ranks(run: RunConfig, others: Iterable[int] = ()) -> list[int]:
+    """The adapter ranks a server started for `run` must take: the run's own (where it trains an adapter), then
+    `others` (the adapters it serves, the stored runs it may load)."""
+    own = trained_rank(run)
+    return [*([own] if own is not None else []), *others]
 
 
 def derived_rank(ranks: Sequence[int]) -> int:
@@ -39,7 +46,7 @@ def serving_plan(run: RunConfig, stored_ranks: Sequence[int] = ()) -> ServingPla
     """The engine and the rank limit the server is started with for this run (module docstring)."""
     serve = run.serve or ServeConfig()
     own = trained_rank(run)
-    ranks = [*([own] if own is not None else []), *stored_ranks]
+    ranks = served_ranks(run, stored_ranks)
     configured = serve.max_lora_rank
     limit = rank_limit(configured, ranks)
     needed = max(ranks, default=0)

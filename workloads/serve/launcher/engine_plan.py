@@ -25,7 +25,7 @@ from documents.adapter_registry import AdapterEntry
 from documents.hf_files import read_adapter_config, write_adapter_config
 from documents.run_config import RunConfig
 from documents.sections.serve import VLLM_LORA_RANKS, ServeConfig
-from planning.serving import rank_limit, trained_rank
+from planning.serving import derived_rank, rank_limit, served_ranks
 from workloads.common.chat_template import folder_options
 from workloads.serve.launcher.vllm_install import FLAG_SINCE, VllmInstall, VllmMissing, find_vllm
 from workloads.serve.route import Route
@@ -257,8 +257,7 @@ def check_rank(entry: AdapterEntry, max_rank: int) -> None:
     or refuse a runtime load with an opaque error)."""
     rank = adapter_rank(entry)
     if rank > max_rank:
-        fitting = [r for r in VLLM_LORA_RANKS if r >= rank]
-        remedy = (f"set serve.max_lora_rank to {fitting[0]}" if fitting else
+        remedy = (f"set serve.max_lora_rank to {derived_rank([rank])}" if rank <= VLLM_LORA_RANKS[-1] else
                   f"vLLM serves ranks up to {VLLM_LORA_RANKS[-1]}: serve it with engine peft")
         raise ValueError(f"adapter {entry.name!r} has LoRA rank {rank}, over serve.max_lora_rank {max_rank} "
                          f"(vLLM --max-lora-rank): {remedy}")
@@ -268,8 +267,7 @@ def vllm_max_rank(run: RunConfig, serve_config: ServeConfig, adapters: list[Adap
     """--max-lora-rank: serve.max_lora_rank where set (the launcher sets it from the run and its store:
     launch.served_rank_limit), else the smallest rank vLLM takes that holds the run's own train.lora.r and the adapters
     served at start (planning.serving); every adapter at start checked against it."""
-    own = trained_rank(run)
-    limit = rank_limit(serve_config.max_lora_rank, [*([own] if own else []), *(adapter_rank(e) for e in adapters)])
+    limit = rank_limit(serve_config.max_lora_rank, served_ranks(run, (adapter_rank(e) for e in adapters)))
     for entry in adapters:
         check_rank(entry, limit)
     return limit

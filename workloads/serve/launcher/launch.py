@@ -38,7 +38,7 @@ from workloads.serve.gateway.app import build_gateway
 from workloads.serve.gateway.served_report import ServedReporter
 from workloads.serve.gateway.served_restore import persisted_set, recheck, resync
 from workloads.serve.gateway.state import AdapterHost, Gateway, Limits
-from planning.serving import rank_limit, trained_rank
+from planning.serving import rank_limit, served_ranks
 from workloads.serve.launcher.engine_plan import (EnginePlan, adapter_rank, adapter_route, check_rank, choose_engine,
                                                   plan_peft, plan_transformers, plan_vllm, stored_folder, vllm_python)
 from workloads.serve.launcher.supervise import EngineError, Supervisor
@@ -178,8 +178,7 @@ def served_rank_limit(run: RunConfig, serve_config: ServeConfig, adapters: list[
     own train.lora.r, the adapters served at start and every stored run of the stack the server may load later
     (planning.serving, as `ftstack plan` plans it); runtime loads are checked against the same figure."""
     stored = stored_ranks(stored_runs(Path(serve_config.runs_store), serve_config.stack)) if serve_config.stack else []
-    own = trained_rank(run)
-    return rank_limit(None, [*([own] if own else []), *(adapter_rank(e) for e in adapters), *stored])
+    return rank_limit(None, served_ranks(run, [*(adapter_rank(e) for e in adapters), *stored]))
 
 
 def merged_serve_config(run: RunConfig, args: argparse.Namespace) -> ServeConfig:
