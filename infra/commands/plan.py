@@ -15,7 +15,7 @@ from typing import Any
 from documents.run_config import ConfigError, load_run_config
 from infra.commands import plan_sections
 from infra.config import REPO_ROOT, StackConfig, StackConfigError, load_run, load_stack_config
-from infra.cost.price import price_stack
+from infra.cost.price import measured_plan
 from infra.environment.lock import LockError
 from infra.environment.plan import check_stack_lock
 from infra.pipeline.ceilings import RunCeilingError, check_run_ceilings
@@ -126,13 +126,12 @@ def check_ceilings(cfg: StackConfig) -> None:
     run_config = load_run(cfg)
     if run_config is None:
         return
-    report = price_stack(cfg, price_inputs(cfg, REPO_ROOT), run=run_config)
-    training = report.training
+    plan = measured_plan(cfg, price_inputs(cfg, REPO_ROOT), run_config)
+    training = plan.cost("train")
     if training is not None:
-        check_run_ceilings(cfg.pipeline, run_config.name, training.wall_hours, training.usd)
-        train_time_limit(run_config.time_limits, training.wall_hours)
-    if report.plan is not None:
-        check_plan(report.plan)
+        check_run_ceilings(cfg.pipeline, run_config.name, training.hours, training.usd)
+        train_time_limit(run_config.time_limits, training.hours)
+    check_plan(plan)
 
 
 def run(args: argparse.Namespace) -> int:
