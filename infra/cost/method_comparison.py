@@ -227,10 +227,8 @@ def compare(cfg: StackConfig, run: RunConfig, inputs: PriceInputs = PriceInputs(
         data_basis = "a reference size: the run config's data has no size here"
     else:
         data_basis = f"the run config's data: {sized.tokens:,.0f} tokens x {sized.epochs:g} passes"
-    platform = catalog.get_platform(worker.platform)
     on = on_stack(plan_stack(cfg))
     assert on is not None  # a GPU worker set, found above
-    gpus_per_node = on.gpus_per_node
     has_spot = _has_preemptible_price(price(run, True))
     rows: list[CompareRow] = []
     usd_rate = spot_rate = None
@@ -247,10 +245,10 @@ def compare(cfg: StackConfig, run: RunConfig, inputs: PriceInputs = PriceInputs(
                 spot_rate = spot.usd / spot.gpu_hours if spot and spot.usd is not None and spot.gpu_hours else None
             rows += _variant_rows(variant, shape, on_demand, spot_rate, on)
     return MethodComparison(
-        stack=cfg.stack, gpu_model=on.gpu_model, gpu_memory_gib=platform.usable_gpu_memory_gib,
-        gpus_per_node=gpus_per_node, node_ram_gib=worker.shape.ram_gib, stack_gpus=on.gpus, tokens=sized.tokens,
+        stack=cfg.stack, gpu_model=on.gpu_model, gpu_memory_gib=on.node.gpu_memory_gib,
+        gpus_per_node=on.gpus_per_node, node_ram_gib=on.node.host_memory_gib, stack_gpus=on.gpus, tokens=sized.tokens,
         passes=sized.epochs, data_basis=data_basis, usd_per_gpu_hour=usd_rate, preemptible_usd_per_gpu_hour=spot_rate,
-        rows=rows, notes=_notes(worker.platform, has_spot),
+        rows=rows, notes=_notes(on.platform, has_spot),
     )
 
 
