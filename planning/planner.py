@@ -168,18 +168,18 @@ def _throughput_notes(stack: PlanStack, throughput: TrainingThroughput | None, n
                      f"with the {throughput.kind} figure above")
 
 
-def train_cost(stack: PlanStack, run: RunConfig, placed: Placement | None, measured: ThroughputMeasurement | None,
+def train_cost(stack: PlanStack, run: RunConfig, nodes: int, measured: ThroughputMeasurement | None,
                prepared: PrepareSummary | None, read_from: str | None,
                notes: list[str]) -> tuple[TrainingSize | None, StageCost | None]:
-    """The training run's tokens, passes and throughput, and its hours, node-hours and price on the planned nodes."""
+    """The training run's tokens, passes and throughput, and its hours, node-hours and price on the `nodes` it trains
+    on."""
     if stack.target == "local" or run.train is None:
         return None, None
     size = training_tokens(stack, run, prepared, notes)
     if size is None:
         return None, None
-    nodes, gpus_per_node = worker_shape(stack)
+    _, gpus_per_node = worker_shape(stack)
     if gpus_per_node:
-        nodes = placed.nodes if placed is not None else nodes
         gpus = nodes * gpus_per_node
     else:
         gpus = measured.devices if measured is not None else 0
@@ -213,15 +213,14 @@ def plan_run(stack: PlanStack, run: RunConfig, measured: ThroughputMeasurement |
     the caller read it from the model folder."""
     notes: list[str] = []
     placed = training_placement(stack, run, shape)
-    size, cost = train_cost(stack, run, placed, measured, prepared, read_from, notes)
+    train_nodes = placed.nodes if placed is not None else worker_shape(stack)[0]
+    size, cost = train_cost(stack, run, train_nodes, measured, prepared, read_from, notes)
     hours = cost.hours if cost is not None else None
     try:
         train_time_limit(run.time_limits, hours)
     except TimeLimitError as error:
         notes.append(f"refused: {error}")
         hours = None
-    nodes, _ = worker_shape(stack)
-    train_nodes = placed.nodes if placed is not None else nodes
     return RunPlan(
         stack=stack.stack, target=stack.target, run=run.name,
         stages=stage_requests(stack, run, train_nodes, stage_time_limits(run.time_limits, hours)),
