@@ -110,12 +110,14 @@ def _storage(cfg: StackConfig, run: RunConfig | None) -> tuple[list[str], list[d
     return lines, document, refused
 
 
-def _time_limits(cfg: StackConfig, run: RunConfig | None, plan: RunPlan | None) -> tuple[list[str], dict[str, Any]]:
-    """Each stage's Slurm time limit (sbatch --time) as the run's plan sets it (text lines, JSON)."""
+def _time_limits(cfg: StackConfig, run: RunConfig | None, plan: RunPlan | None,
+                 environment: EnvironmentPlan | None) -> tuple[list[str], dict[str, Any]]:
+    """Each stage's Slurm time limit (sbatch --time) as the run's plan sets it, the environment build's where the
+    stack builds one (text lines, JSON)."""
     if run is None or plan is None:
         return [], {}
     cost = plan.cost("train")
-    stages = [*(["environment"] if environment_plan(cfg) else []), *CHAIN, *(serving_stages(cfg, run) if cfg.pipeline.serve else [])]
+    stages = [*(["environment"] if environment else []), *CHAIN, *(serving_stages(cfg, run) if cfg.pipeline.serve else [])]
     limits = {stage: plan.stages[stage].time_limit_minutes for stage in stages}
     basis = train_time_limit(run.time_limits, cost.hours if cost is not None else None)[1]
     lines = ["", "Time limits (sbatch --time; run config time_limits):"]
@@ -196,7 +198,8 @@ def plan_sections(cfg: StackConfig, result: MockRun, args: argparse.Namespace) -
     text += lines
     if placement:
         document["placement"] = placement
-    lines, limits = _time_limits(cfg, run, report.plan)
+    environment = environment_plan(cfg)
+    lines, limits = _time_limits(cfg, run, report.plan, environment)
     text += lines
     if limits:
         document["time_limits"] = limits
@@ -208,7 +211,6 @@ def plan_sections(cfg: StackConfig, result: MockRun, args: argparse.Namespace) -
     if storage:
         document["storage"] = storage
     code = 1 if refused else code
-    environment = environment_plan(cfg)
     if environment is not None:
         section = environment_section(environment)
         document["environment"] = section.model_dump(mode="json")
