@@ -99,6 +99,21 @@ def test_model_fits_qlora_but_not_unquantized_without_checkpointing_on_l40s(mock
     assert rules.model_fits(_ctx(mocked, "h100", run=heavy)), "bf16 LoRA of 14B at micro-batch 4 without checkpointing exceeds 79.19 GiB too"
 
 
+def test_run_plan_accepted_refuses_a_rank_the_set_serving_limit_cannot_take(mocked):
+    """h100.json with train.lora.r 32 under serve.max_lora_rank 16 fails the policy naming both ranks (the refusal
+    `ftstack plan` and the chain make, test_run_plan); the shipped rank passes with the engine's limit as a note."""
+    cfg, _ = mocked("h100")
+    run = load_run(cfg, ROOT)
+    ctx = _ctx(mocked, "h100", run=run)
+    assert rules.plan_accepted(ctx) == []
+    assert any("--max-lora-rank" in note for note in ctx.notes), ctx.notes
+    lora = run.train.lora.model_copy(update={"r": 32})
+    serve = run.serve.model_copy(update={"max_lora_rank": 16})
+    over = run.model_copy(update={"train": run.train.model_copy(update={"lora": lora}), "serve": serve})
+    [message] = rules.plan_accepted(_ctx(mocked, "h100", run=over))
+    assert "LoRA rank 32 is over serve.max_lora_rank 16" in message, message
+
+
 def test_login_access(mocked):
     cfg, resources = mocked("demo")
     assert "SSH public key" in rules.login_access(_ctx(mocked, cfg=cfg.model_copy(update={"ssh_public_keys": []})))[0]
