@@ -176,8 +176,9 @@ def test_backup_line_uses_jail_size_without_copy_size():
 
 
 def test_training_run_cost_arithmetic():
-    """The training run is the plan's: 3.6e6 tokens x 2 passes at 100 tokens/s per GPU on 10 GPUs of one node at
-    $22.85 an hour is 2 h of wall time, 20 GPU-hours and $45.70 (the planner's arithmetic, price_stack's tests)."""
+    """The training run maps the plan's StageCost: 2 h of wall time on 10 GPUs is 20 GPU-hours, the price is the
+    plan's, and unknown hours leave both unknown. The hours themselves are the planner's arithmetic, checked from
+    tokens / throughput / GPUs in tests/test_cost_compare.py and tests/test_train_placement.py."""
     size = TrainingSize(tokens=3.6e6, epochs=2, tokens_per_second_per_gpu=100, throughput_kind="configured",
                         throughput_source="test")
     cost = StageCost(stage="train", hours=2.0, nodes=1, gpus=10, node_hours=2.0, usd_per_hour=22.85, usd=45.7,
