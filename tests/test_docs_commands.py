@@ -14,13 +14,15 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from cluster_fixtures import START, Cluster
+import yaml
+from cluster_fixtures import DEFAULT_IDENTITIES
 from docs_blocks import CONVENTION, MARKERS, PAGES, ROOT, Block, command_lines, read_blocks
 from slurm_jobs import job_field
 
@@ -30,7 +32,10 @@ from documents.run_config import load_run_config
 from documents.run_manifest import read_run_manifest
 from documents.run_plan import read_run_plan
 from documents.run_record import RunIndex
+from infra.environment.lock import TARGETS
+from infra.environment.source import wheelhouse
 from infra.pipeline.chain import job_plan
+from infra.pipeline.environment_source import WHEELHOUSE_CACHE
 from infra.runs.store import list_runs, local_store, read_run_file
 
 SUBMITTED = re.compile(r"^Submitted batch job (\d+)$", re.MULTILINE)
@@ -76,17 +81,20 @@ def server_script(block: Block) -> str:
             f"{probe} || {{ echo '{block.where}: nothing on {host}:{port}' >&2; exit 1; }}\n")
 
 
-STOP_SERVERS = "servers=''\ntrap 'for s in $servers; do kill -TERM -- -$s 2>/dev/null; done; wait' EXIT\n"
+STOP_SERVERS = "for s in $servers; do kill -TERM -- -$s 2>/dev/null; done; wait"
 
 
-def run_in_new_shell(blocks: list[Block], timeout: float) -> subprocess.CompletedProcess[str]:
+def run_in_new_shell(blocks: list[Block], timeout: float, *, enter: tuple[str, ...] = (), setup: str = "",
+                     on_exit: str = "") -> subprocess.CompletedProcess[str]:
     """The blocks one after another in one `bash`, from the repository root; stops at the first failing command
     (each block's start is echoed to standard error, so a failure names its block). A server block is started and
-    reached (`server_script`); the servers stop when the page ends."""
-    script = "set -eo pipefail\n" + STOP_SERVERS + "".join(
+    reached (`server_script`); the servers stop when the page ends. `enter` prefixes the bash command line (a
+    namespace to run in), `setup` runs before the blocks, `on_exit` after them, whatever their end."""
+    at_exit = "; ".join(filter(None, (STOP_SERVERS, on_exit)))
+    script = f"set -eo pipefail\nservers=''\ntrap {shlex.quote(at_exit)} EXIT\n{setup}" + "".join(
         f"echo '>>> {b.where}' >&2\n" + (server_script(b) if b.need == "server" else f"{b.text}\n") for b in blocks)
-    return subprocess.run(["bash", "-c", script], cwd=ROOT, env=new_shell_env(), capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run([*enter, "bash", "-c", script], cwd=ROOT, env=new_shell_env(), capture_output=True,
+                          text=True, timeout=timeout)
 
 
 def assert_ran(proc: subprocess.CompletedProcess[str], what: str) -> None:
@@ -223,25 +231,51 @@ def the_demo_run_stored_and_reported() -> RunIndex:
     return stored
 
 
+def documented_cluster_shell(cluster_dir: Path) -> tuple[tuple[str, ...], str, str]:
+    """What runs the pages' rehearsal-cluster blocks on a machine of their own: a new network namespace (the bridge
+    and subnet the pages name are free there, whatever clusters this machine runs, and nothing but loopback and the
+    cluster is reachable) and a private mount namespace in which `cluster_dir` is the default .local/cluster and
+    /run/netns and /run/<prefix> are empty (the script's namespaces, jail mount point and their removal touch no
+    other cluster's). Returns the command prefix, the setup lines and what stops the cluster however the page ends."""
+    prefix = DEFAULT_IDENTITIES[0][0]
+    for folder in (Path("/run/netns"), Path("/run") / prefix, ROOT / ".local" / "cluster"):
+        folder.mkdir(parents=True, exist_ok=True)
+    setup = (f"ip link set lo up\nmount -t tmpfs docs-netns /run/netns\nmount -t tmpfs docs-run /run/{prefix}\n"
+             f"mount --bind {shlex.quote(str(cluster_dir))} {shlex.quote(str(ROOT / '.local' / 'cluster'))}\n")
+    return ("unshare", "--net", "--mount", "--propagation", "private"), setup, "scripts/local-cluster.sh stop >&2"
+
+
+def cluster_stack_wheelhouse() -> None:
+    """The `cluster` stack's wheelhouse, built here before the pages run: the pip downloads behind it need this
+    machine's route to the package index, which the pages' network namespace has not (a reader's machine has it)."""
+    stack = yaml.safe_load((ROOT / "stacks" / "Pulumi.cluster.yaml").read_text())["config"]
+    environment = stack["soperator-finetune:pipeline"]["environment"]
+    assert environment["source"] == "wheelhouse", "the cluster stack ships a wheelhouse"
+    wheelhouse(TARGETS[environment["lock"]], ROOT / WHEELHOUSE_CACHE)
+
+
 @pytest.mark.cluster
 @pytest.mark.slow
-def test_rehearsal_cluster_commands_run_as_written(local_cluster: Cluster) -> None:
-    """README's and docs/pipeline.md's rehearsal-cluster blocks, each page in its own new shell; they name the
-    cluster at its default address, so they run on the cluster the fixture started at the default prefix."""
-    if local_cluster.prefix != "ftc":
-        message = f"the rehearsal cluster runs as {local_cluster.prefix}, not the documented ftc (another holds it)"
+def test_rehearsal_cluster_commands_run_as_written(tmp_path: Path) -> None:
+    """README's and docs/pipeline.md's rehearsal-cluster blocks, each page in its own new shell, on a cluster of
+    their own at the default address they name (stacks/Pulumi.cluster.yaml's login host), made by the pages' own
+    `start`: the tests' cluster and any other this machine runs are left alone (`documented_cluster_shell`)."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        message = "the pages' cluster needs root and unshare (network and mount namespaces)"
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(message)
         pytest.skip(message)
+    cluster_stack_wheelhouse()
+    cluster_dir = tmp_path / "cluster"
+    cluster_dir.mkdir()
+    enter, setup, stop = documented_cluster_shell(cluster_dir)
     try:
         for page in PAGES:
             blocks = page_blocks(page, cluster=True)
             if blocks:
-                assert_ran(run_in_new_shell(blocks, timeout=3600), page.name)
+                assert_ran(run_in_new_shell(blocks, timeout=3600, enter=enter, setup=setup, on_exit=stop), page.name)
     finally:
-        # docs/pipeline.md ends with `stop`: the later tests of this worker get the fixture's cluster back
-        restarted = local_cluster.script("start", *START, timeout=900)
-        assert restarted.returncode == 0, restarted.stderr[-2000:]
+        shutil.rmtree(cluster_dir, ignore_errors=True)
 
 
 def test_plan_json_keys_and_policy_count_are_the_pages() -> None:
