@@ -95,6 +95,8 @@ class StageCost(_Document):
     """the hour of the nodes it holds (None: no price here, an existing cluster or the local stack)."""
     usd: float | None = None
     basis: str
+    measured_hours: float | None = None
+    """the stage's elapsed hours in the newest stored run that timed it (RunPlan.stage_times_from); None: not timed."""
 
 
 class TrainingSize(_Document):
@@ -120,8 +122,14 @@ class RunPlan(_Document):
     training: TrainingPlacement | None = None
     """None: the model's shape is unknown here, or no train section."""
     size: TrainingSize | None = None
+    tokens_per_second_per_gpu: float | None = None
+    """the training throughput the training nodes were chosen at and the run is timed with (`size` repeats it where
+    the data size is known); None: none known (no GPUs, no train section)."""
     serving: ServingPlan | None = None
     costs: list[StageCost] = []
+    """prepare, readiness, train and eval (planning.planner.RUN_STAGES), in order."""
+    stage_times_from: str | None = None
+    """the stored run (and store) the stages' measured hours were read from; None: no run timed them."""
     notes: list[str] = []
     origin: Literal["planned", "job"] = "planned"
     """planned: by `ftstack`/the program before submission; job: by the trainer, submitted by hand without a plan."""

@@ -4,7 +4,7 @@ price, the chain, `ftstack plan`, the policy pack) takes its plan from here, so 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from documents.prepare_summary import PrepareSummary
 from documents.run_config import RunConfig
@@ -27,6 +27,8 @@ def plan_stack(cfg: StackConfig) -> PlanStack:
 
 def stack_plan(cfg: StackConfig, run: RunConfig, measured: ThroughputMeasurement | None = None, *,
                prepared: PrepareSummary | None = None, read_from: str | None = None,
-               stored_ranks: Sequence[int] = ()) -> RunPlan:
+               stored_ranks: Sequence[int] = (), stage_seconds: Mapping[str, float] | None = None,
+               stage_seconds_from: str | None = None) -> RunPlan:
     """The run's plan on the stack (planning.planner.plan_run)."""
-    return plan_run(plan_stack(cfg), run, measured, prepared=prepared, read_from=read_from, stored_ranks=stored_ranks)
+    return plan_run(plan_stack(cfg), run, measured, prepared=prepared, read_from=read_from, stored_ranks=stored_ranks,
+                    stage_seconds=stage_seconds, stage_seconds_from=stage_seconds_from)

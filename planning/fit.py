@@ -4,8 +4,8 @@ usable GPU memory and the preset's RAM, more only where the network and offload 
 and, when no node count of the set fits, the fewest nodes of the set's preset that do. The planner's train request
 asks Slurm for the first set's placement's nodes (planning/planner.py).
 
-The preview's model-fits policy and ``ftstack plan`` call ``worker_fits``; the method comparison, the cost estimate
-and the trainer call the same ``decide_placement``, so the preview and the run agree.
+The planner, the preview's model-fits policy and ``ftstack plan`` call ``worker_fits`` with the throughput of the run's
+plan (`RunPlan.size`), so the nodes the run is priced for are the nodes it is placed on.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from documents.run_config import RunConfig
+from documents.run_plan import RunPlan
 from planning import catalog
 from planning.stack import PlanStack
-from planning.throughput import training_throughput
 from planning.time_model import fastest_nodes
 from planning.model_shapes import ModelShape
 from planning.placement import Hardware, Placement, decide_placement
@@ -59,15 +59,20 @@ class WorkerFit(BaseModel):
                 f"~{s.per_gpu_gib:.1f} GiB per GPU")
 
 
+def planned_throughput(plan: RunPlan | None) -> float | None:
+    """The training throughput per GPU the run's plan chose its training nodes at (None: no plan or no throughput)."""
+    return plan.tokens_per_second_per_gpu if plan is not None else None
+
+
 def _gpus(count: int) -> str:
     return f"{count} GPU" if count == 1 else f"{count} GPUs"
 
 
-def worker_fits(cfg: PlanStack, run: RunConfig, shape: ModelShape) -> list[WorkerFit]:
-    """The run on each GPU worker set of the stack: on the nodes it trains fastest on, else over all of them (the
-    first set's nodes reserved for serving, `serving.nodes`, never train)."""
-    priced = training_throughput(cfg, run) if run.train is not None else None
-    tps = priced.tokens_per_second_per_gpu if priced is not None else None
+def worker_fits(cfg: PlanStack, run: RunConfig, shape: ModelShape,
+                tokens_per_second_per_gpu: float | None) -> list[WorkerFit]:
+    """The run on each GPU worker set of the stack: on the nodes it trains fastest on at the throughput the run is
+    priced with (`tokens_per_second_per_gpu`, the plan's: measured where a run measured it), else over all of them
+    (the first set's nodes reserved for serving, `serving.nodes`, never train)."""
     found = []
     for index, w in enumerate(cfg.workers):
         size = w.size - (cfg.serving_nodes if index == 0 else 0)
@@ -76,7 +81,8 @@ def worker_fits(cfg: PlanStack, run: RunConfig, shape: ModelShape) -> list[Worke
             continue
         hardware = Hardware(gpu_memory_gib=platform.usable_gpu_memory_gib, gpus_per_node=w.shape.gpus,
                             host_memory_gib=w.shape.ram_gib)
-        placement = (fastest_nodes(run, shape, hardware, size, w.platform, platform.gpu_model or "", tps)
+        placement = (fastest_nodes(run, shape, hardware, size, w.platform, platform.gpu_model or "",
+                                   tokens_per_second_per_gpu)
                      or decide_placement(run, shape, hardware, nodes=size))
         smallest = None if placement.fits else decide_placement(run, shape, hardware)
         found.append(WorkerFit(worker_set=w.name, gpu_model=platform.gpu_model or "",

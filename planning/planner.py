@@ -1,16 +1,18 @@
 """The one planner: `plan_run(stack, run, measured)` decides a run on a stack once and returns its `RunPlan`
 (documents/run_plan.py). Pure: the stack as the planner reads it (planning.stack), the run config, what runs
-measured (training throughput, the prepare summary, the ranks of stored adapters a server loads) in; the plan out.
+measured (training throughput, the prepare summary, the ranks of stored adapters a server loads, the newest stored
+run's job times) in; the plan out.
 
 Per stage the Slurm request (readiness one task per GPU on every node; train one task per node on the nodes it trains
-fastest on, `planning.fit`; eval one GPU; serve and publish a node; prepare a node's CPUs; the environment build in
-the housekeeping partition on a nebius stack), the time limits (planning.time_limits, training's from the estimated
-hours), the training placement with its memory per rank, what serving needs (planning.serving), and the hours,
-node-hours and price of the training run."""
+fastest on at the throughput it is priced with, `planning.fit`; eval one GPU; serve and publish a node; prepare a
+node's CPUs; the environment build in the housekeeping partition on a nebius stack), the time limits
+(planning.time_limits, training's from the estimated hours), the training placement with its memory per rank, what
+serving needs (planning.serving), and the hours, node-hours and price of each run stage (training at its estimate,
+the others at the newest stored run's job times; `stage_costs`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from documents.prepare_summary import PrepareSummary
 from documents.run_config import RunConfig
@@ -29,6 +31,9 @@ from planning.time_limits import TimeLimitError, stage_time_limits, train_time_l
 from planning.workers import worker_shape
 
 STAGES = ("environment", "prepare", "readiness", "train", "eval", "serve", "publish")
+RUN_STAGES = ("prepare", "readiness", "train", "eval")
+"""the stages a run holds nodes for until it ends (serving is priced by the schedule, the environment build runs
+once per lock in the housekeeping partition)."""
 SECONDS_PER_HOUR = 3600
 
 
@@ -53,10 +58,12 @@ def _hardware(stack: PlanStack) -> Hardware | None:
                     host_memory_gib=cluster.memory_gib_per_node)
 
 
-def training_placement(stack: PlanStack, run: RunConfig, shape: ModelShape | None = None) -> Placement | None:
-    """Where the run trains: on the stack's first GPU worker set the nodes `worker_fits` chooses, on an existing
-    cluster with known GPUs all of its training nodes; None without a train section, on workers without GPUs or
-    where the model's shape is unknown here (`shape`: the model folder's, else the catalog's for the source)."""
+def training_placement(stack: PlanStack, run: RunConfig, tokens_per_second_per_gpu: float | None,
+                       shape: ModelShape | None = None) -> Placement | None:
+    """Where the run trains: on the stack's first GPU worker set the nodes `worker_fits` chooses at the throughput
+    the run is priced with, on an existing cluster with known GPUs all of its training nodes; None without a train
+    section, on workers without GPUs or where the model's shape is unknown here (`shape`: the model folder's, else
+    the catalog's for the source)."""
     hardware = _hardware(stack)
     if run.train is None or hardware is None:
         return None
@@ -66,7 +73,7 @@ def training_placement(stack: PlanStack, run: RunConfig, shape: ModelShape | Non
         return None
     if not stack.workers:
         return decide_placement(run, shape, hardware, worker_shape(stack)[0])
-    fits = worker_fits(stack, run, shape)
+    fits = worker_fits(stack, run, shape, tokens_per_second_per_gpu)
     if not fits or fits[0].worker_set != stack.workers[0].name:
         return None
     return fits[0].placement
@@ -151,8 +158,8 @@ def stage_requests(stack: PlanStack, run: RunConfig, train_nodes: int,
     return requests
 
 
-def train_hourly_usd(stack: PlanStack, nodes: int) -> float | None:
-    """An hour of the `nodes` training nodes of the first worker set (compute), on a nebius stack; None elsewhere."""
+def nodes_hourly_usd(stack: PlanStack, nodes: int) -> float | None:
+    """An hour of `nodes` nodes of the first worker set (compute), on a nebius stack; None elsewhere."""
     if stack.target != "nebius" or not stack.workers:
         return None
     first = stack.workers[0]
@@ -168,11 +175,11 @@ def _throughput_notes(stack: PlanStack, throughput: TrainingThroughput | None, n
                      f"with the {throughput.kind} figure above")
 
 
-def train_cost(stack: PlanStack, run: RunConfig, nodes: int, measured: ThroughputMeasurement | None,
-               prepared: PrepareSummary | None, read_from: str | None,
+def train_cost(stack: PlanStack, run: RunConfig, nodes: int, throughput: TrainingThroughput | None,
+               measured: ThroughputMeasurement | None, prepared: PrepareSummary | None,
                notes: list[str]) -> tuple[TrainingSize | None, StageCost | None]:
     """The training run's tokens, passes and throughput, and its hours, node-hours and price on the `nodes` it trains
-    on."""
+    on at `throughput` (on an existing CPU cluster, the GPUs `measured` counted)."""
     if stack.target == "local" or run.train is None:
         return None, None
     size = training_tokens(stack, run, prepared, notes)
@@ -185,9 +192,8 @@ def train_cost(stack: PlanStack, run: RunConfig, nodes: int, measured: Throughpu
         gpus = measured.devices if measured is not None else 0
     tokens, rows = size
     epochs = passes(run.train, tokens, rows, gpus, run.max_length, notes)
-    throughput = training_throughput(stack, run, measured, read_from)
     _throughput_notes(stack, throughput, notes)
-    hourly = train_hourly_usd(stack, nodes)
+    hourly = nodes_hourly_usd(stack, nodes)
     if hourly is None:
         notes.append("training run: an existing cluster has no price here; hours only")
     tps = throughput.tokens_per_second_per_gpu if throughput else None
@@ -205,27 +211,62 @@ def train_cost(stack: PlanStack, run: RunConfig, nodes: int, measured: Throughpu
     return sized, cost
 
 
+def stage_costs(stack: PlanStack, requests: dict[str, SlurmRequest], train: StageCost | None,
+                stage_seconds: Mapping[str, float], measured_from: str | None) -> list[StageCost]:
+    """Each run stage's hours, the nodes and GPUs its request holds, and their price: training at its estimate
+    (`train`; no hours without one), every other stage at the elapsed time the newest stored run measured (none
+    before a run timed it); each with that run's measured hours beside (`StageCost.measured_hours`)."""
+    costs = []
+    for stage in RUN_STAGES:
+        measured = stage_seconds[stage] / SECONDS_PER_HOUR if stage in stage_seconds else None
+        if stage == "train" and train is not None:
+            costs.append(train.model_copy(update={"measured_hours": measured}))
+            continue
+        request = requests[stage]
+        nodes = request.nodes or 1
+        hours = measured if stage != "train" else None
+        hourly = nodes_hourly_usd(stack, nodes)
+        if stage == "train":
+            basis = "not estimated (no throughput, data size or train section)"
+        else:
+            basis = (f"measured job time of {measured_from or 'the newest stored run'}" if measured is not None
+                     else "not measured: no stored run of the stack timed it")
+        costs.append(StageCost(
+            stage=stage, hours=hours, nodes=nodes, gpus=nodes * (request.gpus_per_node or 0),
+            node_hours=hours * nodes if hours is not None else None, usd_per_hour=hourly,
+            usd=hours * hourly if hours is not None and hourly is not None else None, basis=basis,
+            measured_hours=measured))
+    return costs
+
+
 def plan_run(stack: PlanStack, run: RunConfig, measured: ThroughputMeasurement | None = None, *,
              prepared: PrepareSummary | None = None, read_from: str | None = None,
-             stored_ranks: Sequence[int] = (), shape: ModelShape | None = None) -> RunPlan:
-    """The run's plan on the stack (module docstring); `stored_ranks`: the adapter ranks of the stored runs the
-    server loads (the serving store), which the engine's rank limit must take as well; `shape`: the model's, where
-    the caller read it from the model folder."""
+             stored_ranks: Sequence[int] = (), shape: ModelShape | None = None,
+             stage_seconds: Mapping[str, float] | None = None, stage_seconds_from: str | None = None) -> RunPlan:
+    """The run's plan on the stack (module docstring); `measured`: the training throughput a run on the stack
+    measured (read from `read_from`); `stored_ranks`: the adapter ranks of the stored runs the server loads (the
+    serving store), which the engine's rank limit must take as well; `shape`: the model's, where the caller read it
+    from the model folder; `stage_seconds`: each stage's elapsed seconds in the newest stored run that timed them
+    (`stage_seconds_from` names it)."""
     notes: list[str] = []
-    placed = training_placement(stack, run, shape)
+    throughput = training_throughput(stack, run, measured, read_from) if run.train is not None else None
+    placed = training_placement(stack, run, throughput.tokens_per_second_per_gpu if throughput else None, shape)
     train_nodes = placed.nodes if placed is not None else worker_shape(stack)[0]
-    size, cost = train_cost(stack, run, train_nodes, measured, prepared, read_from, notes)
+    size, cost = train_cost(stack, run, train_nodes, throughput, measured, prepared, notes)
     hours = cost.hours if cost is not None else None
     try:
         train_time_limit(run.time_limits, hours)
     except TimeLimitError as error:
         notes.append(f"refused: {error}")
         hours = None
+    requests = stage_requests(stack, run, train_nodes, stage_time_limits(run.time_limits, hours))
     return RunPlan(
-        stack=stack.stack, target=stack.target, run=run.name,
-        stages=stage_requests(stack, run, train_nodes, stage_time_limits(run.time_limits, hours)),
+        stack=stack.stack, target=stack.target, run=run.name, stages=requests,
         training=placement_document(stack, run, placed) if placed is not None else None,
-        size=size, serving=serving_plan(run, stored_ranks), costs=[cost] if cost is not None else [], notes=notes)
+        size=size, tokens_per_second_per_gpu=throughput.tokens_per_second_per_gpu if throughput else None,
+        serving=serving_plan(run, stored_ranks),
+        costs=stage_costs(stack, requests, cost, stage_seconds or {}, stage_seconds_from),
+        stage_times_from=stage_seconds_from if stage_seconds else None, notes=notes)
 
 
 def refusals(plan: RunPlan) -> list[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from documents.run_config import RunConfig
+from documents.run_manifest import RunManifest
 from documents.run_plan import ServingPlan
 from documents.sections.serve import VLLM_LORA_RANKS, ServeConfig
 from documents.sections.train import LoraSettings
@@ -21,6 +22,11 @@ def trained_rank(run: RunConfig) -> int | None:
     if run.train is None or run.train.method == "full":
         return None
     return run.train.lora.r
+
+
+def manifest_rank(manifest: RunManifest) -> int:
+    """The adapter rank a stored run trained (its manifest's train.lora.r; the default rank where it names none)."""
+    return ((manifest.config.get("train") or {}).get("lora") or {}).get("r", DEFAULT_RANK)
 
 
 def served_ranks(run: RunConfig, others: Iterable[int] = ()) -> list[int]:

@@ -18,7 +18,7 @@ from infra.cost.price import CostReport, price_stack
 from infra.cost.render import training_cost_text
 from infra.nebius.layout import layout
 from infra.runs.measured import price_inputs
-from planning.fit import worker_fits
+from planning.fit import planned_throughput, worker_fits
 from infra.storage_fit import storage_use, storage_violations
 from planning.planner import refusals
 from planning.model_shapes import UnknownModel, shape_for_source
@@ -242,7 +242,8 @@ def model_fits(ctx: Context) -> list[str]:
     FSDP over the set's GPUs) within memory_fraction of each GPU; otherwise the smallest node count that fits."""
     if ctx.run is None or ctx.run.train is None or ctx.cfg.nodes is None:
         return []
-    training = training_cost_text(stack_price(ctx))
+    report = stack_price(ctx)
+    training = training_cost_text(report)
     if training:
         ctx.notes.append(training)
     try:
@@ -250,7 +251,7 @@ def model_fits(ctx: Context) -> list[str]:
     except UnknownModel as exc:
         return [str(exc)]
     found = []
-    for fit in worker_fits(ctx.cfg.plan_stack(), ctx.run, shape):
+    for fit in worker_fits(ctx.cfg.plan_stack(), ctx.run, shape, planned_throughput(report.plan)):
         line = f"{ctx.run.train.method} of {ctx.run.model.source}: {fit.describe()}"
         (ctx.notes if fit.fits else found).append(line)
     return found

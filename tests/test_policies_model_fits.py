@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from infra.config import load_stack_config
+from documents.run_config import RunConfig
+from infra.config import StackConfig, load_stack_config
 from infra.cost.method_comparison import with_method
 from infra.config import load_run
-from planning.fit import worker_fits
+from infra.plans import stack_plan
+from planning.fit import planned_throughput, worker_fits
 from policies import rules
 from policies.rules import Context
 from planning.model_shapes import shape_for_source
@@ -29,6 +31,11 @@ LAYER_LINEAR = 2 * 8192 * 8192 + 2 * 8192 * 1024 + 3 * 8192 * 28672           # 
 ROOT_PARAMS = 2 * 128256 * 8192 + (2 * 80 + 1) * 8192                           # embeddings, LM head, norms
 PARAMS = 80 * LAYER_LINEAR + ROOT_PARAMS                                        # 70,553,706,496 (seed 002)
 GATHERED_BF16 = ROOT_PARAMS * 2 + 2 * LAYER_LINEAR * 2                          # root + two layers in use, bf16
+
+
+def plan_tps(cfg: StackConfig, run: RunConfig) -> float | None:
+    """The throughput the run's plan chooses its training nodes at (the preview's `worker_fits` gets the same)."""
+    return planned_throughput(stack_plan(cfg, run))
 
 
 def _run(stack: str, method: str, parallelism: str = "auto", source: str = LLAMA70):
@@ -53,7 +60,8 @@ def test_70b_lora_with_ddp_forced_on_demo_is_refused_naming_the_reason():
                               "ddp over 10 GPUs")
     assert "does not fit" in message and "one whole replica" in message and "40.5 GiB" in message
     assert "with train.parallelism auto or fsdp: fsdp" in message
-    [fit] = worker_fits(load_stack_config("demo", ROOT / "stacks").plan_stack(), run, shape_for_source(LLAMA70))
+    stack = load_stack_config("demo", ROOT / "stacks")
+    [fit] = worker_fits(stack.plan_stack(), run, shape_for_source(LLAMA70), plan_tps(stack, run))
     assert fit.placement.plan.per_rank_bytes["base_weights"] == 2 * PARAMS
     assert fit.placement.per_gpu_gib > 2 * PARAMS / GIB > 0.9 * 44.99
 
@@ -65,7 +73,8 @@ def test_70b_lora_on_demo_is_accepted_on_one_node_and_shards_over_ten_gpus_where
 
     run = _run("demo", "lora")
     assert rules.model_fits(_ctx("demo", run)) == []
-    [fit] = worker_fits(load_stack_config("demo", ROOT / "stacks").plan_stack(), run, shape_for_source(LLAMA70))
+    stack = load_stack_config("demo", ROOT / "stacks")
+    [fit] = worker_fits(stack.plan_stack(), run, shape_for_source(LLAMA70), plan_tps(stack, run))
     assert (fit.placement.nodes, fit.placement.plan.offload, fit.set_nodes, fit.fits) == (1, "params", 5, True)
     assert fit.describe().startswith("worker set worker (1 of 5 x 2 NVIDIA L40S")
     spread = decide_placement(run, shape_for_source(LLAMA70), Hardware(gpu_memory_gib=44.99, gpus_per_node=2,
@@ -85,13 +94,15 @@ def test_70b_full_fine_tune_on_h100_names_the_smallest_node_count():
     assert (16 * PARAMS / 24 + GATHERED_BF16) / GIB < 0.9 * 79.19 - 20
     auto = _run("h100", "full")
     assert rules.model_fits(_ctx("h100", auto)) == []  # offload auto: nothing else fits 16 GPUs, offloaded it does
-    [fit] = worker_fits(load_stack_config("h100", ROOT / "stacks").plan_stack(), auto, shape_for_source(LLAMA70))
+    stack = load_stack_config("h100", ROOT / "stacks")
+    [fit] = worker_fits(stack.plan_stack(), auto, shape_for_source(LLAMA70), plan_tps(stack, auto))
     assert (fit.placement.plan.offload, fit.placement.gpus) == ("params", 16)
     run = auto.model_copy(update={"train": auto.train.model_copy(update={"offload": "none"})})
     [message] = rules.model_fits(_ctx("h100", run))
     assert "fsdp over 16 GPUs" in message and "does not fit" in message
     assert "the smallest that fits is 3 node(s), 24 GPUs: fsdp" in message
-    [fit] = worker_fits(load_stack_config("h100", ROOT / "stacks").plan_stack(), run, shape_for_source(LLAMA70))
+    stack = load_stack_config("h100", ROOT / "stacks")
+    [fit] = worker_fits(stack.plan_stack(), run, shape_for_source(LLAMA70), plan_tps(stack, run))
     assert fit.smallest is not None and fit.smallest.nodes == 3 and fit.smallest.plan.fits
 
 
@@ -106,7 +117,7 @@ def test_shipped_large_run_configs_fit_their_stacks(stack, config, strategy):
     cfg = cfg.model_copy(update={"pipeline": pipeline})
     run = load_run(cfg, ROOT)
     assert rules.model_fits(Context([], cfg, run, {})) == []
-    [fit] = worker_fits(cfg.plan_stack(), run, shape_for_source(run.model.source))
+    [fit] = worker_fits(cfg.plan_stack(), run, shape_for_source(run.model.source), plan_tps(cfg, run))
     assert fit.placement.plan.strategy == strategy and fit.fits
 
 
@@ -137,7 +148,8 @@ def test_host_memory_counts_one_base_on_the_first_node_not_one_per_rank():
     """bf16 70B LoRA over 2 x 8 H100s: rank 0 reads the 141.1 GB base, its 7 node-mates one tensor each at most
     (the 128,256 x 8,192 bf16 embedding, 2.1 GB): 146 GB of the 1,600 GiB node, where a copy per rank was 1.13 TB."""
     run = _run("h100", "lora")
-    [fit] = worker_fits(load_stack_config("h100", ROOT / "stacks").plan_stack(), run, shape_for_source(LLAMA70))
+    stack = load_stack_config("h100", ROOT / "stacks")
+    [fit] = worker_fits(stack.plan_stack(), run, shape_for_source(LLAMA70), plan_tps(stack, run))
     embedding = 128256 * 8192 * 2
     assert fit.placement.host_bytes_per_node == 2 * PARAMS + 7 * embedding
     assert fit.placement.host_fits and fit.fits

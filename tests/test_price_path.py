@@ -117,7 +117,7 @@ def test_a_measured_run_replaces_the_estimate_in_every_price_of_the_stack(dev_bu
     assert planned["tokens_per_second_per_gpu"] == pytest.approx(STEP_TPS)
 
 
-PIECES = {"monthly_cost", "chat_scenarios", "chat_scenario", "training_run", "train_hourly_usd", "node_price",
+PIECES = {"monthly_cost", "chat_scenarios", "chat_scenario", "training_run", "nodes_hourly_usd", "node_price",
           "estimate_throughput", "training_estimate", "training_throughput", "plan_run", "stack_plan"}
 """the cost model's pieces (infra/cost/tco.py), the planner's (the throughput, the training nodes' hour, the plan)
 and price_stack's own helpers."""
@@ -146,9 +146,9 @@ def test_price_stack_is_the_only_caller_of_the_cost_models_pieces() -> None:
     assert found["monthly_cost"] == found["chat_scenarios"] == {"infra/cost/price.py:price_stack"}
     assert found["training_estimate"] == {"infra/cost/price.py:price_stack"}
     assert found["training_run"] == {"infra/cost/price.py:training_estimate"}
-    assert found["train_hourly_usd"] == {"planning/planner.py:train_cost"}
-    # the planner reads the throughput the stack is priced with to choose the train job's nodes and its hours
-    assert found["training_throughput"] == {"planning/planner.py:train_cost", "planning/fit.py:worker_fits"}
+    assert found["nodes_hourly_usd"] == {"planning/planner.py:train_cost", "planning/planner.py:stage_costs"}
+    # the planner reads the throughput the stack is priced with once, for the train job's nodes and for its hours
+    assert found["training_throughput"] == {"planning/planner.py:plan_run"}
     assert found["estimate_throughput"] == {"planning/throughput.py:training_throughput"}
     assert found["plan_run"] == {"infra/plans.py:stack_plan", "workloads/train/run_plan.py:job_made_plan"}
     assert found["stack_plan"] <= {"infra/cost/price.py:measured_plan", "infra/cost/price.py:price_stack",

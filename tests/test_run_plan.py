@@ -145,3 +145,90 @@ def test_less_gpu_memory_adapts_an_auto_micro_batch_and_says_so() -> None:
     assert placed.plan.strategy == planned.parallelism.strategy and placed.fits
     assert differences, "60 GiB instead of 79.19 GiB changes the auto-sized micro-batch or recomputation"
     assert all(d.startswith("GPU memory 60.00 GiB measured, 79.19 GiB planned") for d in differences), differences
+
+
+SEED_NODE_HOUR_USD = 16680 / 5 / 730
+"""seed 000's TCO table: 5 L40S workers $16,680 a month of 730 h, one node's hour of compute."""
+TIMED = {"prepare": 600.0, "readiness": 300.0, "train": 3600.0, "eval": 900.0}
+
+
+def test_every_run_stage_has_its_hours_nodes_and_price_with_the_basis() -> None:
+    """demo: prepare and eval hold one node, readiness all five, train its planned nodes; every stage but training
+    at the job time the newest stored run measured, priced at seed 000's node hour; training at its estimate."""
+    cfg = load_stack_config("demo", ROOT / "stacks")
+    timed = price_stack(cfg, PriceInputs(stage_seconds=TIMED, stage_seconds_from="run r1"), load_run(cfg, ROOT))
+    plan = timed.plan
+    assert [c.stage for c in plan.costs] == ["prepare", "readiness", "train", "eval"]
+    assert plan.stage_times_from == "run r1"
+    for cost in plan.costs:
+        assert cost.nodes == (plan.stages[cost.stage].nodes or 1), cost.stage
+        assert cost.measured_hours == pytest.approx(TIMED[cost.stage] / 3600), cost.stage
+        assert cost.usd_per_hour == pytest.approx(cost.nodes * SEED_NODE_HOUR_USD, rel=0.01), cost.stage
+        if cost.stage != "train":
+            assert cost.hours == cost.measured_hours and "measured job time of run r1" in cost.basis
+            assert cost.usd == pytest.approx(TIMED[cost.stage] / 3600 * cost.nodes * SEED_NODE_HOUR_USD, rel=0.01)
+    assert [plan.cost(s).nodes for s in ("prepare", "readiness", "eval")] == [1, 5, 1]
+    train = plan.cost("train")
+    assert train.hours == timed.training.wall_hours and train.usd == timed.training.usd, "training at its estimate"
+    untimed = price_stack(cfg, PriceInputs(), load_run(cfg, ROOT)).plan
+    assert [c.hours for c in untimed.costs if c.stage != "train"] == [None, None, None]
+    assert all("not measured" in c.basis for c in untimed.costs if c.stage != "train")
+    assert untimed.stage_times_from is None and untimed.cost("train").hours == train.hours
+
+
+def test_the_training_nodes_are_chosen_at_the_throughput_the_run_is_priced_with() -> None:
+    """demo's 70B LoRA trains on 1 node at its estimated throughput (test_the_utilization_month_prices_the_nodes...);
+    a run that measured 10 tokens/s per GPU trains fastest on all five (planning.time_model.fastest_nodes at that
+    figure): the plan asks for those, prices those, and `ftstack plan`'s placement lines show those."""
+    from documents.throughput import ThroughputMeasurement
+    from planning import catalog
+    from planning.fit import planned_throughput, worker_fits
+    from planning.placement import Hardware
+    from planning.time_model import fastest_nodes
+
+    cfg = load_stack_config("demo", ROOT / "stacks")
+    document = _run_document("demo")
+    run = parse_run_config({**document, "model": {**document["model"], "source": LLAMA70},
+                            "train": {**document["train"], "method": "lora", "quantization": "none"}}, "demo.json")
+    measured = ThroughputMeasurement(tokens_per_second_per_device=10.0, device="NVIDIA L40S", devices=8,
+                                     gpu_model="NVIDIA L40S", model=LLAMA70, method="lora", date="2026-12-01",
+                                     origin="run", stack="demo", run_id="r1", source="run r1")
+    worker = cfg.nodes.workers[0]
+    platform = catalog.get_platform(worker.platform)
+    hardware = Hardware(gpu_memory_gib=platform.usable_gpu_memory_gib, gpus_per_node=worker.shape.gpus,
+                        host_memory_gib=worker.shape.ram_gib)
+    shape = shape_for_source(LLAMA70)
+    fastest = fastest_nodes(run, shape, hardware, worker.size, worker.platform, platform.gpu_model, 10.0)
+    assert fastest is not None and fastest.nodes == 5, "the figure this test is built on"
+    report = price_stack(cfg, PriceInputs(training=measured), run)
+    plan = report.plan
+    assert plan.tokens_per_second_per_gpu == 10.0 and plan.size.throughput_kind == "measured"
+    assert plan.stages["train"].nodes == plan.training.nodes == plan.cost("train").nodes == 5
+    assert report.training.gpus == 5 * hardware.gpus_per_node
+    [first, *_] = worker_fits(cfg.plan_stack(), run, shape, planned_throughput(plan))
+    assert first.placement.nodes == 5, "the placement `ftstack plan` and the policy show is the plan's"
+
+
+def test_the_stored_adapters_ranks_reach_the_plan(tmp_path: Path) -> None:
+    """A stored run of the `cluster` stack trained a rank-64 adapter: the plan's serving limit takes it (64 where
+    unset), and a serve.max_lora_rank 32 that cannot is refused at plan time naming the stored rank."""
+    from adapter_runs import register_run
+
+    from infra.runs.measured import price_inputs
+    from infra.runs.store import local_store
+
+    base, adapter = tmp_path / "base", tmp_path / "adapter"
+    for folder, name in ((base, "config.json"), (adapter, "adapter_config.json")):
+        folder.mkdir()
+        (folder / name).write_text("{}")
+    (adapter / "adapter_model.safetensors").write_bytes(b"0")
+    register_run(local_store(tmp_path), tmp_path / "runs", "20261201T000000Z-1", base, adapter, 64, stack="cluster")
+    cfg = load_stack_config("cluster", ROOT / "stacks")
+    inputs = price_inputs(cfg, tmp_path)
+    assert inputs.stored_ranks == [64]
+    document = _run_document("cluster")
+    unset = measured_plan(cfg, inputs, parse_run_config(_with_rank(document, 16, None), "r.json"))
+    assert unset.serving.max_lora_rank == 64 and unset.serving.fits
+    refused = measured_plan(cfg, inputs, parse_run_config(_with_rank(document, 16, 32), "r.json"))
+    with pytest.raises(PlanRefused, match="rank 64 is over serve.max_lora_rank 32"):
+        check_plan(refused)

@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from infra.config import load_stack_config
+from documents.run_config import RunConfig
+from infra.config import StackConfig, load_stack_config
 from infra.config import load_run
-from planning.fit import worker_fits
+from infra.plans import stack_plan
+from planning.fit import planned_throughput, worker_fits
 from policies import rules
 from policies.rules import Context
 from planning.model_shapes import shape_for_source
@@ -26,6 +28,11 @@ H100_REPORTED_GIB = 79.19
 LLAMA70_CONFIG = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 8192,
                   "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128,
                   "intermediate_size": 28672, "vocab_size": 128256, "tie_word_embeddings": False}
+
+
+def plan_tps(cfg: StackConfig, run: RunConfig) -> float | None:
+    """The throughput the run's plan chooses its training nodes at (the preview's `worker_fits` gets the same)."""
+    return planned_throughput(stack_plan(cfg, run))
 
 
 def _stack(config: str):
@@ -42,7 +49,7 @@ def test_plan_policy_and_trainer_place_the_shipped_70b_runs_alike(config, strate
 
     cfg = _stack(config)
     run = load_run(cfg, ROOT)
-    [fit] = worker_fits(cfg.plan_stack(), run, shape_for_source(run.model.source))
+    [fit] = worker_fits(cfg.plan_stack(), run, shape_for_source(run.model.source), plan_tps(cfg, run))
     policy = fit.placement.model_dump(mode="json")
     assert rules.model_fits(Context([], cfg, run, {})) == []
 
@@ -159,7 +166,7 @@ def test_demo_trains_70b_lora_on_one_node_with_offload_not_over_its_ethernet():
     assert speeds[1] == pytest.approx(one, rel=1e-2) and speeds[5] == pytest.approx(five, rel=1e-2)
     assert max(speeds, key=lambda n: speeds[n] or 0) == 1
 
-    [fit] = worker_fits(cfg.plan_stack(), run, shape_for_source(run.model.source))
+    [fit] = worker_fits(cfg.plan_stack(), run, shape_for_source(run.model.source), plan_tps(cfg, run))
     assert (fit.placement.nodes, fit.placement.plan.strategy, fit.placement.plan.offload) == (1, "fsdp", "params")
     jobs = {j.stage: j for j in pipeline_jobs(cfg, run, cfg.pipeline.run_config, "c", code_location_for(cfg, run, ROOT))}
     assert "--nodes=1" in jobs["train"].extra_args and "--nodes=5" in jobs["readiness"].extra_args
@@ -194,7 +201,7 @@ def test_demo_plan_comparison_and_trainer_agree_on_the_70b_lora_placement(tmp_pa
     from infra.plans import stack_plan
 
     cfg, run = _variant("demo", "lora")
-    [fit] = worker_fits(cfg.plan_stack(), run, shape_for_source(run.model.source))
+    [fit] = worker_fits(cfg.plan_stack(), run, shape_for_source(run.model.source), plan_tps(cfg, run))
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text(json.dumps(LLAMA70_CONFIG))
@@ -228,7 +235,7 @@ def test_h100_trains_70b_lora_on_both_nodes_over_infiniband():
     speeds = _speeds(cfg, run)
     assert speeds[2] == pytest.approx(16 * 4096 / compute, rel=1e-3)
     assert speeds[2] == pytest.approx(2 * speeds[1], rel=1e-3)
-    [fit] = worker_fits(cfg.plan_stack(), run, shape_for_source(run.model.source))
+    [fit] = worker_fits(cfg.plan_stack(), run, shape_for_source(run.model.source), plan_tps(cfg, run))
     assert (fit.placement.nodes, fit.placement.plan.strategy, fit.placement.plan.offload) == (2, "fsdp", "none")
 
 
@@ -249,7 +256,7 @@ def test_h100_trains_a_70b_full_fine_tune_offloaded_on_both_nodes():
     two = 16 * 4096 / max(compute + step / 2 / 2, 15 / 16 * 8 * LLAMA70_PARAMS / 50e9)
     speeds = _speeds(cfg, run)
     assert (speeds[1], speeds[2]) == (pytest.approx(one, rel=1e-2), pytest.approx(two, rel=1e-2))
-    [fit] = worker_fits(cfg.plan_stack(), run, shape_for_source(run.model.source))
+    [fit] = worker_fits(cfg.plan_stack(), run, shape_for_source(run.model.source), plan_tps(cfg, run))
     assert (fit.placement.nodes, fit.placement.plan.strategy, fit.placement.plan.offload) == (2, "fsdp", "params")
 
 
@@ -260,7 +267,7 @@ def test_demo_refuses_a_70b_full_fine_tune_and_the_job_keeps_every_node():
 
     cfg, run = _variant("demo", "full")
     assert set(_speeds(cfg, run).values()) == {None}
-    [fit] = worker_fits(cfg.plan_stack(), run, shape_for_source(run.model.source))
+    [fit] = worker_fits(cfg.plan_stack(), run, shape_for_source(run.model.source), plan_tps(cfg, run))
     assert not fit.fits and fit.placement.nodes == 5
     assert stack_plan(cfg, run).stages["train"].nodes == 5
     assert rules.model_fits(Context([], cfg, run, {}))

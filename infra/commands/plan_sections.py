@@ -26,7 +26,7 @@ from infra.cost.price import PriceInputs, price_stack
 from infra.cost.render import render_table, report_document
 
 from infra.environment.plan import EnvironmentPlan, environment_plan, environment_section
-from planning.fit import worker_fits
+from planning.fit import planned_throughput, worker_fits
 from infra.pipeline.chain import CHAIN, serving_stages
 from planning.planner import refusals
 from planning.time_limits import slurm_duration, train_time_limit
@@ -77,12 +77,13 @@ def _plan_check() -> Callable[..., Any]:
     return next(iter(found)).load()
 
 
-def _placement(cfg: StackConfig, run: RunConfig | None) -> tuple[list[str], list[dict[str, Any]]]:
-    """The run's parallelism, per-GPU estimate and fit on each GPU worker set (text lines, JSON)."""
+def _placement(cfg: StackConfig, run: RunConfig | None, plan: RunPlan | None) -> tuple[list[str], list[dict[str, Any]]]:
+    """The run's parallelism, per-GPU estimate and fit on each GPU worker set at the plan's throughput (text lines,
+    JSON)."""
     if run is None or run.train is None or cfg.nodes is None:
         return [], []
     try:
-        fits = worker_fits(cfg.plan_stack(), run, shape_for_source(run.model.source))
+        fits = worker_fits(cfg.plan_stack(), run, shape_for_source(run.model.source), planned_throughput(plan))
     except UnknownModel as exc:
         return ["", f"Training placement: {exc}"], []
     if not fits:
@@ -145,7 +146,7 @@ def _run_plan(plan: RunPlan | None) -> list[str]:
     for cost in plan.costs:
         hours = f"{cost.hours:.2f} h, {cost.node_hours:.2f} node-hours" if cost.hours is not None else "hours unknown"
         price = f", ${cost.usd:,.2f}" if cost.usd is not None else ""
-        lines.append(f"  {cost.stage + ' cost':<12} {hours}{price} ({cost.basis})")
+        lines.append(f"  {cost.stage:<12} cost {hours}{price} ({cost.basis})")
     return lines + [f"  refused: {reason}" for reason in refusals(plan)]
 
 
@@ -194,7 +195,7 @@ def plan_sections(cfg: StackConfig, result: MockRun, args: argparse.Namespace) -
     text = ["", render_table(report)]
     document: dict[str, Any] = {"cost": report_document(report)}
     code = 0
-    lines, placement = _placement(cfg, run)
+    lines, placement = _placement(cfg, run, report.plan)
     text += lines
     if placement:
         document["placement"] = placement

@@ -63,6 +63,8 @@ class PriceInputs(BaseModel):
     """each stage's elapsed seconds in the newest stored run (the month at measured utilization)."""
     stage_seconds_from: str | None = None
     """the run and store `stage_seconds` were read from."""
+    stored_ranks: list[int] = []
+    """the adapter rank of each stored run with an adapter (the runs a server of the stack may load)."""
 
     def with_evaluation(self, evaluation: EvaluatorReport | None) -> PriceInputs:
         """These inputs with the generation speed of the eval job's report (none before it reported)."""
@@ -118,7 +120,9 @@ def chat_output_tokens(run: RunConfig | None) -> int:
 def measured_plan(cfg: StackConfig, inputs: PriceInputs, run: RunConfig) -> RunPlan:
     """The run's plan (infra.plans.stack_plan) with what the stack's runs measured: the plan `price_stack` prices and
     the chain submits, without pricing the month."""
-    return stack_plan(cfg, run, inputs.training, prepared=inputs.prepared, read_from=inputs.training_read_from)
+    return stack_plan(cfg, run, inputs.training, prepared=inputs.prepared, read_from=inputs.training_read_from,
+                      stored_ranks=inputs.stored_ranks, stage_seconds=inputs.stage_seconds,
+                      stage_seconds_from=inputs.stage_seconds_from)
 
 
 def training_estimate(cfg: StackConfig, run: RunConfig | None, inputs: PriceInputs,
@@ -146,7 +150,7 @@ def price_stack(cfg: StackConfig, inputs: PriceInputs = PriceInputs(), run: RunC
     if inputs.training_note:
         notes.append(f"training throughput: {inputs.training_note}")
     training, plan = (training_estimate(cfg, run, inputs, notes) if cfg.target != "local"
-                      else (None, stack_plan(cfg, run) if run is not None else None))
+                      else (None, measured_plan(cfg, inputs, run) if run is not None else None))
     output_tokens = chat_output_tokens(run)
     scenarios = chat_scenarios(monthly, cfg.pricing.chat, output_tokens, inputs.chat_speed(output_tokens)) \
         if monthly.usd_high > 0 else []
@@ -159,7 +163,6 @@ def price_stack(cfg: StackConfig, inputs: PriceInputs = PriceInputs(), run: RunC
                      for scenario in chat_scenarios(monthly, cfg.pricing.chat, output_tokens, speed)
                      if scenario.name == MEASURED}
     node_hour = worker_node_hourly_usd(cfg.nodes.workers[0], book) if cfg.nodes else 0.0
-    used = utilization(cfg, monthly, node_hour, cfg.pricing.schedule, inputs.stage_seconds, inputs.stage_seconds_from,
-                       training, plan)
+    used = utilization(cfg, monthly, node_hour, cfg.pricing.schedule, plan)
     return CostReport(monthly=monthly, training=training, chats=chats,
                       measured_chat=measured, notes=notes, adapter_chats=adapter_chats, utilization=used, plan=plan)

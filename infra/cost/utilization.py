@@ -2,10 +2,9 @@
 to fewer nodes, infra/config.py `WorkerSet.elastic`) priced for the node-hours the stack's schedule keeps them up,
 beside the always-on month (`MonthlyCost.usd_high`).
 
-- A run holds nodes for each stage's elapsed time: the nodes of the stage's Slurm request in the run's plan
-  (documents/run_plan.py: readiness every node of the first worker set, train the nodes it trains on, prepare and
-  eval one), the plan the chain submits; measured from the newest stored run's job times, else the
-  training estimate alone. After its last job a node stays up `soperator.suspendTimeSeconds` before Slurm powers it
+- A run holds nodes for each stage's elapsed time: the stage costs of the run's plan (documents/run_plan.py, the plan
+  the chain submits: readiness every node of the first worker set, train the nodes it trains on, prepare and eval
+  one), at the job times the newest stored run measured, else the training estimate alone. After its last job a node stays up `soperator.suspendTimeSeconds` before Slurm powers it
   down (one tail per node and run). Boot time is not measured and not priced.
 - Preemptible workers: run hours x (1 + `pricing.schedule.requeueOverhead`), the expected work redone after
   preemptions (requeue, restart from the last checkpoint), at the preemptible rate `node_price` already uses.
@@ -25,10 +24,8 @@ from pydantic import BaseModel, ConfigDict
 from documents.run_plan import RunPlan
 from documents.stack_outputs import UtilizationCost
 from infra.config import StackConfig, WorkerSet
-from infra.cost.tco import MonthlyCost, TrainingRun
+from infra.cost.tco import MonthlyCost
 from planning.prices import HOURS_PER_MONTH, ScheduleAssumptions
-
-RUN_STAGES = ("prepare", "readiness", "train", "eval")
 
 
 class _Frozen(BaseModel):
@@ -45,21 +42,18 @@ class StageHours(_Frozen):
         return self.hours * self.nodes
 
 
-def stage_hours(plan: RunPlan, seconds: dict[str, float]) -> list[StageHours]:
-    """Each run stage's elapsed hours and the nodes its Slurm request in the run's plan holds (readiness every node
-    of the first set, train the nodes it trains on, prepare and eval one)."""
-    return [StageHours(stage=s, hours=seconds[s] / 3600, nodes=plan.stages[s].nodes or 1)
-            for s in RUN_STAGES if s in seconds]
-
-
-def run_seconds(measured: dict[str, float] | None, training: TrainingRun | None) -> tuple[dict[str, float], str]:
-    """The stage times a run is priced with and their basis: the stored run's, else the training estimate's."""
-    if measured:
-        return {s: t for s, t in measured.items() if s in RUN_STAGES}, "measured job times"
-    if training is not None and training.wall_hours is not None:
-        return ({"train": training.wall_hours * 3600},
-                f"training estimate only ({training.throughput_kind}); prepare, readiness and eval not measured")
-    return {}, "no run measured and no training estimate: serving hours only"
+def stage_hours(plan: RunPlan) -> tuple[list[StageHours], str]:
+    """The hours each run stage holds its planned nodes for (the plan's `StageCost`s) and their basis: every stage's
+    measured job time where the newest stored run timed them, else the training estimate alone."""
+    if any(c.measured_hours is not None for c in plan.costs):
+        where = f" of {plan.stage_times_from}" if plan.stage_times_from else ""
+        return ([StageHours(stage=c.stage, hours=c.measured_hours, nodes=c.nodes) for c in plan.costs
+                 if c.measured_hours is not None], f"measured job times{where}")
+    train = plan.cost("train")
+    if train is not None and train.hours is not None and plan.size is not None:
+        return ([StageHours(stage="train", hours=train.hours, nodes=train.nodes)],
+                f"training estimate only ({plan.size.throughput_kind}); prepare, readiness and eval not measured")
+    return [], "no run measured and no training estimate: serving hours only"
 
 
 def _always_on(monthly: MonthlyCost, worker: WorkerSet, role: str = "worker") -> float:
@@ -71,16 +65,15 @@ def _always_on(monthly: MonthlyCost, worker: WorkerSet, role: str = "worker") ->
 
 
 def utilization(cfg: StackConfig, monthly: MonthlyCost, node_usd_per_hour: float, schedule: ScheduleAssumptions,
-                measured: dict[str, float] | None, measured_from: str | None,
-                training: TrainingRun | None, plan: RunPlan | None) -> UtilizationCost | None:
+                plan: RunPlan | None) -> UtilizationCost | None:
     """The month at `schedule` with the elastic worker sets priced by the hour (`node_usd_per_hour`: one node of the
-    first worker set, compute and boot disk), unrounded; None without an elastic set."""
+    first worker set, compute and boot disk) for the stage hours of the run's plan, unrounded; None without an
+    elastic set."""
     elastic = [w for w in cfg.nodes.workers if w.elastic] if cfg.nodes else []
     if cfg.target != "nebius" or not elastic or cfg.soperator is None or cfg.nodes is None:
         return None
     first = cfg.nodes.workers[0]
-    seconds, basis = run_seconds(measured, training)
-    stages = stage_hours(plan, seconds) if plan is not None else []
+    stages, basis = stage_hours(plan) if plan is not None else ([], "no run config: serving hours only")
     nodes_used = max((s.nodes for s in stages), default=0)
     overhead = schedule.requeue_overhead if first.preemptible else 0.0
     tail = nodes_used * cfg.soperator.suspend_time_seconds / 3600
@@ -100,9 +93,8 @@ def utilization(cfg: StackConfig, monthly: MonthlyCost, node_usd_per_hour: float
     usd += (hours * node_usd_per_hour) if first.elastic else 0.0
     if not first.elastic:
         basis += "; the first worker set (where runs and serving go) is always on"
-    where = f" of {measured_from}" if measured and measured_from else ""
     stage_text = f" ({', '.join(f'{s.stage} {s.hours:.2f} h x {s.nodes}' for s in stages)})" if stages else ""
-    basis = (f"{basis}{where}{stage_text}; {schedule.runs_per_month:g} runs/month, {serving_text}; suspend tail "
+    basis = (f"{basis}{stage_text}; {schedule.runs_per_month:g} runs/month, {serving_text}; suspend tail "
              f"{cfg.soperator.suspend_time_seconds} s per node and run; requeue overhead {overhead:.0%}"
              f"{' (preemptible)' if first.preemptible else ''}")
     return UtilizationCost(always_on_usd=monthly.usd_high, usd=usd, runs_per_month=schedule.runs_per_month,

@@ -222,10 +222,12 @@ def _readiness_expectations(stack: StackConfig) -> list[str]:
 
 
 def job_plan(plan: RunPlan) -> RunPlan:
-    """What the train job is given of its plan: the requests, placement and serving, without the time limits, costs
-    and notes, so a new throughput measurement or price (which moves only the estimate) replaces no finished job."""
+    """What the train job is given of its plan: the requests and the placement, without the time limits, costs,
+    notes and serving, so a new throughput measurement, price, job time or stored adapter (which move only the
+    estimate and the serve job's rank limit, decided again at its start) replaces no finished job."""
     stages = {name: request.model_copy(update={"time_limit_minutes": None}) for name, request in plan.stages.items()}
-    return plan.model_copy(update={"stages": stages, "size": None, "costs": [], "notes": []})
+    return plan.model_copy(update={"stages": stages, "size": None, "costs": [], "notes": [], "serving": None,
+                                   "stage_times_from": None, "tokens_per_second_per_gpu": None})
 
 
 def pipeline_jobs(

@@ -1,4 +1,5 @@
-"""The newest training throughput measured on a stack, read where its runs are stored: this machine's store for
+"""What a stack's stored runs measured (the newest training throughput, the newest job times, the adapters' ranks),
+read where its runs are stored: this machine's store for
 the local and `cluster` stacks, the stack's artifacts bucket for a Nebius stack (what `pulumi up`, `ftstack plan`
 and `ftstack report` price with; `ftstack run` prices a run it just measured the same way)."""
 
@@ -7,15 +8,19 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from documents.run_store import stack_key
+from documents.base import DocumentError
+from documents.run_manifest import read_run_manifest
+from documents.run_record import RunIndex
+from documents.run_store import ADAPTER_DIR, MANIFEST_KEY, run_key, stack_key
 from infra.config import StackConfig
 from infra.cost.price import PriceInputs
+from planning.serving import manifest_rank
 from infra.runs.store import (
     ARTIFACTS_BUCKET_ENV,
     ArtifactError,
     RunStore,
-    latest_throughput,
     list_runs,
+    read_run_file,
     store_for_stack,
 )
 
@@ -50,19 +55,38 @@ def stack_store(cfg: StackConfig, root: Path) -> tuple[RunStore | None, str | No
     return store_for_stack(cfg, root, bucket=bucket), None
 
 
+def stored_adapter_ranks(store: RunStore, stack_name: str, runs: list[RunIndex]) -> list[int]:
+    """The adapter rank of each stored run that keeps an adapter and a readable run manifest: the runs a server of
+    the stack may load (planning.serving.manifest_rank, as the server reads them)."""
+    ranks = []
+    for run in runs:
+        if MANIFEST_KEY not in run.files or not any(f.startswith(f"{ADAPTER_DIR}/") for f in run.files):
+            continue
+        key = f"{run_key(stack_name, run.run_id)}/{MANIFEST_KEY}"
+        try:
+            ranks.append(manifest_rank(read_run_manifest(read_run_file(store, stack_name, run.run_id, MANIFEST_KEY),
+                                                         key)))
+        except (DocumentError, ArtifactError):
+            continue
+    return ranks
+
+
 def price_inputs(cfg: StackConfig, root: Path) -> PriceInputs:
     """What `price_stack` needs from the stack's stored runs (before a run of this command measured anything): the
     training throughput the newest stored run measured, the stage times of the newest run that recorded them, the
-    store they were read from, or why none was read."""
+    adapter ranks of the stored runs, the store they were read from, or why none was read."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     store, why = stack_store(cfg, root)
     if store is None:
         return PriceInputs(training_note=why)
     try:
-        timed = next((r for r in reversed(list_runs(store, cfg.stack)) if r.job_durations_s), None)
-        return PriceInputs(training=latest_throughput(store, cfg.stack), training_read_from=runs_of(store, cfg.stack),
-                           stage_seconds=dict(timed.job_durations_s) if timed else {},
-                           stage_seconds_from=f"run {timed.run_id} ({runs_of(store, cfg.stack)})" if timed else None)
+        runs = list_runs(store, cfg.stack)
+        timed = next((r for r in reversed(runs) if r.job_durations_s), None)
+        where = runs_of(store, cfg.stack)
+        return PriceInputs(training=next((r.throughput for r in reversed(runs) if r.throughput is not None), None),
+                           training_read_from=where, stage_seconds=dict(timed.job_durations_s) if timed else {},
+                           stage_seconds_from=f"run {timed.run_id} ({where})" if timed else None,
+                           stored_ranks=stored_adapter_ranks(store, cfg.stack, runs))
     except (ArtifactError, BotoCoreError, ClientError) as error:
         return PriceInputs(training_note=f"runs not read from {runs_of(store, cfg.stack)}: {error}")

@@ -358,11 +358,6 @@ def upload_run(
     return UploadResult(prefix=prefix, store=store.describe(prefix), uploaded=sorted(done.written), index=done.index)
 
 
-def latest_throughput(store: RunStore, stack_name: str) -> ThroughputMeasurement | None:
-    """The training throughput the newest stored run of `stack_name` measured, if any did."""
-    return next((r.throughput for r in reversed(list_runs(store, stack_name)) if r.throughput is not None), None)
-
-
 @dataclass(frozen=True)
 class DamagedRun:
     """A stored run whose `run.json` cannot be read or does not describe it: listed beside the runs, never used."""

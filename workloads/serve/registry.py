@@ -23,7 +23,7 @@ from documents.run_record import RunIndex, read_run_record
 from documents.run_store import (ADAPTER_DIR, INDEX_NAME, MANIFEST_KEY, adapter_folder, index_files, indexes_of_run,
                                  run_key, runs_folder)
 from documents.sections.serve import model_name_problem, shown
-from planning.serving import DEFAULT_RANK
+from planning.serving import manifest_rank
 from workloads.serve.adapter_files import AdapterFileError, AdapterFiles, read_adapter, read_stored_adapter
 
 
@@ -33,11 +33,6 @@ class RegistryError(ValueError):
 
 class UnknownRun(RegistryError, LookupError):
     """No stored run has the asked id."""
-
-
-def manifest_rank(manifest: RunManifest) -> int:
-    """The adapter rank the run trained (its manifest's train.lora.r; the default rank where it names none)."""
-    return ((manifest.config.get("train") or {}).get("lora") or {}).get("r", DEFAULT_RANK)
 
 
 def adapter_entry(name: str, run_id: str, manifest: RunManifest, index: RunIndex | None = None) -> AdapterEntry:
