@@ -104,10 +104,29 @@ START = ("--nodes", "3", "--serving-nodes", "1")
 DEFAULT_IDENTITIES = [("ftc", "10.213.0")] + [(f"ftc{n}", f"10.213.{n}") for n in range(1, 10)]
 
 
+def own_identity(base: Path) -> tuple[str, str] | None:
+    """The prefix and subnet of the cluster `base` holds now: the bridge its `run/created` records, where that bridge
+    still exists, with the /24 of its address (None: no cluster of this folder is up)."""
+    created = base / "run" / "created"
+    if not created.exists() or shutil.which("ip") is None:
+        return None
+    for entry in created.read_text().split():
+        if entry.startswith("link:") and entry.endswith("-br"):
+            bridge = entry.removeprefix("link:")
+            shown = subprocess.run(["ip", "-4", "-o", "addr", "show", "dev", bridge], capture_output=True, text=True)
+            address = shown.stdout.split(" inet ", 1)[1].split("/", 1)[0] if " inet " in shown.stdout else None
+            if shown.returncode == 0 and address:
+                return bridge.removesuffix("-br"), address.rsplit(".", 1)[0]
+    return None
+
+
 def free_identity(base: Path, candidates: list[tuple[str, str]] = DEFAULT_IDENTITIES) -> tuple[str, str]:
-    """The prefix and subnet: the environment's, else the first candidate no other cluster holds."""
+    """The prefix and subnet: the environment's, else those of the cluster `base` already runs (one started under
+    another prefix by an earlier session), else the first candidate no other cluster holds."""
     if "LOCAL_CLUSTER_PREFIX" in os.environ:
         return os.environ["LOCAL_CLUSTER_PREFIX"], os.environ.get("LOCAL_CLUSTER_SUBNET", "10.213.0")
+    if (running := own_identity(base)) is not None:
+        return running
     for prefix, subnet in candidates:
         if not _taken_by_another(base, prefix, subnet):
             return prefix, subnet

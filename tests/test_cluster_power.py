@@ -77,6 +77,8 @@ def _status(cluster: Cluster, config_dir: Path, name: str, capsys: pytest.Captur
     return capsys.readouterr().out
 
 
+@pytest.mark.cluster
+@pytest.mark.slow
 def test_idle_nodes_power_down_a_job_powers_them_up_and_a_lost_node_requeues_and_resumes(
         local_cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run_config = Path(__file__).resolve().parents[1] / "workloads" / "configs" / "cluster.json"

@@ -75,3 +75,25 @@ def test_the_tests_cluster_moves_past_a_bridge_another_cluster_left(tmp_path: Pa
         assert free_identity(tmp_path / "cluster", candidates) == ("ftcr", "10.213.248")
     finally:
         subprocess.run(["ip", "link", "del", "ftcr-br"], capture_output=True)
+
+
+def test_the_tests_cluster_keeps_the_name_its_folder_already_runs_under(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A session that found the default name taken started the folder's cluster as the next one; once the default
+    is free again, the next session must find that cluster under its own name, not start the default one over it in
+    the same folder (its pid files answer for daemons in other namespaces: the login node refused connections)."""
+    if os.geteuid() != 0:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("CI runs make test as root; bridges need it")
+        pytest.skip("bridges need root")
+    monkeypatch.delenv("LOCAL_CLUSTER_PREFIX", raising=False)
+    candidates = [("ftcr", "10.213.248"), ("ftcs", "10.213.249")]
+    subprocess.run(["ip", "link", "add", "ftcs-br", "type", "bridge"], check=True)
+    try:
+        subprocess.run(["ip", "addr", "add", "10.213.249.1/24", "dev", "ftcs-br"], check=True)
+        owned = tmp_path / "cluster" / "run" / "created"
+        owned.parent.mkdir(parents=True)
+        owned.write_text("link:ftcs-br\nnetns:ftcs-ctl\n")
+        assert free_identity(tmp_path / "cluster", candidates) == ("ftcs", "10.213.249")
+    finally:
+        subprocess.run(["ip", "link", "del", "ftcs-br"], capture_output=True)

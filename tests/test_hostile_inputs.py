@@ -195,7 +195,9 @@ def test_a_malformed_prometheus_url_is_named_not_a_traceback(tmp_path: Path, loc
 
 # 9. Log paths with the job id, not Slurm's %j.
 
-def test_status_prints_the_real_log_file_of_each_job(tmp_path: Path) -> None:
+def test_status_prints_the_real_log_file_of_each_job(tmp_path: Path, slurm: str) -> None:
+    """`ftstack status` asks the local Slurm for its nodes (sinfo): the `slurm` fixture starts it and exports
+    SLURM_CONF (without it the test passed only where an earlier test on its worker had)."""
     repo = new_repo(tmp_path)
     state = repo / ".local" / "pipeline" / "guard.json"
     state.parent.mkdir(parents=True)
