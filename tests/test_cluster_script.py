@@ -58,21 +58,30 @@ def test_a_namespace_this_cluster_did_not_make_is_refused_and_left_alone(tmp_pat
         subprocess.run(["ip", "netns", "del", "ftcq-ctl"], capture_output=True)
 
 
-def test_the_tests_cluster_moves_past_a_bridge_another_cluster_left(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """What a machine image with another checkout's cluster bridge did to CI: the fixture takes the next name."""
+CANDIDATES = [("ftcr", "10.213.248"), ("ftcs", "10.213.249")]
+"""two identities of the tests' own, for the fixture's choice of prefix and subnet."""
+
+
+def needs_root_for_bridges(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bridges need root (CI runs as root: it fails there instead of skipping); the fixture's choice is not forced by
+    LOCAL_CLUSTER_PREFIX."""
     if os.geteuid() != 0:
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail("CI runs make test as root; bridges need it")
         pytest.skip("bridges need root")
     monkeypatch.delenv("LOCAL_CLUSTER_PREFIX", raising=False)
-    candidates = [("ftcr", "10.213.248"), ("ftcs", "10.213.249")]
+
+
+def test_the_tests_cluster_moves_past_a_bridge_another_cluster_left(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a machine image with another checkout's cluster bridge did to CI: the fixture takes the next name."""
+    needs_root_for_bridges(monkeypatch)
     subprocess.run(["ip", "link", "add", "ftcr-br", "type", "bridge"], check=True)
     try:
-        assert free_identity(tmp_path / "cluster", candidates) == ("ftcs", "10.213.249")
+        assert free_identity(tmp_path / "cluster", CANDIDATES) == ("ftcs", "10.213.249")
         owned = tmp_path / "cluster" / "run" / "created"
         owned.parent.mkdir(parents=True)
         owned.write_text("link:ftcr-br\n")
-        assert free_identity(tmp_path / "cluster", candidates) == ("ftcr", "10.213.248")
+        assert free_identity(tmp_path / "cluster", CANDIDATES) == ("ftcr", "10.213.248")
     finally:
         subprocess.run(["ip", "link", "del", "ftcr-br"], capture_output=True)
 
@@ -82,18 +91,13 @@ def test_the_tests_cluster_keeps_the_name_its_folder_already_runs_under(tmp_path
     """A session that found the default name taken started the folder's cluster as the next one; once the default
     is free again, the next session must find that cluster under its own name, not start the default one over it in
     the same folder (its pid files answer for daemons in other namespaces: the login node refused connections)."""
-    if os.geteuid() != 0:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail("CI runs make test as root; bridges need it")
-        pytest.skip("bridges need root")
-    monkeypatch.delenv("LOCAL_CLUSTER_PREFIX", raising=False)
-    candidates = [("ftcr", "10.213.248"), ("ftcs", "10.213.249")]
+    needs_root_for_bridges(monkeypatch)
     subprocess.run(["ip", "link", "add", "ftcs-br", "type", "bridge"], check=True)
     try:
         subprocess.run(["ip", "addr", "add", "10.213.249.1/24", "dev", "ftcs-br"], check=True)
         owned = tmp_path / "cluster" / "run" / "created"
         owned.parent.mkdir(parents=True)
         owned.write_text("link:ftcs-br\nnetns:ftcs-ctl\n")
-        assert free_identity(tmp_path / "cluster", candidates) == ("ftcs", "10.213.249")
+        assert free_identity(tmp_path / "cluster", CANDIDATES) == ("ftcs", "10.213.249")
     finally:
         subprocess.run(["ip", "link", "del", "ftcs-br"], capture_output=True)
