@@ -222,15 +222,15 @@ def stage_costs(stack: PlanStack, requests: dict[str, SlurmRequest], train: Stag
         if stage == "train" and train is not None:
             costs.append(train.model_copy(update={"measured_hours": measured}))
             continue
+        if stage == "train":
+            hours, basis = None, "not estimated (no throughput, data size or train section)"
+        elif measured is not None:
+            hours, basis = measured, f"measured job time of {measured_from or 'the newest stored run'}"
+        else:
+            hours, basis = None, "not measured: no stored run of the stack timed it"
         request = requests[stage]
         nodes = request.nodes or 1
-        hours = measured if stage != "train" else None
         hourly = nodes_hourly_usd(stack, nodes)
-        if stage == "train":
-            basis = "not estimated (no throughput, data size or train section)"
-        else:
-            basis = (f"measured job time of {measured_from or 'the newest stored run'}" if measured is not None
-                     else "not measured: no stored run of the stack timed it")
         costs.append(StageCost(
             stage=stage, hours=hours, nodes=nodes, gpus=nodes * (request.gpus_per_node or 0),
             node_hours=hours * nodes if hours is not None else None, usd_per_hour=hourly,

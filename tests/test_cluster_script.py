@@ -72,15 +72,19 @@ def needs_root_for_bridges(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("LOCAL_CLUSTER_PREFIX", raising=False)
 
 
+def record_made(folder: Path, made: str) -> None:
+    """The cluster folder's record of what its script made (`run/created`), as the script writes it."""
+    (folder / "run").mkdir(parents=True)
+    (folder / "run" / "created").write_text(made)
+
+
 def test_the_tests_cluster_moves_past_a_bridge_another_cluster_left(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """What a machine image with another checkout's cluster bridge did to CI: the fixture takes the next name."""
     needs_root_for_bridges(monkeypatch)
     subprocess.run(["ip", "link", "add", "ftcr-br", "type", "bridge"], check=True)
     try:
         assert free_identity(tmp_path / "cluster", CANDIDATES) == ("ftcs", "10.213.249")
-        owned = tmp_path / "cluster" / "run" / "created"
-        owned.parent.mkdir(parents=True)
-        owned.write_text("link:ftcr-br\n")
+        record_made(tmp_path / "cluster", "link:ftcr-br\n")
         assert free_identity(tmp_path / "cluster", CANDIDATES) == ("ftcr", "10.213.248")
     finally:
         subprocess.run(["ip", "link", "del", "ftcr-br"], capture_output=True)
@@ -95,9 +99,7 @@ def test_the_tests_cluster_keeps_the_name_its_folder_already_runs_under(tmp_path
     subprocess.run(["ip", "link", "add", "ftcs-br", "type", "bridge"], check=True)
     try:
         subprocess.run(["ip", "addr", "add", "10.213.249.1/24", "dev", "ftcs-br"], check=True)
-        owned = tmp_path / "cluster" / "run" / "created"
-        owned.parent.mkdir(parents=True)
-        owned.write_text("link:ftcs-br\nnetns:ftcs-ctl\n")
+        record_made(tmp_path / "cluster", "link:ftcs-br\nnetns:ftcs-ctl\n")
         assert free_identity(tmp_path / "cluster", CANDIDATES) == ("ftcs", "10.213.249")
     finally:
         subprocess.run(["ip", "link", "del", "ftcs-br"], capture_output=True)

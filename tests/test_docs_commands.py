@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 from cluster_fixtures import DEFAULT_IDENTITIES
 from docs_blocks import CONVENTION, MARKERS, PAGES, ROOT, Block, command_lines, read_blocks
 from slurm_jobs import job_field
@@ -32,6 +31,7 @@ from documents.run_config import load_run_config
 from documents.run_manifest import read_run_manifest
 from documents.run_plan import read_run_plan
 from documents.run_record import RunIndex
+from infra.config import load_stack_config
 from infra.environment.lock import TARGETS
 from infra.environment.source import wheelhouse
 from infra.pipeline.chain import job_plan
@@ -248,10 +248,9 @@ def documented_cluster_shell(cluster_dir: Path) -> tuple[tuple[str, ...], str, s
 def cluster_stack_wheelhouse() -> None:
     """The `cluster` stack's wheelhouse, built here before the pages run: the pip downloads behind it need this
     machine's route to the package index, which the pages' network namespace has not (a reader's machine has it)."""
-    stack = yaml.safe_load((ROOT / "stacks" / "Pulumi.cluster.yaml").read_text())["config"]
-    environment = stack["soperator-finetune:pipeline"]["environment"]
-    assert environment["source"] == "wheelhouse", "the cluster stack ships a wheelhouse"
-    wheelhouse(TARGETS[environment["lock"]], ROOT / WHEELHOUSE_CACHE)
+    environment = load_stack_config("cluster", ROOT / "stacks").pipeline.environment
+    assert environment.source == "wheelhouse", "the cluster stack ships a wheelhouse"
+    wheelhouse(TARGETS[environment.lock], ROOT / WHEELHOUSE_CACHE)
 
 
 @pytest.mark.cluster

@@ -4,8 +4,9 @@ beside the always-on month (`MonthlyCost.usd_high`).
 
 - A run holds nodes for each stage's elapsed time: the stage costs of the run's plan (documents/run_plan.py, the plan
   the chain submits: readiness every node of the first worker set, train the nodes it trains on, prepare and eval
-  one), at the job times the newest stored run measured, else the training estimate alone. After its last job a node stays up `soperator.suspendTimeSeconds` before Slurm powers it
-  down (one tail per node and run). Boot time is not measured and not priced.
+  one), at the job times the newest stored run measured, else the training estimate alone. After its last job a
+  node stays up `soperator.suspendTimeSeconds` before Slurm powers it down (one tail per node and run). Boot time is
+  not measured and not priced.
 - Preemptible workers: run hours x (1 + `pricing.schedule.requeueOverhead`), the expected work redone after
   preemptions (requeue, restart from the last checkpoint), at the preemptible rate `node_price` already uses.
 - Serving: `servingNodes` nodes of the first worker set for `servingHoursPerMonth`; with workers reserved for
