@@ -33,7 +33,7 @@ def bench(script: str, *args: str, cwd: Path, timeout: float = 600, env: dict[st
 
 def test_every_bench_script_has_a_test_here_or_beside() -> None:
     tested = {"tokenize.py", "eval_generation.py", "serve.py", "train_gpu.sh", "train.py", "fsdp_load.py",
-              "cpu_adamw.py", "process_cpu.py"}
+              "cpu_adamw.py", "process_cpu.py", "train_loss.py"}
     assert {p.name for p in BENCH.iterdir() if p.suffix in (".py", ".sh")} == tested
 
 
@@ -153,6 +153,21 @@ def test_bench_eval_generation_at_its_smallest(tiny_model_dir: Path, tmp_path: P
                    "--batch-size", "2", "--timing-runs", "1", "--max-length", "128", "--device", "cpu", cwd=tmp_path)
     assert report["prompts"] == 2 and report["device"] == "cpu" and report["max_new_tokens"] == 2
     assert report["same_replies"].endswith("/2") and report["sequential_s"] > 0
+
+
+def test_bench_train_loss_at_its_smallest(tiny_prepared: RunConfig, tmp_path: Path) -> None:
+    from datasets import load_from_disk
+
+    document = json.loads(tiny_prepared.model_dump_json())
+    document["train"] = {"quantization": "none", "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}}
+    config = tmp_path / "run.json"
+    config.write_text(parse_run_config(document, "tiny_train_loss").model_dump_json())
+    report = bench("train_loss.py", "--config", str(config), "--rows", "2", "--repeats", "1", cwd=tmp_path)
+    rows = load_from_disk(str(tiny_prepared.locate().train_dataset_dir)).select(range(2))
+    assert report["positions"] == sum(len(row["input_ids"]) for row in rows)
+    assert report["labelled_positions"] == sum(sum(t != -100 for t in row["labels"][1:]) for row in rows)
+    assert set(report["seconds_per_micro_batch"]) >= {"causal_lm_loss", "labelled_positions"}
+    assert report["max_loss_difference"] < 1e-4  # the same loss, computed on fewer positions
 
 
 @pytest.fixture(scope="module")

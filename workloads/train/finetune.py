@@ -53,7 +53,7 @@ from documents.sections.train import TrainConfig
 from documents.train_plan import (AttentionChoice, Batching, BatchingDecision, BatchPlan, ParallelismPlan,
                                   planned_batching)
 from workloads.common.job_metrics import JobMetricsFile
-from workloads.train import attention, checkpoints, fused_loss, sharded_save, sharding
+from workloads.train import attention, checkpoints, fused_loss, label_loss, sharded_save, sharding
 from workloads.train.batch_choice import decide_batching
 from workloads.train.batching import REAL_TOKENS, PackedCollator, PackedDataset, PaddedCollator, batch_tokens
 from workloads.train.config import (
@@ -151,9 +151,10 @@ class FinetuneTrainer(Trainer):
 def load_model(model_dir: Path, train: TrainConfig, precision: str, local_rank: int,
                choice: attention.AttentionChoice, checkpointing: bool, fsdp: bool = False) -> Any:
     """Base model (NF4 4-bit, int8 or unquantized) with the chosen attention, its frozen floating-point weights
-    in the compute dtype (or fp32 under `train.kbit_upcast`), activation checkpointing when asked, the fused loss
-    when configured, and a fresh LoRA adapter; for method full every weight in fp32 (master weights; the
-    Trainer's autocast, or FSDP's mixed precision policy, computes in the compute dtype) and no adapter. Under
+    in the compute dtype (or fp32 under `train.kbit_upcast`), activation checkpointing when asked, the training
+    loss at labelled positions only (through Liger's fused kernel when configured), and a fresh LoRA adapter; for
+    method full every weight in fp32 (master weights; the Trainer's autocast, or FSDP's mixed precision policy,
+    computes in the compute dtype) and no adapter. Under
     `fsdp` an unquantized base is loaded into CPU memory by rank 0 only, not onto the GPU (a replica that does not
     fit the GPU is why FSDP was chosen), and built on the meta device (no bytes) by every other rank:
     `sharding.shard_from_rank0` fills the shards from rank 0. A 4-bit base still loads on every rank onto its GPU,
@@ -191,6 +192,8 @@ def load_model(model_dir: Path, train: TrainConfig, precision: str, local_rank: 
         model.enable_input_require_grads()
     if train.fused_loss:
         fused_loss.enable(model)
+    else:
+        label_loss.enable(model)
     if train.method == "full":
         return model
     lora = LoraConfig(
