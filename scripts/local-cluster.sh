@@ -444,10 +444,17 @@ start() {
 }
 
 # Everything still running in a namespace of ours (job steps, training processes) ends with it.
+# Every process in the namespace, killed until none is left: one listing misses what forks between it and the kill
+# (a stepd starting a task, a batch script its next command), and such a survivor of a lost node would run on beside
+# the requeued job. Bounded in rounds, not time; zombies are not listed (their /proc ns links are gone).
 kill_netns_processes() {
-  local name="$1" pids
-  pids="$(ip netns pids "$name" 2>/dev/null || true)"
-  [ -n "$pids" ] && kill -9 $pids 2>/dev/null || true
+  local name="$1" pids round
+  for round in $(seq 50); do
+    pids="$(ip netns pids "$name" 2>/dev/null || true)"
+    [ -n "$pids" ] || return 0
+    kill -9 $pids 2>/dev/null || true
+  done
+  log "processes still in $name after $round rounds of kill -9: $(echo $pids)"
 }
 
 lose_node() {
