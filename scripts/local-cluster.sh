@@ -443,10 +443,10 @@ start() {
   wait_idle
 }
 
-# Everything still running in a namespace of ours (job steps, training processes) ends with it.
-# Every process in the namespace, killed until none is left: one listing misses what forks between it and the kill
-# (a stepd starting a task, a batch script its next command), and such a survivor of a lost node would run on beside
-# the requeued job. Bounded in rounds, not time; zombies are not listed (their /proc ns links are gone).
+# Everything still running in a namespace of ours (job steps, training processes) ends with it, killed until none is
+# left: one listing misses what forks between it and the kill (a stepd starting a task, a batch script its next
+# command), and such a survivor of a lost node would run on beside the requeued job. Bounded in rounds, not time;
+# zombies are not listed (their /proc ns links are gone).
 kill_netns_processes() {
   local name="$1" pids round
   for round in $(seq 50); do

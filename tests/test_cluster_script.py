@@ -19,6 +19,14 @@ def script(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProces
                           env={**os.environ, "LOCAL_CLUSTER_DIR": str(tmp_path / "cluster"), **env})
 
 
+def needs_root(what: str) -> None:
+    """Skip without root, except in CI, which runs make test as root: a missing root fails there instead."""
+    if os.geteuid() != 0:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI runs make test as root; {what} need it")
+        pytest.skip(f"{what} need root")
+
+
 def test_a_subnet_outside_the_private_ranges_is_refused(tmp_path: Path) -> None:
     result = script(tmp_path, "start", LOCAL_CLUSTER_SUBNET="8.8.8", LOCAL_CLUSTER_PREFIX="ftcq")
     assert result.returncode == 1
@@ -41,10 +49,7 @@ def test_status_of_a_cluster_never_started_says_stopped(tmp_path: Path) -> None:
 
 
 def test_a_namespace_this_cluster_did_not_make_is_refused_and_left_alone(tmp_path: Path) -> None:
-    if os.geteuid() != 0:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail("CI runs make test as root; network namespaces need it")
-        pytest.skip("network namespaces need root")
+    needs_root("network namespaces")
     subprocess.run(["ip", "netns", "add", "ftcq-ctl"], check=True)
     try:
         result = script(tmp_path, "start", LOCAL_CLUSTER_PREFIX="ftcq", LOCAL_CLUSTER_SUBNET="10.213.250")
@@ -63,12 +68,8 @@ CANDIDATES = [("ftcr", "10.213.248"), ("ftcs", "10.213.249")]
 
 
 def needs_root_for_bridges(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Bridges need root (CI runs as root: it fails there instead of skipping); the fixture's choice is not forced by
-    LOCAL_CLUSTER_PREFIX."""
-    if os.geteuid() != 0:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail("CI runs make test as root; bridges need it")
-        pytest.skip("bridges need root")
+    """Bridges need root; the fixture's choice is not forced by LOCAL_CLUSTER_PREFIX."""
+    needs_root("bridges")
     monkeypatch.delenv("LOCAL_CLUSTER_PREFIX", raising=False)
 
 
@@ -109,10 +110,7 @@ def test_a_namespace_is_emptied_even_of_processes_forked_while_it_was_being_empt
     """`stop` (and `lose-node`) kill every process of the cluster's namespaces; a process that forks without pause
     leaves children that one listing and one kill miss (what a lost node's stepd starting a task would leave
     running beside the requeued job). Every child it forked is gone afterwards."""
-    if os.geteuid() != 0:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail("CI runs make test as root; network namespaces need it")
-        pytest.skip("network namespaces need root")
+    needs_root("network namespaces")
     forked = tmp_path / "forked"
     subprocess.run(["ip", "netns", "add", "ftcq-n1"], check=True)
     try:

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-IGNORE_INDEX = -100
+from workloads.train.batching import IGNORE_INDEX
 
 HeadLoss = Callable[[Any, torch.Tensor, torch.Tensor], torch.Tensor]
 """(causal LM, hidden states of the labelled positions (n x hidden), their targets (n)) -> the loss summed over
