@@ -285,3 +285,19 @@ def test_programs_leave_the_pickler_as_they_found_it(run_stack) -> None:
         assert {"pulumi-python:dynamic:Resource"} <= set(types(run))
     assert {attr: pickle._Pickler.__dict__[attr] for attr in before} == before
     assert datasets.Dataset.from_dict({"text": ["a", "b"]})._fingerprint
+
+
+def test_a_program_runs_after_asyncio_run_left_the_thread_without_a_loop(run_stack) -> None:
+    """`asyncio.run` (as a serving test does, earlier in the same worker) leaves no current loop behind; the mocked
+    run must bring its own rather than fail in `set_mocks` with "There is no current event loop"."""
+    import asyncio
+
+    async def nothing() -> None:
+        return None
+
+    asyncio.run(nothing())
+    with pytest.raises(RuntimeError, match="no current event loop"):
+        asyncio.get_event_loop_policy().get_event_loop()
+    run = run_stack("local", fresh=True)
+    assert run.outputs and run.resources
+    run_stack("local", fresh=True)

@@ -156,7 +156,24 @@ async def _resolve_all(values: dict[str, Any]) -> dict[str, tuple[Any, bool]]:
     return dict(zip(values, zip(results, secrets)))
 
 
+def ensure_event_loop() -> asyncio.AbstractEventLoop:
+    """The thread's current event loop, a new one set when there is none or it is closed.
+
+    `set_mocks` makes the root stack's futures on the current loop without ensuring one, so a run after
+    `asyncio.run` (which leaves none behind) failed with "There is no current event loop". The loop is left open
+    and current, as the implicit one was: a closed one hangs the next run on the previous run's pending calls."""
+    try:
+        loop = asyncio.get_event_loop_policy().get_event_loop()
+    except RuntimeError:
+        loop = None
+    if loop is None or loop.is_closed():
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+    return loop
+
+
 def _run(cfg: StackConfig, secrets: dict[str, str], preview: bool) -> MockRun:
+    ensure_event_loop()
     monitor = RecordingMonitor(NebiusMocks(preview))
     config = _config_values(cfg) | {f"{PROJECT}:{k}": v for k, v in secrets.items()}
     runtime_config.set_all_config(config, [f"{PROJECT}:{k}" for k in secrets])
