@@ -173,10 +173,10 @@ def test_from_pulumi_config_reads_the_runtime_config_as_pulumi_passes_it() -> No
     import pulumi
     from pulumi.runtime import config as runtime_config
     from pulumi.runtime.stack import wait_for_rpcs
-    from pulumi.runtime.sync_await import _sync_await
+    from pulumi.runtime.sync_await import _ensure_event_loop, _sync_await
 
     from infra.config import from_pulumi_config
-    from infra.program.mocks import NebiusMocks, ensure_event_loop
+    from infra.program.mocks import NebiusMocks
 
     values = demo_values()
     passed = {f"{PROJECT}:{k}": v if isinstance(v, str) else json.dumps(v) for k, v in values.items()}
@@ -184,7 +184,7 @@ def test_from_pulumi_config_reads_the_runtime_config_as_pulumi_passes_it() -> No
 
     def read():
         runtime_config.set_all_config(passed, [f"{PROJECT}:pipelineSshPrivateKey"])
-        ensure_event_loop()
+        _ensure_event_loop()
         pulumi.runtime.set_mocks(NebiusMocks(), project=PROJECT, stack="demo", preview=False)
         read_back = from_pulumi_config()
         _sync_await(wait_for_rpcs())  # the root stack's registration, finished here and not by a later run

@@ -18,7 +18,7 @@ from pulumi.runtime import config as runtime_config
 from pulumi.runtime import rpc
 from pulumi.runtime.mocks import MockMonitor
 from pulumi.runtime.stack import run_pulumi_func, wait_for_rpcs
-from pulumi.runtime.sync_await import _sync_await
+from pulumi.runtime.sync_await import _ensure_event_loop, _sync_await
 
 from infra.config import PROJECT, StackConfig
 from infra.program.build import build_stack
@@ -156,24 +156,11 @@ async def _resolve_all(values: dict[str, Any]) -> dict[str, tuple[Any, bool]]:
     return dict(zip(values, zip(results, secrets)))
 
 
-def ensure_event_loop() -> asyncio.AbstractEventLoop:
-    """The thread's current event loop, a new one set when there is none or it is closed.
-
-    `set_mocks` makes the root stack's futures on the current loop without ensuring one, so a run after
-    `asyncio.run` (which leaves none behind) failed with "There is no current event loop". The loop is left open
-    and current, as the implicit one was: a closed one hangs the next run on the previous run's pending calls."""
-    try:
-        loop = asyncio.get_event_loop_policy().get_event_loop()
-    except RuntimeError:
-        loop = None
-    if loop is None or loop.is_closed():
-        loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(loop)
-    return loop
-
-
 def _run(cfg: StackConfig, secrets: dict[str, str], preview: bool) -> MockRun:
-    ensure_event_loop()
+    # `set_mocks` makes the root stack's futures on the thread's current loop without ensuring one: after
+    # `asyncio.run` (which leaves none) it failed with "There is no current event loop". Pulumi's own helper sets one,
+    # left open and current: a loop closed after a run hangs the next run on that run's pending calls.
+    _ensure_event_loop()
     monitor = RecordingMonitor(NebiusMocks(preview))
     config = _config_values(cfg) | {f"{PROJECT}:{k}": v for k, v in secrets.items()}
     runtime_config.set_all_config(config, [f"{PROJECT}:{k}" for k in secrets])
