@@ -14,6 +14,7 @@ import pytest
 
 from documents.soperator_values import SoperatorValues, write_soperator_values
 from infra.config import load_run
+from infra.plans import stack_plan
 from infra.soperator.rehearsal import cluster_stack_values, read_stack
 from workloads.train.launch import launch_environment, procs_per_node
 
@@ -97,6 +98,6 @@ def test_the_training_nodes_threads_fit_the_cores_they_share() -> None:
     nproc = procs_per_node(train, stack.cluster.gpus_per_node)
     environment = launch_environment(train, stack.cluster.gpus_per_node, stack.cluster.cpus_per_node)
     threads = int(environment["OMP_NUM_THREADS"])
-    training_nodes = stack.cluster.nodes - stack.serving.nodes
+    training_nodes = stack_plan(stack, run).stages["train"].nodes
     assert training_nodes * nproc * threads <= REFERENCE_CORES, (
         f"{training_nodes} nodes x {nproc} ranks x {threads} threads on a {REFERENCE_CORES}-core machine")
