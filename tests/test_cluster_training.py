@@ -29,7 +29,8 @@ LOSS_REL_TOL = 1e-4
 per process on both. The first step's loss (before any update) is the same float32 number; after updates the losses
 drift by float32 rounding, which is not even bitwise repeatable between two runs of one layout here (measured on the
 2-core reference machine, relative differences at steps 2-4: 1.6e-6, 8.1e-6, 2.1e-5 in one pair of runs, 1.9e-6,
-3.1e-6, 4.9e-6 in another), so 4 steps are held to a relative 1e-4, five times the largest drift seen."""
+3.1e-6, 4.9e-6 in another), so 4 steps are held to a relative 1e-4, five times the largest drift seen. Both train in
+fp32 (`auto` is bf16 on a CPU that has it, whose rounding would hide a layout's error behind its own)."""
 
 
 def sbatch(cluster: Cluster, config: Path, log: Path, nodes: int) -> str:
@@ -59,7 +60,8 @@ def run_to_end(cluster: Cluster, run: RunConfig, tmp_path: Path, nodes: int, nam
 
 def test_two_nodes_match_one_node_with_two_processes(local_cluster: Cluster, tiny_prepared: RunConfig,
                                                      tmp_path: Path) -> None:
-    common = {"max_steps": 4, "micro_batch_size": 1, "gradient_accumulation_steps": 1, "save_steps": 100}
+    common = {"max_steps": 4, "micro_batch_size": 1, "gradient_accumulation_steps": 1, "save_steps": 100,
+              "precision": "fp32"}
     across = with_train(tiny_prepared, tmp_path / "nodes", procs_per_node=1, **common)
     within = with_train(tiny_prepared, tmp_path / "procs", procs_per_node=2, **common)
     two_nodes = run_to_end(local_cluster, across, tmp_path, 2, "two-nodes")

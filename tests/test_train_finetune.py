@@ -49,13 +49,16 @@ def test_bad_train_values_name_the_field(train: dict, field: str) -> None:
 
 
 def test_precision_auto_and_checks() -> None:
+    """auto: bf16 wherever the device computes it natively (GPU or CPU), fp16 on older GPUs, fp32 on other CPUs;
+    fp16 never on CPU, bf16 only where supported."""
     assert resolve_precision("auto", cuda=False, bf16_supported=False) == "fp32"
+    assert resolve_precision("auto", cuda=False, bf16_supported=True) == "bf16"
     assert resolve_precision("auto", cuda=True, bf16_supported=True) == "bf16"
     assert resolve_precision("auto", cuda=True, bf16_supported=False) == "fp16"
-    with pytest.raises(ValueError, match="train.precision"):
-        resolve_precision("bf16", cuda=False, bf16_supported=False)
-    with pytest.raises(ValueError, match="train.precision"):
-        resolve_precision("bf16", cuda=True, bf16_supported=False)
+    assert resolve_precision("bf16", cuda=False, bf16_supported=True) == "bf16"
+    for precision, cuda, bf16 in (("bf16", False, False), ("fp16", False, True), ("bf16", True, False)):
+        with pytest.raises(ValueError, match="train.precision"):
+            resolve_precision(precision, cuda=cuda, bf16_supported=bf16)
 
 
 def test_cli_without_train_section_fails_clearly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -26,7 +26,7 @@ STEPS = 20
 
 def pair(tiny_prepared: RunConfig, tmp_path: Path, **train: Any) -> tuple[RunConfig, RunConfig]:
     common = {"max_steps": STEPS, "save_steps": 100, "micro_batch_size": 1, "batching": "grouped",
-              "learning_rate": 1e-3, **train}
+              "learning_rate": 1e-3, "precision": "fp32", **train}
     return (with_train(tiny_prepared, tmp_path / "ddp", parallelism="ddp", **common),
             with_train(tiny_prepared, tmp_path / "fsdp", parallelism="fsdp", **common))
 
@@ -160,7 +160,7 @@ def test_hsdp_over_2_replicas_of_2_shards_trains_as_ddp_holds_half_and_resumes(
     hold a quarter); the adapter gathered alone; and a checkpoint written under HSDP resumes under HSDP to the
     losses DDP reached without stopping (constant learning rate, so the shorter first run's schedule is the same)."""
     common = {"save_steps": 2, "micro_batch_size": 1, "batching": "grouped", "learning_rate": 1e-3,
-              "lr_scheduler": "constant"}
+              "lr_scheduler": "constant", "precision": "fp32"}
     hsdp = {"parallelism": "hsdp", "hsdp_shard_size": 2, **common}
     ddp, ddp_manifest = trained(with_train(tiny_prepared, tmp_path / "ddp", parallelism="ddp", max_steps=6,
                                            **common), tmp_path, "ddp", nproc=4)

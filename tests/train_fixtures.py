@@ -17,7 +17,9 @@ LOSS_REL_TOL = 1e-5
 """FSDP against DDP over 20 steps, same rows, seed and initial weights. Measured here (2026-11-25, 2 ranks, gloo,
 fp32): LoRA identical at every step; full fine-tuning identical for 7 steps, then apart by float32 rounding (the
 reduce-scatter and the all-reduce add the ranks' gradients in different orders) up to a relative 4e-7 at step 20.
-1e-5 is 25 times that."""
+1e-5 is 25 times that. The runs compared train in fp32 (`precision: fp32`): `auto` is bf16 on a CPU that has it,
+where FSDP's mixed-precision policy and DDP's autocast round the full fine-tune's first loss differently (3e-6
+apart at step 1), so only fp32 isolates the layouts' own arithmetic."""
 
 
 def with_train(run: RunConfig, root: Path, **train: Any) -> RunConfig:

@@ -29,6 +29,6 @@ class EvalConfig(BaseModel):
     seed: Count = Field(0, ge=0, description="torch seed before each model's generation")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when available")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="auto: bfloat16 on GPU, float32 on CPU"
+        "auto", description="auto: bfloat16 on GPU and on a CPU with AVX-512 BF16 or AMX, else float32"
     )
     chart: Flag = Field(True, description="write the comparison chart PNG beside the JSON")

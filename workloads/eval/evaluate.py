@@ -21,6 +21,7 @@ from documents.prepare_summary import TokenizeLosses
 from documents.run_config import ConfigError, RunConfig, load_run_config
 from documents.sections.eval import EvalConfig
 from documents.stage_manifest import MANIFEST_NAME, load_stage_manifest
+from workloads.common.bf16 import cpu_bf16_supported
 from workloads.common.job_metrics import JobFigures, JobMetricsFile, ProcessSampler
 from workloads.data.tokenize import tokenize_losses
 from workloads.eval.chart import write_chart
@@ -34,10 +35,13 @@ log = logging.getLogger("workloads.eval")
 
 
 def resolve_device_dtype(eval_config: EvalConfig) -> tuple[str, torch.dtype]:
+    """The configured device and dtype; auto: bfloat16 on a GPU or on a CPU that computes it natively
+    (workloads.common.bf16), else float32."""
     device = ("cuda" if torch.cuda.is_available() else "cpu") if eval_config.device == "auto" else eval_config.device
     if eval_config.dtype != "auto":
         return device, getattr(torch, eval_config.dtype)
-    return device, torch.bfloat16 if device == "cuda" else torch.float32
+    native = device == "cuda" or (device == "cpu" and cpu_bf16_supported())
+    return device, torch.bfloat16 if native else torch.float32
 
 
 def finetuned_kind(run: RunConfig, choice: str) -> str:

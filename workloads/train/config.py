@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Literal
 from documents.sections.train import Precision, TrainConfig
 from documents.train_plan import Batching, planned_batching
 from planning.memory import require_train
+from workloads.common.bf16 import cpu_bf16_supported
 
 if TYPE_CHECKING:
     from transformers import TrainingArguments
@@ -58,13 +59,19 @@ def max_length(run: RunConfig) -> int:
 
 
 def resolve_precision(precision: Precision, cuda: bool, bf16_supported: bool) -> Literal["bf16", "fp16", "fp32"]:
-    """`auto` picks bf16 on GPUs that have it, fp16 on older GPUs and fp32 on CPU; explicit values are checked."""
+    """`auto` picks bf16 where the device computes it natively (a GPU that has it; a CPU with AVX-512 BF16 or AMX,
+    where oneDNN's bf16 kernels run), fp16 on older GPUs and fp32 on other CPUs; explicit values are checked.
+    `bf16_supported`: of the GPU with `cuda`, else of the CPU."""
     if precision == "auto":
-        return ("bf16" if bf16_supported else "fp16") if cuda else "fp32"
-    if precision in ("bf16", "fp16") and not cuda:
-        raise ValueError(f"train.precision: {precision} needs a GPU; use fp32 or auto on CPU")
+        if bf16_supported:
+            return "bf16"
+        return "fp16" if cuda else "fp32"
+    if precision == "fp16" and not cuda:
+        raise ValueError("train.precision: fp16 needs a GPU; use bf16 (on a CPU that has it), fp32 or auto on CPU")
     if precision == "bf16" and not bf16_supported:
-        raise ValueError("train.precision: bf16 is not supported by this GPU; use fp16 or auto")
+        device = "GPU" if cuda else "CPU (no AVX-512 BF16 or AMX)"
+        raise ValueError(f"train.precision: bf16 is not supported by this {device}; use {'fp16' if cuda else 'fp32'} "
+                         "or auto")
     return precision
 
 
@@ -72,7 +79,7 @@ def detect_precision(precision: Precision) -> Literal["bf16", "fp16", "fp32"]:
     import torch
 
     cuda = torch.cuda.is_available()
-    return resolve_precision(precision, cuda, cuda and torch.cuda.is_bf16_supported())
+    return resolve_precision(precision, cuda, torch.cuda.is_bf16_supported() if cuda else cpu_bf16_supported())
 
 
 FSDP_CONFIG = {"version": 2, "state_dict_type": "SHARDED_STATE_DICT", "reshard_after_forward": True,
