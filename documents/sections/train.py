@@ -118,7 +118,8 @@ class TrainConfig(_Section):
         "auto", description="packed: sequences concatenated, attention kept within each; grouped: padded "
         "micro-batches of similar lengths; auto: the one predicted cheaper per real token from the data's lengths"
     )
-    precision: Precision = Field("auto", description="auto: bf16 if the GPU has it, else fp16; on CPU bf16 with AVX-512 BF16 or AMX, else fp32")
+    precision: Precision = Field(
+        "auto", description="auto: bf16 if the GPU has it, else fp16; on CPU bf16 with AVX-512 BF16 or AMX, else fp32")
     gradient_checkpointing: Flag | Literal["auto"] = Field(
         True, description="recompute activations in backward; auto: only when needed to fit (GPU), off on CPU")
     save_steps: Count = Field(50, ge=1, le=MAX_STEPS, description="checkpoint every N optimizer steps")
