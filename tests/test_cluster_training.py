@@ -128,16 +128,16 @@ def test_fsdp_shards_the_model_across_both_nodes(local_cluster: Cluster, tiny_pr
                                                  tmp_path: Path) -> None:
     """One torchrun per node, FSDP over the 2 ranks: each node holds half of the base's parameters, at the precision
     the run trained in (bf16 on a CPU that has it, else fp32)."""
-    import torch
     from transformers import AutoModelForCausalLM
+
+    from workloads.train.finetune import DTYPES
 
     run = with_train(tiny_prepared, tmp_path, max_steps=4, micro_batch_size=1, save_steps=2, procs_per_node=1,
                      parallelism="fsdp", batching="grouped")
     losses = run_to_end(local_cluster, run, tmp_path, 2, "fsdp-nodes")
     manifest = json.loads((run.train_run_dir / "run_manifest.json").read_text())
     assert (manifest["nodes"], manifest["world_size"], manifest["parallelism"]["strategy"]) == (2, 2, "fsdp")
-    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[manifest["precision"]]
-    base = AutoModelForCausalLM.from_pretrained(tiny_prepared.base_model_dir, dtype=dtype)
+    base = AutoModelForCausalLM.from_pretrained(tiny_prepared.base_model_dir, dtype=DTYPES[manifest["precision"]])
     whole = sum(p.numel() * p.element_size() for p in base.parameters())
     assert manifest["parameter_bytes"]["frozen"] == pytest.approx(whole / 2, rel=0.01)
     assert len(losses) == 4 and all(math.isfinite(x) for x in losses)

@@ -40,8 +40,7 @@ def resolve_device_dtype(eval_config: EvalConfig) -> tuple[str, torch.dtype]:
     device = ("cuda" if torch.cuda.is_available() else "cpu") if eval_config.device == "auto" else eval_config.device
     if eval_config.dtype != "auto":
         return device, getattr(torch, eval_config.dtype)
-    native = device == "cuda" or (device == "cpu" and cpu_bf16_supported())
-    return device, torch.bfloat16 if native else torch.float32
+    return device, torch.bfloat16 if device == "cuda" or cpu_bf16_supported() else torch.float32
 
 
 def finetuned_kind(run: RunConfig, choice: str) -> str:

@@ -63,9 +63,7 @@ def resolve_precision(precision: Precision, cuda: bool, bf16_supported: bool) ->
     where oneDNN's bf16 kernels run), fp16 on older GPUs and fp32 on other CPUs; explicit values are checked.
     `bf16_supported`: of the GPU with `cuda`, else of the CPU."""
     if precision == "auto":
-        if bf16_supported:
-            return "bf16"
-        return "fp16" if cuda else "fp32"
+        return "bf16" if bf16_supported else "fp16" if cuda else "fp32"
     if precision == "fp16" and not cuda:
         raise ValueError("train.precision: fp16 needs a GPU; use bf16 (on a CPU that has it), fp32 or auto on CPU")
     if precision == "bf16" and not bf16_supported:
