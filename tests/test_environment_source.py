@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.environment import lock, serving_lock
+from infra.environment import lock, serving_lock, source
 from infra.environment.lock import TARGETS
 from infra.environment.source import INSTALL_FILE, WHEELS, _blocks, manylinux_platforms, serving_wheelhouse, wheelhouse
 
@@ -50,6 +50,25 @@ def test_the_jail_wheelhouse_is_built_from_a_python_that_is_not_the_jail_s(
     assert [name.split("-")[0].lower() for name in names] == ["annotated_types", "markupsafe", "uv"]
     assert re.fullmatch(r"markupsafe-[\d.]+-cp312-cp312-.*manylinux_2_28_x86_64\.whl", names[1]), names
     assert (house / INSTALL_FILE).read_text() == (small_jail_lock / jail.file.name).read_text()
+
+
+def test_a_wheelhouse_another_run_published_meanwhile_is_kept(
+        small_jail_lock: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two runs at once (the pages' rehearsal cluster beside the tests'): while this build downloads, another
+    builds and publishes the same key; this one then finds the folder taken and returns the complete one."""
+    jail, cache = TARGETS["jail"], tmp_path / "cache"
+    download, builds = source._pip_download, []
+
+    def download_while_another_publishes(*args: object) -> None:
+        download(*args)
+        builds.append("started")
+        if len(builds) == 1:
+            builds.append(wheelhouse(jail, cache))
+
+    monkeypatch.setattr(source, "_pip_download", download_while_another_publishes)
+    house = wheelhouse(jail, cache)
+    assert builds == ["started", "started", house] and (house / INSTALL_FILE).is_file()
+    assert sorted(p.name for p in cache.iterdir()) == [house.name], "the losing build's staging is left behind"
 
 
 def test_pip_is_given_every_glibc_tag_the_target_accepts() -> None:

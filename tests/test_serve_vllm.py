@@ -2,8 +2,8 @@
 it (issue 53): started empty, a newly published rank-16 adapter loaded at runtime and answering with it, an
 adapter over serve.max_lora_rank refused before vLLM sees it, vLLM itself refusing a request without the launch's
 engine key, a stream with usage and `data: [DONE]`, the served set loaded back into a vLLM killed and restarted
-by the supervisor, unload. The adapters are trained here, a short real LoRA run each on the prepared synthetic
-set (tests/eval_fixtures.train_adapter), as a fine-tune would publish them. One server for the module; requests few
+by the supervisor, unload. The adapters are PEFT LoRAs with random non-zero weights in PEFT's layout, registered
+as stored runs (tests/adapter_runs.py) as a fine-tune would publish them. One server for the module; requests few
 and short (vLLM with LoRA on two shared cores decodes a few tokens a second)."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from adapter_runs import STACK, register_run
-from eval_fixtures import children, eval_run_config, start_server, stop_server, train_adapter
+from adapter_runs import STACK, register_run, save_adapter
+from eval_fixtures import children, start_server, stop_server
 from vllm_fixtures import VLLM_PYTHON
 
 from documents.run_config import RunConfig, parse_run_config
@@ -72,19 +72,15 @@ class VllmServer:
 @pytest.fixture(scope="module")
 def vllm_server(vllm_cpu: VllmInstall, smollm2_base_dir: Path,
                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
-    """SmolLM2 as the served base; a run store holding a rank-16 and a rank-32 adapter of it, each trained here
-    (published, not yet served); the launcher started empty with engine vllm from the vLLM environment."""
-    from workloads.prepare import run as prepare
-
+    """SmolLM2 as the served base; a run store holding a rank-16 and a rank-32 LoRA adapter of it with random
+    non-zero weights (adapter_runs.save_adapter: what vLLM loads and applies, without a training run's CPU),
+    published, not yet served; the launcher started empty with engine vllm from the vLLM environment."""
     root = tmp_path_factory.mktemp("vllm-serve")
     (root / "model").mkdir()
     (root / "model" / "base").symlink_to(smollm2_base_dir)
-    data = eval_run_config(root / "train", smollm2_base_dir)
-    prepare(data)
     store = LocalStore(root / "store")
     for seed, (name, rank) in enumerate(((PUBLISHED, 16), (TOO_WIDE, 32))):
-        adapter = root / "adapters" / name
-        train_adapter(smollm2_base_dir, data.train_tokenized_dir, adapter, None, steps=10, rank=rank, seed=seed)
+        adapter = save_adapter(smollm2_base_dir, root / "adapters" / name, rank, seed=seed)
         register_run(store, root / "runs", f"run-{name}", smollm2_base_dir, adapter, rank)
     run = parse_run_config({
         "name": "vllm", "paths": {"root": str(root), "model_dir": str(root / "model")},
@@ -127,7 +123,7 @@ def test_a_published_rank16_adapter_loads_at_runtime_and_answers_with_it(vllm_se
     assert vllm_server.models() == {"base", PUBLISHED} == vllm_server.engine_models()
     answer = vllm_server.chat(PUBLISHED)
     assert answer.status_code == 200 and answer.json()["model"] == PUBLISHED
-    # ten steps at lr 2e-3 on the synthetic set move SmolLM2's greedy reply away from the base's
+    # the adapter's non-zero B moves SmolLM2's greedy reply away from the base's: vLLM applied it
     assert answer.json()["choices"][0]["message"]["content"] != base.json()["choices"][0]["message"]["content"]
 
 

@@ -28,13 +28,16 @@ SHARED_BY_WORKER = (
     ("trained_run", "trained-run"),
     ("adapter_runs", "adapter-runs"),
 )
-LONGEST_FIRST = ("cluster", "slurm", "tests/test_train_fsdp.py", "trained-run", "tests/test_bench_scripts.py",
-                 "adapter-runs", "tests/test_serve_vllm.py", "tests/test_bench_train.py", "tests/test_train_floor.py")
-"""the groups that take longest, longest first, by the summed junit durations of full runs (2026-11-28 at 87d7712,
-stop 58's note: cluster 1,307 s, slurm 1,254, test_train_fsdp 359, trained-run 309, test_serve_vllm 180; earlier
-runs: test_bench_scripts 323, test_bench_train's one test 125-174, test_train_floor's 134). Handing the longest out
-first (and the short ones last, to fill the workers' ends) is the longest-processing-time rule: no long group is
-left to start late and run alone at the end."""
+LONGEST_FIRST = ("slurm", "cluster", "tests/test_train_fsdp.py", "tests/test_docs_commands.py", "trained-run",
+                 "adapter-runs", "tests/test_serve_vllm.py", "tests/test_bench_scripts.py", "tests/test_bench_train.py",
+                 "tests/test_train_floor.py")
+"""the groups that take longest, longest first, by the summed junit durations of a full run from a fresh clone
+(2026-12-04 at f5067c6, issue 63: slurm 1,407 s, cluster 1,048 once the pages' rehearsal blocks (469 s, marked
+own_cluster: a cluster of their own) left it for their module's group, test_train_fsdp 493, test_docs_commands
+475, trained-run 341, adapter-runs 244, test_serve_vllm 302 before its adapters stopped being trained,
+test_bench_scripts 204, test_bench_train 55, test_train_floor 38). Handing the longest out first (and the short
+ones last, to fill the workers' ends) is the longest-processing-time rule: no long group is left to start late and
+run alone at the end."""
 GROUPS_KEY = "ft_test_groups_file"
 groups_file_key = pytest.StashKey[Path]()
 

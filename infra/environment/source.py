@@ -111,6 +111,16 @@ def _build_pure_wheels(target: Target, sdists: dict[str, dict], tmp: Path, wheel
     return built
 
 
+def _publish(stage: Path, folder: Path) -> None:
+    """Rename the finished `stage` to `folder`; where another process (two runs at once) published the same key
+    first, its complete wheelhouse is kept and this one goes with the temporary folder."""
+    try:
+        stage.rename(folder)
+    except OSError:
+        if not (folder / INSTALL_FILE).is_file():
+            raise
+
+
 def wheelhouse(target: Target, cache_root: Path) -> Path:
     """`cache_root/<key>`: the wheel uv chose for the target of every locked package (uv's included) and the
     install file naming them with their hashes; downloaded once, reused while the lock is unchanged. A package
@@ -132,7 +142,7 @@ def wheelhouse(target: Target, cache_root: Path) -> Path:
         built = _build_pure_wheels(target, {n: f for n, f in files.items() if not f["wheel"]}, tmp, wheels)
         blocks = _blocks(target.file.read_text())
         (stage / INSTALL_FILE).write_text("".join(built.get(name, block) for name, block in blocks.items()))
-        stage.rename(folder)
+        _publish(stage, folder)
     return folder
 
 
@@ -149,7 +159,7 @@ def serving_wheelhouse(target: ServeTarget, cache_root: Path) -> Path:
         (stage / WHEELS).mkdir(parents=True)
         _pip_download_file(target.file, stage / WHEELS, target_flags(target))
         shutil.copyfile(target.file, stage / INSTALL_FILE)
-        stage.rename(folder)
+        _publish(stage, folder)
     return folder
 
 
