@@ -5,8 +5,7 @@ values of the reader's own, or as the test suite itself (tests/docs_blocks.py). 
 order in one new shell (no venv on PATH, no SLURM_CONF), so a block that needs a setup line only works when the page
 gives it first; the Slurm jobs they submit must end COMPLETED. The README goes first (`make demo`: the later pages'
 local-stack commands find its outputs, as a reader who followed the README does); the blocks that drive the
-rehearsal cluster run on a cluster of their own (`documented_cluster_shell`), so they need neither the tests'
-cluster nor its worker, and run beside them.
+rehearsal cluster run beside the cluster tests, on their worker.
 """
 
 from __future__ import annotations
@@ -254,7 +253,7 @@ def cluster_stack_wheelhouse() -> None:
     wheelhouse(TARGETS[environment.lock], ROOT / WHEELHOUSE_CACHE)
 
 
-@pytest.mark.own_cluster
+@pytest.mark.cluster
 @pytest.mark.slow
 def test_rehearsal_cluster_commands_run_as_written(tmp_path: Path) -> None:
     """README's and docs/pipeline.md's rehearsal-cluster blocks, each page in its own new shell, on a cluster of
