@@ -54,8 +54,8 @@ def test_the_jail_wheelhouse_is_built_from_a_python_that_is_not_the_jail_s(
 
 def test_a_wheelhouse_another_run_published_meanwhile_is_kept(
         small_jail_lock: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two runs at once (the pages' rehearsal cluster beside the tests'): while this build downloads, another
-    builds and publishes the same key; this one then finds the folder taken and returns the complete one."""
+    """Two runs at once (two stacks' `ftstack run` on one lock): while this build downloads, another builds and
+    publishes the same key; this one then finds the folder taken and returns the complete one."""
     jail, cache = TARGETS["jail"], tmp_path / "cache"
     download, builds = source._pip_download, []
 

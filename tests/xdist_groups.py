@@ -29,16 +29,15 @@ SHARED_BY_WORKER = (
     ("adapter_runs", "adapter-runs"),
 )
 LONGEST_FIRST = ("cluster", "slurm", "tests/test_train_fsdp.py", "trained-run", "adapter-runs",
-                 "tests/test_serve_vllm.py", "tests/test_bench_scripts.py", "tests/test_bench_train.py",
+                 "tests/test_bench_scripts.py", "tests/test_serve_vllm.py", "tests/test_bench_train.py",
                  "tests/test_train_floor.py")
 """the groups that take longest, longest first, by the summed junit durations of a full run from a fresh clone
-(2026-12-04 at f5067c6, issue 63: cluster 1,517 s, slurm 1,407, test_train_fsdp 493, trained-run 341, adapter-runs
-244, test_serve_vllm 302 before its adapters stopped being trained, test_bench_scripts 204, test_bench_train 55,
-test_train_floor 38). The pages' rehearsal blocks stay in the cluster group although they start a cluster of their
-own: run beside the tests' cluster (`pytest -n 2` with test_cluster_training), their train job failed twice importing
-peft from the environment it had just built (`No module named 'peft.mapping_func'`, the file present afterwards).
-Handing the longest out first (and the short ones last, to fill the workers' ends) is the longest-processing-time
-rule: no long group is left to start late and run alone at the end."""
+(2026-12-04 at 345f23f, issue 63: cluster 1,276 s, slurm 1,194, test_train_fsdp 393, trained-run 293, adapter-runs
+166, test_bench_scripts 135, test_serve_vllm 121, test_bench_train 49, test_train_floor 25). Handing the longest out
+first (and the short ones last, to fill the workers' ends) is the longest-processing-time rule: no long group is
+left to start late and run alone at the end. The pages' rehearsal blocks stay in the cluster group (their
+`cluster` mark) although they start a cluster of their own: beside the tests' cluster, their train job failed
+importing peft from the environment it had just built (issue 63's note, 2026-12-04)."""
 GROUPS_KEY = "ft_test_groups_file"
 groups_file_key = pytest.StashKey[Path]()
 
