@@ -17,8 +17,8 @@ from file_lock import exclusive
 
 from documents.run_config import RunConfig, parse_run_config
 
-pytest_plugins = ["sshd_fixtures", "pipeline_fixtures", "eval_fixtures", "cluster_fixtures", "monitoring_fixtures",
-                  "adapter_fixtures", "template_fixtures", "vllm_fixtures", "xdist_groups"]
+pytest_plugins = ["sshd_fixtures", "pipeline_fixtures", "eval_fixtures", "cluster_fixtures", "documented_cluster_run",
+                  "monitoring_fixtures", "adapter_fixtures", "template_fixtures", "vllm_fixtures", "xdist_groups"]
 
 ROOT = Path(__file__).resolve().parents[1]
 SLURM_CONF = ROOT / ".local" / "slurm" / "etc" / "slurm.conf"

@@ -58,7 +58,7 @@ class Block:
 
     @property
     def on_rehearsal_cluster(self) -> bool:
-        """Whether the block drives the rehearsal cluster (run beside the cluster tests, not the local Slurm's)."""
+        """Whether the block drives the rehearsal cluster (run on the tests' cluster, not on the local Slurm)."""
         return "local-cluster.sh" in self.text or "--stack cluster" in self.text
 
 

@@ -5,24 +5,24 @@ values of the reader's own, or as the test suite itself (tests/docs_blocks.py). 
 order in one new shell (no venv on PATH, no SLURM_CONF), so a block that needs a setup line only works when the page
 gives it first; the Slurm jobs they submit must end COMPLETED. The README goes first (`make demo`: the later pages'
 local-stack commands find its outputs, as a reader who followed the README does); the blocks that drive the
-rehearsal cluster run beside the cluster tests, on their worker.
+rehearsal cluster run on the tests' cluster, the one they address, and the README's pipeline there is the run the
+cluster pipeline tests check (tests/documented_cluster_run.py).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import shlex
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from cluster_fixtures import DEFAULT_IDENTITIES
+from cluster_fixtures import START, Cluster
 from docs_blocks import CONVENTION, MARKERS, PAGES, ROOT, Block, command_lines, read_blocks
+from docs_shell import assert_ran, new_shell_env, page_blocks, run_in_new_shell
+from documented_cluster_run import README
 from slurm_jobs import job_field
 
 from documents.evaluator_report import read_evaluator_report
@@ -31,76 +31,13 @@ from documents.run_config import load_run_config
 from documents.run_manifest import read_run_manifest
 from documents.run_plan import read_run_plan
 from documents.run_record import RunIndex
-from infra.config import load_stack_config
-from infra.environment.lock import TARGETS
-from infra.environment.source import wheelhouse
 from infra.pipeline.chain import job_plan
-from infra.pipeline.environment_source import WHEELHOUSE_CACHE
 from infra.runs.store import list_runs, local_store, read_run_file
 
 SUBMITTED = re.compile(r"^Submitted batch job (\d+)$", re.MULTILINE)
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
          "DEADLINE"}
 ALL_BLOCKS = [block for page in PAGES for block in read_blocks(page)]
-
-
-SET_BY_TESTS = ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "SLURM_CONF", "FT_", "SLURM_", "PYTEST_", "HF_",
-                "LOCAL_CLUSTER_", "FTSTACK_", "PULUMI_")
-
-
-def new_shell_env() -> dict[str, str]:
-    """This machine's environment as a new login shell has it (its certificates and package mirrors included),
-    less what a test, pytest or an activated venv set: the venv off PATH, no SLURM_CONF, VIRTUAL_ENV, PYTHONPATH,
-    FT_*. The workers' one-thread cap (tests/conftest.py) stays: it is not the reader's, but keeps the suite's CPU
-    where it was."""
-    venv_bin = Path(sys.executable).parent.resolve()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(SET_BY_TESTS)}
-    env["PATH"] = ":".join(p for p in os.environ.get("PATH", "/usr/bin:/bin").split(":")
-                           if p and Path(p).resolve() != venv_bin)
-    return env
-
-
-def server_address(block: Block) -> tuple[str, str]:
-    """The loopback address a server block's comment names (`# 127.0.0.1:8000`)."""
-    found = re.findall(r"(127\.0\.0\.1):(\d+)", block.text.split(" # ", 1)[-1] if " # " in block.text else "")
-    assert found, f"{block.where}: a block that runs until stopped names no 127.0.0.1:PORT in its comment"
-    return found[-1]
-
-
-def server_script(block: Block) -> str:
-    """Start the server block in a session of its own and wait until its address accepts a connection (failing if
-    it exits first, or if the address is taken before it starts). It keeps running, as in the reader's other
-    terminal, for the page's later blocks (the chat UI needs the server); the page's end stops it (SIGTERM)."""
-    host, port = server_address(block)
-    probe = f"(exec 3<>/dev/tcp/{host}/{port}) 2>/dev/null"
-    return (f"if {probe}; then echo '{host}:{port} is taken before {block.where} starts' >&2; exit 1; fi\n"
-            f"setsid bash -c {shlex.quote(block.text)} &\nservers=\"$! $servers\"\n"
-            f"for _ in $(seq 900); do {probe} && break; "
-            f"kill -0 $! 2>/dev/null || {{ echo '{block.where} exited before listening' >&2; exit 1; }}; "
-            f"sleep 1; done\n"
-            f"{probe} || {{ echo '{block.where}: nothing on {host}:{port}' >&2; exit 1; }}\n")
-
-
-STOP_SERVERS = "for s in $servers; do kill -TERM -- -$s 2>/dev/null; done; wait"
-
-
-def run_in_new_shell(blocks: list[Block], timeout: float, *, enter: tuple[str, ...] = (), setup: str = "",
-                     on_exit: str = "") -> subprocess.CompletedProcess[str]:
-    """The blocks one after another in one `bash`, from the repository root; stops at the first failing command
-    (each block's start is echoed to standard error, so a failure names its block). A server block is started and
-    reached (`server_script`); the servers stop when the page ends. `enter` prefixes the bash command line (a
-    namespace to run in), `setup` runs before the blocks, `on_exit` after them, whatever their end."""
-    at_exit = "; ".join(filter(None, (STOP_SERVERS, on_exit)))
-    script = f"set -eo pipefail\nservers=''\ntrap {shlex.quote(at_exit)} EXIT\n{setup}" + "".join(
-        f"echo '>>> {b.where}' >&2\n" + (server_script(b) if b.need == "server" else f"{b.text}\n") for b in blocks)
-    return subprocess.run([*enter, "bash", "-c", script], cwd=ROOT, env=new_shell_env(), capture_output=True,
-                          text=True, timeout=timeout)
-
-
-def assert_ran(proc: subprocess.CompletedProcess[str], what: str) -> None:
-    started = re.findall(r"^>>> (\S+)$", proc.stderr, re.MULTILINE)
-    assert proc.returncode == 0, (f"{what}: block {started[-1] if started else '?'} failed with exit code "
-                                  f"{proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-4000:]}")
 
 
 def wait_for_jobs(output: str, slurm_conf: Path, timeout: float = 1800) -> dict[str, str]:
@@ -112,12 +49,6 @@ def wait_for_jobs(output: str, slurm_conf: Path, timeout: float = 1800) -> dict[
             time.sleep(1)
         states[job] = state or "unknown (no longer known to scontrol)"
     return states
-
-
-def page_blocks(page: Path, cluster: bool) -> list[Block]:
-    """The blocks a page runs here, in its order: unmarked ones and servers; those on the rehearsal cluster or
-    the others."""
-    return [b for b in read_blocks(page) if (b.runs or b.need == "server") and b.on_rehearsal_cluster == cluster]
 
 
 # --- the marks -------------------------------------------------------------------------------------------------
@@ -231,50 +162,29 @@ def the_demo_run_stored_and_reported() -> RunIndex:
     return stored
 
 
-def documented_cluster_shell(cluster_dir: Path) -> tuple[tuple[str, ...], str, str]:
-    """What runs the pages' rehearsal-cluster blocks on a machine of their own: a new network namespace (the bridge
-    and subnet the pages name are free there, whatever clusters this machine runs, and nothing but loopback and the
-    cluster is reachable) and a private mount namespace in which `cluster_dir` is the default .local/cluster and
-    /run/netns and /run/<prefix> are empty (the script's namespaces, jail mount point and their removal touch no
-    other cluster's). Returns the command prefix, the setup lines and what stops the cluster however the page ends."""
-    prefix = DEFAULT_IDENTITIES[0][0]
-    for folder in (Path("/run/netns"), Path("/run") / prefix, ROOT / ".local" / "cluster"):
-        folder.mkdir(parents=True, exist_ok=True)
-    setup = (f"ip link set lo up\nmount -t tmpfs docs-netns /run/netns\nmount -t tmpfs docs-run /run/{prefix}\n"
-             f"mount --bind {shlex.quote(str(cluster_dir))} {shlex.quote(str(ROOT / '.local' / 'cluster'))}\n")
-    return ("unshare", "--net", "--mount", "--propagation", "private"), setup, "scripts/local-cluster.sh stop >&2"
-
-
-def cluster_stack_wheelhouse() -> None:
-    """The `cluster` stack's wheelhouse, built here before the pages run: the pip downloads behind it need this
-    machine's route to the package index, which the pages' network namespace has not (a reader's machine has it)."""
-    environment = load_stack_config("cluster", ROOT / "stacks").pipeline.environment
-    assert environment.source == "wheelhouse", "the cluster stack ships a wheelhouse"
-    wheelhouse(TARGETS[environment.lock], ROOT / WHEELHOUSE_CACHE)
+CLUSTER_PAGES = [p for p in PAGES if page_blocks(p, cluster=True)]
 
 
 @pytest.mark.cluster
 @pytest.mark.slow
-def test_rehearsal_cluster_commands_run_as_written(tmp_path: Path) -> None:
-    """README's and docs/pipeline.md's rehearsal-cluster blocks, each page in its own new shell, on a cluster of
-    their own at the default address they name (stacks/Pulumi.cluster.yaml's login host), made by the pages' own
-    `start`: the tests' cluster and any other this machine runs are left alone (`documented_cluster_shell`)."""
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        message = "the pages' cluster needs root and unshare (network and mount namespaces)"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    cluster_stack_wheelhouse()
-    cluster_dir = tmp_path / "cluster"
-    cluster_dir.mkdir()
-    enter, setup, stop = documented_cluster_shell(cluster_dir)
+@pytest.mark.parametrize("page", CLUSTER_PAGES, ids=lambda p: p.name)
+def test_rehearsal_cluster_commands_run_as_written(page: Path, documented_cluster: Cluster,
+                                                   request: pytest.FixtureRequest) -> None:
+    """A page's rehearsal-cluster blocks in one new shell, on the tests' cluster: the one the pages' commands address
+    (stacks/Pulumi.cluster.yaml's login host and jail, the default .local/cluster). The README's (start, the
+    pipeline, its runs) are the session's documented run, whose jobs must have COMPLETED and which the cluster
+    pipeline tests check (tests/documented_cluster_run.py); a page that stops the cluster (docs/pipeline.md loses a
+    node, starts it again, stops) leaves it started again as the tests start it."""
+    if page == README:
+        run = request.getfixturevalue("documented_cluster_run")
+        states = {stage: entry["outs"]["state"] for stage, entry in run.state["stages"].items()}
+        assert set(states.values()) == {"COMPLETED"}, states
+        return
     try:
-        for page in PAGES:
-            blocks = page_blocks(page, cluster=True)
-            if blocks:
-                assert_ran(run_in_new_shell(blocks, timeout=3600, enter=enter, setup=setup, on_exit=stop), page.name)
+        assert_ran(run_in_new_shell(page_blocks(page, cluster=True), timeout=3600), page.name)
     finally:
-        shutil.rmtree(cluster_dir, ignore_errors=True)
+        restarted = documented_cluster.script("start", *START, timeout=900)
+    assert restarted.returncode == 0, restarted.stderr[-3000:]
 
 
 def test_plan_json_keys_and_policy_count_are_the_pages() -> None:

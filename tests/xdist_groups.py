@@ -35,9 +35,7 @@ LONGEST_FIRST = ("cluster", "slurm", "tests/test_train_fsdp.py", "trained-run", 
 (2026-12-04 at 345f23f, issue 63: cluster 1,276 s, slurm 1,194, test_train_fsdp 393, trained-run 293, adapter-runs
 166, test_bench_scripts 135, test_serve_vllm 121, test_bench_train 49, test_train_floor 25). Handing the longest out
 first (and the short ones last, to fill the workers' ends) is the longest-processing-time rule: no long group is
-left to start late and run alone at the end. The pages' rehearsal blocks stay in the cluster group (their
-`cluster` mark) although they start a cluster of their own: beside the tests' cluster, their train job failed
-importing peft from the environment it had just built (issue 63's note, 2026-12-04)."""
+left to start late and run alone at the end."""
 GROUPS_KEY = "ft_test_groups_file"
 groups_file_key = pytest.StashKey[Path]()
 
