@@ -4,6 +4,7 @@ rehearsal cluster, each found by its Slurm job id (`hpc_job`)."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
@@ -16,16 +17,45 @@ from infra.monitoring.jobs import job_series, live_figures
 from monitoring_fixtures import Monitoring, eventually
 from slurm_jobs import job_field, wait_for
 from train_fixtures import with_train, write_config
-from workloads.common.job_metrics import TEXTFILE_DIR_ENV
+from workloads.common.job_metrics import FILE_NAME, PREFIX, TEXTFILE_DIR_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
+FIGURES = {"tokens_per_second", "step_seconds", "loss", "step", "utilization_percent", "peak_memory_bytes"}
+
+
+def signal_job_processes(job: str, signum: signal.Signals, pids: list[int] | None = None) -> list[int]:
+    """Send `signum` to every process of the Slurm job (those whose environment has its SLURM_JOB_ID; `scontrol
+    suspend` with proctrack/linuxproc left torchrun's rank running), or to `pids`; returns the pids signalled."""
+    if pids is None:
+        marker = f"\0SLURM_JOB_ID={job}\0".encode()
+        pids = []
+        for environ in Path("/proc").glob("[0-9]*/environ"):
+            try:
+                found = marker in b"\0" + environ.read_bytes()
+            except OSError:  # ended meanwhile
+                continue
+            if found and int(environ.parent.name) != os.getpid():
+                pids.append(int(environ.parent.name))
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
+def file_text(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return None
 
 
 @pytest.mark.slurm
 def test_a_training_jobs_series_are_found_by_its_slurm_job_id(slurm: str, tiny_prepared, monitoring: Monitoring,
                                                                tmp_path: Path) -> None:
-    run = with_train(tiny_prepared, tmp_path, max_steps=12, save_steps=50, logging_steps=1, procs_per_node=1,
+    run = with_train(tiny_prepared, tmp_path, max_steps=100, save_steps=1000, logging_steps=1, procs_per_node=1,
                      micro_batch_size=1)
     config = write_config(run, tmp_path / "run.json")
     log = tmp_path / "train.log"
@@ -34,9 +64,20 @@ def test_a_training_jobs_series_are_found_by_its_slurm_job_id(slurm: str, tiny_p
     submitted = datetime.now(timezone.utc)
     job = subprocess.run(["sbatch", "--parsable", f"--output={log}", str(ROOT / "workloads/jobs/train.sbatch"),
                           str(config)], capture_output=True, text=True, env=env, check=True).stdout.strip()
+    prom = monitoring.textfile_dir / FILE_NAME.format(job_id=job, stage="train")
     try:
-        eventually(lambda: "tokens_per_second" in live_figures(monitoring.url, job) or
-                   job_field(job, "JobState") in FINISHED, "the running job's tokens/s in Prometheus", timeout=900)
+        # held once its file has every figure, until Prometheus has scraped them: a job that ended between two
+        # scrapes (its file goes with it) would leave no series, however short the scrape interval
+        eventually(lambda: all(f"{PREFIX}{name}{{" in text for name in FIGURES) if (text := file_text(prom)) else
+                   job_field(job, "JobState") in FINISHED, "the running job's figures in its file", timeout=900)
+        assert job_field(job, "JobState") == "RUNNING", "the job ended before its figures were seen:\n" + \
+            log.read_text(errors="replace")[-3000:]
+        held = signal_job_processes(job, signal.SIGSTOP)
+        try:
+            eventually(lambda: FIGURES <= set(live_figures(monitoring.url, job)), "the job's figures in Prometheus",
+                       timeout=300)
+        finally:
+            signal_job_processes(job, signal.SIGCONT, held)
         wait_for(lambda: job_field(job, "JobState") in FINISHED, 600, "the job to finish", log)
     finally:
         subprocess.run(["scancel", job], capture_output=True)
@@ -44,8 +85,7 @@ def test_a_training_jobs_series_are_found_by_its_slurm_job_id(slurm: str, tiny_p
     assert not list(monitoring.textfile_dir.glob(f"*_{job}_*.prom")), "the job's metrics file outlived it"
     (found,) = job_series(monitoring.url, [job], submitted - timedelta(minutes=1), datetime.now(timezone.utc))
     assert found.stage == "train"
-    assert {"tokens_per_second", "step_seconds", "loss", "step", "utilization_percent", "peak_memory_bytes"} <= \
-        set(found.figures)
+    assert FIGURES <= set(found.figures)
     assert found.figures["utilization_percent"].labels["device"] == "cpu"
     assert all(p.value > 0 for p in found.figures["tokens_per_second"].points)
 
