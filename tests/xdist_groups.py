@@ -28,14 +28,15 @@ SHARED_BY_WORKER = (
     ("trained_run", "trained-run"),
     ("adapter_runs", "adapter-runs"),
 )
-LONGEST_FIRST = ("cluster", "slurm", "tests/test_train_fsdp.py", "trained-run", "adapter-runs",
+LONGEST_FIRST = ("slurm", "cluster", "tests/test_train_fsdp.py", "trained-run", "adapter-runs",
                  "tests/test_bench_scripts.py", "tests/test_serve_vllm.py", "tests/test_bench_train.py",
                  "tests/test_train_floor.py")
 """the groups that take longest, longest first, by the summed junit durations of a full run from a fresh clone
-(2026-12-04 at 345f23f, issue 63: cluster 1,276 s, slurm 1,194, test_train_fsdp 393, trained-run 293, adapter-runs
-166, test_bench_scripts 135, test_serve_vllm 121, test_bench_train 49, test_train_floor 25). Handing the longest out
-first (and the short ones last, to fill the workers' ends) is the longest-processing-time rule: no long group is
-left to start late and run alone at the end."""
+(2026-12-04 at e0b6377, issue 63: slurm 1,183 s, cluster 1,047 (the README's rehearsal pipeline now the cluster
+pipeline tests' one), test_train_fsdp 420, trained-run 297, adapter-runs 175, test_bench_scripts 138,
+test_serve_vllm 125, test_bench_train 38, test_train_floor 26). Handing the longest out first (and the short ones
+last, to fill the workers' ends) is the longest-processing-time rule: no long group is left to start late and run
+alone at the end."""
 GROUPS_KEY = "ft_test_groups_file"
 groups_file_key = pytest.StashKey[Path]()
 
