@@ -261,8 +261,23 @@ start_power_agent() {
     setsid "$ROOT/scripts/local-cluster.sh" power-agent >>"$LOG/power.log" 2>&1 </dev/null &
     echo $! >"$RUN/power-agent.pid"
   else
-    stop_daemon "$RUN/power-agent.pid" "power agent"
+    stop_power_agent
   fi
+}
+
+# The power agent with the power-up or power-down it may be carrying out (its session, setsid), and the requests no
+# one has answered: a power-down still running after `start --suspend-time 0` had found the node's slurmd alive
+# left that node down with power saving off (seen under load: worker-1, then every 2-node job pending).
+stop_power_agent() {
+  local pid
+  if alive "$RUN/power-agent.pid"; then
+    pid="$(cat "$RUN/power-agent.pid")"
+    kill -- "-$pid" 2>/dev/null || true
+    for _ in $(seq 100); do pgrep -s "$pid" >/dev/null || break; sleep 0.1; done
+    pkill -9 -s "$pid" 2>/dev/null || true
+    log "stopped power agent ($pid)"
+  fi
+  rm -f "$RUN/power-agent.pid" "$RUN"/power/*
 }
 
 power_down() {
@@ -435,6 +450,8 @@ start() {
   for i in $(seq "$(node_count)"); do make_node_netns "$(netns "$i")" "$SUBNET.$((10 + i))"; done
   start_munge
   start_login
+  # power saving off: no power-down may follow the daemons' start
+  [ "$(suspend_time)" -gt 0 ] || stop_power_agent
   start_daemons
   # a slurmctld already running reads the configuration written above
   scontrol reconfigure || die "scontrol reconfigure failed; see $LOG/slurmctld.log"
@@ -469,7 +486,7 @@ lose_node() {
 
 stop() {
   local entry i
-  stop_daemon "$RUN/power-agent.pid" "power agent"
+  stop_power_agent
   stop_daemon "$RUN/prometheus.pid" prometheus
   for i in $(seq "$(node_count)"); do
     stop_daemon "$RUN/node-exporter-$(worker "$i").pid" "node exporter of $(worker "$i")"
