@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,13 +45,15 @@ class DocumentedClusterRun:
     run: RunConfig
     paths: RunPaths
     """the run's folders as this machine sees them (in the cluster's jail)"""
-    dropped: dict[str, Any] = field(default_factory=dict)
+    state: dict[str, Any]
+    """the stack's pipeline state after the run (.local/pipeline/cluster.json): each stage's job and outputs"""
+    dropped: dict[str, Any]
     """the SSH sessions ended mid-training (`pids`) and how far the login node's sshd log had got then"""
 
     @property
-    def state(self) -> dict[str, Any]:
-        """The stack's pipeline state after the run (.local/pipeline/cluster.json): each stage's job and outputs."""
-        return json.loads(state_path(ROOT, STACK).read_text())
+    def job_ids(self) -> dict[str, str]:
+        """Stage -> Slurm job id of the run."""
+        return {stage: entry["outs"]["job_id"] for stage, entry in self.state["stages"].items()}
 
 
 def drop_ssh_links_once_training(cluster: Cluster, metrics: Path, done: threading.Event, dropped: dict[str, Any]) -> None:
@@ -118,4 +120,5 @@ def documented_cluster_run(documented_cluster: Cluster) -> DocumentedClusterRun:
         done.set()
         dropper.join()
     assert_ran(page, README.name)
-    return DocumentedClusterRun(page=page, stack=stack, run=run, paths=paths, dropped=dropped)
+    return DocumentedClusterRun(page=page, stack=stack, run=run, paths=paths,
+                                state=json.loads(state_path(ROOT, STACK).read_text()), dropped=dropped)

@@ -51,8 +51,7 @@ def stored_index(documented: DocumentedClusterRun) -> dict[str, Any]:
     listed = subprocess.run([FTSTACK, "runs", "--stack", STACK, "--json"], cwd=REPO, capture_output=True, text=True,
                             timeout=120)
     assert listed.returncode == 0, listed.stderr
-    jobs = {stage: entry["outs"]["job_id"] for stage, entry in documented.state["stages"].items()}
-    (index,) = [index for index in json.loads(listed.stdout) if index["job_ids"] == jobs]
+    (index,) = [index for index in json.loads(listed.stdout) if index["job_ids"] == documented.job_ids]
     return index
 
 
@@ -109,8 +108,7 @@ def test_second_run_submits_nothing_and_status_reads_over_ssh(documented_cluster
     status = ftstack("status", "--json", cluster=local_cluster, timeout=300)
     assert status.returncode == 0, status.stderr
     jobs = json.loads(status.stdout)["jobs"]
-    assert {stage: job["job_id"] for stage, job in jobs.items()} == \
-        {stage: entry["outs"]["job_id"] for stage, entry in state["stages"].items()}
+    assert {stage: job["job_id"] for stage, job in jobs.items()} == documented_cluster_run.job_ids
     assert {job["state"] for job in jobs.values()} == {"COMPLETED"}
 
 
@@ -118,7 +116,7 @@ def test_artifacts_come_back_listed_and_reported(documented_cluster_run: Documen
     documented = documented_cluster_run
     assert "artifacts stored in" in documented.page.stderr
     index = stored_index(documented)
-    eval_job = documented.state["stages"]["eval"]["outs"]["job_id"]
+    eval_job = documented.job_ids["eval"]
     assert index["run_name"] == documented.run.name
     assert {"train/metrics.jsonl", "train/run_manifest.json", f"eval/evaluator_{eval_job}.json"} <= set(index["files"])
     assert index["perplexity_finetuned"] == documented.state["evaluation"]["finetuned_model"]["perplexity"]

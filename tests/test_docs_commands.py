@@ -22,7 +22,7 @@ import pytest
 from cluster_fixtures import START, Cluster
 from docs_blocks import CONVENTION, MARKERS, PAGES, ROOT, Block, command_lines, read_blocks
 from docs_shell import assert_ran, new_shell_env, page_blocks, run_in_new_shell
-from documented_cluster_run import README
+from documented_cluster_run import README, DocumentedClusterRun
 from slurm_jobs import job_field
 
 from documents.evaluator_report import read_evaluator_report
@@ -162,24 +162,25 @@ def the_demo_run_stored_and_reported() -> RunIndex:
     return stored
 
 
-CLUSTER_PAGES = [p for p in PAGES if page_blocks(p, cluster=True)]
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_readme_rehearsal_cluster_commands_run_as_written(documented_cluster_run: DocumentedClusterRun) -> None:
+    """The README's rehearsal-cluster blocks (start, the pipeline, its runs) are the session's documented run on the
+    tests' cluster (tests/documented_cluster_run.py), which the cluster pipeline tests check: its jobs COMPLETED."""
+    states = {stage: entry["outs"]["state"] for stage, entry in documented_cluster_run.state["stages"].items()}
+    assert set(states.values()) == {"COMPLETED"}, states
+
+
+OTHER_CLUSTER_PAGES = [p for p in PAGES if p != README and page_blocks(p, cluster=True)]
 
 
 @pytest.mark.cluster
 @pytest.mark.slow
-@pytest.mark.parametrize("page", CLUSTER_PAGES, ids=lambda p: p.name)
-def test_rehearsal_cluster_commands_run_as_written(page: Path, documented_cluster: Cluster,
-                                                   request: pytest.FixtureRequest) -> None:
-    """A page's rehearsal-cluster blocks in one new shell, on the tests' cluster: the one the pages' commands address
-    (stacks/Pulumi.cluster.yaml's login host and jail, the default .local/cluster). The README's (start, the
-    pipeline, its runs) are the session's documented run, whose jobs must have COMPLETED and which the cluster
-    pipeline tests check (tests/documented_cluster_run.py); a page that stops the cluster (docs/pipeline.md loses a
-    node, starts it again, stops) leaves it started again as the tests start it."""
-    if page == README:
-        run = request.getfixturevalue("documented_cluster_run")
-        states = {stage: entry["outs"]["state"] for stage, entry in run.state["stages"].items()}
-        assert set(states.values()) == {"COMPLETED"}, states
-        return
+@pytest.mark.parametrize("page", OTHER_CLUSTER_PAGES, ids=lambda p: p.name)
+def test_rehearsal_cluster_commands_run_as_written(page: Path, documented_cluster: Cluster) -> None:
+    """A later page's rehearsal-cluster blocks in one new shell, on the tests' cluster: the one the pages' commands
+    address (stacks/Pulumi.cluster.yaml's login host and jail, the default .local/cluster). A page that stops the
+    cluster (docs/pipeline.md loses a node, starts it again, stops) leaves it started again as the tests start it."""
     try:
         assert_ran(run_in_new_shell(page_blocks(page, cluster=True), timeout=3600), page.name)
     finally:

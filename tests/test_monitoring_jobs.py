@@ -24,25 +24,27 @@ FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
 FIGURES = {"tokens_per_second", "step_seconds", "loss", "step", "utilization_percent", "peak_memory_bytes"}
 
 
-def signal_job_processes(job: str, signum: signal.Signals, pids: list[int] | None = None) -> list[int]:
-    """Send `signum` to every process of the Slurm job (those whose environment has its SLURM_JOB_ID; `scontrol
-    suspend` with proctrack/linuxproc left torchrun's rank running), or to `pids`; returns the pids signalled."""
-    if pids is None:
-        marker = f"\0SLURM_JOB_ID={job}\0".encode()
-        pids = []
-        for environ in Path("/proc").glob("[0-9]*/environ"):
-            try:
-                found = marker in b"\0" + environ.read_bytes()
-            except OSError:  # ended meanwhile
-                continue
-            if found and int(environ.parent.name) != os.getpid():
-                pids.append(int(environ.parent.name))
+def job_processes(job: str) -> list[int]:
+    """Every process of the Slurm job: those whose environment has its SLURM_JOB_ID (`scontrol suspend`, through
+    proctrack/linuxproc, left torchrun's rank running)."""
+    marker = f"\0SLURM_JOB_ID={job}\0".encode()
+    pids = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            found = marker in b"\0" + environ.read_bytes()
+        except OSError:  # ended meanwhile
+            continue
+        if found and int(environ.parent.name) != os.getpid():
+            pids.append(int(environ.parent.name))
+    return pids
+
+
+def send(pids: list[int], signum: signal.Signals) -> None:
     for pid in pids:
         try:
             os.kill(pid, signum)
         except ProcessLookupError:
             pass
-    return pids
 
 
 def file_text(path: Path) -> str | None:
@@ -65,19 +67,24 @@ def test_a_training_jobs_series_are_found_by_its_slurm_job_id(slurm: str, tiny_p
     job = subprocess.run(["sbatch", "--parsable", f"--output={log}", str(ROOT / "workloads/jobs/train.sbatch"),
                           str(config)], capture_output=True, text=True, env=env, check=True).stdout.strip()
     prom = monitoring.textfile_dir / FILE_NAME.format(job_id=job, stage="train")
+
+    def written_or_ended() -> bool:
+        text = file_text(prom)
+        return all(f"{PREFIX}{name}{{" in text for name in FIGURES) if text else job_field(job, "JobState") in FINISHED
+
     try:
         # held once its file has every figure, until Prometheus has scraped them: a job that ended between two
         # scrapes (its file goes with it) would leave no series, however short the scrape interval
-        eventually(lambda: all(f"{PREFIX}{name}{{" in text for name in FIGURES) if (text := file_text(prom)) else
-                   job_field(job, "JobState") in FINISHED, "the running job's figures in its file", timeout=900)
+        eventually(written_or_ended, "the running job's figures in its file", timeout=900)
         assert job_field(job, "JobState") == "RUNNING", "the job ended before its figures were seen:\n" + \
             log.read_text(errors="replace")[-3000:]
-        held = signal_job_processes(job, signal.SIGSTOP)
+        held = job_processes(job)
+        send(held, signal.SIGSTOP)
         try:
             eventually(lambda: FIGURES <= set(live_figures(monitoring.url, job)), "the job's figures in Prometheus",
                        timeout=300)
         finally:
-            signal_job_processes(job, signal.SIGCONT, held)
+            send(held, signal.SIGCONT)
         wait_for(lambda: job_field(job, "JobState") in FINISHED, 600, "the job to finish", log)
     finally:
         subprocess.run(["scancel", job], capture_output=True)
