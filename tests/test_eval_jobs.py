@@ -16,7 +16,7 @@ from eval_fixtures import ROOT
 
 from documents.evaluator_report import EvaluatorReport
 from documents.run_config import RunConfig
-from serve_process import free_port
+from serve_process import ENGINE_PORTS, free_port
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -65,7 +65,7 @@ def test_eval_job_writes_the_report_named_after_the_job(slurm, trained_run: RunC
 def test_serve_job_prints_how_to_reach_it_and_answers(slurm, trained_run: RunConfig, tmp_path: Path) -> None:
     data = json.loads(trained_run.model_dump_json())
     port = free_port()
-    data["serve"].update(port=port, backend_port=free_port(), serve_base=False)
+    data["serve"].update(port=port, backend_port=free_port(ENGINE_PORTS), serve_base=False)
     config = tmp_path / "run.json"
     config.write_text(json.dumps(data))
     job, out, err = _submit("serve.sbatch", config, tmp_path)

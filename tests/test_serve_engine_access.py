@@ -23,7 +23,7 @@ from eval_fixtures import children, start_server, stop_server
 
 from documents.run_config import RunConfig
 from documents.run_record import read_run_record
-from serve_process import free_port
+from serve_process import ENGINE_PORTS, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -63,7 +63,7 @@ class Server:
 
 
 def start(run: RunConfig, store: Path, work: Path, extra: list[str]) -> Server:
-    engine_port = free_port()
+    engine_port = free_port(ENGINE_PORTS)
     work.mkdir(parents=True, exist_ok=True)
     proc, url, log = start_server(run, work, KEY, [*extra, "--runs-store", str(store), "--backend-port",
                                                     str(engine_port)], timeout_s=300)

