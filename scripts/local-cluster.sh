@@ -269,15 +269,8 @@ start_power_agent() {
 # one has answered: a power-down still running after `start --suspend-time 0` had found the node's slurmd alive
 # left that node down with power saving off (seen under load: worker-1, then every 2-node job pending).
 stop_power_agent() {
-  local pid
-  if alive "$RUN/power-agent.pid"; then
-    pid="$(cat "$RUN/power-agent.pid")"
-    kill -- "-$pid" 2>/dev/null || true
-    for _ in $(seq 100); do pgrep -s "$pid" >/dev/null || break; sleep 0.1; done
-    pkill -9 -s "$pid" 2>/dev/null || true
-    log "stopped power agent ($pid)"
-  fi
-  rm -f "$RUN/power-agent.pid" "$RUN"/power/*
+  stop_daemon "$RUN/power-agent.pid" "power agent" group
+  rm -f "$RUN"/power/*
 }
 
 power_down() {

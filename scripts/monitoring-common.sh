@@ -74,13 +74,16 @@ start_prometheus() {
   wait_listening "$pidfile" "$listen" prometheus "$logfile"
 }
 
+# stop_daemon PIDFILE NAME [group]: SIGTERM, SIGKILL after 10 s; with `group` to the daemon's whole process group
+# (a setsid leader with what it is carrying out), which may have ended meanwhile.
 stop_daemon() {
-  local pidfile="$1" name="$2" pid
+  local pidfile="$1" name="$2" pid target
   if alive "$pidfile"; then
     pid="$(cat "$pidfile")"
-    kill "$pid"
-    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -0 "$pid" 2>/dev/null && kill -9 "$pid"
+    target="$pid"
+    if [ "${3:-}" = group ]; then target="-$pid"; kill -- "$target" 2>/dev/null || true; else kill "$pid"; fi
+    for _ in $(seq 100); do kill -0 -- "$target" 2>/dev/null || break; sleep 0.1; done
+    kill -0 -- "$target" 2>/dev/null && kill -9 -- "$target"
     log "stopped $name ($pid)"
   fi
   rm -f "$pidfile"

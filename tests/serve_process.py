@@ -16,8 +16,9 @@ from pathlib import Path
 import httpx
 
 
-ENGINE_PORTS = 4
-"""ports a launcher's engines may take from its --backend-port on (one per engine: fine-tuned, base, peft, vLLM)"""
+ENGINE_PORTS = 2
+"""ports a launcher's engines take from its --backend-port on: two for the transformers engines (fine-tuned, then
+base), one for the peft or the vLLM engine (workloads/serve/launcher/engine_plan.py)"""
 LOCAL_PORT_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 PICKED_PORTS = (20_000, 29_000)
 """where free_port picks: below the ephemeral range and clear of the fixed ports the suite's daemons and jobs use

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
+from itertools import islice
 from pathlib import Path
 
 import pytest
@@ -41,7 +42,8 @@ def test_picked_ports_lie_below_the_ephemeral_range_and_can_be_bound() -> None:
 
 def _two_free_blocks() -> tuple[int, int]:
     """Two blocks in the picked range that nothing holds now, found without free_port."""
-    found = [first for first in range(PICKED_PORTS[0] + 1000, PICKED_PORTS[1], 97) if _block_free(first)][:2]
+    found = list(islice((first for first in range(PICKED_PORTS[0] + 1000, PICKED_PORTS[1], 97) if _block_free(first)),
+                        2))
     assert len(found) == 2, "no two free port blocks in the picked range"
     return found[0], found[1]
 
